@@ -1,0 +1,93 @@
+# storybias: `make paper` runs the pipeline, `make test` runs the tests. Both set up .venv first.
+#
+#   make paper [PARAMS=params/default.yaml]   every stage, notebooks executed into reports/<run>/
+#   make generate|...                          one stage (and what it needs)
+#   make check-params PARAMS=params/x.yaml     validate a profile only
+#   make test                                  pytest (unit tests + slow tests with the embedded model)
+#   make lab                                   JupyterLab on notebooks/ with the storybias kernel
+#
+# DEVICE=cpu|cuda picks the vLLM build (default: cuda when nvidia-smi sees a GPU, else cpu).
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DELETE_ON_ERROR:
+.DEFAULT_GOAL := help
+
+PARAMS ?= params/default.yaml
+DEVICE ?= $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then echo cuda; else echo cpu; fi)
+PYTHON ?= python3
+
+VENV := .venv
+PY := $(VENV)/bin/python
+PIN_FILES := requirements/base.txt requirements/$(DEVICE).txt requirements/embedded-model.txt \
+             $(wildcard requirements/lock-$(DEVICE).txt) pyproject.toml scripts/setup-venv.sh
+PIN_HASH := $(shell cat $(PIN_FILES) | sha256sum | cut -c1-12)
+VENV_STAMP := $(VENV)/.installed-$(DEVICE)-$(PIN_HASH)
+
+# The run's name: `run_name:` in the profile, else the profile's file name. (The schema restricts
+# run_name to [A-Za-z0-9_.-], so this sed reads it exactly.)
+RUN_FROM_FILE := $(shell sed -n 's/^run_name:[[:space:]]*["'"'"']\{0,1\}\([A-Za-z0-9_.-]*\).*/\1/p' $(PARAMS) 2>/dev/null)
+RUN := $(if $(RUN_FROM_FILE),$(RUN_FROM_FILE),$(basename $(notdir $(PARAMS))))
+DATA_ROOT := $(if $(STORYBIAS_DATA),$(STORYBIAS_DATA),data)
+DATA := $(DATA_ROOT)/$(RUN)
+REPORTS := reports/$(RUN)
+STAMPS := $(DATA)/.params
+KERNEL := storybias
+STAGE_STAMPS := $(STAMPS)/generate.params
+
+# Execute notebook $(1) with papermill into a temp file; move it to reports/<run>/ only on success.
+define run_notebook
+	@mkdir -p $(REPORTS)
+	@echo "== stage $(2): notebooks/$(1).ipynb (params $(PARAMS), run $(RUN)); log: $(REPORTS)/$(1).log"
+	@$(VENV)/bin/papermill notebooks/$(1).ipynb $(REPORTS)/$(1).tmp.ipynb \
+	    -k $(KERNEL) --cwd notebooks -p params_file $(abspath $(PARAMS)) --log-output --no-progress-bar \
+	    > $(REPORTS)/$(1).log 2>&1 \
+	  || { echo "stage $(2) FAILED: see $(REPORTS)/$(1).log and $(REPORTS)/$(1).tmp.ipynb" >&2; tail -n 25 $(REPORTS)/$(1).log >&2; exit 1; }
+	@mv $(REPORTS)/$(1).tmp.ipynb $(REPORTS)/$(1).ipynb
+endef
+
+.PHONY: help venv model check-params stamps generate paper test test-fast bench-generate lab clean-run FORCE
+
+help:
+	@sed -n '1,12p' Makefile | sed 's/^# \{0,1\}//'
+
+venv: $(VENV_STAMP)
+$(VENV_STAMP):
+	PYTHON=$(PYTHON) scripts/setup-venv.sh $(DEVICE) $@
+
+model: $(VENV_STAMP)
+	$(PY) -m storybias.cli prepare-model
+
+check-params: $(VENV_STAMP)
+	$(PY) -m storybias.cli check-params $(PARAMS)
+
+# One process validates the profile and refreshes every stage's params stamp; a stamp file changes
+# only when its stage's parameters do, so Make reruns only the stages whose parameters changed.
+$(STAGE_STAMPS) &: FORCE | $(VENV_STAMP)
+	@$(PY) -m storybias.cli stamps $(PARAMS)
+stamps: $(STAGE_STAMPS)
+
+$(DATA)/stories.parquet: notebooks/01_generate.ipynb $(STAMPS)/generate.params | $(VENV_STAMP)
+	$(call run_notebook,01_generate,generate)
+
+generate: $(DATA)/stories.parquet
+
+paper: generate
+	@echo "run '$(RUN)' complete: artifacts in $(DATA)/, executed notebooks in $(REPORTS)/"
+
+bench-generate: $(VENV_STAMP)
+	$(PY) -m storybias.cli bench-generate $(PARAMS)
+
+test: $(VENV_STAMP)
+	$(VENV)/bin/pytest tests
+
+test-fast: $(VENV_STAMP)
+	$(VENV)/bin/pytest -m "not slow" tests
+
+lab: $(VENV_STAMP)
+	$(VENV)/bin/jupyter lab notebooks/
+
+clean-run:
+	rm -rf $(DATA) $(REPORTS) figures/$(RUN)
+
+FORCE:

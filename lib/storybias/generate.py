@@ -1,0 +1,297 @@
+"""Stage 01: plan the prompt grid of a run, generate every story, write stories.parquet.
+
+Resumable: finished stories are written in atomic shards under data/<run>/work/generate/ as they
+complete. After a crash or kill, a rerun keeps every story already written (from the shards or
+from a previous stories.parquet) whose generation settings are unchanged, generates only the rest,
+and assembles exactly one row per planned story.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+from tqdm.auto import tqdm
+
+from . import paths
+from .engines import ChatRequest, Engine, ChatResult, preflight
+from .io import ShardStore, write_json_atomic, write_parquet_atomic
+from .params import ModelSpec, Params
+from .prompts import (
+    ALL_CONDITION_COLUMNS,
+    design_cells,
+    explicit_labels,
+    render_prompt,
+    request_seed,
+    sample_cells,
+    story_id,
+)
+
+STORIES_SCHEMA = pa.schema(
+    [
+        ("story_id", pa.string()),
+        ("design", pa.string()),
+        ("language", pa.string()),
+        ("model", pa.string()),
+        ("prompt_id", pa.string()),
+        ("sample", pa.int64()),
+        ("seed", pa.int64()),
+        ("prompt", pa.string()),
+        ("text", pa.string()),
+        ("finish_reason", pa.string()),
+        ("n_tokens", pa.int64()),
+        *[(c, pa.string()) for c in ALL_CONDITION_COLUMNS],
+        ("n_prompt_tokens", pa.int64()),
+        ("gen_config", pa.string()),
+        ("generated_at", pa.string()),
+    ]
+)
+PLAN_COLUMNS = [f.name for f in STORIES_SCHEMA if f.name not in ("text", "finish_reason", "n_tokens", "n_prompt_tokens", "generated_at")]
+
+
+def gen_config_hash(model: ModelSpec, sampling: dict[str, Any], choice: list[str] | None) -> str:
+    """Fingerprint of everything besides the prompt that shapes a story: a stored story is reused on
+    a rerun only when its fingerprint is unchanged (a new temperature regenerates it)."""
+    key = json.dumps(
+        {"model": model.model_dump(mode="json"), "sampling": sampling, "choice": choice}, sort_keys=True
+    )
+    return hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+def plan(params: Params) -> pd.DataFrame:
+    """Every story the run asks for, one row each, with its prompt, seed and conditions."""
+    rows = []
+    base_seed = params.generation.seed
+    for design, run in params.enabled_designs().items():
+        cells = sample_cells(design_cells(design), run.n_prompts, base_seed, run.restrict or None)
+        if design == "occupations" and run.tasks is not None:
+            cells = [c for c in cells if c.conditions["cond_task"] in run.tasks]
+        sampling = params.sampling_for(design)
+        for model in params.generation.models:
+            for language in run.languages:
+                labels = explicit_labels(language) if design == "occupations" else {}
+                for cell in cells:
+                    prompt = render_prompt(cell, language)
+                    choice = list(labels.values()) if cell.conditions.get("cond_task") == "explicit" else None
+                    task_sampling = sampling.model_dump()
+                    if choice is not None:
+                        task_sampling["max_tokens"] = min(task_sampling["max_tokens"], 16)
+                    config = gen_config_hash(model, task_sampling, choice)
+                    for sample in range(run.samples_per_prompt):
+                        sid = story_id(design, language, model.name, cell.prompt_id, sample)
+                        row = {c: None for c in ALL_CONDITION_COLUMNS}
+                        row.update(cell.conditions)
+                        row.update(
+                            story_id=sid,
+                            design=design,
+                            language=language,
+                            model=model.name,
+                            prompt_id=cell.prompt_id,
+                            sample=sample,
+                            seed=request_seed(base_seed, sid),
+                            prompt=prompt,
+                            gen_config=config,
+                            _sampling=task_sampling,
+                            _choice=choice,
+                        )
+                        rows.append(row)
+    frame = pd.DataFrame(rows)
+    if frame["story_id"].duplicated().any():  # would mean two cells share a prompt_id: a design bug
+        raise RuntimeError("duplicate story_id in the plan")
+    return frame
+
+
+def _request(row: dict[str, Any]) -> ChatRequest:
+    from .params import Sampling
+
+    return ChatRequest(
+        key=row["story_id"],
+        messages=[{"role": "user", "content": row["prompt"]}],
+        sampling=Sampling(**row["_sampling"]),
+        seed=int(row["seed"]),
+        choice=row["_choice"],
+    )
+
+
+def _stored_rows(run_name: str, store: ShardStore) -> pd.DataFrame:
+    """Stories already generated: the shards of an unfinished run plus a previous stories.parquet."""
+    frames = [store.read_all().to_pandas()]
+    final = paths.stories_path(run_name)
+    if final.is_file():
+        previous = pq.read_table(final)
+        if "gen_config" in previous.column_names:
+            frames.append(previous.cast(STORIES_SCHEMA).to_pandas())
+    frames = [f for f in frames if len(f)]
+    if not frames:
+        return pd.DataFrame(columns=STORIES_SCHEMA.names)
+    return pd.concat(frames, ignore_index=True).drop_duplicates("story_id", keep="first")
+
+
+@dataclass
+class ModelRun:
+    model: str
+    model_id: str = ""
+    weights_sha256: str | None = None
+    startup_seconds: float = 0.0
+    generation_seconds: float = 0.0
+    n_generated: int = 0
+    n_reused: int = 0
+    output_tokens: int = 0
+    prompt_tokens: int = 0
+    versions: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return round(self.output_tokens / self.generation_seconds, 2) if self.generation_seconds else 0.0
+
+
+@dataclass
+class GenerateResult:
+    stories: pd.DataFrame
+    runs: list[ModelRun]
+    manifest: dict[str, Any]
+
+
+def _flush(store: ShardStore, buffer: list[dict[str, Any]]) -> None:
+    store.append(buffer)
+    buffer.clear()
+
+
+def _null(value: Any) -> Any:
+    """pandas stores a missing condition as NaN; Arrow's string columns want None."""
+    return None if isinstance(value, float) and value != value else value
+
+
+def _to_row(planned: dict[str, Any], result: ChatResult) -> dict[str, Any]:
+    row = {k: _null(planned[k]) for k in PLAN_COLUMNS}
+    row.update(
+        text=result.text,
+        finish_reason=result.finish_reason,
+        n_tokens=result.n_tokens,
+        n_prompt_tokens=result.n_prompt_tokens,
+        generated_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    )
+    return row
+
+
+def run(
+    params: Params,
+    progress: bool = True,
+    engine_factory: Callable[[ModelSpec], Engine] | None = None,
+    log: Callable[[str], None] = print,
+) -> GenerateResult:
+    """Generate every planned story not yet stored, then write stories.parquet and manifest.json."""
+    started = time.time()
+    run_name = params.run_name
+    planned = plan(params)
+    store = ShardStore(paths.work_dir(run_name, "generate"), key="story_id", schema=STORIES_SCHEMA)
+    stored = _stored_rows(run_name, store)
+    reusable = stored.merge(planned[["story_id", "gen_config"]], on=["story_id", "gen_config"], how="inner")
+    done = set(reusable["story_id"])
+    todo = planned[~planned["story_id"].isin(done)]
+    log(f"run '{run_name}': {len(planned)} stories planned, {len(done)} already generated, {len(todo)} to generate")
+
+    # Check every model before loading any: a paper-profile mistake fails in seconds, not after hours.
+    for spec in params.generation.models:
+        if (todo["model"] == spec.name).any():
+            preflight(spec)
+
+    factory = engine_factory or (lambda spec: Engine(spec, params.generation.engine, params.generation.seed))
+    runs = []
+    for spec in params.generation.models:
+        model_todo = todo[todo["model"] == spec.name]
+        record = ModelRun(model=spec.name, n_reused=int((reusable["model"] == spec.name).sum()))
+        runs.append(record)
+        if model_todo.empty:
+            continue
+        by_key = {row["story_id"]: row for row in model_todo.to_dict("records")}
+        buffer: list[dict[str, Any]] = []
+        with factory(spec) as engine:
+            record.model_id = engine.info.model_id
+            record.startup_seconds = engine.info.startup_seconds
+            record.versions = engine.info.versions
+            gen_started = time.time()
+            bar = tqdm(total=len(by_key), desc=f"generate [{spec.name}]", unit="story", disable=not progress)
+            for result in engine.stream([_request(r) for r in by_key.values()]):
+                buffer.append(_to_row(by_key[result.key], result))
+                record.n_generated += 1
+                record.output_tokens += result.n_tokens
+                record.prompt_tokens += result.n_prompt_tokens
+                bar.update(1)
+                bar.set_postfix(tok_s=f"{record.output_tokens / max(time.time() - gen_started, 1e-9):.1f}")
+                if len(buffer) >= params.generation.shard_size:
+                    _flush(store, buffer)
+            _flush(store, buffer)
+            bar.close()
+            record.generation_seconds = round(time.time() - gen_started, 2)
+        if spec.source == "embedded":
+            from .models import EMBEDDED_SHA256
+
+            record.weights_sha256 = EMBEDDED_SHA256
+
+    stories = _assemble(planned, _stored_rows(run_name, store))
+    write_parquet_atomic(stories, paths.stories_path(run_name), schema=STORIES_SCHEMA)
+    manifest = _manifest(params, planned, stories, runs, time.time() - started)
+    write_json_atomic(manifest, paths.manifest_path(run_name))
+    store.clear()  # everything is in stories.parquet now
+    log(f"wrote {paths.stories_path(run_name)} ({len(stories)} stories)")
+    return GenerateResult(stories=stories, runs=runs, manifest=manifest)
+
+
+def _assemble(planned: pd.DataFrame, stored: pd.DataFrame) -> pd.DataFrame:
+    """Exactly one row per planned story, in plan order; fails loudly if any is missing."""
+    keep = stored.merge(planned[["story_id", "gen_config"]], on=["story_id", "gen_config"], how="inner")
+    keep = keep.drop_duplicates("story_id", keep="first").set_index("story_id")
+    missing = planned.loc[~planned["story_id"].isin(keep.index), "story_id"]
+    if len(missing):
+        raise RuntimeError(f"{len(missing)} planned stories were not generated (e.g. {missing.iloc[0]})")
+    ordered = keep.loc[planned["story_id"]].reset_index()
+    return ordered[STORIES_SCHEMA.names]
+
+
+def _manifest(params: Params, planned: pd.DataFrame, stories: pd.DataFrame, runs: list[ModelRun], seconds: float) -> dict[str, Any]:
+    counts = stories.groupby(["design", "language", "model"]).size().rename("n").reset_index()
+    return {
+        "stage": "generate",
+        "run_name": params.run_name,
+        "params": params.resolved(),
+        "base_seed": params.generation.seed,
+        "seed_rule": "seed = (base_seed + int(story_id[:8], 16)) mod (2^31 - 1)",
+        "n_planned": int(len(planned)),
+        "n_stories": int(len(stories)),
+        "finish_reasons": {k: int(v) for k, v in stories["finish_reason"].value_counts().items()},
+        "stories_per_cell": counts.to_dict("records"),
+        "models": [
+            {
+                "model": r.model,
+                "model_id": r.model_id,
+                "weights_sha256": r.weights_sha256,
+                "n_generated_this_run": r.n_generated,
+                "n_reused": r.n_reused,
+                "startup_seconds": r.startup_seconds,
+                "generation_seconds": r.generation_seconds,
+                "output_tokens": r.output_tokens,
+                "prompt_tokens": r.prompt_tokens,
+                "tokens_per_second": r.tokens_per_second,
+                "versions": r.versions,
+            }
+            for r in runs
+        ],
+        "wall_seconds": round(seconds, 1),
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def prepare_models(params: Params, log: Callable[[str], None] = print) -> None:
+    """Build the embedded model's folder if the run uses it (a no-op once cached)."""
+    if any(m.source == "embedded" for m in params.generation.models):
+        from .models import prepare_embedded
+
+        prepare_embedded(log=log)

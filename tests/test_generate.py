@@ -1,0 +1,150 @@
+"""Stage 01 without a model: the plan, the data contract, and resume logic with a scripted engine.
+
+The real engine (vLLM + embedded model) and a real kill -9 are exercised in test_generate_slow.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from storybias import generate, paths, params
+from storybias.engines import ChatResult, EngineInfo
+from storybias.prompts import ALL_CONDITION_COLUMNS
+
+CONTRACT = [
+    "story_id", "design", "language", "model", "prompt_id", "sample", "seed", "prompt", "text",
+    "finish_reason", "n_tokens", *ALL_CONDITION_COLUMNS,
+]
+
+
+class ScriptedEngine:
+    """Stands in for engines.Engine: answers every request with a text derived from its key, and can
+    be told to die after ``crash_after`` results (as a killed process would)."""
+
+    calls: list[str] = []
+
+    def __init__(self, spec, crash_after: int | None = None):
+        self.spec = spec
+        self.crash_after = crash_after
+        self.info = EngineInfo(model=spec.name, model_id="scripted", weights="-", device="cpu", startup_seconds=0.0)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def stream(self, requests):
+        for i, r in enumerate(requests):
+            if self.crash_after is not None and i == self.crash_after:
+                raise KeyboardInterrupt("simulated kill")
+            ScriptedEngine.calls.append(r.key)
+            answer = r.choice[0] if r.choice else f"Story for {r.key} at temperature {r.sampling.temperature}."
+            yield ChatResult(key=r.key, text=answer, finish_reason="stop", n_tokens=7, n_prompt_tokens=11)
+
+
+@pytest.fixture()
+def data_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path / "data"))
+    ScriptedEngine.calls = []
+    return tmp_path / "data"
+
+
+def profile(tmp_path: Path, **sampling) -> params.Params:
+    raw = yaml.safe_load((paths.params_dir() / "smoke.yaml").read_text())
+    raw["run_name"] = "unit"
+    raw["generation"]["sampling"].update(sampling)
+    path = tmp_path / "unit.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return params.load(path)
+
+
+def no_preflight(monkeypatch):
+    monkeypatch.setattr(generate, "preflight", lambda spec: (Path("."), "scripted"))
+
+
+def test_plan_matches_profile(tmp_path):
+    plan = generate.plan(profile(tmp_path))
+    assert plan.groupby("design").size().to_dict() == {"bedtime": 2, "occupations": 3, "stereotales": 3}
+    assert plan["story_id"].is_unique
+    assert plan["seed"].nunique() == len(plan)
+    explicit = plan[plan["cond_task"] == "explicit"]
+    assert all(c == ["female", "woman", "male", "man"] for c in explicit["_choice"])
+    assert set(plan.loc[plan.design == "occupations", "cond_occupation_gender"]) <= {"female", "male"}
+    assert plan.loc[plan.design == "bedtime", "cond_attribute"].isna().all()
+
+
+def test_run_writes_the_contract(tmp_path, data_dir, monkeypatch):
+    no_preflight(monkeypatch)
+    p = profile(tmp_path)
+    result = generate.run(p, progress=False, engine_factory=ScriptedEngine, log=lambda m: None)
+    stories = pd.read_parquet(paths.stories_path("unit"))
+    assert list(stories.columns[: len(CONTRACT)]) == CONTRACT
+    assert len(stories) == len(generate.plan(p)) == stories["story_id"].nunique()
+    assert stories["sample"].dtype == "int64" and stories["n_tokens"].dtype == "int64"
+    manifest = result.manifest
+    assert manifest["n_stories"] == len(stories)
+    assert manifest["models"][0]["n_generated_this_run"] == len(stories)
+    assert not any(paths.work_dir("unit", "generate").glob("part-*.parquet")), "shards are cleared after assembly"
+
+
+def test_crash_then_resume_generates_only_the_rest(tmp_path, data_dir, monkeypatch):
+    no_preflight(monkeypatch)
+    p = profile(tmp_path)  # shard_size 2 in the smoke profile
+    with pytest.raises(KeyboardInterrupt):
+        generate.run(p, progress=False, engine_factory=lambda s: ScriptedEngine(s, crash_after=5), log=lambda m: None)
+    assert not paths.stories_path("unit").exists()
+    first = list(ScriptedEngine.calls)
+    persisted = len(list(paths.work_dir("unit", "generate").glob("part-*.parquet"))) * 2
+    assert persisted == 4  # two full shards of 2; the fifth story was in the unflushed buffer
+    ScriptedEngine.calls = []
+    result = generate.run(p, progress=False, engine_factory=ScriptedEngine, log=lambda m: None)
+    regenerated = set(ScriptedEngine.calls)
+    stories = result.stories
+    assert len(stories) == len(generate.plan(p)) and stories["story_id"].is_unique
+    assert len(regenerated) == len(stories) - persisted
+    assert not regenerated & set(first[:persisted]), "stories already on disk must not be generated again"
+    assert result.manifest["models"][0]["n_reused"] == persisted
+
+
+def test_rerun_after_completion_generates_nothing(tmp_path, data_dir, monkeypatch):
+    no_preflight(monkeypatch)
+    p = profile(tmp_path)
+    generate.run(p, progress=False, engine_factory=ScriptedEngine, log=lambda m: None)
+    ScriptedEngine.calls = []
+    result = generate.run(p, progress=False, engine_factory=ScriptedEngine, log=lambda m: None)
+    assert ScriptedEngine.calls == []
+    assert len(result.stories) == len(generate.plan(p))
+
+
+def test_changed_sampling_regenerates_instead_of_reusing(tmp_path, data_dir, monkeypatch):
+    no_preflight(monkeypatch)
+    generate.run(profile(tmp_path), progress=False, engine_factory=ScriptedEngine, log=lambda m: None)
+    ScriptedEngine.calls = []
+    result = generate.run(profile(tmp_path, temperature=0.5), progress=False, engine_factory=ScriptedEngine, log=lambda m: None)
+    stories = result.stories
+    free_text = stories[stories["cond_task"].fillna("") != "explicit"]
+    assert len(ScriptedEngine.calls) == len(stories)
+    assert free_text["text"].str.contains("temperature 0.5").all()
+
+
+def test_preflight_failure_comes_before_any_engine(tmp_path, data_dir):
+    raw = yaml.safe_load((paths.params_dir() / "smoke.yaml").read_text())
+    raw["generation"]["models"] = [{"name": "big", "source": "hub", "hub_id": "nobody/absent-model-8B", "device": "cuda"}]
+    path = tmp_path / "gpu.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    started = []
+
+    def factory(spec):
+        started.append(spec)
+        return ScriptedEngine(spec)
+
+    from storybias.engines import EngineError
+
+    with pytest.raises(EngineError, match="nobody/absent-model-8B.*not on this machine"):
+        generate.run(params.load(path), progress=False, engine_factory=factory, log=lambda m: None)
+    assert started == []

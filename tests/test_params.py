@@ -1,0 +1,160 @@
+"""Parameter validation: every kind of bad input gives one clear message naming the key and the file."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from storybias import paths, params
+from storybias.params import ParamsError
+
+PROFILES = ["smoke", "default", "paper"]
+
+
+def write_profile(tmp_path: Path, mutate) -> Path:
+    raw = yaml.safe_load((paths.params_dir() / "smoke.yaml").read_text())
+    mutate(raw)
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_shipped_profiles_are_valid(name):
+    p = params.load(f"params/{name}.yaml")
+    assert p.run_name == name
+    assert p.enabled_designs()
+
+
+def test_run_name_defaults_to_file_name_and_can_be_set(tmp_path):
+    path = write_profile(tmp_path, lambda r: r.update(run_name="my-run"))
+    assert params.load(path).run_name == "my-run"
+    path = write_profile(tmp_path, lambda r: None)
+    assert params.load(path).run_name == "bad"
+
+
+def _error(tmp_path, mutate) -> str:
+    path = write_profile(tmp_path, mutate)
+    with pytest.raises(ParamsError) as exc:
+        params.load(path)
+    message = str(exc.value)
+    assert str(path) in message, "the message must name the file"
+    return message
+
+
+def test_unknown_key_is_named(tmp_path):
+    msg = _error(tmp_path, lambda r: r["generation"].update(temprature=0.3))
+    assert "generation.temprature" in msg and "unknown key" in msg
+
+
+def test_unknown_nested_key_is_named(tmp_path):
+    msg = _error(tmp_path, lambda r: r["designs"]["bedtime"].update(n_prompt=3))
+    assert "designs.bedtime.n_prompt" in msg
+
+
+def test_wrong_type_is_named(tmp_path):
+    msg = _error(tmp_path, lambda r: r["generation"]["sampling"].update(max_tokens="many"))
+    assert "generation.sampling.max_tokens" in msg
+
+
+def test_out_of_range_value_is_named(tmp_path):
+    msg = _error(tmp_path, lambda r: r["generation"]["sampling"].update(top_p=1.5))
+    assert "generation.sampling.top_p" in msg
+
+
+def test_unknown_language_is_named(tmp_path):
+    msg = _error(tmp_path, lambda r: r["designs"]["stereotales"].update(languages=["en", "xx"]))
+    assert "designs.stereotales.languages[1]" in msg and "'xx'" in msg
+
+
+def test_unknown_design_is_named(tmp_path):
+    msg = _error(tmp_path, lambda r: r["designs"].update(fairytales={"languages": ["en"]}))
+    assert "designs.fairytales" in msg
+
+
+def test_missing_model_folder_is_named(tmp_path):
+    def mutate(r):
+        r["generation"]["models"] = [{"name": "mine", "source": "local", "path": str(tmp_path / "nowhere")}]
+
+    msg = _error(tmp_path, mutate)
+    assert "generation.models[0].path" in msg and "nowhere" in msg and "does not exist" in msg
+
+
+def test_local_model_needs_a_path(tmp_path):
+    msg = _error(tmp_path, lambda r: r["generation"].update(models=[{"name": "mine", "source": "local"}]))
+    assert "generation.models[0]" in msg and "path" in msg
+
+
+def test_unknown_restrict_value_is_named(tmp_path):
+    msg = _error(tmp_path, lambda r: r["designs"]["stereotales"].update(restrict={"attribute": ["hair_colour"]}))
+    assert "designs.stereotales.restrict.attribute" in msg and "hair_colour" in msg
+
+
+def test_duplicate_model_names_rejected(tmp_path):
+    m = {"name": "a", "source": "embedded"}
+    msg = _error(tmp_path, lambda r: r["generation"].update(models=[m, m]))
+    assert "generation.models" in msg and "unique" in msg
+
+
+def test_not_yaml_and_missing_file(tmp_path):
+    bad = tmp_path / "broken.yaml"
+    bad.write_text("generation: [unclosed\n")
+    with pytest.raises(ParamsError, match="not valid YAML"):
+        params.load(bad)
+    with pytest.raises(ParamsError, match="not found"):
+        params.load(tmp_path / "absent.yaml")
+
+
+def test_every_problem_is_reported_at_once(tmp_path):
+    def mutate(r):
+        r["generation"]["sampling"]["top_p"] = 3
+        r["designs"]["bedtime"]["samples"] = 2
+
+    msg = _error(tmp_path, mutate)
+    assert "top_p" in msg and "designs.bedtime.samples" in msg and "2 problems" in msg
+
+
+def test_check_params_cli_exits_nonzero_fast_naming_key(tmp_path):
+    path = write_profile(tmp_path, lambda r: r["designs"]["stereotales"].update(languages=["klingon"]))
+    started = time.time()
+    proc = subprocess.run([sys.executable, "-m", "storybias.cli", "check-params", str(path)], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "designs.stereotales.languages[0]" in proc.stderr and str(path) in proc.stderr
+    assert time.time() - started < 10
+    proc = subprocess.run(
+        [sys.executable, "-c", "import sys, storybias.params as p; p.load('params/smoke.yaml'); print('vllm' in sys.modules, 'torch' in sys.modules)"],
+        capture_output=True, text=True, cwd=paths.repo_root(),
+    )
+    assert proc.stdout.strip() == "False False", "validation must not import the engine"
+
+
+def test_stage_stamp_changes_only_with_its_section(tmp_path):
+    base = params.load("params/smoke.yaml")
+    changed = write_profile(tmp_path, lambda r: r["generation"]["sampling"].update(max_tokens=49))
+    assert params.load(changed).stage_digest("generate") != base.stage_digest("generate")
+    same = write_profile(tmp_path, lambda r: r.update(description="another description"))
+    assert params.load(same).stage_digest("generate") == base.stage_digest("generate")
+
+
+def test_stamp_files_are_rewritten_only_on_change(tmp_path):
+    p = params.load("params/smoke.yaml")
+    [stamp] = params.write_stage_stamps(p, tmp_path)
+    before = stamp.stat().st_mtime_ns
+    time.sleep(0.01)
+    params.write_stage_stamps(p, tmp_path)
+    assert stamp.stat().st_mtime_ns == before
+
+
+def test_paper_profile_follows_biasedtales_table_2():
+    p = params.load("params/paper.yaml")
+    s = p.generation.sampling
+    assert (s.temperature, s.top_p, s.top_k, s.repetition_penalty, s.max_tokens) == (1.0, 0.95, 50, 1.1, 1024)
+    assert p.generation.seed == 42
+    assert p.designs.bedtime.samples_per_prompt == 5
+    assert {m.hub_id for m in p.generation.models} >= {"Qwen/Qwen3-8B", "meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Llama-3.2-1B-Instruct"}
+    assert all(m.device == "cuda" for m in p.generation.models)

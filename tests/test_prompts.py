@@ -1,0 +1,140 @@
+"""The prompt designs: grid sizes equal to the studies', stable ids, and localization parity."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from storybias import prompts
+from storybias.prompts import LANGUAGES, design_cells, load_localization, render_prompt
+
+LOCALIZED = {d: prompts.available_languages(d) for d in prompts.DESIGNS}
+PAIRS = [(d, lang) for d in prompts.DESIGNS for lang in LOCALIZED[d]]
+
+# Distinctive English words that should not survive in another language's template text.
+ENGLISH_LEFTOVERS = {
+    "the", "and", "story", "write", "words", "please", "person", "who", "with", "their", "about",
+    "bedtime", "character", "only", "short", "sentence", "news", "report", "list", "answer",
+}
+# Words that are legitimately the same (proper nouns, acronyms) or also words of that language.
+ALLOWED_LATIN = {"CEO", "HR", "MASK"}
+
+
+def test_grid_sizes_equal_the_studies():
+    assert len(design_cells("stereotales")) == 79 * 36 == 2844
+    assert len(design_cells("bedtime")) == 3 * 27 * 6 * 2 * 3 == 2916
+    assert len(design_cells("occupations")) == 18 * 3 == 54
+
+
+def test_stereotales_design_counts():
+    spec = prompts.load_design("stereotales")
+    dims = spec["dimensions"]
+    assert len(dims) == 19
+    assert sum(len(v) for v in dims.values()) == 79
+    assert [len(v) for v in dims.values()] == [6, 3, 2, 5, 11, 3, 6, 3, 3, 2, 2, 2, 2, 5, 2, 3, 5, 11, 3]
+    cats = spec["scenario_categories"]
+    assert len(cats) == 9 and all(len(s) == 4 for s in cats.values())
+
+
+def test_occupation_gender_mapping_is_8_female_10_male():
+    mapping = prompts.load_design("occupations")["occupation_gender"]
+    assert sorted(mapping.values()).count("female") == 8
+    assert sorted(mapping.values()).count("male") == 10
+    assert set(mapping) == set(prompts.load_design("occupations")["dimensions"]["occupation"])
+
+
+def test_prompt_ids_are_unique_and_stable():
+    for design in prompts.DESIGNS:
+        ids = [c.prompt_id for c in design_cells(design)]
+        assert len(ids) == len(set(ids))
+    assert design_cells("bedtime")[0].prompt_id == "bedtime/mother/american/christian/wealthy/girl"
+    assert prompts.story_id("bedtime", "en", "m", "bedtime/mother/american/christian/wealthy/girl", 0) == prompts.story_id(
+        "bedtime", "en", "m", "bedtime/mother/american/christian/wealthy/girl", 0
+    )
+    # the id depends on each defining field
+    base = ("stereotales", "en", "m", "p", 0)
+    variants = [("bedtime", "en", "m", "p", 0), ("stereotales", "fr", "m", "p", 0), ("stereotales", "en", "n", "p", 0),
+                ("stereotales", "en", "m", "q", 0), ("stereotales", "en", "m", "p", 1)]
+    assert len({prompts.story_id(*v) for v in variants + [base]}) == 6
+
+
+def test_story_id_is_pinned():
+    # A changed hash would orphan every stored story: pin one value.
+    assert prompts.story_id("stereotales", "en", "qwen2.5-coder-1.5b", "stereotales/age=child/shoplifting", 0) == \
+        __import__("hashlib").sha256(b"stereotales|en|qwen2.5-coder-1.5b|stereotales/age=child/shoplifting|0").hexdigest()[:16]
+
+
+def test_sampling_is_seeded_and_language_independent():
+    cells = design_cells("stereotales")
+    a = prompts.sample_cells(cells, 20, seed=42)
+    b = prompts.sample_cells(cells, 20, seed=42)
+    c = prompts.sample_cells(cells, 20, seed=43)
+    assert [x.prompt_id for x in a] == [x.prompt_id for x in b]
+    assert [x.prompt_id for x in a] != [x.prompt_id for x in c]
+    only = prompts.sample_cells(cells, None, seed=1, restrict={"attribute": ["gender"]})
+    assert len(only) == 3 * 36 and {x.conditions["cond_attribute"] for x in only} == {"gender"}
+
+
+def test_request_seeds_differ_between_samples_of_one_prompt():
+    ids = [prompts.story_id("bedtime", "en", "m", "p", s) for s in range(5)]
+    seeds = {prompts.request_seed(42, i) for i in ids}
+    assert len(seeds) == 5
+
+
+def test_english_prompts_render_as_expected():
+    cell = next(c for c in design_cells("bedtime") if c.prompt_id == "bedtime/mother/egyptian/muslim/working_class/boy")
+    text = render_prompt(cell, "en")
+    assert text.startswith("I am an Egyptian mother. I come from a working-class family, and we follow the Muslim tradition.")
+    assert "6-year-old son" in text and "{{" not in text
+    explicit = next(c for c in design_cells("occupations") if c.prompt_id == "occupations/nurse/explicit")
+    assert '"The nurse is [MASK]."' in render_prompt(explicit, "en")
+    assert "female, woman, male, man" in render_prompt(explicit, "en")
+
+
+def _keys(loc: dict, design: str) -> dict:
+    if design == "stereotales":
+        return {"values": {d: set(v) for d, v in loc["values"].items()}, "scenarios": set(loc["scenarios"])}
+    if design == "bedtime":
+        return {"values": {d: set(v) for d, v in loc["values"].items()}}
+    return {"values": {d: set(v) for d, v in loc["values"].items()}, "labels": set(loc["labels"]), "templates": set(loc["templates"])}
+
+
+@pytest.mark.parametrize("design,language", PAIRS)
+def test_localization_has_every_key_of_the_design(design, language):
+    loc = load_localization(design, language)
+    assert loc["language"] == language
+    assert _keys(loc, design) == _keys(load_localization(design, "en"), design)
+    spec = prompts.load_design(design)
+    for dim, values in spec["dimensions"].items():
+        if dim == "task":
+            continue
+        assert set(loc["values"][dim]) == set(values), f"{design}/{language}: {dim}"
+
+
+@pytest.mark.parametrize("design,language", PAIRS)
+def test_values_of_a_dimension_share_their_forms(design, language):
+    for dim, values in load_localization(design, language)["values"].items():
+        shapes = {tuple(sorted(v)) if isinstance(v, dict) else "text" for v in values.values()}
+        assert len(shapes) == 1, f"{design}/{language}/{dim}: values have different forms {shapes}"
+
+
+@pytest.mark.parametrize("design,language", PAIRS)
+def test_every_cell_renders(design, language):
+    texts = {render_prompt(cell, language) for cell in design_cells(design)}
+    assert len(texts) == len(design_cells(design)), "two cells render to the same prompt"
+    for text in texts:
+        assert text and "{" not in text and "}" not in text and "None" not in text
+
+
+@pytest.mark.parametrize("design,language", [p for p in PAIRS if p[1] != "en"])
+def test_no_english_left_in_templates(design, language):
+    leftovers = set()
+    for cell in design_cells(design)[:: max(1, len(design_cells(design)) // 300)]:
+        words = set(re.findall(r"[A-Za-z]+", render_prompt(cell, language)))
+        leftovers |= {w for w in words if w.lower() in ENGLISH_LEFTOVERS and w not in ALLOWED_LATIN}
+    assert not leftovers, f"{design}/{language}: English words left: {sorted(leftovers)}"
+
+
+def test_languages_are_the_14_of_the_studies():
+    assert list(LANGUAGES) == ["en", "fr", "es", "it", "pt", "nl", "uk", "ar", "hi", "zh", "ja", "ko", "ru", "sw"]

@@ -10,7 +10,8 @@ Layout (relative to the repository root):
     reports/<run>/NN_name.ipynb         executed notebooks
     figures/<run>/                      figures (PNG + PDF)
 
-``STORYBIAS_DATA`` moves ``data/`` elsewhere (e.g. a bigger disk) without touching the code.
+``STORYBIAS_DATA`` moves the run folders elsewhere (e.g. a bigger disk); ``STORYBIAS_MODELS`` moves
+data/models/.
 """
 
 from __future__ import annotations
@@ -54,7 +55,10 @@ def data_root() -> Path:
 
 
 def models_dir() -> Path:
-    return data_root() / "models"
+    """Converted and local model weights. Independent of STORYBIAS_DATA (moving a run's data does not
+    move the 3.4 GB model cache); ``STORYBIAS_MODELS`` moves it."""
+    env = os.environ.get("STORYBIAS_MODELS")
+    return Path(env).expanduser().resolve() if env else repo_root() / "data" / "models"
 
 
 def run_dir(run_name: str) -> Path:
@@ -77,6 +81,14 @@ def figures_dir(run_name: str) -> Path:
 # Stage artifacts: the data contract (docs/data-contract.md). One name, one place.
 def stories_path(run_name: str) -> Path:
     return run_dir(run_name) / "stories.parquet"
+
+
+def filtered_path(run_name: str) -> Path:
+    return run_dir(run_name) / "filtered.parquet"
+
+
+def vsr_path(run_name: str) -> Path:
+    return run_dir(run_name) / "vsr.parquet"
 
 
 def manifest_path(run_name: str, stage: str = "generate") -> Path:

@@ -139,15 +139,19 @@ def test_stage_stamp_changes_only_with_its_section(tmp_path):
     assert params.load(changed).stage_digest("generate") != base.stage_digest("generate")
     same = write_profile(tmp_path, lambda r: r.update(description="another description"))
     assert params.load(same).stage_digest("generate") == base.stage_digest("generate")
+    filter_only = write_profile(tmp_path, lambda r: r.update(filter={"lid_threshold": 0.6}))
+    assert params.load(filter_only).stage_digest("generate") == base.stage_digest("generate")
+    assert params.load(filter_only).stage_digest("filter") != base.stage_digest("filter")
 
 
 def test_stamp_files_are_rewritten_only_on_change(tmp_path):
     p = params.load("params/smoke.yaml")
-    [stamp] = params.write_stage_stamps(p, tmp_path)
-    before = stamp.stat().st_mtime_ns
+    stamps = params.write_stage_stamps(p, tmp_path)
+    assert {s.name for s in stamps} >= {"generate.params", "filter.params"}
+    before = {s: s.stat().st_mtime_ns for s in stamps}
     time.sleep(0.01)
     params.write_stage_stamps(p, tmp_path)
-    assert stamp.stat().st_mtime_ns == before
+    assert {s: s.stat().st_mtime_ns for s in stamps} == before
 
 
 def test_paper_profile_follows_biasedtales_table_2():

@@ -136,11 +136,21 @@ class Designs(Strict):
     occupations: DesignRun = DesignRun(enabled=False)
 
 
+class FilterSettings(Strict):
+    """Stage 02 (BiasedTales-ML Appendix C): valid = lid.176 predicts the prompt's language with
+    probability > lid_threshold, and the story is not empty, truncated or a refusal."""
+
+    lid_threshold: Annotated[float, Field(ge=0, lt=1)] = 0.5
+    truncated_is_invalid: bool = True
+    include_invalid_downstream: bool = False  # later stages read valid stories only unless true
+
+
 class Profile(Strict):
     run_name: str | None = None
     description: str = ""
     generation: GenerationSettings
     designs: Designs
+    filter: FilterSettings = FilterSettings()
 
     @field_validator("run_name")
     @classmethod
@@ -154,6 +164,7 @@ class Profile(Strict):
 # so Make reruns a stage only when its own parameters changed (later stages add their sections).
 STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
     "generate": ("generation", "designs"),
+    "filter": ("filter",),
 }
 
 

@@ -1,0 +1,131 @@
+"""Stage 02: language identification, refusal rules, validity and the VSR table."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import yaml
+
+from storybias import langid, paths
+from storybias.prompts import LANGUAGES
+
+LANG_DATA = {lang: yaml.safe_load((paths.repo_root() / "tests" / "data" / "lang" / f"{lang}.yaml").read_text()) for lang in LANGUAGES}
+
+
+@pytest.mark.parametrize("lang", list(LANGUAGES))
+def test_lid_identifies_handwritten_sentences(lang):
+    sentences = LANG_DATA[lang]["lid_sentences"]
+    assert len(sentences) >= 3
+    found, probs = langid.identify(sentences)
+    assert found == [lang] * len(sentences), f"{lang}: {list(zip(found, probs.round(2)))}"
+    assert ((probs > 0) & (probs <= 1.0)).all()
+    if lang == "sw":
+        # lid.176 is under-confident on Swahili even for clean text (top-1 right at p ~ 0.35-0.45):
+        # with the 0.5 threshold many good Swahili stories fail, which is BiasedTales-ML's ~49% VSR.
+        assert (probs < 0.5).any()
+    else:
+        assert (probs > 0.5).all(), f"{lang}: {probs.round(2)}"
+
+
+def test_lid_handles_newlines_empty_and_clips():
+    text = "The old fisherman mended his nets.\nThe sun went down\r\nbehind the quiet hills of the bay."
+    [lang], probs = langid.identify([text])
+    assert lang == "en" and 0.5 < probs[0] <= 1.0
+    langs, probs = langid.identify(["", "   \n  "])
+    assert langs == ["", ""] and list(probs) == [0.0, 0.0]
+
+
+def test_lid_label_mapping():
+    assert langid.lid_code("__label__zh") == "zh"
+    assert langid.lid_code("__label__wuu") == "wuu"
+
+
+@pytest.mark.parametrize("lang", list(LANGUAGES))
+def test_refusal_rules_true_positives_and_negatives(lang):
+    data = LANG_DATA[lang]
+    for text in data["refusals"]:
+        assert langid.detect_refusal(text, lang), f"{lang}: missed refusal {text!r}"
+    for text in data["non_refusals"]:
+        assert langid.detect_refusal(text, lang) is None, f"{lang}: false refusal {text!r}"
+
+
+def test_english_refusal_caught_whatever_the_prompt_language():
+    rule = langid.detect_refusal("I'm sorry, but I cannot write a story about that.", "fr")
+    assert rule and rule.startswith("en:")
+
+
+def test_refusal_only_looks_at_the_opening():
+    story = "Once upon a time " + "there was a quiet village. " * 20 + "I cannot write, said the old poet."
+    assert langid.detect_refusal(story, "en") is None
+
+
+def _stories(rows):
+    base = {"design": "bedtime", "model": "m", "finish_reason": "stop", "cond_task": None}
+    return pd.DataFrame([{**base, "story_id": f"s{i}", **r} for i, r in enumerate(rows)])
+
+
+def test_classify_reasons_in_order():
+    en = LANG_DATA["en"]["lid_sentences"][0]
+    fr = LANG_DATA["fr"]["lid_sentences"][0]
+    stories = _stories([
+        {"language": "en", "text": en},
+        {"language": "en", "text": "   "},
+        {"language": "en", "text": en, "finish_reason": "length"},
+        {"language": "en", "text": LANG_DATA["en"]["refusals"][0]},
+        {"language": "en", "text": fr},
+        {"language": "fr", "text": fr},
+    ])
+    out = langid.classify(stories)
+    assert list(out["invalid_reason"].fillna("valid")) == ["valid", "empty", "truncated", "refusal", "wrong_language", "valid"]
+    assert list(out["is_valid"]) == [True, False, False, False, False, True]
+    assert out.loc[4, "lid_lang"] == "fr"
+    assert len(out) == len(stories), "every row is kept"
+
+
+def test_story_in_the_wrong_language_is_marked_wrong_language():
+    stories = _stories([{"language": "ar", "text": LANG_DATA["es"]["lid_sentences"][1]}])
+    out = langid.classify(stories)
+    assert out.loc[0, "invalid_reason"] == "wrong_language" and out.loc[0, "lid_lang"] == "es"
+
+
+def test_low_confidence_uses_the_threshold():
+    stories = _stories([{"language": "en", "text": LANG_DATA["en"]["lid_sentences"][0]}])
+    assert langid.classify(stories, lid_threshold=0.5).loc[0, "is_valid"]
+    out = langid.classify(stories, lid_threshold=0.999999)
+    assert out.loc[0, "invalid_reason"] == "low_confidence"
+
+
+def test_truncation_can_be_allowed():
+    stories = _stories([{"language": "en", "text": LANG_DATA["en"]["lid_sentences"][0], "finish_reason": "length"}])
+    assert langid.classify(stories, truncated_is_invalid=False).loc[0, "is_valid"]
+
+
+def test_explicit_answers_skip_language_id():
+    stories = _stories([{"language": "zh", "text": "female", "cond_task": "explicit", "design": "occupations"}])
+    out = langid.classify(stories)
+    assert out.loc[0, "is_valid"] and pd.isna(out.loc[0, "lid_lang"]) and pd.isna(out.loc[0, "lid_prob"])
+
+
+def test_vsr_arithmetic_on_a_hand_made_table():
+    rows = []
+    # model a: en 3 of 4 valid, zh 1 of 2; model b: en 2 of 2
+    for valid in (True, True, True, False):
+        rows.append({"model": "a", "language": "en", "is_valid": valid, "invalid_reason": None if valid else "refusal"})
+    for valid in (True, False):
+        rows.append({"model": "a", "language": "zh", "is_valid": valid, "invalid_reason": None if valid else "wrong_language"})
+    for _ in range(2):
+        rows.append({"model": "b", "language": "en", "is_valid": True, "invalid_reason": None})
+    filtered = pd.DataFrame(rows).assign(design="bedtime", story_id=[f"s{i}" for i in range(len(rows))])
+    vsr = langid.vsr_table(filtered)
+    a_en = vsr[(vsr.design == "all") & (vsr.model == "a") & (vsr.language == "en")].iloc[0]
+    assert (a_en.n_stories, a_en.n_valid, a_en.vsr, a_en.n_refusal) == (4, 3, 0.75, 1)
+    matrix = langid.vsr_matrix(vsr)
+    assert matrix.loc["en", "a"] == 75.0 and matrix.loc["zh", "a"] == 50.0 and matrix.loc["en", "b"] == 100.0
+    assert matrix.loc["en", "Overall"] == round(5 / 6 * 100, 1)  # pooled over models
+    assert matrix.loc["Average", "a"] == 62.5
+    assert list(matrix.index) == ["en", "zh", "Average"]
+
+
+def test_refusal_files_exist_for_all_languages():
+    for lang in LANGUAGES:
+        assert langid.refusal_rules(lang), lang

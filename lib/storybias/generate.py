@@ -181,6 +181,35 @@ def _to_row(planned: dict[str, Any], result: ChatResult) -> dict[str, Any]:
     return row
 
 
+def generate_with(
+    engine: Engine,
+    rows: list[dict[str, Any]],
+    store: ShardStore,
+    shard_size: int,
+    record: ModelRun,
+    progress: bool = True,
+) -> None:
+    """Generate ``rows`` (planned stories of one model) on a started engine, persisting every
+    ``shard_size`` finished stories. This is the whole per-story cost the pipeline adds to vLLM
+    (``make bench-generate`` times it against a bare ``LLM.chat``)."""
+    by_key = {row["story_id"]: row for row in rows}
+    buffer: list[dict[str, Any]] = []
+    started = time.time()
+    bar = tqdm(total=len(by_key), desc=f"generate [{record.model}]", unit="story", disable=not progress)
+    for result in engine.stream([_request(r) for r in by_key.values()]):
+        buffer.append(_to_row(by_key[result.key], result))
+        record.n_generated += 1
+        record.output_tokens += result.n_tokens
+        record.prompt_tokens += result.n_prompt_tokens
+        bar.update(1)
+        bar.set_postfix(tok_s=f"{record.output_tokens / max(time.time() - started, 1e-9):.1f}")
+        if len(buffer) >= shard_size:
+            _flush(store, buffer)
+    _flush(store, buffer)
+    bar.close()
+    record.generation_seconds = round(record.generation_seconds + time.time() - started, 2)
+
+
 def run(
     params: Params,
     progress: bool = True,
@@ -211,26 +240,11 @@ def run(
         runs.append(record)
         if model_todo.empty:
             continue
-        by_key = {row["story_id"]: row for row in model_todo.to_dict("records")}
-        buffer: list[dict[str, Any]] = []
         with factory(spec) as engine:
             record.model_id = engine.info.model_id
             record.startup_seconds = engine.info.startup_seconds
             record.versions = engine.info.versions
-            gen_started = time.time()
-            bar = tqdm(total=len(by_key), desc=f"generate [{spec.name}]", unit="story", disable=not progress)
-            for result in engine.stream([_request(r) for r in by_key.values()]):
-                buffer.append(_to_row(by_key[result.key], result))
-                record.n_generated += 1
-                record.output_tokens += result.n_tokens
-                record.prompt_tokens += result.n_prompt_tokens
-                bar.update(1)
-                bar.set_postfix(tok_s=f"{record.output_tokens / max(time.time() - gen_started, 1e-9):.1f}")
-                if len(buffer) >= params.generation.shard_size:
-                    _flush(store, buffer)
-            _flush(store, buffer)
-            bar.close()
-            record.generation_seconds = round(time.time() - gen_started, 2)
+            generate_with(engine, model_todo.to_dict("records"), store, params.generation.shard_size, record, progress)
         if spec.source == "embedded":
             from .models import EMBEDDED_SHA256
 

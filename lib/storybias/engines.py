@@ -156,6 +156,9 @@ class Engine:
             max_model_len=self.spec.max_model_len,
             seed=self.seed,
             max_num_seqs=self.settings.max_num_seqs,
+            # Compact JSON in structured outputs: indentation costs tokens and, on a small model, can
+            # run away until max_tokens. It is an engine-level switch in vLLM 0.32 (xgrammar backend).
+            structured_outputs_config={"backend": "xgrammar", "disable_any_whitespace": True},
         )
         if self.spec.device == "cuda":
             kwargs.update(
@@ -228,6 +231,7 @@ class Engine:
             [self.sampling_params(r) for r in requests],
             use_tqdm=False,
             chat_template=self._chat_template(),
+            chat_template_kwargs=dict(self.spec.chat_template_kwargs) or None,
         )
         # enqueue_chat returns vLLM's internal ids, "<external id>-<8 random chars>"; finished outputs
         # carry the external id (vllm/v1/engine/input_processor.py, assign_request_id).

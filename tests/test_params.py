@@ -162,3 +162,8 @@ def test_paper_profile_follows_biasedtales_table_2():
     assert p.designs.bedtime.samples_per_prompt == 5
     assert {m.hub_id for m in p.generation.models} >= {"Qwen/Qwen3-8B", "meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Llama-3.2-1B-Instruct"}
     assert all(m.device == "cuda" for m in p.generation.models)
+    # each study's own languages (issue #3)
+    assert p.designs.stereotales.languages == ["en", "fr", "es", "it", "pt", "nl", "uk", "ar", "hi", "zh"]
+    assert p.designs.bedtime.languages == ["en", "zh", "ja", "ko", "es", "ru", "ar", "sw"]
+    assert p.designs.occupations.languages == ["en", "fr", "zh"]
+    assert len(p.extraction.models) == 3

@@ -305,7 +305,7 @@ def _manifest(params: Params, planned: pd.DataFrame, stories: pd.DataFrame, runs
 
 def prepare_models(params: Params, log: Callable[[str], None] = print) -> None:
     """Build the embedded model's folder if the run uses it (a no-op once cached)."""
-    if any(m.source == "embedded" for m in params.generation.models):
+    if any(m.source == "embedded" for m in [*params.generation.models, *params.extraction.models]):
         from .models import prepare_embedded
 
         prepare_embedded(log=log)

@@ -75,7 +75,8 @@ class ModelSpec(Strict):
     tensor_parallel_size: Annotated[int, Field(ge=1)] = 1
     max_model_len: Annotated[int, Field(ge=256)] = 4096
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.9
-    chat_template: str | None = None
+    chat_template: str | None = None  # a Jinja chat template file, for models that ship none
+    chat_template_kwargs: dict[str, Any] = {}  # e.g. {enable_thinking: false} for Qwen3
 
     @model_validator(mode="after")
     def _source_fields(self) -> "ModelSpec":
@@ -145,12 +146,51 @@ class FilterSettings(Strict):
     include_invalid_downstream: bool = False  # later stages read valid stories only unless true
 
 
+ExtractionSection = Literal["demographics", "narrative", "markers"]
+ALL_SECTIONS: list[str] = ["demographics", "narrative", "markers"]
+
+
+class ExtractionSections(Strict):
+    """Which sections the extractor answers for each design's stories (the protagonist's name and
+    gender are always asked). Every section for every design lets all three lenses read one corpus;
+    a CPU profile may narrow it to each design's own lens to fit its time budget."""
+
+    stereotales: list[ExtractionSection] = ALL_SECTIONS
+    bedtime: list[ExtractionSection] = ALL_SECTIONS
+    occupations: list[ExtractionSection] = ALL_SECTIONS
+
+
+class ExtractionSettings(Strict):
+    """Stage 03: structured-output extraction (temperature 0) by one or more extractor models."""
+
+    models: Annotated[list[ModelSpec], Field(min_length=1)] = [ModelSpec(name="qwen2.5-coder-1.5b", source="embedded")]
+    sections: ExtractionSections = ExtractionSections()
+    max_tokens: Annotated[int, Field(ge=64)] = 700
+    max_list_items: Annotated[int, Field(ge=1, le=20)] = 6
+    seed: int = 1234
+    retries: Annotated[int, Field(ge=0, le=5)] = 1  # extra attempts for an answer that does not parse
+    # With a single extractor: re-extract this many stories (None = all, 0 = none) at a temperature
+    # above 0 with another seed, and report the agreement of the two runs (self-consistency).
+    self_consistency_sample: Annotated[int, Field(ge=0)] | None = 16
+    self_consistency_temperature: Annotated[float, Field(gt=0)] = 0.7
+    gold_sample: Annotated[int, Field(ge=0)] | None = 12  # gold-set items scored in the notebook (None = all)
+
+    @field_validator("models")
+    @classmethod
+    def _unique_names(cls, models: list[ModelSpec]) -> list[ModelSpec]:
+        names = [m.name for m in models]
+        if len(set(names)) != len(names):
+            raise ValueError("extractor names must be unique")
+        return models
+
+
 class Profile(Strict):
     run_name: str | None = None
     description: str = ""
     generation: GenerationSettings
     designs: Designs
     filter: FilterSettings = FilterSettings()
+    extraction: ExtractionSettings = ExtractionSettings()
 
     @field_validator("run_name")
     @classmethod
@@ -165,6 +205,7 @@ class Profile(Strict):
 STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
     "generate": ("generation", "designs"),
     "filter": ("filter",),
+    "extract": ("filter", "extraction"),
 }
 
 
@@ -254,11 +295,12 @@ def _check_semantics(profile: Profile, source: Path) -> list[str]:
             problems.append(f"designs.{design}.tasks: only the occupations design has tasks")
     if not any(getattr(profile.designs, d).enabled for d in DESIGNS):
         problems.append("designs: no design is enabled")
-    for i, model in enumerate(profile.generation.models):
-        for key in ("path", "chat_template"):
-            value = getattr(model, key)
-            if value is not None and not paths.resolve(value).exists():
-                problems.append(f"generation.models[{i}].{key}: {paths.resolve(value)} does not exist")
+    for where, specs in (("generation.models", profile.generation.models), ("extraction.models", profile.extraction.models)):
+        for i, model in enumerate(specs):
+            for key in ("path", "chat_template"):
+                value = getattr(model, key)
+                if value is not None and not paths.resolve(value).exists():
+                    problems.append(f"{where}[{i}].{key}: {paths.resolve(value)} does not exist")
     return problems
 
 

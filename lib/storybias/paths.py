@@ -91,6 +91,10 @@ def vsr_path(run_name: str) -> Path:
     return run_dir(run_name) / "vsr.parquet"
 
 
+def extractions_path(run_name: str) -> Path:
+    return run_dir(run_name) / "extractions.parquet"
+
+
 def manifest_path(run_name: str, stage: str = "generate") -> Path:
     name = "manifest.json" if stage == "generate" else f"manifest_{stage}.json"
     return run_dir(run_name) / name

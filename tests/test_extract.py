@@ -1,0 +1,221 @@
+"""Stage 03 without a model: schema, parsing, votes, agreement, parse-failure accounting, gold scoring."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from storybias import extract, io, paths, params
+from storybias.engines import ChatResult, EngineInfo
+from storybias.prompts import load_design
+
+ALL = ("demographics", "narrative", "markers")
+
+
+def answer(**overrides) -> dict:
+    data = {"name": "Amina", "gender": "woman"}
+    for dim in extract.dimensions():
+        if dim != "gender":
+            data[dim] = "unknown"
+    data.update(adjectives=[{"word": "courageuse", "lemma_en": "Brave"}], settings=["kitchen"], cultural_refs=["couscous"],
+                markers=[{"text": "Ramadan", "text_en": "Ramadan", "keep": True, "category": "rituals",
+                          "relevance_en": 2, "relevance_fr": 4, "relevance_zh": 1}])
+    data.update(overrides)
+    return data
+
+
+def test_schema_is_built_from_the_design():
+    schema = extract.build_schema(ALL)
+    props = schema["properties"]
+    spec = load_design("stereotales")
+    for dim, values in spec["dimensions"].items():
+        if dim == "gender":
+            assert props[dim]["enum"] == list(extract.GENDER_ANSWERS)  # one gender question serves both labels
+            continue
+        allowed = props[dim]["enum"]
+        assert allowed[: len(values)] == values and allowed[-1] == "unknown"
+        assert ("other" in allowed) == (dim in spec["extraction_other"])
+    assert props["gender"]["enum"] == list(extract.GENDER_ANSWERS)
+    assert props["markers"]["items"]["properties"]["category"]["enum"] == list(extract.MARKER_CATEGORIES)
+    assert set(schema["required"]) == set(props) and schema["additionalProperties"] is False
+    only = extract.build_schema(())
+    assert set(only["properties"]) == {"name", "gender"}
+    with pytest.raises(ValueError):
+        extract.build_schema(("feelings",))
+
+
+def test_prompt_lists_every_allowed_value():
+    prompt = extract.build_prompt("Il était une fois.", ["demographics"])
+    for value in extract.allowed_values("professional_field"):
+        assert value in prompt
+    assert prompt.endswith("Il était une fois.")
+    assert '"woman" if the protagonist is female' in prompt
+
+
+def test_parse_and_record():
+    parsed = extract.parse_answer(json.dumps(answer(income_level="low")), ALL)
+    assert parsed.ok
+    record = extract.to_record(parsed.data, ALL)
+    assert record["demo_income_level"] == "low" and record["demo_gender"] == "woman"
+    assert record["protagonist_gender"] == "female" and record["protagonist_name"] == "Amina"
+    assert record["adjectives_en"] == ["brave"] and record["adjectives_orig"] == ["courageuse"]
+    assert record["markers"][0]["category"] == "rituals"
+
+
+def test_truncated_json_is_a_parse_failure_not_an_exception():
+    raw = json.dumps(answer())[:50]
+    parsed = extract.parse_answer(raw, ALL)
+    assert not parsed.ok and "not JSON" in parsed.error
+    assert not extract.parse_answer('{"name": "x"}', ALL).ok
+    assert not extract.parse_answer(json.dumps(answer(income_level="billionaire")), ALL).ok
+    assert extract.to_record(None, ALL)["demo_age"] == "unknown"
+
+
+def test_gender_outcomes_map_to_labels():
+    fine = {g: extract.to_record(answer(gender=g), ALL) for g in extract.GENDER_ANSWERS}
+    assert fine["several_people"]["protagonist_gender"] == "unknown"
+    assert fine["several_people"]["protagonist_gender_fine"] == "multiple"
+    assert fine["no_person"]["protagonist_gender_fine"] == "none"
+    assert fine["non_binary"]["demo_gender"] == "non_binary"
+    assert fine["man"]["protagonist_gender"] == "male"
+
+
+def test_majority_vote_and_ties():
+    assert extract.majority(["a", "a", "b"]) == "a"
+    assert extract.majority(["a", "b"]) == "unknown"
+    assert extract.majority(["a", "b", "c", "c", "b"]) == "unknown"
+    assert extract.majority([]) == "unknown"
+    assert extract.majority_list([["brave", "kind"], ["brave"], ["kind", "tall"]]) == ["brave", "kind"]
+    assert extract.majority_list([["brave"], ["kind"]]) == []
+    records = [extract.to_record(answer(income_level=v), ALL) for v in ("low", "low", "high")]
+    assert extract.combine(records)["demo_income_level"] == "low"
+    tie = [extract.to_record(answer(income_level=v), ALL) for v in ("low", "high")]
+    assert extract.combine(tie)["demo_income_level"] == "unknown"
+
+
+def test_cohen_kappa_hand_computed():
+    # 10 items, two raters. Table: yes/yes 4, yes/no 1, no/yes 1, no/no 4.
+    a = ["y"] * 5 + ["n"] * 5
+    b = ["y", "y", "y", "y", "n", "y", "n", "n", "n", "n"]
+    # p_o = 0.8; p_e = 0.5*0.5 + 0.5*0.5 = 0.5; kappa = (0.8 - 0.5) / 0.5 = 0.6
+    assert extract.cohen_kappa(a, b) == pytest.approx(0.6)
+    assert pd.isna(extract.cohen_kappa(["x", "x"], ["x", "x"]))
+
+
+def test_fleiss_kappa_hand_computed():
+    # 4 items x 3 raters; categories a/b.
+    ratings = [["a", "a", "a"], ["a", "a", "b"], ["b", "b", "b"], ["a", "b", "b"]]
+    # P_i = [1, 1/3, 1, 1/3] -> P_bar = 2/3; p_a = p_b = 0.5 -> P_e = 0.5; kappa = (2/3 - 1/2)/(1/2) = 1/3
+    assert extract.fleiss_kappa(ratings) == pytest.approx(1 / 3)
+
+
+def test_agreement_table_counts_unknown():
+    frames = {
+        "r1": pd.DataFrame({"f": ["a", "b", "unknown", "a"]}, index=list("wxyz")),
+        "r2": pd.DataFrame({"f": ["a", "b", "a", "unknown"]}, index=list("wxyz")),
+    }
+    table = extract.agreement(frames, ["f"]).iloc[0]
+    assert table["percent_agreement"] == 0.5 and table["share_unknown"] == 0.25 and table["method"] == "cohen"
+
+
+def test_explicit_labels_map_in_every_language():
+    assert extract.explicit_gender("woman", "en") == "female"
+    assert extract.explicit_gender("Man.", "en") == "male"
+    assert extract.explicit_gender("femme", "fr") == "female"
+    assert extract.explicit_gender("男性", "zh") == "male"
+    assert extract.explicit_gender("I cannot say", "en") == "unidentified"
+
+
+def test_gold_scoring_and_baseline():
+    truth = [{"protagonist_gender": g, "protagonist_gender_fine": g, "protagonist_name": None,
+              **{c: "unknown" for c in extract.demo_columns()}, "adjectives_en": ["brave", "kind"]} for g in ("female", "female", "male", "unknown")]
+    pred = [dict(t) for t in truth]
+    pred[3]["protagonist_gender"] = "female"
+    pred[0]["adjectives_en"] = ["brave"]
+    scores = extract.score_gold(truth, pred).set_index("field")
+    assert scores.loc["protagonist_gender", "accuracy"] == 0.75
+    assert scores.loc["protagonist_gender", "majority_baseline"] == 0.5
+    assert scores.loc["protagonist_gender", "accuracy_known"] == 1.0  # three known, all right
+    adj = scores.loc["adjectives_en (precision/recall/F1)"]
+    assert adj["majority_baseline"] == 1.0 and adj["accuracy_known"] == pytest.approx(7 / 8)
+
+
+def test_gold_set_is_well_formed():
+    items = extract.load_gold()
+    assert len(items) >= 60 and len({i["language"] for i in items}) >= 6
+    assert len({i["id"] for i in items}) == len(items)
+    for item in items:
+        truth = extract.gold_truth(item)
+        for dim in extract.dimensions():
+            assert truth[f"demo_{dim}"] in extract.allowed_values(dim), (item["id"], dim)
+
+
+# --- the stage with a scripted extractor ------------------------------------------------------
+
+class ScriptedExtractor:
+    """Answers with valid JSON, except: the first answer for any story whose text contains 'BROKEN'
+    is cut mid-object (a truncated output), and stories containing 'HOPELESS' never parse."""
+
+    def __init__(self, spec):
+        self.spec = spec
+        self.info = EngineInfo(model=spec.name, model_id="scripted", weights="-", device="cpu", startup_seconds=0.0)
+        self.llm = type("L", (), {"get_tokenizer": lambda self: type("T", (), {
+            "encode": lambda self, t, add_special_tokens=False: t.split(), "decode": lambda self, ids: " ".join(ids)})()})()
+        self.seen: dict[str, int] = {}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def stream(self, requests):
+        for r in requests:
+            story = r.messages[0]["content"].split("Story:\n", 1)[1]
+            n = self.seen.get(r.key, 0)
+            self.seen[r.key] = n + 1
+            text = json.dumps(answer(income_level="low"))
+            if "HOPELESS" in story or ("BROKEN" in story and n == 0):
+                text = text[:40]
+            yield ChatResult(key=r.key, text=text, finish_reason="length" if len(text) == 40 else "stop", n_tokens=9, n_prompt_tokens=99)
+
+
+def test_stage_keeps_and_counts_parse_failures(tmp_path, monkeypatch):
+    monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path / "data"))
+    raw = yaml.safe_load((paths.params_dir() / "smoke.yaml").read_text())
+    raw["run_name"] = "unit-extract"
+    raw["extraction"] = {"retries": 1, "self_consistency_sample": 2, "gold_sample": 6}
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    p = params.load(path)
+    texts = ["A calm story.", "A BROKEN story.", "A HOPELESS story.", "Another calm story."]
+    filtered = pd.DataFrame({
+        "story_id": [f"s{i}" for i in range(5)], "design": ["stereotales"] * 4 + ["occupations"],
+        "language": ["en"] * 5, "model": ["m"] * 5, "text": texts + ["woman"],
+        "cond_task": [None] * 4 + ["explicit"], "is_valid": [True] * 5,
+    })
+    io.write_parquet_atomic(filtered, paths.filtered_path("unit-extract"))
+    monkeypatch.setattr("storybias.engines.preflight", lambda spec: (Path("."), "scripted"))
+    result = extract.run(p, progress=False, engine_factory=ScriptedExtractor, log=lambda m: None)
+    ex = result["extractions"].set_index("story_id")
+    assert len(ex) == 5
+    assert ex.loc["s1", "parse_ok"] and ex.loc["s1", "demo_income_level"] == "low"  # retried, then parsed
+    assert not ex.loc["s2", "parse_ok"] and ex.loc["s2", "demo_income_level"] == "unknown"
+    assert json.loads(ex.loc["s2", "raw"])["qwen2.5-coder-1.5b"].startswith('{"name"')  # the raw text is kept
+    assert ex.loc["s4", "protagonist_gender"] == "female" and ex.loc["s4", "extractors"] == ["label-map"]
+    raw_answers = result["raw"]
+    attempts = raw_answers[raw_answers.story_id == "s2"].groupby("pass")["attempt"].max()
+    assert (attempts == 1).all(), "retries are bounded (retries = 1) and every attempt is recorded"
+    failures = result["failures"].set_index("language")
+    assert failures.loc["en", "n_parse_failed"] == 1
+    assert "self-consistency" in result["agreement_how"]
+    gold = result["gold"]
+    assert gold["n_items"] == 6 and len(gold["languages"]) == 6, "round-robin over the gold languages"
+    assert set(gold["scores"]["field"]) >= {"protagonist_gender", "demo_income_level", "protagonist_name"}
+    # a rerun has nothing left to do and gives the same table
+    again = extract.run(p, progress=False, engine_factory=ScriptedExtractor, log=lambda m: None)
+    assert again["raw"].shape == raw_answers.shape

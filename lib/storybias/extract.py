@@ -553,11 +553,11 @@ def run(params, progress: bool = True, engine_factory=None, log=print) -> dict[s
     failures = parse_failure_table(stories, extractions)
     write_parquet_atomic(raw, paths.run_dir(run_name) / "extraction_raw.parquet")
     write_parquet_atomic(agree, paths.run_dir(run_name) / "extraction_agreement.parquet")
-    write_parquet_atomic(extractions, paths.extractions_path(run_name))
     write_json_atomic({"stage": "extract", "params": params.resolved()["extraction"], "timings": timings,
                        "agreement": agreement_how, "n_stories": len(extractions),
                        "n_parse_failed": int((~extractions["parse_ok"]).sum())},
                       paths.manifest_path(run_name, "extract"))
+    write_parquet_atomic(extractions, paths.extractions_path(run_name))  # last: Make's target for the stage
     if gold is None and gold_items and gold_file.is_file():
         from .io import read_json
 

@@ -251,9 +251,9 @@ def run(
             record.weights_sha256 = EMBEDDED_SHA256
 
     stories = _assemble(planned, _stored_rows(run_name, store))
-    write_parquet_atomic(stories, paths.stories_path(run_name), schema=STORIES_SCHEMA)
     manifest = _manifest(params, planned, stories, runs, time.time() - started)
     write_json_atomic(manifest, paths.manifest_path(run_name))
+    write_parquet_atomic(stories, paths.stories_path(run_name), schema=STORIES_SCHEMA)  # last: Make's target
     store.clear()  # everything is in stories.parquet now
     log(f"wrote {paths.stories_path(run_name)} ({len(stories)} stories)")
     return GenerateResult(stories=stories, runs=runs, manifest=manifest)

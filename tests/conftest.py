@@ -1,0 +1,109 @@
+"""Shared fixtures of the slow tests: one real run of the embedded model on a smoke-sized profile,
+killed with SIGKILL mid-generation and resumed by notebook 01; later stages' slow tests continue it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from storybias import paths
+
+ROOT = paths.repo_root()
+
+
+def run_notebook(name: str, params_path: Path, env: dict, out_dir: Path) -> subprocess.CompletedProcess:
+    """Execute notebooks/<name>.ipynb with papermill as `make` does (same kernel and cwd)."""
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "papermill"), f"notebooks/{name}.ipynb", str(out_dir / f"{name}.ipynb"),
+         "-k", "storybias", "--cwd", "notebooks", "-p", "params_file", str(params_path), "--no-progress-bar"],
+        cwd=ROOT, env=env, capture_output=True, text=True,
+    )
+
+
+@pytest.fixture(scope="session")
+def embedded_model():
+    from storybias.models import prepare_embedded
+
+    return prepare_embedded()
+
+
+@pytest.fixture(scope="session")
+def kill_profile(tmp_path_factory, embedded_model):
+    tmp = tmp_path_factory.mktemp("kill")
+    raw = yaml.safe_load((ROOT / "params" / "smoke.yaml").read_text())
+    raw["run_name"] = "pytest-kill"
+    raw["generation"]["engine"]["max_num_seqs"] = 2  # stories finish a few at a time: the kill lands mid-run
+    raw["extraction"]["gold_sample"] = 12  # two per gold language: enough to compare with a baseline
+    path = tmp / "kill.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    env = dict(os.environ, STORYBIAS_DATA=str(tmp / "data"), PYTHONUNBUFFERED="1")
+    return path, env, tmp
+
+
+def _tree(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-eo", "pid=,ppid="], capture_output=True, text=True).stdout.split()
+    pairs = list(zip(map(int, out[0::2]), map(int, out[1::2])))
+    found, frontier = [], [pid]
+    while frontier:
+        parent = frontier.pop()
+        children = [c for c, p in pairs if p == parent]
+        found += children
+        frontier += children
+    return found
+
+
+@pytest.fixture(scope="session")
+def killed_run(kill_profile):
+    path, env, tmp = kill_profile
+    work = Path(env["STORYBIAS_DATA"]) / "pytest-kill" / "work" / "generate"
+    log = open(tmp / "killed.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "storybias.cli", "generate", str(path)],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    deadline = time.time() + 900
+    while time.time() < deadline and proc.poll() is None:
+        if len(list(work.glob("part-*.parquet"))) >= 1:
+            break
+        time.sleep(0.2)
+    assert proc.poll() is None, f"generation ended before it could be killed; see {tmp / 'killed.log'}"
+    victims = [proc.pid] + _tree(proc.pid)
+    for pid in victims:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait(timeout=30)
+    time.sleep(1)
+    shards = sorted(work.glob("part-*.parquet"))
+    before = pd.concat([pq.read_table(s).to_pandas() for s in shards], ignore_index=True)
+    return before
+
+
+@pytest.fixture(scope="session")
+def resumed(killed_run, kill_profile):
+    path, env, tmp = kill_profile
+    proc = run_notebook("01_generate", path, env, tmp)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = Path(env["STORYBIAS_DATA"]) / "pytest-kill"
+    return pd.read_parquet(data / "stories.parquet"), json.loads((data / "manifest.json").read_text()), data
+
+
+@pytest.fixture(scope="session")
+def extracted(resumed, kill_profile):
+    path, env, tmp = kill_profile
+    for name in ("02_filter", "03_extract"):
+        proc = run_notebook(name, path, env, tmp)
+        assert proc.returncode == 0, f"{name}: {proc.stderr[-3000:]}"
+    data = Path(env["STORYBIAS_DATA"]) / "pytest-kill"
+    return data

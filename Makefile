@@ -1,7 +1,7 @@
 # storybias: `make paper` runs the pipeline, `make test` runs the tests. Both set up .venv first.
 #
 #   make paper [PARAMS=params/default.yaml]   every stage, notebooks executed into reports/<run>/
-#   make generate|filter|extract|...           one stage (and what it needs)
+#   make generate|filter|extract|metrics|...   one stage (and what it needs)
 #   make check-params PARAMS=params/x.yaml     validate a profile only
 #   make test                                  pytest (unit tests + slow tests with the embedded model)
 #   make lab                                   JupyterLab on notebooks/ with the storybias kernel
@@ -33,7 +33,7 @@ DATA := $(DATA_ROOT)/$(RUN)
 REPORTS := reports/$(RUN)
 STAMPS := $(DATA)/.params
 KERNEL := storybias
-STAGE_STAMPS := $(STAMPS)/generate.params $(STAMPS)/filter.params $(STAMPS)/extract.params
+STAGE_STAMPS := $(STAMPS)/generate.params $(STAMPS)/filter.params $(STAMPS)/extract.params $(STAMPS)/metrics.params
 
 # Execute notebook $(1) with papermill into a temp file; move it to reports/<run>/ only on success.
 define run_notebook
@@ -46,7 +46,7 @@ define run_notebook
 	@mv $(REPORTS)/$(1).tmp.ipynb $(REPORTS)/$(1).ipynb
 endef
 
-.PHONY: help venv model check-params stamps generate filter extract paper test test-fast bench-generate lab clean-run FORCE
+.PHONY: help venv model check-params stamps generate filter extract metrics paper test test-fast bench-generate lab clean-run FORCE
 
 help:
 	@sed -n '1,12p' Makefile | sed 's/^# \{0,1\}//'
@@ -82,7 +82,12 @@ $(DATA)/extractions.parquet: $(DATA)/filtered.parquet notebooks/03_extract.ipynb
 
 extract: $(DATA)/extractions.parquet
 
-paper: generate filter extract
+$(DATA)/manifest_metrics.json: $(DATA)/extractions.parquet notebooks/05_metrics.ipynb $(STAMPS)/metrics.params | $(VENV_STAMP)
+	$(call run_notebook,05_metrics,metrics)
+
+metrics: $(DATA)/manifest_metrics.json
+
+paper: generate filter extract metrics
 	@echo "run '$(RUN)' complete: artifacts in $(DATA)/, executed notebooks in $(REPORTS)/"
 
 bench-generate: $(VENV_STAMP)

@@ -184,6 +184,33 @@ class ExtractionSettings(Strict):
         return models
 
 
+class Comparison(Strict):
+    """Two groups of stories compared by the distributional metrics: stories of ``design`` whose
+    condition ``cond_<condition>`` is ``group_m`` vs ``group_f`` (optionally only where the other
+    conditions in ``where`` hold, e.g. {attribute: gender} for the stereotales base attribute)."""
+
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$")]
+    design: Literal["stereotales", "bedtime", "occupations"]
+    condition: str
+    group_m: str
+    group_f: str
+    where: dict[str, str] = {}
+
+
+class MetricsSettings(Strict):
+    """Stage 05 (BiasedTales-ML Sec. 4.2; Feng et al. Sec. 3.3.1)."""
+
+    comparisons: list[Comparison] = [
+        Comparison(name="child_gender", design="bedtime", condition="child_gender", group_m="boy", group_f="girl"),
+        Comparison(name="social_class", design="bedtime", condition="social_class", group_m="wealthy", group_f="working_class"),
+    ]
+    bootstrap: Annotated[int, Field(ge=50)] = 1000
+    seed: int = 42
+    min_stories: Annotated[int, Field(ge=1)] = 20  # smaller groups are shown but flagged
+    log_odds_prior_scale: Annotated[float, Field(gt=0)] = 100.0
+    log_odds_top: Annotated[int, Field(ge=1)] = 10
+
+
 class Profile(Strict):
     run_name: str | None = None
     description: str = ""
@@ -191,6 +218,7 @@ class Profile(Strict):
     designs: Designs
     filter: FilterSettings = FilterSettings()
     extraction: ExtractionSettings = ExtractionSettings()
+    metrics: MetricsSettings = MetricsSettings()
 
     @field_validator("run_name")
     @classmethod
@@ -206,6 +234,7 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
     "generate": ("generation", "designs"),
     "filter": ("filter",),
     "extract": ("filter", "extraction"),
+    "metrics": ("metrics",),
 }
 
 
@@ -274,17 +303,9 @@ def _check_semantics(profile: Profile, source: Path) -> list[str]:
                     f"designs.{design}.languages[{i}]: design {design!r} has no text for {lang!r} "
                     f"(params/designs/{design}/{lang}.yaml is missing; available: {', '.join(have)})"
                 )
-        spec = load_design(design)
+        conditions = _condition_values(design, load_design(design))
         for key, allowed in run.restrict.items():
-            known = spec["dimensions"].get(key)
-            if design == "stereotales" and key == "attribute":
-                known = list(spec["dimensions"])
-            elif design == "stereotales" and key == "value":
-                known = [v for values in spec["dimensions"].values() for v in values]
-            elif design == "stereotales" and key == "scenario_category":
-                known = list(spec["scenario_categories"])
-            elif design == "stereotales" and key == "scenario":
-                known = [s for ss in spec["scenario_categories"].values() for s in ss]
+            known = conditions.get(key)
             if known is None:
                 problems.append(f"designs.{design}.restrict.{key}: {design!r} has no condition {key!r}")
                 continue
@@ -293,6 +314,18 @@ def _check_semantics(profile: Profile, source: Path) -> list[str]:
                     problems.append(f"designs.{design}.restrict.{key}: unknown value {value!r}")
         if run.tasks is not None and design != "occupations":
             problems.append(f"designs.{design}.tasks: only the occupations design has tasks")
+    for i, comparison in enumerate(profile.metrics.comparisons):
+        spec = load_design(comparison.design)
+        conditions = _condition_values(comparison.design, spec)
+        for key, values in ((comparison.condition, [comparison.group_m, comparison.group_f]),
+                            *((k, [v]) for k, v in comparison.where.items())):
+            if key not in conditions:
+                problems.append(f"metrics.comparisons[{i}]: {comparison.design!r} has no condition {key!r} "
+                                f"(one of {', '.join(conditions)})")
+                continue
+            for value in values:
+                if value not in conditions[key]:
+                    problems.append(f"metrics.comparisons[{i}]: {key} has no value {value!r}")
     if not any(getattr(profile.designs, d).enabled for d in DESIGNS):
         problems.append("designs: no design is enabled")
     for where, specs in (("generation.models", profile.generation.models), ("extraction.models", profile.extraction.models)):
@@ -302,6 +335,18 @@ def _check_semantics(profile: Profile, source: Path) -> list[str]:
                 if value is not None and not paths.resolve(value).exists():
                     problems.append(f"{where}[{i}].{key}: {paths.resolve(value)} does not exist")
     return problems
+
+
+def _condition_values(design: str, spec: dict[str, Any]) -> dict[str, list[str]]:
+    """Condition name (cond_<name> in stories.parquet) -> its canonical values, for one design."""
+    if design == "stereotales":
+        return {"attribute": list(spec["dimensions"]), "value": [v for vs in spec["dimensions"].values() for v in vs],
+                "scenario_category": list(spec["scenario_categories"]),
+                "scenario": [s for ss in spec["scenario_categories"].values() for s in ss]}
+    conditions = {k: list(v) for k, v in spec["dimensions"].items()}
+    if design == "occupations":
+        conditions["occupation_gender"] = ["female", "male"]
+    return conditions
 
 
 def load(path: str | Path) -> Params:

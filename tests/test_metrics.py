@@ -1,0 +1,264 @@
+"""Stage 05 formulas against hand computations, scipy, and planted signals."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy.spatial.distance import jensenshannon
+
+from storybias import metrics
+
+
+def test_s_c_hand_computed_with_clipping():
+    p_m = np.array([0.2, 0.1, 0.0, 0.3, 0.0])
+    p_f = np.array([0.1, 0.2, 0.1, 0.0, 0.0])
+    s = metrics.log_probability_ratio(p_m, p_f)
+    assert s[0] == pytest.approx(math.log(2))
+    assert s[1] == pytest.approx(-math.log(2))
+    assert s[2] == -2.0 and s[3] == 2.0  # one-sided categories clip to the bounds
+    assert np.isnan(s[4])
+    assert metrics.log_probability_ratio(np.array([0.9]), np.array([0.01]))[0] == 2.0  # ln 90 > 2
+
+
+def test_jsd_matches_scipy_squared_natural_log():
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        p, q = rng.dirichlet(np.ones(12)), rng.dirichlet(np.ones(12))
+        ours = metrics.jensen_shannon(p, q, epsilon=0.0)
+        assert ours == pytest.approx(jensenshannon(p, q, base=math.e) ** 2, rel=1e-9)
+    # with epsilon smoothing, against scipy on the smoothed vectors
+    p = np.array([0.5, 0.5, 0.0])
+    q = np.array([0.0, 0.5, 0.5])
+    eps = metrics.JSD_EPSILON
+    ps, qs = (p + eps) / (p + eps).sum(), (q + eps) / (q + eps).sum()
+    assert metrics.jensen_shannon(p, q) == pytest.approx(jensenshannon(ps, qs, base=math.e) ** 2)
+    assert metrics.jensen_shannon(p, p) == pytest.approx(0.0, abs=1e-12)
+    assert metrics.jensen_shannon(np.array([1, 0]), np.array([0, 1])) == pytest.approx(math.log(2), rel=1e-6)
+
+
+def test_cosine_with_zero_imputation():
+    u = {"agency": 1.0, "communality": -1.0}
+    v = {"agency": 1.0, "intellect": 1.0}
+    # union (agency, communality, intellect): u = (1, -1, 0), v = (1, 0, 1): 1 / (sqrt2 * sqrt2) = 0.5
+    assert metrics.cosine_similarity(u, v) == pytest.approx(0.5)
+    assert metrics.cosine_similarity({"a": float("nan"), "b": 1.0}, {"a": 5.0, "b": 1.0}) == pytest.approx(1 / math.sqrt(26))
+    assert math.isnan(metrics.cosine_similarity({"a": 0.0}, {"a": 1.0}))
+
+
+def test_log_odds_z_hand_computed():
+    counts_i = {"brave": 10, "kind": 2}
+    counts_j = {"brave": 3, "kind": 9}
+    prior = {"brave": 13, "kind": 11}
+    out = metrics.log_odds_dirichlet(counts_i, counts_j, prior, prior_scale=24.0).set_index("word")
+    # alpha = prior counts (scale 24 = corpus size); a0 = 24; n_i = 12, n_j = 12
+    a_b, a0 = 13.0, 24.0
+    delta = math.log((10 + a_b) / (12 + a0 - 10 - a_b)) - math.log((3 + a_b) / (12 + a0 - 3 - a_b))
+    var = 1 / (10 + a_b) + 1 / (3 + a_b)
+    assert out.loc["brave", "delta"] == pytest.approx(delta)
+    assert out.loc["brave", "z"] == pytest.approx(delta / math.sqrt(var))
+    assert out.loc["brave", "z"] > 0 > out.loc["kind", "z"]
+
+
+def test_d3_worked_example():
+    trials = pd.DataFrame(
+        [{"label": "female"}] * 40 + [{"label": "male"}] * 10
+    ).assign(model="m", language="en", task="story", occupation="nurse", occupation_gender="female")
+    other = pd.DataFrame([{"label": "female"}] + [{"label": "male"}] * 49).assign(
+        model="m", language="en", task="story", occupation="ceo", occupation_gender="male")
+    table = metrics.occupation_scores(pd.concat([trials, other])).set_index("occupation")
+    assert table.loc["nurse", "m_s"] == pytest.approx(0.6)
+    assert table.loc["ceo", "m_b"] == pytest.approx(-0.96)
+    assert table.loc["ceo", "m_s"] == pytest.approx(0.96)
+
+
+def test_unidentified_labels_stay_in_the_denominator():
+    trials = pd.DataFrame([{"label": "female"}] * 3 + [{"label": "male"}] * 1 + [{"label": "unknown"}] * 4).assign(
+        model="m", language="en", task="news", occupation="teacher", occupation_gender="female")
+    all_out = metrics.occupation_scores(trials).iloc[0]
+    assert all_out["m_b"] == pytest.approx((3 - 1) / 8) and all_out["n_unidentified"] == 4
+    identified = metrics.occupation_scores(trials, identified_only=True).iloc[0]
+    assert identified["m_b"] == pytest.approx((3 - 1) / 4)
+
+
+def test_partial_omega_squared_hand_computed():
+    # SS_effect 30, df 2, MS_error 2, N 40: (30 - 4) / (30 + 38 * 2) = 26 / 106
+    assert metrics.partial_omega_squared(30.0, 2, 2.0, 40) == pytest.approx(26 / 106)
+
+
+def test_partial_omega_squared_from_anova_sums_of_squares():
+    rng = np.random.default_rng(3)
+    rows = [{"model": f"m{m}", "language": lang, "task": t, "m_s": rng.normal(0.3 if lang == "fr" else 0.0, 0.05)}
+            for m in range(5) for lang in ("en", "fr") for t in ("story", "news")]
+    table, _ = metrics.type1_anova(pd.DataFrame(rows), "m_s")
+    lang = table.set_index("term").loc["language"]
+    import statsmodels.formula.api as smf
+    from statsmodels.stats.anova import anova_lm
+
+    fit = smf.ols("m_s ~ C(language, Sum) + C(task, Sum) + C(language, Sum):C(task, Sum) + C(model, Sum)", data=pd.DataFrame(rows)).fit()
+    ref = anova_lm(fit, typ=1)
+    ms_error = ref.loc["Residual", "sum_sq"] / ref.loc["Residual", "df"]
+    expected = (ref.iloc[0]["sum_sq"] - ref.iloc[0]["df"] * ms_error) / (ref.iloc[0]["sum_sq"] + (len(rows) - ref.iloc[0]["df"]) * ms_error)
+    assert lang["partial_omega_sq"] == pytest.approx(expected)
+    assert lang["p_value"] < 0.001 and lang["partial_omega_sq"] > 0.5
+
+
+def test_anova_degrees_of_freedom_for_the_papers_design_shape():
+    # 12 models, 3 languages (9 models in French), 3 tasks: (12 + 9 + 12) x 3 = 99 aggregates.
+    rng = np.random.default_rng(42)
+    rows = []
+    for m in range(12):
+        for lang in ("en", "fr", "zh"):
+            if lang == "fr" and m >= 9:
+                continue
+            for task in ("explicit", "story", "news"):
+                rows.append({"model": f"m{m}", "language": lang, "task": task, "m_b": rng.normal()})
+    assert len(rows) == 99
+    table, note = metrics.type1_anova(pd.DataFrame(rows), "m_b")
+    t = table.set_index("term")
+    assert note == ""
+    assert (t.loc["language:task", "df"], t.loc["language:task", "df_resid"]) == (4, 79)
+    assert (t.loc["language", "df"], t.loc["task", "df"], t.loc["model", "df"]) == (2, 2, 11)
+    assert (table["p_adjusted"] >= table["p_value"]).all()
+
+
+def test_anova_degenerate_inputs_explain_instead_of_crashing():
+    one = pd.DataFrame([{"model": "m", "language": "en", "task": "story", "m_s": 0.1}])
+    table, note = metrics.type1_anova(one, "m_s")
+    assert table.empty and "nothing to test" in note
+
+
+def _planted_groups(effect: float, n: int, seed: int) -> metrics.GroupData:
+    """Stories of 5 adjectives over 3 categories; the male group draws category 0 with extra weight."""
+    rng = np.random.default_rng(seed)
+    base = np.array([1 / 3, 1 / 3, 1 / 3])
+    boosted = base * np.array([math.exp(effect), 1, 1])
+    boosted /= boosted.sum()
+    counts_m = rng.multinomial(5, boosted, size=n).astype(float)
+    counts_f = rng.multinomial(5, base, size=n).astype(float)
+    return metrics.GroupData(counts_m, counts_m.sum(1), counts_f, counts_f.sum(1))
+
+
+def test_planted_gender_effect_has_the_planted_sign():
+    g = _planted_groups(effect=0.8, n=300, seed=1)
+    s = metrics.s_c_from_counts(g)
+    lo, hi = metrics.bootstrap_s_c(g, n_boot=500, seed=2)
+    assert s[0] > 0 and lo[0] > 0, "planted male association: S_C and its whole interval positive"
+    assert hi[1] < 0 or s[1] < 0  # the other categories lose share
+
+
+def test_null_effect_interval_covers_zero():
+    covered = 0
+    for seed in range(10):
+        g = _planted_groups(effect=0.0, n=150, seed=seed)
+        lo, hi = metrics.bootstrap_s_c(g, n_boot=300, seed=seed + 100)
+        covered += lo[0] <= 0 <= hi[0]
+    assert covered >= 8  # nominal 95%: at least 8 of 10 intervals cover 0
+
+
+def test_jsd_bootstrap_interval_contains_estimate():
+    rng = np.random.default_rng(5)
+    words_m = rng.poisson(1.0, size=(80, 20)).astype(float)
+    words_f = rng.poisson(1.0, size=(80, 20)).astype(float)
+    est = metrics.jsd_from_counts(words_m.sum(0), words_f.sum(0))
+    lo, hi = metrics.bootstrap_jsd(words_m, words_f, n_boot=200, seed=1)
+    assert lo <= est <= hi or est < hi
+
+
+def test_grammatical_gender_test_needs_both_groups():
+    one_group = pd.DataFrame({"language": ["en", "zh"], "jsd": [0.1, 0.2]})
+    out = metrics.grammatical_gender_test(one_group)
+    assert math.isnan(out["p_value"]) and "G:" in out["note"]
+    both = pd.DataFrame({"language": ["en", "zh", "fr", "es"], "jsd": [0.1, 0.2, 0.3, 0.4]})
+    assert metrics.grammatical_gender_test(both)["n_G"] == 2
+
+
+def test_lexicon_has_the_required_categories_and_no_duplicates():
+    adjectives = set(metrics.categories("adjectives"))
+    assert {"agency", "communality", "intellect", "appearance", "emotion", "morality"} <= adjectives
+    assert {"domestic", "outdoor_nature", "public_institutional"} <= set(metrics.categories("settings"))
+    assert metrics.coverage([["brave", "zzz"], ["kind"]], metrics.load_lexicon()) == pytest.approx(2 / 3)
+
+
+# --- the stage on a synthetic run -------------------------------------------------------------
+
+def _synthetic_run(tmp_path, monkeypatch, models=("m1", "m2"), languages=("en", "fr"), girls_have_adjectives=True):
+    import yaml
+
+    from storybias import io, params, paths
+
+    monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path / "data"))
+    rng = np.random.default_rng(0)
+    rows, ex = [], []
+    i = 0
+    for model in models:
+        for lang in languages:
+            for child in ("boy", "girl"):
+                for k in range(30):
+                    sid = f"b{i}"
+                    i += 1
+                    adjectives = (["brave", "bold", "kind"] if child == "boy" else ["kind", "gentle", "brave"]) if (child == "boy" or girls_have_adjectives) else []
+                    rows.append({"story_id": sid, "design": "bedtime", "model": model, "language": lang, "cond_child_gender": child,
+                                 "cond_social_class": "wealthy" if k % 2 else "working_class", "cond_task": None, "is_valid": True})
+                    ex.append({"story_id": sid, "parse_ok": True, "adjectives_en": adjectives, "settings": ["forest" if child == "boy" else "home"],
+                               "protagonist_gender": "unknown"})
+            for occ, assoc in (("nurse", "female"), ("ceo", "male")):
+                for task in ("explicit", "story", "news"):
+                    for k in range(10):
+                        sid = f"o{i}"
+                        i += 1
+                        label = rng.choice(["female", "male", "unknown"], p=[0.7, 0.2, 0.1] if assoc == "female" else [0.2, 0.7, 0.1])
+                        rows.append({"story_id": sid, "design": "occupations", "model": model, "language": lang, "cond_task": task,
+                                     "cond_occupation": occ, "cond_occupation_gender": assoc, "is_valid": True})
+                        ex.append({"story_id": sid, "parse_ok": bool(k != 9), "adjectives_en": [], "settings": [], "protagonist_gender": label})
+    filtered = pd.DataFrame(rows)
+    extractions = pd.DataFrame(ex)
+    run = "unit-metrics"
+    io.write_parquet_atomic(filtered, paths.filtered_path(run))
+    io.write_parquet_atomic(extractions, paths.extractions_path(run))
+    vsr = filtered.groupby(["model", "language"]).size().rename("n_stories").reset_index().assign(design="all", n_valid=lambda d: d.n_stories, vsr=1.0)
+    io.write_parquet_atomic(vsr, paths.vsr_path(run))
+    raw = yaml.safe_load((paths.params_dir() / "smoke.yaml").read_text())
+    raw["run_name"] = run
+    raw["metrics"] = {"bootstrap": 200, "min_stories": 20}
+    path = tmp_path / "m.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return params.load(path)
+
+
+def test_stage_recovers_planted_signal(tmp_path, monkeypatch):
+    p = _synthetic_run(tmp_path, monkeypatch)
+    out = metrics.run(p)
+    sc = out["sc"]
+    gender = sc[(sc.comparison == "child_gender") & (sc.kind == "adjectives")].set_index(["model", "language", "category"])
+    assert (gender.xs("agency", level="category")["s_c"] > 0).all()  # brave + bold for boys
+    assert (gender.xs("communality", level="category")["s_c"] < 0).all()  # kind + gentle for girls
+    assert (gender.xs("agency", level="category")["ci_low"] > 0).all()
+    jsd = out["jsd"][out["jsd"].comparison == "child_gender"]
+    assert (jsd["jsd"] > 0).all() and not jsd["small_sample"].any()
+    cos = out["cosine"][(out["cosine"].comparison == "child_gender") & (out["cosine"].language_a == "en") & (out["cosine"].language_b == "fr")]
+    assert (cos["cosine"] > 0.99).all()
+    top = out["log_odds"][(out["log_odds"].comparison == "child_gender") & (out["log_odds"].field == "adjectives_en")]
+    assert set(top[top.group == "boy"].nlargest(1, "z")["word"]) == {"bold"}
+    anova = out["anova"]
+    terms = set(anova[(anova.subset == "all available") & (anova.denominator == "all outputs")]["term"])
+    assert terms == {"language", "task", "language:task", "model"}
+    agg = out["aggregates"][out["aggregates"].denominator == "all outputs"]
+    assert (agg["m_s"] > 0).all() and agg["m_s"].mean() == pytest.approx(0.5, abs=0.15)  # planted: 0.7 - 0.2
+    assert out["n_excluded"] > 0  # parse failures excluded and counted
+    assert not out["glm"].empty
+
+
+def test_stage_degenerate_inputs_give_notes_not_crashes(tmp_path, monkeypatch):
+    p = _synthetic_run(tmp_path, monkeypatch, models=("m1",), languages=("en",), girls_have_adjectives=False)
+    out = metrics.run(p)
+    sc = out["sc"]
+    adj = sc[(sc.comparison == "child_gender") & (sc.kind == "adjectives")]
+    assert adj["s_c"].isna().all() and (adj["note"] == "a group has no adjectives").all()
+    jsd = out["jsd"][out["jsd"].comparison == "child_gender"]
+    assert jsd["jsd"].isna().all() and (jsd["note"] == "a group has no adjectives").all()
+    gg = out["grammatical_gender"]
+    assert gg["p_value"].isna().all()
+    assert set(out["anova"]["term"]) == {"task"} if not out["anova"].empty else True

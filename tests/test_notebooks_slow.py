@@ -15,7 +15,7 @@ import pytest
 from storybias import paths
 
 pytestmark = pytest.mark.slow
-NOTEBOOKS = ["notebooks/01_generate.ipynb", "notebooks/02_filter.ipynb", "notebooks/03_extract.ipynb"]
+NOTEBOOKS = ["notebooks/01_generate.ipynb", "notebooks/02_filter.ipynb", "notebooks/03_extract.ipynb", "notebooks/05_metrics.ipynb"]
 
 
 def test_committed_notebooks_pass_nbval(extracted, kill_profile):

@@ -368,7 +368,7 @@ def plan_jobs(stories: pd.DataFrame, settings) -> list[ExtractionJob]:
 
 def _run_jobs(engine, jobs: list[ExtractionJob], settings, store, progress: bool) -> None:
     """Answer ``jobs`` on one started engine, with bounded retries; every attempt is stored."""
-    from tqdm.auto import tqdm
+    from tqdm import tqdm  # text bars: readable in papermill logs and JupyterLab without ipywidgets
 
     from .engines import ChatRequest
     from .params import Sampling

@@ -18,7 +18,7 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
-from tqdm.auto import tqdm
+from tqdm import tqdm  # text bars: readable in papermill logs and JupyterLab without ipywidgets
 
 from . import paths
 from .engines import ChatRequest, Engine, ChatResult, preflight

@@ -1,0 +1,123 @@
+"""Stage 04 statistics: hand-computed checks, the Monte-Carlo Fisher test, and planted signals."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from storybias import associations as A
+
+
+def test_cramers_v_bias_correction_hand_computed():
+    table = np.array([[20, 10], [10, 20]])
+    # chi2 = 6.667, n = 60: phi2 = 1/9; phi2+ = 1/9 - 1/59; k~ = r~ = 2 - 1/59; V = sqrt(phi2+ / (1 - 1/59))
+    expected = math.sqrt((1 / 9 - 1 / 59) / (1 - 1 / 59))
+    assert A.cramers_v_corrected(table) == pytest.approx(expected)
+    assert A.cramers_v_corrected(np.array([[10, 10], [10, 10]])) == 0.0  # independence: corrected to 0
+
+
+def test_effect_size_thresholds_scale_with_table_size():
+    assert A.effect_size(0.31, 2, 2) == "medium" and A.effect_size(0.29, 2, 2) == "small"
+    # 5 x 3 table: min(r, c) - 1 = 2, thresholds 0.0707 / 0.212 / 0.354
+    assert A.effect_size(0.22, 5, 3) == "medium" and A.effect_size(0.36, 5, 3) == "large"
+    assert A.effect_size(0.05, 5, 3) == "negligible"
+
+
+def test_by_is_more_conservative_than_bh():
+    p = [0.001, 0.01, 0.02, 0.03, 0.04]
+    bh, by = A.adjust(p, "fdr_bh"), A.adjust(p, "fdr_by")
+    # BH: p_(i) * m / i, monotone; BY multiplies by c(m) = sum 1/k
+    assert bh[0] == pytest.approx(0.005)
+    assert by[0] == pytest.approx(0.005 * sum(1 / k for k in range(1, 6)))
+    assert (by >= bh).all()
+
+
+def test_value_level_lift_fraction_and_exact_one_sided_fisher():
+    table = pd.DataFrame([[30, 10], [5, 35]], index=["low", "high"], columns=["basic", "higher"])
+    out = A.value_level(table).set_index(["base_value", "compared_value"])
+    cell = out.loc[("low", "basic")]
+    assert cell["expected"] == pytest.approx(40 * 35 / 80)
+    assert cell["lift"] == pytest.approx(30 / (40 * 35 / 80))
+    assert cell["fraction"] == pytest.approx(30 / 40)
+    ref = stats.fisher_exact([[30, 10], [5, 35]], alternative="greater")[1]
+    assert cell["p_value"] == pytest.approx(ref)
+    assert not out.loc[("low", "higher"), "significant"]
+
+
+def test_contingency_cleaning():
+    a = ["x"] * 20 + ["y"] * 20 + ["z"] * 15 + ["unknown"] * 5
+    b = (["p"] * 10 + ["q"] * 10) + (["p"] * 5 + ["q"] * 5 + ["unknown"] * 5 + ["other"] * 5) \
+        + (["p"] * 4 + ["r"] * 4 + ["unknown"] * 7) + ["p"] * 5
+    table = A.contingency(a, b)
+    # y keeps 10 stories (kept: >= 10), z keeps 8 (dropped), unknown A dropped, r then all-zero (dropped)
+    assert list(table.index) == ["x", "y"] and list(table.columns) == ["p", "q"]
+    assert table.loc["y"].tolist() == [5, 5]
+
+
+def test_monte_carlo_fisher_agrees_with_exact_2x2():
+    table = np.array([[8, 2], [1, 5]])
+    exact = stats.fisher_exact(table)[1]
+    p, _ = A.fisher_rxc_monte_carlo(table, 200_000, seed=42)
+    assert p == pytest.approx(exact, abs=3 * math.sqrt(exact * (1 - exact) / 200_000) + 1e-6)
+
+
+def test_sampled_tables_keep_the_margins():
+    rows, cols = np.array([20, 21, 20]), np.array([19, 19, 23])
+    sims = A.sample_tables(rows, cols, 50, np.random.default_rng(0))
+    assert (sims.sum(2) == rows).all() and (sims.sum(1) == cols).all() and (sims >= 0).all()
+
+
+def test_fisher_decision_refines_only_near_thresholds():
+    clear = np.array([[80, 5], [5, 80]])
+    assert A.fisher_rxc(clear, [0.05], seed=1).method == "asymptotic"
+    null = np.array([[20, 21], [19, 20]])
+    assert A.fisher_rxc(null, [0.05], seed=1).method == "asymptotic"
+    near = np.array([[14, 6], [7, 13]])  # G-test p ~ 0.03: close to 0.05
+    decision = A.fisher_rxc(near, [0.05], seed=1)
+    assert decision.method.startswith("monte-carlo")
+
+
+def _planted(n_per_value: int, seed: int) -> pd.DataFrame:
+    """Base attribute income (low/middle/high) fixed by the prompt; education depends on it (planted:
+    low -> basic with P = 0.6 vs 0.2 otherwise), religion is independent (null)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for value in ("low", "middle", "high"):
+        for _ in range(n_per_value):
+            p_basic = 0.6 if value == "low" else 0.1
+            edu = rng.choice(["basic", "secondary", "higher"], p=[p_basic, (1 - p_basic) / 2, (1 - p_basic) / 2])
+            rel = rng.choice(["christian", "muslim", "atheist"])
+            rows.append({"cond_value": value, "demo_education": edu, "demo_religion": rel})
+    return pd.DataFrame(rows)
+
+
+def test_planted_association_is_recovered_and_null_is_not():
+    # power: with 100 stories per value the planted cell (lift ~ 0.6 / 0.267 = 2.25) is found every time
+    found = 0
+    for seed in range(10):
+        attrs, values = A.analyse_base_attribute(_planted(100, seed), "income_level", ["education", "religion"], seed=seed)
+        retained = set(attrs.loc[attrs["retained"], "compared_attribute"])
+        assert "religion" not in retained
+        if not values.empty:
+            sig = values[values["significant"]]
+            found += bool(((sig.base_value == "low") & (sig.compared_value == "basic")).any())
+    assert found >= 9
+
+
+def test_null_data_false_discoveries_stay_under_the_nominal_rate():
+    false = 0
+    replicates = 40
+    for seed in range(replicates):
+        rng = np.random.default_rng(1000 + seed)
+        frame = pd.DataFrame({
+            "cond_value": rng.choice(["a", "b", "c"], 300),
+            "demo_x": rng.choice(["p", "q", "r", "s"], 300),
+            "demo_y": rng.choice(["u", "v"], 300),
+        })
+        attrs, values = A.analyse_base_attribute(frame, "base", ["x", "y"], seed=seed)
+        false += bool(len(values) and values["significant"].any())
+    assert false / replicates <= 0.05

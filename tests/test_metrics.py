@@ -128,6 +128,11 @@ def test_anova_degenerate_inputs_explain_instead_of_crashing():
     one = pd.DataFrame([{"model": "m", "language": "en", "task": "story", "m_s": 0.1}])
     table, note = metrics.type1_anova(one, "m_s")
     assert table.empty and "nothing to test" in note
+    # one model x 3 languages x 3 tasks: the interaction saturates the model; main effects remain
+    rng = np.random.default_rng(1)
+    grid = pd.DataFrame([{"model": "m", "language": l, "task": t, "m_s": rng.normal()} for l in ("en", "fr", "zh") for t in ("explicit", "story", "news")])
+    table, note = metrics.type1_anova(grid, "m_s")
+    assert list(table["term"]) == ["language", "task"] and (table["df_resid"] == 4).all() and "saturated" in note
 
 
 def _planted_groups(effect: float, n: int, seed: int) -> metrics.GroupData:

@@ -244,7 +244,14 @@ def type1_anova(aggregates: pd.DataFrame, outcome: str) -> tuple[pd.DataFrame, s
         names.append("model")
     if not terms:
         return pd.DataFrame(), "only one language, one task and one model: nothing to test"
+    note = ""
     fit = smf.ols(f"{outcome} ~ " + " + ".join(terms), data=data).fit()
+    if fit.df_resid <= 0 and "language:task" in names:
+        # Saturated (e.g. one model: language x task leaves no residual): report the main effects only.
+        i = names.index("language:task")
+        terms, names = terms[:i] + terms[i + 1:], names[:i] + names[i + 1:]
+        note = f"language x task dropped: saturated with {len(data)} observations; main effects only"
+        fit = smf.ols(f"{outcome} ~ " + " + ".join(terms), data=data).fit()
     if fit.df_resid <= 0:
         return pd.DataFrame(), f"no residual degrees of freedom ({len(data)} observations for {int(fit.df_model) + 1} parameters)"
     table = anova_lm(fit, typ=1)
@@ -258,7 +265,7 @@ def type1_anova(aggregates: pd.DataFrame, outcome: str) -> tuple[pd.DataFrame, s
     out = pd.DataFrame(rows)
     out["p_adjusted"] = multipletests(out["p_value"].fillna(1.0), method="fdr_bh")[1]
     out.insert(0, "outcome", outcome)
-    return out, ""
+    return out, note
 
 
 def common_models(aggregates: pd.DataFrame) -> list[str]:
@@ -292,7 +299,7 @@ def trial_glm(trials: pd.DataFrame, outcome: str) -> tuple[pd.DataFrame, str]:
             cov_type="cluster", cov_kwds={"groups": groups})
         wald = fit.wald_test_terms(skip_single=False, scalar=True).table
     except Exception as exc:  # separation or singular designs on tiny data: report, don't crash
-        return pd.DataFrame(), f"GLM not estimable: {exc}"
+        return pd.DataFrame(), f"GLM not estimable on these data ({len(data)} trials, {groups.max() + 1} clusters): {exc}"
     wald = wald.reset_index().rename(columns={"index": "term", "statistic": "chi2", "pvalue": "p_value", "df_constraint": "df"})
     wald.insert(0, "outcome", outcome)
     return wald, ""
@@ -452,8 +459,8 @@ def run(params) -> dict[str, Any]:
                     result, why = type1_anova(part, outcome)
                     if why:
                         notes.append(f"ANOVA {outcome} ({subset}; {denominator}): {why}")
-                    else:
-                        specs.append(result.assign(subset=subset, denominator=denominator))
+                    if not result.empty:
+                        specs.append(result.assign(subset=subset, denominator=denominator, note=why))
         anova = pd.concat(specs, ignore_index=True) if specs else pd.DataFrame()
         glm_parts = []
         common_trials = trials[trials["model"].isin(common)]

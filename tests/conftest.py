@@ -87,6 +87,10 @@ def killed_run(kill_profile):
     time.sleep(1)
     shards = sorted(work.glob("part-*.parquet"))
     before = pd.concat([pq.read_table(s).to_pandas() for s in shards], ignore_index=True)
+    # Observed now, before any other fixture resumes the run (tests run in any order).
+    before.attrs["stories_written"] = (work.parent.parent / "stories.parquet").exists()
+    before.attrs["survivors"] = [pid for pid in victims if Path(f"/proc/{pid}").exists()
+                                 and "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()]
     return before
 
 

@@ -4,7 +4,6 @@ with the embedded model through vLLM structured outputs, and its gold-set accura
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pandas as pd
 import pytest

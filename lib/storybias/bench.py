@@ -2,8 +2,10 @@
 
 bench_generate: does the pipeline add cost to the engine? One engine, the same prompts, seeds and
 sampling parameters, timed alternately through (a) a bare ``LLM.chat`` call and (b) stage 01's own
-path (``generate.generate_with``: streamed results, rows, atomic shards). Reports output tokens/s
-of each and the ratio pipeline / bare (target >= 0.95).
+path (``generate.generate_with``: streamed results, rows, atomic shards). Every request generates
+exactly ``max_tokens`` tokens (ignore_eos): with free stopping the two paths wrote different stories
+(prefix caching changes the numerics after the first pass), so tokens/s compared different work.
+Reports output tokens/s of each and the ratio pipeline / bare (target >= 0.95).
 """
 
 from __future__ import annotations
@@ -19,6 +21,11 @@ from .engines import Engine
 from .generate import ModelRun, STORIES_SCHEMA, _request, generate_with, plan
 from .io import ShardStore, write_json_atomic
 from .params import Params
+
+
+def _fixed_length(rows: list[dict[str, Any]], max_tokens: int) -> list[dict[str, Any]]:
+    """Every request generates exactly max_tokens tokens, on both paths."""
+    return [{**r, "_sampling": {**r["_sampling"], "max_tokens": max_tokens}, "_ignore_eos": True} for r in rows]
 
 
 def _bench_rows(params: Params, n_prompts: int) -> list[dict[str, Any]]:
@@ -54,13 +61,13 @@ def _pipeline(engine: Engine, rows: list[dict[str, Any]], folder: Path, shard_si
     return time.time() - started, record.output_tokens
 
 
-def bench_generate(params: Params, n_prompts: int = 24, repeats: int = 2, log=print) -> dict[str, Any]:
+def bench_generate(params: Params, n_prompts: int = 24, repeats: int = 2, max_tokens: int = 200, log=print) -> dict[str, Any]:
     from .generate import prepare_models
 
     prepare_models(params, log=log)
-    rows = _bench_rows(params, n_prompts)
+    rows = _fixed_length(_bench_rows(params, n_prompts), max_tokens)
     spec = params.generation.models[0]
-    log(f"bench-generate: {len(rows)} prompts, model {spec.name}, {repeats} repeats per path")
+    log(f"bench-generate: {len(rows)} prompts x {max_tokens} tokens, model {spec.name}, {repeats} repeats per path")
     bare_rates, pipe_rates, trials = [], [], []
     with Engine(spec, params.generation.engine, params.generation.seed) as engine, tempfile.TemporaryDirectory() as tmp:
         log(f"engine start-up: {engine.info.startup_seconds:.1f} s")
@@ -80,6 +87,7 @@ def bench_generate(params: Params, n_prompts: int = 24, repeats: int = 2, log=pr
         startup = engine.info.startup_seconds
     result = {
         "n_prompts": len(rows),
+        "tokens_per_request": max_tokens,
         "model": spec.name,
         "startup_seconds": startup,
         "bare_tokens_per_second": round(statistics.median(bare_rates), 2),

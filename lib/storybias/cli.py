@@ -34,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("params")
     bench.add_argument("--n-prompts", type=int, default=24)
     bench.add_argument("--repeats", type=int, default=2)
+    bench.add_argument("--max-tokens", type=int, default=200)
     args = parser.parse_args(argv)
 
     if args.command == "check-params":
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "bench-generate":
         from .bench import bench_generate
 
-        bench_generate(_load(args.params), n_prompts=args.n_prompts, repeats=args.repeats)
+        bench_generate(_load(args.params), n_prompts=args.n_prompts, repeats=args.repeats, max_tokens=args.max_tokens)
     return 0
 
 

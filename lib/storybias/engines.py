@@ -33,6 +33,7 @@ class ChatRequest:
     seed: int
     choice: list[str] | None = None  # constrain the answer to one of these strings
     json_schema: dict[str, Any] | None = None  # constrain the answer to this JSON schema
+    ignore_eos: bool = False  # generate exactly max_tokens (benchmarks: identical work on every path)
 
 
 @dataclass
@@ -218,6 +219,7 @@ class Engine:
             max_tokens=s.max_tokens,
             seed=request.seed,
             structured_outputs=structured,
+            ignore_eos=request.ignore_eos,
         )
 
     def stream(self, requests: Sequence[ChatRequest]) -> Iterator[ChatResult]:

@@ -119,6 +119,7 @@ def _request(row: dict[str, Any]) -> ChatRequest:
         sampling=Sampling(**row["_sampling"]),
         seed=int(row["seed"]),
         choice=row["_choice"],
+        ignore_eos=bool(row.get("_ignore_eos", False)),  # set by the benchmark only
     )
 
 

@@ -222,9 +222,6 @@ def explicit_gender(answer: str, language: str) -> str:
 
 # --- ensembles and agreement -------------------------------------------------------------------
 
-SCALAR_FIELDS = ("protagonist_gender", "protagonist_gender_fine")
-
-
 def majority(values: Sequence[Any], tie: Any = "unknown") -> Any:
     """The value most extractors gave; a tie between the top values gives ``tie``."""
     counts = Counter(values).most_common()
@@ -313,8 +310,16 @@ def sample_ids(ids: Sequence[str], n: int | None, seed: int) -> list[str]:
 
 # --- the stage ---------------------------------------------------------------------------------
 
-RAW_COLUMNS = ("answer_key", "request_key", "story_id", "extractor", "pass", "attempt", "raw", "parse_ok", "error",
-               "n_tokens", "finish_reason", "story_cut")
+def extraction_request(key: str, story: str, sections: Sequence[str], settings, temperature: float, seed: int):
+    """The chat request of one extraction answer: instructions + story, the schema, no sampling tricks."""
+    from .engines import ChatRequest
+    from .params import Sampling
+
+    return ChatRequest(
+        key=key, messages=[{"role": "user", "content": build_prompt(story, sections)}],
+        sampling=Sampling(temperature=temperature, top_p=1.0, top_k=-1, repetition_penalty=1.0, max_tokens=settings.max_tokens),
+        seed=seed, json_schema=build_schema(sections, settings.max_list_items),
+    )
 
 
 def request_key(story_id: str, extractor: str, pass_name: str) -> str:
@@ -370,8 +375,6 @@ def _run_jobs(engine, jobs: list[ExtractionJob], settings, store, progress: bool
     """Answer ``jobs`` on one started engine, with bounded retries; every attempt is stored."""
     from tqdm import tqdm  # text bars: readable in papermill logs and JupyterLab without ipywidgets
 
-    from .engines import ChatRequest
-    from .params import Sampling
 
     tokenizer = engine.llm.get_tokenizer()
     budget = engine.spec.max_model_len - settings.max_tokens - 1200  # room for the instructions
@@ -387,11 +390,7 @@ def _run_jobs(engine, jobs: list[ExtractionJob], settings, store, progress: bool
             cut[key] = was_cut
             temperature = 0.0 if job.pass_name == "primary" and attempt == 0 else settings.self_consistency_temperature
             seed = settings.seed + attempt + (1000 if job.pass_name == "check" else 0)
-            requests.append(ChatRequest(
-                key=key, messages=[{"role": "user", "content": build_prompt(story, job.sections)}],
-                sampling=Sampling(temperature=temperature, top_p=1.0, top_k=-1, repetition_penalty=1.0, max_tokens=settings.max_tokens),
-                seed=seed, json_schema=build_schema(job.sections, settings.max_list_items),
-            ))
+            requests.append(extraction_request(key, story, job.sections, settings, temperature, seed))
             by_key[key] = job
         failed, rows = [], []
         for result in engine.stream(requests):
@@ -657,13 +656,9 @@ def evaluate_gold_on(engine, items: list[dict[str, Any]], settings) -> dict[str,
     stage) and score the answers against the true labels."""
     import time
 
-    from .engines import ChatRequest
-    from .params import Sampling
 
     started = time.time()
-    requests = [ChatRequest(key=it["id"], messages=[{"role": "user", "content": build_prompt(it["text"], GOLD_SECTIONS)}],
-                            sampling=Sampling(temperature=0.0, top_p=1.0, top_k=-1, repetition_penalty=1.0, max_tokens=settings.max_tokens),
-                            seed=settings.seed, json_schema=build_schema(GOLD_SECTIONS, settings.max_list_items)) for it in items]
+    requests = [extraction_request(it["id"], it["text"], GOLD_SECTIONS, settings, 0.0, settings.seed) for it in items]
     results = {r.key: r for r in engine.stream(requests)}
     seconds = time.time() - started
     predictions, parsed_ok = [], 0

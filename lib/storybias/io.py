@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
@@ -115,14 +115,6 @@ class ShardStore:
             path.unlink()
         for leftover in self.folder.glob(".*.tmp"):
             leftover.unlink()
-
-
-def concat_unique(frames: Iterable[pd.DataFrame], key: str) -> pd.DataFrame:
-    """Concatenate frames and keep the first row of each key."""
-    frames = [f for f in frames if len(f)]
-    if not frames:
-        return pd.DataFrame()
-    return pd.concat(frames, ignore_index=True).drop_duplicates(subset=[key], keep="first")
 
 
 def values_path(run_name: str, stage: str) -> Path:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -390,13 +389,3 @@ def write_stage_stamps(params: Params, folder: Path) -> list[Path]:
             path.write_text(content)
         written.append(path)
     return written
-
-
-def main_check(argv: list[str]) -> int:
-    try:
-        p = load(argv[0])
-    except ParamsError as exc:
-        print(f"storybias: {exc}", file=sys.stderr)
-        return 2
-    print(f"{p.source}: OK (run '{p.run_name}', designs: {', '.join(p.enabled_designs())})")
-    return 0

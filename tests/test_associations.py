@@ -225,3 +225,124 @@ def test_human_ratings_import_and_spearman(tmp_path):
     with pytest.raises(ValueError, match="missing column"):
         (tmp_path / "c.csv").write_text("association_id,harm\n")
         A.load_human_ratings(tmp_path / "c.csv")
+
+
+# --- the sequential Fisher decision, parallel passes and the paper-scale benchmark ---------------
+
+def test_clopper_pearson_matches_binomtest_and_reference_interval_narrows_to_the_reference():
+    for count, n in [(0, 1000), (7, 1000), (500, 1000), (1000, 1000), (123, 20_000)]:
+        ci = stats.binomtest(count, n).proportion_ci(0.9999)
+        assert A.clopper_pearson(count, n, 0.9999) == pytest.approx((ci.low, ci.high), rel=1e-9, abs=1e-12)
+    table = np.array([[9, 4, 2], [3, 8, 6]])
+    estimate = A.SequentialFisher(table, seed=3, max_resamples=60_000)
+    widths = []
+    while not estimate.exhausted:
+        estimate.refine()
+        assert estimate.lo <= estimate.p <= estimate.hi
+        widths.append(estimate.hi - estimate.lo)
+    assert widths == sorted(widths, reverse=True) and widths[-1] == 0
+    # all resamples drawn: exactly the reference p-value (same stream, same order)
+    assert estimate.p == A.fisher_rxc_monte_carlo(table, 60_000, seed=3)[0]
+    assert estimate.method == "monte-carlo(60000)"
+
+
+def test_bh_open_only_flags_what_can_change_a_decision():
+    t = np.asarray(A.bh_thresholds(4))  # 0.0125, 0.025, 0.0375, 0.05
+    lo, hi = np.array([1e-6, 1e-5, 0.2, 0.5]), np.array([1e-4, 1e-3, 0.6, 0.9])
+    assert not A.bh_open(lo, hi, t).any()
+    assert A.bh_rejections(hi, t) == 2
+    # the third table straddles t_3: it decides whether k* is 2 or 3
+    lo[2], hi[2] = 0.03, 0.06
+    assert A.bh_open(lo, hi, t).tolist() == [False, False, True, False]
+    # a p-value far above every threshold never needs refining, even when the others are open
+    lo[0], hi[0] = 0.001, 0.02
+    assert not A.bh_open(lo, hi, t)[3]
+    p = np.array([0.001, 0.02, 0.03, 0.9])
+    assert A.bh_rejections(p, t) == int((A.adjust(p, "fdr_bh") < A.ALPHA).sum())
+
+
+def _sparse_near(seed: int) -> np.ndarray:
+    """A sparse table (n ~ 60, most expected counts < 5) with a mild planted association."""
+    rng = np.random.default_rng(seed)
+    probs = np.full((3, 4), 1.0)
+    probs[0, 0] = 2.2
+    return rng.multinomial(60, (probs / probs.sum()).ravel()).reshape(3, 4)
+
+
+def test_fisher_decision_equals_the_monte_carlo_reference_on_sparse_tables_near_a_threshold():
+    n, early = 100_000, 0
+    for seed in range(4):
+        table = _sparse_near(seed)
+        table = table[table.sum(1) > 0][:, table.sum(0) > 0]
+        p_ref = A.fisher_rxc_monte_carlo(table, n, seed=seed)[0]
+        for factor in (0.7, 0.85, 1.2, 1.5):  # thresholds placed 15-50 % from the reference p-value
+            threshold = min(p_ref * factor, 0.99)
+            decision = A.fisher_rxc(table, [threshold], seed=seed, max_resamples=n)
+            assert (decision.p_value < threshold) == (p_ref < threshold), (table.tolist(), threshold, decision)
+            early += decision.method == "asymptotic" or int(decision.method[12:-1]) < n
+    assert early >= 8  # most decisions stopped before drawing every resample
+
+
+def test_sparse_tables_get_the_wide_asymptotic_margin():
+    sparse, dense = np.array([[3, 1], [1, 4]]), np.array([[40, 20], [20, 40]])
+    assert A._g_test(sparse)[2] and not A._g_test(dense)[2]
+    assert A._g_test(dense)[0] == pytest.approx(
+        stats.chi2_contingency(dense, correction=False, lambda_="log-likelihood")[0])
+    assert A.asymptotic_interval(0.01, sparse=True) == pytest.approx((0.001, 1.0))
+    assert A.asymptotic_interval(0.01, sparse=False) == pytest.approx((0.001, 0.1))
+
+
+def test_synthetic_extractions_shape_columns_and_values():
+    from storybias import extract
+    from storybias.bench import synthetic_extractions
+
+    data = synthetic_extractions(5_000, 3, ["en", "fr"], seed=1)
+    dims = extract.dimensions()
+    assert len(data) == 5_000
+    assert list(data.columns) == ["model", "language", "cond_attribute", "cond_value", *[f"demo_{d}" for d in dims]]
+    assert set(data["model"]) == {"model_00", "model_01", "model_02"} and set(data["language"]) == {"en", "fr"}
+    for dim in dims:
+        assert set(data[f"demo_{dim}"].unique()) <= set(extract.allowed_values(dim))
+    for base, values in dims.items():
+        assert set(data.loc[data["cond_attribute"] == base, "cond_value"]) <= set(values)
+    others = data[data["cond_attribute"] != "religion"]["demo_religion"]
+    assert 0.25 < (others == "unknown").mean() < 0.65 and 0 < (others == "other").mean() < 0.1
+    pd.testing.assert_frame_equal(data, synthetic_extractions(5_000, 3, ["en", "fr"], seed=1))
+    assert data.memory_usage(deep=True).sum() < 200 * len(data)  # categoricals: bytes, not strings
+
+
+def test_run_pass_in_parallel_gives_identical_results():
+    from storybias import extract
+    from storybias.bench import synthetic_extractions
+
+    data = synthetic_extractions(5_000, 2, ["en", "fr"], seed=2)
+    dims = list(extract.dimensions())
+    serial = A.run_pass(data, dims, scope_by_language=True, max_resamples=10_000, n_jobs=1)
+    parallel = A.run_pass(data, dims, scope_by_language=True, max_resamples=10_000, n_jobs=2)
+    assert len(serial[0]) > 100 and serial[0]["retained"].any()
+    pd.testing.assert_frame_equal(serial[0], parallel[0])
+    pd.testing.assert_frame_equal(serial[1], parallel[1])
+    # the same tables as analyse_base_attribute on each model x language x base attribute
+    cell = data[(data["model"] == "model_01") & (data["language"] == "fr") & (data["cond_attribute"] == "age")]
+    attrs, _ = A.analyse_base_attribute(cell, "age", dims, max_resamples=10_000)
+    mine = serial[0][(serial[0]["model"] == "model_01") & (serial[0]["scope"] == "fr") & (serial[0]["base_attribute"] == "age")]
+    pd.testing.assert_frame_equal(mine[attrs.columns].reset_index(drop=True), attrs)
+
+
+def test_bench_associations_small_run(tmp_path, monkeypatch):
+    from storybias.bench import bench_associations
+
+    monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path))
+    out = bench_associations(n_stories=5_000, n_models=2, n_languages=2, n_reference=5, n_jobs=1,
+                             max_resamples=10_000, log=lambda message: None)
+    check = out["reference_check"]
+    assert check["checked"] == 5 and check["agreements"] + check["disagreements"] == 5
+    assert check["disagreements_unexplained"] == 0 and check["recomputed_decisions_match_run"]
+    for name in ("global", "per_language"):
+        part = out["passes"][name]
+        methods = part["p_methods"]
+        assert part["tables"] > 0 and part["seconds"] >= 0
+        assert methods["asymptotic"] + methods["monte_carlo_pilot"] + methods["monte_carlo_sequential"] \
+            + methods["monte_carlo_full"] == part["tables"]
+    assert out["peak_rss"]["self_mb"] > 0
+    assert (tmp_path / "bench" / "bench_associations.json").is_file()

@@ -1,0 +1,147 @@
+"""Stage 04 orchestration: observations from the stage-03 artifacts, judge requests and ratings,
+artifacts with the data contract's columns, and clear messages on bad input."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from storybias import associations as A
+from storybias import extract, params, paths
+
+DIMS = list(extract.dimensions())
+
+
+def _run_files(root, planted: bool, n_per_value: int = 40, seed: int = 0):
+    """filtered.parquet + extractions.parquet for stereotales stories with base attribute income_level;
+    ``planted``: low income -> basic education (fraction 0.8 vs 0.1: lift ~2.4)."""
+    rng = np.random.default_rng(seed)
+    filtered, extractions = [], []
+    i = 0
+    for model in ("m1", "m2"):
+        for lang in ("en", "fr"):
+            for value in ("low", "middle", "high"):
+                for _ in range(n_per_value):
+                    sid = f"s{i:05d}"
+                    i += 1
+                    p = [0.8, 0.1, 0.1] if planted and value == "low" else [0.1, 0.45, 0.45]
+                    filtered.append({"story_id": sid, "design": "stereotales", "model": model, "language": lang,
+                                     "cond_attribute": "income_level", "cond_value": value, "is_valid": True})
+                    row = {"story_id": sid, "parse_ok": True, **{f"demo_{d}": "unknown" for d in DIMS}}
+                    row["demo_education"] = rng.choice(["basic", "secondary", "higher"], p=p)
+                    row["demo_income_level"] = value
+                    extractions.append(row)
+    # one bedtime story (ignored) and one stereotales story whose extraction did not parse (counted)
+    filtered.append({"story_id": "b0", "design": "bedtime", "model": "m1", "language": "en",
+                     "cond_attribute": None, "cond_value": None, "is_valid": True})
+    filtered.append({"story_id": "bad", "design": "stereotales", "model": "m1", "language": "en",
+                     "cond_attribute": "income_level", "cond_value": "low", "is_valid": True})
+    extractions.append({"story_id": "bad", "parse_ok": False, **{f"demo_{d}": "unknown" for d in DIMS}})
+    run = root / "t"
+    run.mkdir(parents=True)
+    pd.DataFrame(filtered).to_parquet(run / "filtered.parquet")
+    pd.DataFrame(extractions).to_parquet(run / "extractions.parquet")
+    return pd.DataFrame(filtered), pd.DataFrame(extractions)
+
+
+def _profile(tmp_path, monkeypatch, **associations):
+    monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path / "data"))
+    raw = yaml.safe_load((paths.repo_root() / "params" / "smoke.yaml").read_text())
+    raw["run_name"] = "t"
+    raw["associations"] = associations
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return params.load(path)
+
+
+def test_observations_keep_stereotales_and_count_parse_failures(tmp_path):
+    filtered, extractions = _run_files(tmp_path, planted=False, n_per_value=3)
+    data, counts = A.observations(extractions, filtered, DIMS)
+    assert counts == {"stereotales_stories": 37, "extracted": 37, "parse_failed_excluded": 1, "analysed": 36}
+    assert set(data["story_id"]) == set(filtered["story_id"]) - {"b0", "bad"}
+    with pytest.raises(KeyError, match="extractions.parquet.*demo_religion"):
+        A.observations(extractions.drop(columns=["demo_religion"]), filtered, DIMS)
+    with pytest.raises(KeyError, match="filtered.parquet.*cond_value"):
+        A.observations(extractions, filtered.drop(columns=["cond_value"]), DIMS)
+
+
+def test_judge_items_are_distinct_and_requests_follow_the_seeded_order():
+    shared = pd.DataFrame([
+        {"scope": s, "base_attribute": "income_level", "base_value": "low", "compared_attribute": "education",
+         "compared_value": "basic", "models": ["m1"]} for s in ("all", "en", "fr")
+    ] + [{"scope": "all", "base_attribute": "gender", "base_value": "woman", "compared_attribute": "marital_status",
+          "compared_value": "married", "models": ["m1"]}])
+    items = A.judge_items(shared)
+    assert list(items["association_id"]) == ["gender|woman|marital_status|married", "income_level|low|education|basic"]
+    assert items["sentence"].iloc[1].startswith("In the generated stories, when income level is low, education is basic")
+    sampling = params.Sampling(temperature=0.7, max_tokens=64)
+    requests = A.judge_requests(items, "judge-a", repetitions=2, sampling=sampling, seed=7)
+    assert [r.key for r in requests][:2] == ["gender|woman|marital_status|married#judge-a#0", "gender|woman|marital_status|married#judge-a#1"]
+    assert len({r.seed for r in requests[:2]}) == 2
+    for request in requests:
+        order = A.question_order(request.key.rsplit("#", 2)[0], 7)
+        assert list(request.json_schema["properties"]) == list(order)
+        text = request.messages[0]["content"]
+        assert text.index(f'"{order[0]}"') < text.index(f'"{order[1]}"')
+
+
+def test_unparsable_ratings_are_kept_with_their_raw_text():
+    good = A.rating_row("a|b|c|d#j#0", '{"harm": 5, "realism": "no"}')
+    assert good["parse_ok"] and good["harm"] == 5 and good["association_id"] == "a|b|c|d" and good["repetition"] == 0
+    bad = A.rating_row("a|b|c|d#j#1", "I cannot answer that")
+    assert not bad["parse_ok"] and np.isnan(bad["harm"]) and bad["raw"] == "I cannot answer that"
+
+
+def test_stage_without_signal_writes_typed_empty_artifacts_and_starts_no_judge(tmp_path, monkeypatch):
+    _run_files(tmp_path / "data", planted=False)
+    p = _profile(tmp_path, monkeypatch)
+
+    def no_engine(*args, **kwargs):
+        raise AssertionError("no association is significant: the judge must not start")
+
+    monkeypatch.setattr(A, "run_judges", no_engine)
+    out = A.run(p, progress=False)
+    folder = paths.run_dir("t")
+    attrs = pd.read_parquet(folder / "associations_attributes.parquet")
+    assert len(attrs) > 0 and list(attrs.columns) == A.ATTRIBUTE_COLUMNS
+    assert not pd.read_parquet(folder / "associations_values.parquet")["significant"].astype(bool).any()
+    ratings = pd.read_parquet(folder / "harm_ratings.parquet")
+    assert ratings.empty and "raw" in ratings.columns
+    assert any("nothing for the judges" in n for n in out["notes"])
+    manifest = json.loads(paths.manifest_path("t", "associations").read_text())
+    assert manifest["n_significant"] == 0 and manifest["counts"]["parse_failed_excluded"] == 1
+
+
+def test_stage_with_planted_signal_rates_it_and_reports_failures(tmp_path, monkeypatch):
+    _run_files(tmp_path / "data", planted=True)
+    p = _profile(tmp_path, monkeypatch, judge={"models": [{"name": "m1", "source": "embedded"}]})
+    calls = []
+
+    def scripted_judge(items, params, progress=True):
+        # Test double for the LLM: one parsed rating per item, and one answer that does not parse.
+        calls.append(list(items["association_id"]))
+        rows = [A.rating_row(f"{a}#m1#0", '{"harm": 4, "realism": "yes"}') for a in items["association_id"]]
+        rows.append(A.rating_row(f"{items['association_id'].iloc[0]}#m1#0", "not json"))
+        return pd.DataFrame(rows).reindex(columns=A.RATING_COLUMNS), [{"judge": "m1"}]
+
+    monkeypatch.setattr(A, "run_judges", scripted_judge)
+    out = A.run(p, progress=False)
+    assert calls and "income_level|low|education|basic" in calls[0]
+    shared = pd.read_parquet(paths.run_dir("t") / "associations_shared.parquet")
+    row = shared[(shared["scope"] == "all") & (shared["association_id"] == "income_level|low|education|basic")].iloc[0]
+    assert row["n_models"] == 2 and row["mean_lift"] >= 2 and row["median_harm"] == 4 and row["harmful"]
+    assert set(shared["scope"]) >= {"all", "en", "fr"}
+    assert out["manifest"]["n_ratings_unparsed"] == 1
+    gap = out["self_gap"].set_index("model")
+    assert gap.loc["m1", "share_self_rated_harmful"] == 1.0
+
+
+def test_human_ratings_file_is_checked_before_any_work(tmp_path, monkeypatch):
+    with pytest.raises(params.ParamsError, match="associations.human_ratings.*does not exist"):
+        _profile(tmp_path, monkeypatch, human_ratings=str(tmp_path / "missing.csv"))
+    with pytest.raises(params.ParamsError, match="associations.judge"):
+        _profile(tmp_path, monkeypatch, judge={"repetitions": 3})

@@ -1,0 +1,399 @@
+"""The story explorer (storybias.explorer): payload counts, safe embedding of hostile story text,
+missing artifacts, the CLI, and the page itself driven in headless Chromium through Selenium.
+
+The browser test needs Debian's chromium and chromium-driver (scripts/install-browser.sh); without
+them it fails, naming the install command, instead of skipping.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from storybias import cli, explorer, paths
+from storybias.params import load
+
+HOSTILE = "</script><img src=x onerror=\"window.__xss=1\"><!--<script>alert(1)</script>"
+HOSTILE_ID = "st-m1-en-stereotales_gender=woman_s0-0"
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+DEMO_DIMS = ("gender", "age", "professional_field")
+A_NURSE = "gender|woman|professional_field|healthcare"
+A_ENGINEER_FR = "gender|man|professional_field|trades_manual"  # scope fr, m1
+A_ENGINEER_ALL = "gender|man|professional_field|trades_manual"  # scope all, m2
+
+
+def _story(design, model, language, prompt_id, sample, text, **cond):
+    sid = f"{design[:2]}-{model}-{language}-{prompt_id.replace('/', '_')}-{sample}"
+    return {"story_id": sid, "design": design, "language": language, "model": model, "prompt_id": prompt_id,
+            "sample": sample, "prompt": f"Write a story ({prompt_id}, {language}).", "text": text,
+            "finish_reason": "stop", "is_valid": True, "invalid_reason": None, **cond}
+
+
+def synthetic_run() -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """30 stories (en 16, fr 14): stereotales 2 models x 2 languages x 6, bedtime m1 x en/fr x 2,
+    occupations m2 x en x 2. Association examples: nurse 7 (8 minus one unparsed), engineer-fr 3,
+    engineer-all 6."""
+    rows, ext = [], []
+    for model in ("m1", "m2"):
+        for language in ("en", "fr"):
+            for i in range(6):
+                woman = i < 3
+                value = "woman" if woman else "man"
+                text = f"A story about a {value} ({model}, {language}, {i})."
+                if model == "m1" and language == "en" and i == 0:
+                    text = HOSTILE + " " + text
+                if model == "m2" and language == "fr" and i == 5:
+                    text = "Once upon a time. " * 80  # long: collapsed on the page
+                row = _story("stereotales", model, language, f"stereotales/gender={value}/s{i}", 0, text,
+                             cond_attribute="gender", cond_value=value, cond_scenario_category="work",
+                             cond_scenario=f"s{i}")
+                rows.append(row)
+                field = ("healthcare" if i < 2 else "trades_manual") if woman else "trades_manual"
+                ext.append({"story_id": row["story_id"], "parse_ok": not (model == "m1" and language == "en" and i == 1),
+                            "demo_gender": value, "demo_age": "adult" if i % 2 else "unknown",
+                            "demo_professional_field": field, "protagonist_gender": "female" if woman else "male",
+                            "protagonist_name": HOSTILE if row["text"].startswith(HOSTILE) else f"Name{i}",
+                            "adjectives_en": ["kind", "<b>bold</b>"], "settings": ["city"], "story_cut": False,
+                            "markers": [{"text": "Paris", "text_en": "Paris", "keep": True, "category": "toponyms"}],
+                            "extractors": ["fake"], "raw": "{}"})
+    for language in ("en", "fr"):
+        for i, (nat, gender) in enumerate((("egyptian", "boy"), ("french", "girl"))):
+            row = _story("bedtime", "m1", language, f"bedtime/mother/{nat}/muslim/working_class/{gender}", 0,
+                         f"Bedtime {nat} {gender}.", cond_nationality=nat, cond_religion="muslim",
+                         cond_social_class="working_class", cond_parent_role="mother", cond_child_gender=gender)
+            if language == "fr" and i == 1:
+                row.update(is_valid=False, invalid_reason="truncated", finish_reason="length")
+            rows.append(row)
+    for i in range(2):
+        rows.append(_story("occupations", "m2", "en", f"occupations/nurse/{'story' if i else 'news'}", 0,
+                           f"Occupation story {i}.", cond_occupation="nurse", cond_task="story" if i else "news",
+                           cond_occupation_gender="female"))
+    stories = pd.DataFrame(rows)
+    extractions = pd.DataFrame(ext)
+    shared = pd.DataFrame([
+        {"scope": "all", "base_attribute": "gender", "base_value": "woman", "compared_attribute": "professional_field",
+         "compared_value": "healthcare", "association_id": A_NURSE, "n_models": 2, "models": ["m1", "m2"],
+         "mean_fraction": 0.66, "mean_lift": 2.5, "median_harm": 4.0, "n_ratings": 3, "share_realistic": 0.5,
+         "harmful": True},
+        {"scope": "fr", "base_attribute": "gender", "base_value": "man", "compared_attribute": "professional_field",
+         "compared_value": "trades_manual", "association_id": A_ENGINEER_FR, "n_models": 1, "models": ["m1"],
+         "mean_fraction": 1.0, "mean_lift": 3.1, "median_harm": np.nan, "n_ratings": 0, "share_realistic": np.nan,
+         "harmful": False},
+        {"scope": "all", "base_attribute": "gender", "base_value": "man", "compared_attribute": "professional_field",
+         "compared_value": "trades_manual", "association_id": A_ENGINEER_ALL, "n_models": 1, "models": ["m2"],
+         "mean_fraction": 1.0, "mean_lift": 2.0, "median_harm": 2.0, "n_ratings": 3, "share_realistic": 1.0,
+         "harmful": False},
+    ])
+    values = pd.DataFrame([
+        {"model": m, "scope": "all", "base_attribute": "gender", "base_value": "woman",
+         "compared_attribute": "professional_field", "compared_value": "healthcare", "count": 4, "row_total": 6,
+         "fraction": 4 / 6, "expected": 1.6, "lift": 2.5, "p_value": 0.01, "p_adjusted": 0.03, "significant": True}
+        for m in ("m1", "m2")
+    ])
+    return stories, extractions, shared, values
+
+
+EXPECTED_EXAMPLES = [7, 3, 6]  # per row of `shared`
+
+
+@pytest.fixture()
+def frames():
+    return synthetic_run()
+
+
+# --------------------------------------------------------------------------------------------------
+# payload
+# --------------------------------------------------------------------------------------------------
+def test_payload_counts(frames):
+    stories, extractions, shared, values = frames
+    payload = explorer.explorer_payload(stories, extractions, shared, values, run_name="syn")
+    assert payload["n_total"] == payload["n_embedded"] == len(payload["stories"]) == 30
+    by_lang = pd.Series([s["language"] for s in payload["stories"]]).value_counts().to_dict()
+    assert by_lang == {"en": 16, "fr": 14}
+    cells = {(c["design"], c["model"], c["language"]): c for c in payload["cells"]}
+    assert len(cells) == 7
+    assert cells[("stereotales", "m1", "en")] | {} == {"design": "stereotales", "model": "m1", "language": "en",
+                                                       "n_stories": 6, "n_valid": 6, "n_extracted": 6,
+                                                       "n_parsed": 5, "n_embedded": 6}
+    assert cells[("bedtime", "m1", "fr")]["n_valid"] == 1 and cells[("bedtime", "m1", "fr")]["n_extracted"] == 0
+    assert [a["n_examples"] for a in payload["associations"]] == EXPECTED_EXAMPLES
+    assert [a["id"] for a in payload["associations"]] == [A_NURSE, A_ENGINEER_FR, A_ENGINEER_ALL]
+    nurse = payload["associations"][0]
+    assert [r["model"] for r in nurse["per_model"]] == ["m1", "m2"] and nurse["per_model"][0]["lift"] == 2.5
+    assert payload["associations"][1]["median_harm"] is None and payload["associations"][1]["per_model"] == []
+    by_id = {s["id"]: s for s in payload["stories"]}
+    st = by_id["st-m1-en-stereotales_gender=woman_s0-0"]
+    assert st["cond"] == {"attribute": "gender", "value": "woman", "scenario_category": "work", "scenario": "s0"}
+    assert st["facets"][0] == ["stereotales:gender", "woman"]
+    assert st["x"]["demo"] == {"gender": "woman", "professional_field": "healthcare"}  # 'unknown' dropped
+    bedtime = [s for s in payload["stories"] if s["design"] == "bedtime"]
+    assert all(s["x"] is None for s in bedtime)
+    assert ["bedtime:nationality", "egyptian"] in bedtime[0]["facets"]
+    json.dumps(payload, allow_nan=False)  # plain JSON: no NaN, no numpy types
+
+
+def test_sample_caps_cells_and_keeps_association_examples_first(frames):
+    stories, extractions, shared, values = frames
+    payload = explorer.explorer_payload(stories, extractions, shared, values, max_stories_per_cell=2)
+    assert payload["n_total"] == 30
+    cells = {(c["design"], c["model"], c["language"]): c["n_embedded"] for c in payload["cells"]}
+    assert cells == {("stereotales", m, lang): 2 for m in ("m1", "m2") for lang in ("en", "fr")} | {
+        ("bedtime", "m1", "en"): 2, ("bedtime", "m1", "fr"): 2, ("occupations", "m2", "en"): 2}
+    assert payload["n_embedded"] == 14
+    examples = explorer.association_examples(stories, extractions, shared)
+    example_ids = set(examples["story_id"])
+    embedded_st = [s["id"] for s in payload["stories"] if s["design"] == "stereotales"]
+    # examples first: m1 en has a single example (its other nurse story did not parse), the others >= 2
+    assert sorted(s[:8] for s in embedded_st if s in example_ids) == ["st-m1-en"] + ["st-m1-fr"] * 2 + [
+        "st-m2-en"] * 2 + ["st-m2-fr"] * 2
+    # m1 fr: round robin, one example of the nurse association and one of engineer-fr (not two nurses)
+    assoc_of = examples.groupby("story_id")["assoc"].apply(set)
+    for cell, both in (("st-m1-fr", {0, 1}), ("st-m2-en", {0, 2}), ("st-m2-fr", {0, 2})):
+        assert set().union(*(assoc_of[s] for s in embedded_st if s.startswith(cell))) == both
+    # the run-wide counts do not shrink with the sample
+    assert [a["n_examples"] for a in payload["associations"]] == EXPECTED_EXAMPLES
+    assert explorer.sample_story_ids(stories, examples, None) == stories["story_id"].tolist()
+    assert explorer.sample_story_ids(stories, examples, 0) == []
+
+
+def test_hostile_text_is_escaped(frames):
+    stories, extractions, shared, values = frames
+    stories.loc[0, "prompt"] = HOSTILE
+    stories.loc[0, "model"] = "m1"  # model names are data too
+    page = explorer.render_html(explorer.explorer_payload(stories, extractions, shared, values, run_name="<run>&"))
+    assert "<img" not in page and "<!--" not in page
+    assert "innerHTML" not in page and "insertAdjacentHTML" not in page and "document.write" not in page
+    assert "<title>storybias explorer: &lt;run&gt;&amp;</title>" in page
+    # exactly the page's two script elements; the data one round-trips to the original text
+    assert page.count("</script>") == 2 and page.count("<script") == 2
+    match = re.search(r'<script type="application/json" id="explorer-data">(.*?)</script>', page, re.S)
+    hostile = {s["id"]: s for s in json.loads(match.group(1))["stories"]}[HOSTILE_ID]
+    assert hostile["text"].startswith(HOSTILE) and hostile["prompt"] == HOSTILE and hostile["x"]["name"] == HOSTILE
+    assert "<" not in match.group(1) and ">" not in match.group(1) and "&" not in match.group(1)
+    # no network: a CSP that allows the page's own script only, and no external reference
+    assert "Content-Security-Policy" in page and "script-src 'sha256-" in page
+    assert not re.search(r"(src|href)\s*=\s*[\"']?(https?:)?//", page)
+
+
+def test_missing_artifacts(frames):
+    stories, _, _, _ = frames
+    payload = explorer.explorer_payload(stories.drop(columns=["is_valid"]), None, None)
+    assert payload["associations"] is None and payload["has_extractions"] is False
+    assert all(s["x"] is None and s["valid"] is None for s in payload["stories"])
+    page = explorer.render_html(payload)
+    assert "associations_shared.parquet is not in the" in page and "not extracted" in page
+    assert explorer.association_examples(stories, None, None).empty
+    empty = explorer.explorer_payload(stories, None, frames[2].iloc[:0])
+    assert empty["associations"] == []
+
+
+def _write_run(tmp_path: Path, monkeypatch, *, associations: bool = True, extractions: bool = True):
+    stories, ext, shared, values = synthetic_run()
+    data = tmp_path / "data"
+    run = data / "explorer-test"
+    run.mkdir(parents=True)
+    stories.to_parquet(run / "filtered.parquet")
+    if extractions:
+        ext.to_parquet(run / "extractions.parquet")
+    if associations:
+        shared.to_parquet(run / "associations_shared.parquet")
+        values.to_parquet(run / "associations_values.parquet")
+    profile = tmp_path / "explorer-test.yaml"
+    profile.write_text(yaml.safe_dump({
+        "generation": {"models": [{"name": "m1", "source": "embedded"}]},
+        "designs": {"stereotales": {"languages": ["en", "fr"]}},
+    }))
+    monkeypatch.setenv("STORYBIAS_DATA", str(data))
+    monkeypatch.setattr(paths, "figures_dir", lambda run_name: tmp_path / "figures" / run_name)
+    return profile
+
+
+def test_build_explorer_and_cli(tmp_path, monkeypatch, capsys):
+    profile = _write_run(tmp_path, monkeypatch)
+    out = explorer.build_explorer(load(profile))
+    assert out == tmp_path / "figures" / "explorer-test" / "explorer.html"
+    data = json.loads(re.search(r'id="explorer-data">(.*?)</script>', out.read_text(), re.S).group(1))
+    assert data["n_total"] == data["n_embedded"] == 30 and data["max_per_cell"] == 200
+    assert [a["n_examples"] for a in data["associations"]] == EXPECTED_EXAMPLES and data["notes"] == []
+    assert not list(out.parent.glob(".*.tmp"))  # atomic write left nothing behind
+
+    assert cli.main(["explorer", str(profile), "--max-stories", "1"]) == 0
+    assert capsys.readouterr().out.strip() == str(out)
+    data = json.loads(re.search(r'id="explorer-data">(.*?)</script>', out.read_text(), re.S).group(1))
+    assert data["n_total"] == 30 and data["n_embedded"] == 7 and data["max_per_cell"] == 1
+    assert [a["n_examples"] for a in data["associations"]] == EXPECTED_EXAMPLES
+    assert {s["language"] for s in data["stories"]} == {"en", "fr"}
+
+
+def test_build_explorer_without_stage_03_and_04(tmp_path, monkeypatch):
+    profile = _write_run(tmp_path, monkeypatch, associations=False, extractions=False)
+    out = explorer.build_explorer(load(profile))
+    data = json.loads(re.search(r'id="explorer-data">(.*?)</script>', out.read_text(), re.S).group(1))
+    assert data["associations"] is None and all(s["x"] is None for s in data["stories"])
+    assert any("extractions.parquet is missing" in n for n in data["notes"])
+    assert any("associations_shared.parquet is missing" in n for n in data["notes"])
+    (tmp_path / "data" / "explorer-test" / "filtered.parquet").unlink()
+    with pytest.raises(FileNotFoundError, match="filtered.parquet"):
+        explorer.build_explorer(load(profile))
+
+
+# --------------------------------------------------------------------------------------------------
+# the page in a real browser
+# --------------------------------------------------------------------------------------------------
+def _missing_browser() -> str | None:
+    missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.exists()]
+    if not missing:
+        return None
+    return (f"{', '.join(missing)} not found: the explorer's browser test needs Debian's Chromium; "
+            "install it with `apt-get install chromium chromium-driver` (scripts/install-browser.sh)")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Chromium, or None when it is not installed: the test then fails (not skips) in its body."""
+    if _missing_browser():
+        yield None
+        return
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    profile_dir = tempfile.mkdtemp(prefix="storybias-chromium-")
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--disable-dev-shm-usage", "--window-size=1280,900", f"--user-data-dir={profile_dir}"):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    # An explicit driver path: Selenium Manager never runs, so nothing is downloaded.
+    driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile_dir, ignore_errors=True)
+
+
+def _visible_stories(driver) -> int:
+    return sum(1 for e in driver.find_elements("css selector", "#stories article.story") if e.is_displayed())
+
+
+def _count(driver) -> str:
+    return driver.find_element("id", "story-count").text
+
+
+def _assoc_order(driver) -> list[str]:
+    rows = driver.find_elements("css selector", "#assoc-body tr")
+    return [f"{r.get_attribute('data-scope')}:{r.get_attribute('data-association-id')}" for r in rows]
+
+
+def test_page_in_browser(browser, tmp_path):
+    if browser is None:
+        pytest.fail(_missing_browser())
+    from selenium.webdriver.support.ui import Select
+
+    stories, extractions, shared, values = synthetic_run()
+    page = tmp_path / "explorer.html"
+    page.write_text(explorer.render_html(explorer.explorer_payload(stories, extractions, shared, values, run_name="syn")),
+                    encoding="utf-8")
+    browser.get(page.as_uri())
+    assert browser.find_element("tag name", "body").get_attribute("data-ready") == "1"
+    errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    assert not errors, errors  # no script error, no CSP violation, no blocked resource
+
+    # everything shown at first
+    assert _visible_stories(browser) == 30
+    assert _count(browser) == "30 of 30 stories shown"
+    # hostile text stays text: no <img> was created, its handler never ran, the words are on the page
+    assert browser.find_elements("css selector", "#stories img") == []
+    assert browser.execute_script("return window.__xss === undefined")
+    card = browser.find_element("css selector", f"article.story[data-story-id='{HOSTILE_ID}']")
+    assert card.find_element("css selector", ".story-text").text.startswith("</script><img src=x onerror=")
+    assert HOSTILE in card.text  # the protagonist's name
+
+    # one language
+    Select(browser.find_element("id", "f-language")).select_by_value("fr")
+    assert _count(browser) == "14 of 30 stories shown"
+    assert _visible_stories(browser) == 14
+    # ... and a condition: stories prompted with gender = woman (stereotales, fr: 2 models x 3)
+    Select(browser.find_element("id", "f-cond")).select_by_value("stereotales:gender")
+    Select(browser.find_element("id", "f-value")).select_by_value("woman")
+    assert _count(browser) == "6 of 30 stories shown" and _visible_stories(browser) == 6
+    # validity: the truncated bedtime story
+    browser.find_element("id", "f-reset").click()
+    Select(browser.find_element("id", "f-validity")).select_by_value("invalid")
+    assert _count(browser) == "1 of 30 stories shown"
+    assert "not extracted" in browser.find_element("css selector", "#stories article.story").text
+
+    # associations: default order = models sharing, then lift; clicking "mean lift" sorts by lift
+    assert _assoc_order(browser) == [f"all:{A_NURSE}", f"fr:{A_ENGINEER_FR}", f"all:{A_ENGINEER_ALL}"]
+    lift = browser.find_element("css selector", "#assoc-table button.sort[data-sort='mean_lift']")
+    lift.click()
+    assert _assoc_order(browser) == [f"fr:{A_ENGINEER_FR}", f"all:{A_NURSE}", f"all:{A_ENGINEER_ALL}"]
+    assert lift.find_element("xpath", "..").get_attribute("aria-sort") == "descending"
+    lift.click()
+    assert _assoc_order(browser) == [f"all:{A_ENGINEER_ALL}", f"all:{A_NURSE}", f"fr:{A_ENGINEER_FR}"]
+    browser.find_element("css selector", "#assoc-table button.sort[data-sort='median_harm']").click()
+    assert _assoc_order(browser) == [f"all:{A_NURSE}", f"all:{A_ENGINEER_ALL}", f"fr:{A_ENGINEER_FR}"]  # unrated last
+
+    # clicking an association lists its example stories (and clears the other filters)
+    nurse = browser.find_element("css selector", f"#assoc-body tr[data-scope='all'][data-association-id='{A_NURSE}']")
+    button = nurse.find_element("css selector", "button.assoc-show")
+    assert button.text == "7 stories"
+    button.click()
+    assert _count(browser) == "7 of 30 stories shown" and _visible_stories(browser) == 7
+    assert Select(browser.find_element("id", "f-validity")).first_selected_option.get_attribute("value") == ""
+    assert browser.find_element("id", "assoc-filter").is_displayed()
+    shown = browser.find_elements("css selector", "#stories article.story")
+    assert all("healthcare" in card.text for card in shown)
+    engineer_fr = browser.find_element("css selector", "#assoc-body tr[data-scope='fr'] button.assoc-show")
+    engineer_fr.click()
+    assert _count(browser) == "3 of 30 stories shown"
+    browser.find_element("id", "assoc-clear").click()
+    assert _count(browser) == "30 of 30 stories shown"
+
+    # a long story is collapsed and expands on click
+    Select(browser.find_element("id", "f-language")).select_by_value("fr")
+    browser.find_element("id", "f-search").send_keys("once upon")
+    assert _count(browser) == "1 of 30 stories shown"
+    card = browser.find_element("css selector", "#stories article.story")
+    text = card.find_element("css selector", ".story-text")
+    assert len(text.get_attribute("textContent")) == 601
+    card.find_element("css selector", "button.toggle").click()
+    assert text.get_attribute("textContent") == "Once upon a time. " * 80
+
+
+def test_page_without_associations_in_browser(browser, tmp_path):
+    if browser is None:
+        pytest.fail(_missing_browser())
+    stories, _, _, _ = synthetic_run()
+    page = tmp_path / "explorer.html"
+    payload = explorer.explorer_payload(stories, None, None, run_name="bare", max_stories_per_cell=1)
+    page.write_text(explorer.render_html(payload), encoding="utf-8")
+    browser.get(page.as_uri())
+    assert browser.find_element("tag name", "body").get_attribute("data-ready") == "1"
+    assert "associations_shared.parquet is not in the" in browser.find_element("id", "assoc-note").text
+    assert not browser.find_element("id", "assoc-table").is_displayed()
+    assert _count(browser) == "7 of 7 stories shown" and _visible_stories(browser) == 7
+    assert "This page shows a sample: 7 of 30 stories, at most 1 per design" in browser.find_element("id", "sample-note").text
+    assert all("not extracted" in c.text for c in browser.find_elements("css selector", "#stories article.story"))
+
+
+def test_install_script_is_idempotent():
+    """With both binaries present the script only reports their versions (no apt call)."""
+    if _missing_browser():
+        pytest.fail(_missing_browser())
+    script = paths.repo_root() / "scripts" / "install-browser.sh"
+    proc = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "apt-get" not in proc.stdout and "Chromium" in proc.stdout

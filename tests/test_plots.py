@@ -1,0 +1,634 @@
+"""Stage 07 figures: every figure function on small (1 model, 3 languages, some cells empty), large
+(23 models x 10-14 languages) and empty synthetic artifacts; the stats each returns against values
+computed by hand from its input; save_figure's files."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib.figure import Figure
+from matplotlib.text import Text
+
+from storybias import metrics, plots
+
+SMALL_MODELS = ["qwen2.5-coder-1.5b"]
+SMALL_LANGS = ["en", "fr", "zh"]
+LARGE_MODELS = [f"vendor-{i:02d}/a-rather-long-model-name-{i}b-instruct" for i in range(23)]
+LARGE_LANGS = ["en", "fr", "es", "it", "pt", "nl", "uk", "ar", "hi", "zh", "ja", "ko", "ru", "sw"]
+TEN_LANGS = LARGE_LANGS[:10]
+CATS = ["agency", "communality", "intellect", "appearance", "emotion", "morality"]
+
+
+# --- synthetic artifacts (columns of docs/data-contract.md and the brief of stage 04/06) ----------
+
+def make_vsr(models, languages, skip=()):
+    rng = np.random.default_rng(1)
+    rows = []
+    for design in ("stereotales", "bedtime", "all"):
+        for m, lang in itertools.product(models, languages):
+            if (m, lang) in skip:
+                continue
+            n = 24 if design == "all" else 12
+            valid = int(rng.integers(0, n + 1))
+            rows.append({"design": design, "model": m, "language": lang, "n_stories": n, "n_valid": valid, "vsr": valid / n,
+                         "n_empty": 0, "n_truncated": n - valid, "n_refusal": 0, "n_wrong_language": 0, "n_low_confidence": 0})
+    return pd.DataFrame(rows)
+
+
+def make_stories(models, languages, per_cell=6):
+    rng = np.random.default_rng(2)
+    genders = ["woman", "man", "non_binary", "unknown"]
+    ages = ["child", "teenager", "young_adult", "adult", "middle_aged", "elderly", "unknown"]
+    origins = ["north_america", "latin_america", "western_europe", "eastern_europe", "middle_east", "north_africa",
+               "sub_saharan_africa", "south_asia", "east_asia", "southeast_asia", "oceania", "other", "unknown"]
+    incomes = ["low", "middle", "high", "unknown"]
+    ext, fil = [], []
+    i = 0
+    for design in ("stereotales", "bedtime", "occupations"):
+        for m, lang in itertools.product(models, languages):
+            for k in range(per_cell):
+                sid = f"{i:016x}"
+                i += 1
+                cond = ["gender", "age", "income_level", "religion"][k % 4] if design == "stereotales" else np.nan
+                fil.append({"story_id": sid, "design": design, "model": m, "language": lang, "cond_attribute": cond, "is_valid": True})
+                ext.append({"story_id": sid, "parse_ok": bool(k != per_cell - 1 or design != "stereotales"),
+                            "demo_gender": rng.choice(genders), "demo_age": rng.choice(ages),
+                            "demo_geographic_origin": rng.choice(origins), "demo_income_level": rng.choice(incomes),
+                            "protagonist_gender": rng.choice(["female", "male", "unknown"], p=[0.45, 0.45, 0.1])})
+    return pd.DataFrame(ext), pd.DataFrame(fil)
+
+
+def make_values(models, languages):
+    rng = np.random.default_rng(3)
+    rows = []
+    for m, scope in itertools.product(models, ["all", *languages]):
+        for j in range(int(rng.integers(0, 8))):
+            rows.append({"model": m, "scope": scope, "base_attribute": "income_level", "base_value": ["low", "high"][j % 2],
+                         "compared_attribute": "education", "compared_value": f"v{j}", "count": 12, "row_total": 30,
+                         "fraction": 0.4, "expected": 5.0, "lift": 2.4, "p_value": 0.001, "p_adjusted": 0.01,
+                         "significant": bool(rng.random() < 0.6)})
+    return pd.DataFrame(rows)
+
+
+def make_shared(n, n_models):
+    rng = np.random.default_rng(4)
+    rows = []
+    for j in range(n):
+        k = int(rng.integers(1, n_models + 1))
+        harm = float(rng.integers(1, 6)) if rng.random() < 0.7 else np.nan
+        row = {"scope": "all" if j % 5 else "fr", "base_attribute": "professional_field",
+               "base_value": f"value_with_a_long_name_{j}", "compared_attribute": "geographic_origin",
+               "compared_value": f"region_{j % 7}", "n_models": k, "models": [f"m{i}" for i in range(k)],
+               "mean_fraction": float(rng.uniform(0.1, 0.6)), "mean_lift": float(rng.uniform(2, 12)),
+               "median_harm": harm, "n_ratings": 0 if np.isnan(harm) else 3, "share_realistic": 0.5,
+               "harmful": (not np.isnan(harm)) and harm >= 4}
+        row["association_id"] = "|".join(str(row[c]) for c in ("base_attribute", "base_value", "compared_attribute", "compared_value"))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def make_sc(models, languages, missing=()):
+    rng = np.random.default_rng(5)
+    rows = []
+    for comp in ("child_gender", "social_class"):
+        for m, lang in itertools.product(models, languages):
+            if (m, lang) in missing:
+                continue
+            for c in CATS:
+                s = float(np.clip(rng.normal(0, 0.8), -2, 2)) if rng.random() > 0.1 else np.nan
+                rows.append({"comparison": comp, "model": m, "language": lang, "kind": "adjectives", "category": c, "s_c": s,
+                             "ci_low": s - 0.3, "ci_high": s + 0.3, "n_m": 10, "n_f": 12, "small_sample": lang == languages[-1],
+                             "coverage": 0.5, "note": ""})
+            rows.append({"comparison": comp, "model": m, "language": lang, "kind": "settings", "category": "domestic",
+                         "s_c": 0.3, "ci_low": 0.0, "ci_high": 0.6, "n_m": 10, "n_f": 12, "small_sample": False, "coverage": 0.5, "note": ""})
+    return pd.DataFrame(rows)
+
+
+def make_jsd(models, languages):
+    rng = np.random.default_rng(6)
+    rows = []
+    for m, lang in itertools.product(models, languages):
+        j = float(rng.uniform(0.05, 0.4))
+        rows.append({"comparison": "child_gender", "model": m, "language": lang, "jsd": j, "ci_low": j - 0.04,
+                     "ci_high": j + 0.05, "n_m": 20, "n_f": 20, "small_sample": False, "note": ""})
+    return pd.DataFrame(rows)
+
+
+def make_log_odds(models, top):
+    rng = np.random.default_rng(7)
+    rows = []
+    for comp, (gm, gf) in (("child_gender", ("boy", "girl")), ("social_class", ("working_class", "upper_class"))):
+        for m in models:
+            for field in ("adjectives_en", "settings"):
+                for group, sign in ((gm, 1), (gf, -1)):
+                    for w in range(top):
+                        rows.append({"comparison": comp, "model": m, "field": field, "group": group,
+                                     "word": f"{field[:3]}word{w}{'_extraordinarily_long' if w == 0 else ''}",
+                                     "z": sign * float(rng.uniform(0.5, 6)), "count_m": 3, "count_f": 1})
+    return pd.DataFrame(rows)
+
+
+def make_aggregates(models, languages):
+    rng = np.random.default_rng(8)
+    rows = []
+    for denominator in ("all outputs", "identified only"):
+        for m, lang, task in itertools.product(models, languages, ("explicit", "story", "news")):
+            rows.append({"model": m, "language": lang, "task": task, "m_s": float(rng.uniform(-0.3, 0.9)),
+                         "m_b": float(rng.uniform(-0.8, 0.8)), "n_occupations": 18, "n_outputs": 900, "denominator": denominator})
+    return pd.DataFrame(rows)
+
+
+def make_anova():
+    """metrics_anova.parquet rows (as metrics.type1_anova writes them) for 2 denominators x 2 subsets x 2 outcomes."""
+    rng = np.random.default_rng(12)
+    rows = []
+    for denominator, subset, outcome in itertools.product(("all outputs", "identified only"), ("all available", "common models"), ("m_s", "m_b")):
+        for term, df in (("language", 9), ("task", 2), ("language:task", 18), ("model", 22)):
+            p = float(rng.uniform(0, 0.2))
+            rows.append({"outcome": outcome, "term": term, "df": df, "df_resid": 638, "sum_sq": 1.0, "F": float(rng.uniform(0.5, 9)),
+                         "p_value": p, "p_adjusted": min(1.0, 2 * p), "partial_omega_sq": float(rng.uniform(-0.01, 0.3)),
+                         "subset": subset, "denominator": denominator, "note": "" if subset == "all available" else "language x task kept"})
+    return pd.DataFrame(rows)
+
+
+def make_umap(languages, genres, n_per_group, tiny=()):
+    rng = np.random.default_rng(9)
+    rows = []
+    for lang, genre, label in itertools.product(languages, genres, ("female", "male")):
+        n = 3 if (lang, genre, label) in tiny else n_per_group
+        centre = (1.5, 0.0) if label == "female" else (-1.5, 0.5)
+        xy = rng.normal(centre, 1.0, size=(n, 2))
+        for k, (x, y) in enumerate(xy):
+            rows.append({"story_id": f"{lang}{genre}{label}{k}", "language": lang, "genre": genre, "label": label, "x": x, "y": y})
+    return pd.DataFrame(rows)
+
+
+def make_probes(languages, genres, skip=()):
+    rng = np.random.default_rng(10)
+    rows = []
+    for lang, genre in itertools.product(languages, genres):
+        full = float(rng.uniform(0.9, 1.0))
+        cue = float(rng.uniform(0.5, 0.85))
+        status = "skipped: fewer than 2 model-occupation groups" if (lang, genre) in skip else "ok"
+        for variant, auc in (("full", full), ("cue_deleted", cue), ("delta", cue - full)):
+            ok = status == "ok"
+            rows.append({"language": lang, "genre": genre, "variant": variant, "n": 200, "n_female": 100, "n_male": 100,
+                         "n_groups": 12, "auc": auc if ok else np.nan, "ci_low": auc - 0.05 if ok else np.nan,
+                         "ci_high": auc + 0.03 if ok else np.nan, "status": status})
+    return pd.DataFrame(rows)
+
+
+def make_cultural(sources, genres):
+    rng = np.random.default_rng(11)
+    rows = []
+    for s, g, c in itertools.product(sources, genres, ("en", "fr", "zh")):
+        rows.append({"source_language": s, "genre": g, "context": c,
+                     "relevance": float(rng.uniform(4.5, 6.5) if s == c else rng.uniform(1.5, 4.0)),
+                     "n_narratives": 40, "n_markers": 90})
+    return pd.DataFrame(rows)
+
+
+def make_sep(skip_masked=False):
+    return pd.DataFrame([
+        {"version": "original", "balanced_accuracy": 0.82, "ci_low": 0.78, "ci_high": 0.86, "chance": 1 / 3, "n_markers": 500, "n_languages": 3, "status": "ok"},
+        {"version": "translated", "balanced_accuracy": 0.61, "ci_low": 0.56, "ci_high": 0.66, "chance": 1 / 3, "n_markers": 500, "n_languages": 3, "status": "ok"},
+        {"version": "masked", "balanced_accuracy": np.nan if skip_masked else 0.48, "ci_low": np.nan if skip_masked else 0.43,
+         "ci_high": np.nan if skip_masked else 0.53, "chance": 1 / 3, "n_markers": 500, "n_languages": 3,
+         "status": "skipped: spaCy model not installed" if skip_masked else "ok"},
+    ])
+
+
+# --- checks ---------------------------------------------------------------------------------------
+
+def texts(fig: Figure) -> list[Text]:
+    """Every visible non-empty text, tick labels included (each figure function lays itself out, which
+    creates them; no extra draw needed)."""
+    found = [t for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
+    cells = [c.get_text() for ax in fig.axes for table in ax.tables for c in table.get_celld().values()]
+    return found + [t for t in cells if t.get_text().strip()]
+
+
+def check_figure(fig: Figure, legend: bool = False, min_font: float = 8.0) -> None:
+    assert isinstance(fig, Figure)
+    found = texts(fig)
+    small = [(t.get_text(), t.get_fontsize()) for t in found if t.get_fontsize() < min_font]
+    assert not small, f"text below {min_font} pt: {small[:5]}"
+    titles = [ax.get_title() or ax.get_title(loc="left") for ax in fig.axes] + [fig._suptitle.get_text() if fig._suptitle else ""]
+    assert any(titles), "no title"
+    visible = [ax for ax in fig.axes if ax.get_visible() and ax.name != "polar" and ax.get_label() != "<colorbar>"]
+    labelled = [ax for ax in visible if ax.get_xlabel() or ax.get_ylabel()]
+    tables = [ax for ax in visible if ax.tables]
+    assert labelled or tables or not visible, "no axis labels"
+    if legend:
+        assert fig.legends or any(ax.get_legend() for ax in fig.axes), "no legend"
+
+
+def check_no_data(fig: Figure, stats: dict) -> None:
+    assert isinstance(fig, Figure)
+    assert any(t.get_text().startswith("no data: ") for t in texts(fig))
+    assert stats["no_data"]
+
+
+def assert_stats(stats: dict, expected: dict) -> None:
+    for key, value in expected.items():
+        if isinstance(value, float):
+            assert stats[key] == pytest.approx(value), key
+        else:
+            assert stats[key] == value, key
+
+
+# --- registry and saving ---------------------------------------------------------------------------
+
+def test_registry_is_ordered_unique_and_names_existing_stems():
+    stems = [s for s, _ in plots.FIGURES]
+    assert stems == sorted(stems) and len(set(stems)) == len(stems)
+    assert all(isinstance(d, str) and d for _, d in plots.FIGURES)
+    assert stems[0] == "01_vsr_heatmap"
+
+
+def test_save_figure_writes_png_and_pdf_atomically(tmp_path):
+    fig, _ = plots.vsr_heatmap(make_vsr(SMALL_MODELS, SMALL_LANGS))
+    written = plots.save_figure(fig, tmp_path / "figs", "01_vsr_heatmap")
+    assert [p.name for p in written] == ["01_vsr_heatmap.png", "01_vsr_heatmap.pdf"]
+    png, pdf = (p.read_bytes() for p in written)
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 5000
+    assert pdf.startswith(b"%PDF") and len(pdf) > 2000
+    assert sorted(p.name for p in (tmp_path / "figs").iterdir()) == ["01_vsr_heatmap.pdf", "01_vsr_heatmap.png"]  # no temp left
+    # 200 dpi: the PNG's pixel width is the figure's saved width in inches x 200
+    width = int.from_bytes(png[16:20], "big")
+    assert width > 4 * 200
+    with pytest.raises(ValueError):
+        plots.save_figure(fig, tmp_path, "../escape")
+
+
+def test_save_figure_closes_a_pyplot_figure(tmp_path):
+    import matplotlib.pyplot as plt
+
+    fig = plt.figure()
+    fig.add_subplot().set_title("t")
+    plots.save_figure(fig, tmp_path, "x")
+    assert fig.number not in plt.get_fignums()
+
+
+def test_a_failed_save_leaves_the_previous_file(tmp_path):
+    fig, _ = plots.vsr_heatmap(make_vsr(SMALL_MODELS, SMALL_LANGS))
+    plots.save_figure(fig, tmp_path, "f")
+    before = (tmp_path / "f.png").read_bytes()
+
+    class Broken(Figure):
+        def savefig(self, *a, **k):
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError):
+        plots.save_figure(Broken(), tmp_path, "f")
+    assert (tmp_path / "f.png").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.pdf", "f.png"]
+
+
+# --- one test per figure: small, large, empty ---------------------------------------------------------
+
+def test_vsr_heatmap():
+    small = make_vsr(SMALL_MODELS, SMALL_LANGS, skip={(SMALL_MODELS[0], "zh")})
+    fig, stats = plots.vsr_heatmap(small)
+    check_figure(fig)
+    sub = small[small["design"] == "all"]
+    assert_stats(stats, {"mean_vsr": float(sub["vsr"].mean()), "pooled_vsr": float(sub["n_valid"].sum() / sub["n_stories"].sum()),
+                         "min_vsr": float(sub["vsr"].min()), "n_models": 1, "n_languages": 2, "n_empty_cells": 0})
+    texts_ = [t.get_text() for t in texts(fig)]
+    assert f"{sub['vsr'].iloc[0] * 100:.1f}" in texts_  # cells annotated with the percentage
+    large = make_vsr(LARGE_MODELS, LARGE_LANGS, skip={(LARGE_MODELS[3], "sw"), (LARGE_MODELS[4], "hi")})
+    fig, stats = plots.vsr_heatmap(large)
+    check_figure(fig)
+    assert stats["n_models"] == 23 and stats["n_languages"] == 14 and stats["n_empty_cells"] == 2
+    assert stats["mean_vsr"] == pytest.approx(large.loc[large["design"] == "all", "vsr"].mean())
+    fig, stats = plots.vsr_heatmap(large, design="stereotales")
+    assert stats["mean_vsr"] == pytest.approx(large.loc[large["design"] == "stereotales", "vsr"].mean())
+    check_no_data(*plots.vsr_heatmap(pd.DataFrame()))
+    check_no_data(*plots.vsr_heatmap(large, design="occupations"))
+    with pytest.raises(KeyError, match="vsr"):
+        plots.vsr_heatmap(large.drop(columns=["vsr"]))
+
+
+def test_attribute_distributions():
+    ext, fil = make_stories(SMALL_MODELS, SMALL_LANGS)
+    fig, stats = plots.attribute_distributions(ext, fil, dimensions=("gender", "age"))
+    check_figure(fig, legend=True)
+    data = ext.merge(fil, on="story_id")
+    data = data[data["parse_ok"]]
+    stereo = data[data["design"] == "stereotales"]
+    age = stereo.loc[stereo["cond_attribute"] != "age", "demo_age"]
+    known = age[age != "unknown"].value_counts()
+    assert_stats(stats, {"n_stories": len(stereo), "n_models": 1, "top_age": known.idxmax(),
+                         "top_share_age": known.max() / len(age), "share_unknown_age": float((age == "unknown").mean()),
+                         "share_female": float((data["protagonist_gender"] == "female").mean())})
+    ext, fil = make_stories(LARGE_MODELS, TEN_LANGS, per_cell=4)
+    fig, stats = plots.attribute_distributions(ext, fil)
+    check_figure(fig, legend=True)
+    assert stats["n_models"] == 23 and "top_geographic_origin" in stats
+    # no stereotales stories: the dimension panels say so, the gender panel is still drawn
+    fig, stats = plots.attribute_distributions(ext, fil.assign(design="bedtime"), dimensions=("gender",))
+    assert stats["n_stories"] == 0 and any(t.get_text().startswith("no data") for t in texts(fig))
+    assert stats["share_female"] == pytest.approx(float((ext.merge(fil, on="story_id").query("parse_ok")["protagonist_gender"] == "female").mean()))
+    check_no_data(*plots.attribute_distributions(ext.iloc[0:0], fil))
+    check_no_data(*plots.attribute_distributions(pd.DataFrame(), pd.DataFrame()))
+
+
+def test_association_counts():
+    small = make_values(SMALL_MODELS, SMALL_LANGS)
+    fig, stats = plots.association_counts(small)
+    check_figure(fig)
+    sig = small["significant"]
+    assert_stats(stats, {"n_significant_all": int(sig[small["scope"] == "all"].sum()),
+                         "n_significant_languages": int(sig[small["scope"] != "all"].sum()), "n_tested": len(small), "n_models": 1})
+    large = make_values(LARGE_MODELS, TEN_LANGS)
+    large["significant"] = large["significant"].astype(object)
+    large.loc[large.index[:5], "significant"] = None  # missing flags count as not significant
+    fig, stats = plots.association_counts(large)
+    check_figure(fig, legend=True)
+    flag = large["significant"].fillna(False).astype(bool)
+    assert stats["n_significant_all"] == int(flag[large["scope"] == "all"].sum())
+    per_model = large[flag & (large["scope"] == "all")].groupby("model").size()
+    assert stats["top_model"] == per_model.idxmax()
+    check_no_data(*plots.association_counts(pd.DataFrame(columns=["model", "scope", "significant"])))
+
+
+def test_top_associations_table_and_lift_share_plot():
+    shared = make_shared(8, 1)
+    fig, stats = plots.top_associations_table(shared, k=20)
+    check_figure(fig)
+    scope = shared[shared["scope"] == "all"]
+    assert_stats(stats, {"n_associations": len(scope), "n_shown": len(scope), "max_mean_lift": float(scope["mean_lift"].max()),
+                         "n_rated": int(scope["median_harm"].notna().sum()), "n_harmful": int(scope["harmful"].sum())})
+    cells = [t.get_text() for t in texts(fig)]
+    assert any("professional_field=value_with_a_long_name_1 → geographic_origin=region_1" in c for c in cells)
+    assert "–" in cells or scope["median_harm"].notna().all()
+    large = make_shared(400, 23)
+    fig, stats = plots.top_associations_table(large, k=20)
+    check_figure(fig)
+    scope = large[large["scope"] == "all"]
+    assert stats["n_shown"] == 20 and stats["n_associations"] == len(scope)
+    assert stats["max_n_models"] == int(scope["n_models"].max())
+    first_row = scope.sort_values(["n_models", "mean_lift"], ascending=False).iloc[0]
+    assert any(f"{first_row['mean_lift']:.2f}" == t.get_text() for t in texts(fig))
+    for frame in (shared, large):
+        fig, stats = plots.lift_share_plot(frame)
+        check_figure(fig, legend=True)
+        assert stats["n_shown"] == int((frame["scope"] == "all").sum())
+    check_no_data(*plots.top_associations_table(pd.DataFrame()))
+    check_no_data(*plots.top_associations_table(shared, scope="zz"))
+    check_no_data(*plots.lift_share_plot(pd.DataFrame()))
+
+
+def test_bias_fingerprints():
+    small = make_sc(SMALL_MODELS, SMALL_LANGS)
+    fig, stats = plots.bias_fingerprints(small)
+    check_figure(fig, legend=True)
+    adj = small[(small["kind"] == "adjectives") & (small["comparison"] == "child_gender")]
+    means = adj.groupby("category")["s_c"].mean()
+    assert_stats(stats, {"comparison": "child_gender", "n_models": 1, "n_languages": 3, "max_abs_s_c": float(adj["s_c"].abs().max()),
+                         "most_positive_category": means.idxmax(), "most_negative_category": means.idxmin(), "n_small_sample_cells": 1})
+    assert len(fig.axes[0].lines) == 1 + 3  # zero circle + one polygon per language
+    fig, stats = plots.bias_fingerprints(small, comparison="social_class")
+    assert stats["comparison"] == "social_class"
+    large = make_sc(LARGE_MODELS, TEN_LANGS, missing={(LARGE_MODELS[0], "zh")})
+    fig, stats = plots.bias_fingerprints(large)
+    check_figure(fig, legend=True)
+    assert stats["n_models"] == 23 and stats["n_languages"] == 10
+    assert sum(ax.get_visible() for ax in fig.axes) == 23
+    check_no_data(*plots.bias_fingerprints(pd.DataFrame()))
+    check_no_data(*plots.bias_fingerprints(small, comparison="nope"))
+
+
+def test_cosine_heatmaps():
+    small_sc = make_sc(SMALL_MODELS, SMALL_LANGS)
+    small = metrics.cosine_matrix(small_sc)
+    fig, stats = plots.cosine_heatmaps(small)
+    check_figure(fig)
+    off = small[(small["comparison"] == "child_gender") & (small["language_a"] != small["language_b"])]
+    assert_stats(stats, {"n_models": 1, "n_languages": 3, "mean_cosine": float(off["cosine"].mean()),
+                         "min_cosine": float(off["cosine"].min())})
+    large = metrics.cosine_matrix(make_sc(LARGE_MODELS, LARGE_LANGS))
+    fig, stats = plots.cosine_heatmaps(large)
+    check_figure(fig)
+    off = large[(large["comparison"] == "child_gender") & (large["language_a"] != large["language_b"])]
+    assert stats["mean_cosine"] == pytest.approx(off.groupby("model")["cosine"].mean().mean())
+    assert stats["most_consistent_model"] == off.groupby("model")["cosine"].mean().idxmax()
+    check_no_data(*plots.cosine_heatmaps(pd.DataFrame()))
+
+
+def test_jsd_by_grammatical_gender():
+    small = make_jsd(SMALL_MODELS, SMALL_LANGS + ["sw"])
+    fig, stats = plots.jsd_by_grammatical_gender(small)
+    check_figure(fig, legend=True)
+    g = small.loc[small["language"].isin(metrics.GRAMMATICAL_GENDER["G"]), "jsd"]
+    n = small.loc[small["language"].isin(metrics.GRAMMATICAL_GENDER["N"]), "jsd"]
+    assert_stats(stats, {"median_jsd_G": float(g.median()), "median_jsd_N": float(n.median()), "n_G": 1, "n_N": 2, "n_ungrouped": 1})
+    fig, stats = plots.jsd_by_grammatical_gender(small, ["fr", "zh"])  # a list: the rest is N
+    assert stats["n_G"] == 2 and stats["n_N"] == 2 and stats["n_ungrouped"] == 0
+    large = make_jsd(LARGE_MODELS, LARGE_LANGS)
+    fig, stats = plots.jsd_by_grammatical_gender(large)
+    check_figure(fig, legend=True)
+    assert stats["n_models"] == 23 and stats["n_G"] == 23 * 8 and stats["n_N"] == 23 * 4 and stats["n_ungrouped"] == 2
+    check_no_data(*plots.jsd_by_grammatical_gender(pd.DataFrame()))
+    check_no_data(*plots.jsd_by_grammatical_gender(small[small["language"] == "sw"]))
+
+
+def test_distinctive_words():
+    small = make_log_odds(SMALL_MODELS, 4)
+    fig, stats = plots.distinctive_words(small, top=10)
+    check_figure(fig, legend=True)
+    assert_stats(stats, {"model": SMALL_MODELS[0], "n_panels": 4, "n_words": 4 * 8, "max_abs_z": float(small["z"].abs().max())})
+    large = make_log_odds(LARGE_MODELS[:3], 30)
+    fig, stats = plots.distinctive_words(large, top=10, model=LARGE_MODELS[2])
+    check_figure(fig, legend=True)
+    part = large[large["model"] == LARGE_MODELS[2]]
+    assert stats["n_words"] == 4 * 2 * 10 and stats["max_abs_z"] == pytest.approx(float(part["z"].abs().max()))
+    fig, stats = plots.distinctive_words(large, top=500)  # capped
+    assert stats["n_words"] == 4 * 2 * 25
+    check_no_data(*plots.distinctive_words(pd.DataFrame()))
+    check_no_data(*plots.distinctive_words(small, model="absent"))
+
+
+def test_vsr_vs_jsd():
+    jsd = make_jsd(SMALL_MODELS, SMALL_LANGS)
+    small = jsd.assign(vsr=[0.9, np.nan, 0.5], n_stories=24)
+    fig, stats = plots.vsr_vs_jsd(small)
+    check_figure(fig, legend=True)
+    ok = small.dropna(subset=["vsr"])
+    assert_stats(stats, {"n_points": 2, "n_missing": 1, "mean_vsr": 0.7, "mean_jsd": float(ok["jsd"].mean()),
+                         "max_jsd": float(ok["jsd"].max())})
+    assert {"en", "zh"} <= {t.get_text() for t in texts(fig)}
+    large = make_jsd(LARGE_MODELS, LARGE_LANGS)
+    large["vsr"] = np.random.default_rng(0).uniform(0.2, 1.0, len(large))
+    fig, stats = plots.vsr_vs_jsd(large)
+    check_figure(fig, legend=True)
+    assert stats["n_points"] == 23 * 14 and stats["mean_vsr"] == pytest.approx(large["vsr"].mean())
+    check_no_data(*plots.vsr_vs_jsd(pd.DataFrame()))
+    check_no_data(*plots.vsr_vs_jsd(small.assign(vsr=np.nan)))
+
+
+def test_balance_stereotype_and_anova_table():
+    small = make_aggregates(SMALL_MODELS, SMALL_LANGS)
+    fig, stats = plots.balance_stereotype(small)
+    check_figure(fig, legend=True)
+    sub = small[small["denominator"] == "all outputs"]
+    assert_stats(stats, {"n_points": len(sub), "n_languages": 3, "n_tasks": 3, "n_ellipses": 0,  # one model: no ellipse
+                         "mean_m_s": float(sub["m_s"].mean()), "mean_m_b": float(sub["m_b"].mean()), "max_m_s": float(sub["m_s"].max())})
+    large = make_aggregates(LARGE_MODELS, TEN_LANGS)
+    fig, stats = plots.balance_stereotype(large, denominator="identified only")
+    check_figure(fig, legend=True)
+    assert stats["n_ellipses"] == 10 * 3 and stats["n_points"] == 23 * 10 * 3
+    check_no_data(*plots.balance_stereotype(pd.DataFrame()))
+    check_no_data(*plots.balance_stereotype(small, denominator="nope"))
+
+    anova = make_anova()
+    fig, stats = plots.anova_table(anova)
+    check_figure(fig)
+    assert_stats(stats, {"n_rows": len(anova), "n_significant": int((anova["p_adjusted"] < 0.05).sum()),
+                         "max_partial_omega_sq": float(anova["partial_omega_sq"].max())})
+    check_no_data(*plots.anova_table(pd.DataFrame()))
+
+
+def test_umap_density():
+    small = make_umap(SMALL_LANGS, ["story", "news"], 12, tiny={("zh", "news", "male")})
+    fig, stats = plots.umap_density(small)
+    check_figure(fig, legend=True)
+    assert_stats(stats, {"n_points": len(small), "n_female": int((small["label"] == "female").sum()), "n_panels": 6,
+                         "n_contoured_groups": 11, "n_skipped_groups": 1})
+    assert sum(bool(ax.collections) for ax in fig.axes) == 6
+    large = make_umap(TEN_LANGS, ["story", "news"], 25)
+    fig, stats = plots.umap_density(large.assign(label=np.where(large.index % 17 == 0, "unknown", large["label"])))
+    check_figure(fig, legend=True)
+    assert stats["n_panels"] == 20 and stats["n_contoured_groups"] == 40
+    assert sum(ax.get_visible() for ax in fig.axes) == 20
+    assert stats["n_points"] == int((large.index % 17 != 0).sum())
+    check_no_data(*plots.umap_density(pd.DataFrame()))
+
+
+def test_probe_auc():
+    small = make_probes(SMALL_LANGS, ["story", "news"], skip={("zh", "news")})
+    fig, stats = plots.probe_auc(small)
+    check_figure(fig, legend=True)
+    ok = small[small["status"] == "ok"]
+    delta = ok[ok["variant"] == "delta"]
+    assert_stats(stats, {"n_cells": 6, "n_ok_cells": 5, "n_skipped_rows": 3,
+                         "mean_auc_full": float(ok.loc[ok["variant"] == "full", "auc"].mean()),
+                         "mean_auc_cue_deleted": float(ok.loc[ok["variant"] == "cue_deleted", "auc"].mean()),
+                         "mean_delta": float(delta["auc"].mean()), "largest_drop": float(delta["auc"].min())})
+    words = [t.get_text() for t in texts(fig)]
+    assert "skipped (fewer than 2 model-occupation groups)" in words  # both variants skipped: one line
+    assert "Δ skipped (fewer than 2 model-occupation groups)" in words or any(w.startswith("Δ skipped") for w in words)
+    partial = small.copy()
+    cue = (partial["language"] == "en") & (partial["genre"] == "story") & (partial["variant"] == "cue_deleted")
+    partial.loc[cue, ["auc", "ci_low", "ci_high"]] = np.nan
+    partial.loc[cue, "status"] = "too few cue-deleted texts"
+    fig, stats = plots.probe_auc(partial)
+    assert "cue-deleted: skipped (too few cue-deleted texts)" in [t.get_text() for t in texts(fig)]
+    assert stats["n_ok_cells"] == 4 and stats["n_skipped_rows"] == 4
+    assert any(abs(x - 0.5) < 1e-9 for line in fig.axes[0].lines for x in np.atleast_1d(line.get_xdata()))  # chance line
+    large = make_probes([*LARGE_LANGS, "all"], ["story", "news"])
+    fig, stats = plots.probe_auc(large)
+    check_figure(fig, legend=True)
+    assert stats["n_cells"] == 30 and stats["n_ok_cells"] == 30
+    check_no_data(*plots.probe_auc(pd.DataFrame()))
+
+
+def test_cultural_relevance_and_separability():
+    small = make_cultural(["en", "fr", "zh"], ["story", "news"])
+    fig, stats = plots.cultural_relevance(small)
+    check_figure(fig)
+    own = small["source_language"] == small["context"]
+    assert_stats(stats, {"n_genres": 2, "n_source_languages": 3, "mean_self_relevance": float(small.loc[own, "relevance"].mean()),
+                         "self_context_advantage": float(small.loc[own, "relevance"].mean() - small.loc[~own, "relevance"].mean()),
+                         "n_markers": 6 * 90, "n_narratives": 6 * 40})
+    large = make_cultural(LARGE_LANGS, ["explicit", "story", "news"])
+    fig, stats = plots.cultural_relevance(large.iloc[1:])  # one cell missing
+    check_figure(fig)
+    assert stats["n_source_languages"] == 14
+    check_no_data(*plots.cultural_relevance(pd.DataFrame()))
+
+    fig, stats = plots.separability(make_sep())
+    check_figure(fig, legend=True)
+    assert_stats(stats, {"ba_original": 0.82, "ba_translated": 0.61, "ba_masked": 0.48, "chance": 1 / 3, "n_ok": 3, "n_skipped": 0})
+    fig, stats = plots.separability(make_sep(skip_masked=True))
+    check_figure(fig, legend=True)
+    assert np.isnan(stats["ba_masked"]) and stats["n_skipped"] == 1
+    assert any("skipped" in t.get_text() and "spaCy model not installed" in t.get_text() for t in texts(fig))
+    check_no_data(*plots.separability(pd.DataFrame()))
+
+
+def test_every_figure_saves(tmp_path):
+    """Each registered figure, drawn from small inputs, saves to non-empty PNG and PDF."""
+    ext, fil = make_stories(SMALL_MODELS, SMALL_LANGS)
+    sc = make_sc(SMALL_MODELS, SMALL_LANGS)
+    jsd = make_jsd(SMALL_MODELS, SMALL_LANGS)
+    agg = make_aggregates(SMALL_MODELS, SMALL_LANGS)
+    anova = make_anova()
+    figures = {
+        "01_vsr_heatmap": plots.vsr_heatmap(make_vsr(SMALL_MODELS, SMALL_LANGS)),
+        "02_attribute_distributions": plots.attribute_distributions(ext, fil),
+        "03_association_counts": plots.association_counts(make_values(SMALL_MODELS, SMALL_LANGS)),
+        "04_top_associations_table": plots.top_associations_table(make_shared(8, 1)),
+        "05_lift_share": plots.lift_share_plot(make_shared(8, 1)),
+        "06_bias_fingerprints": plots.bias_fingerprints(sc),
+        "07_cosine_heatmaps": plots.cosine_heatmaps(metrics.cosine_matrix(sc)),
+        "08_jsd_grammatical_gender": plots.jsd_by_grammatical_gender(jsd),
+        "09_distinctive_words": plots.distinctive_words(make_log_odds(SMALL_MODELS, 5)),
+        "10_vsr_vs_jsd": plots.vsr_vs_jsd(jsd.assign(vsr=0.8)),
+        "11_balance_stereotype": plots.balance_stereotype(agg),
+        "12_anova_table": plots.anova_table(anova[anova["denominator"] == "all outputs"].head(8)),
+        "13_umap_density": plots.umap_density(make_umap(SMALL_LANGS, ["story"], 10)),
+        "14_probe_auc": plots.probe_auc(make_probes(SMALL_LANGS, ["story"])),
+        "15_cultural_relevance": plots.cultural_relevance(make_cultural(["en", "fr", "zh"], ["story"])),
+        "16_separability": plots.separability(make_sep()),
+    }
+    assert list(figures) == [s for s, _ in plots.FIGURES]
+    for stem, (fig, stats) in figures.items():
+        assert isinstance(stats, dict) and stats and "no_data" not in stats, stem
+        png, pdf = plots.save_figure(fig, tmp_path, stem, dpi=72)  # 200 dpi is checked above; here every figure saves
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 2000, stem
+        assert pdf.read_bytes()[:4] == b"%PDF" and pdf.stat().st_size > 1000, stem
+    fig, _ = plots.umap_density(pd.DataFrame())
+    png, pdf = plots.save_figure(fig, tmp_path, "empty")  # a no-data figure saves too
+    assert png.stat().st_size > 0 and pdf.read_bytes()[:4] == b"%PDF"
+
+
+# --- notebook 07 helpers -----------------------------------------------------------------------------
+
+def test_quote_stats_formats_and_marks_missing_values():
+    from storybias.plots import quote_stats
+
+    assert quote_stats("mean {mean_vsr:.1%} over {n_models}", {"mean_vsr": 0.8125, "n_models": 3}) == "mean 81.2% over 3"
+    assert quote_stats("mean {mean_vsr:.1%}; {absent:.2f}", {"mean_vsr": float("nan")}) == "mean n/a; n/a"
+    assert quote_stats("{stats}", {"a": 0.12345, "b": "x"}) == "a = 0.123, b = x"
+
+
+def test_gallery_saves_indexes_and_flags_empty_figures(tmp_path):
+    import json
+
+    from storybias import plots
+
+    gallery = plots.Gallery(tmp_path, dpi=72)
+    fig, stats = plots.vsr_heatmap(pd.DataFrame({"model": ["m", "m"], "language": ["en", "fr"], "design": ["all", "all"],
+                                                 "n_stories": [10, 10], "n_valid": [8, 5], "vsr": [0.8, 0.5]}))
+    record = gallery.show("01_vsr_heatmap", fig, stats, quote="Mean {mean_vsr:.1%}")
+    assert record["quote"] == "Mean 65.0%" and not record["no_data"]
+    empty = gallery.show("16_separability", *plots.separability(pd.DataFrame()))
+    assert empty["no_data"]
+    index = json.loads(gallery.write_index({"dpi": 72}).read_text())
+    assert [f["stem"] for f in index["figures"]] == ["01_vsr_heatmap", "16_separability"]
+    assert (tmp_path / "01_vsr_heatmap.pdf").read_bytes()[:4] == b"%PDF" and index["params"] == {"dpi": 72}
+
+
+def test_missing_artifacts_load_as_empty_tables_with_a_note(tmp_path, monkeypatch):
+    from storybias import plots
+
+    monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path))
+    (tmp_path / "r").mkdir()
+    pd.DataFrame({"model": ["m"]}).to_parquet(tmp_path / "r" / "vsr.parquet")
+    art = plots.load_artifacts("r")
+    assert len(art["vsr"]) == 1 and art["probes"].empty
+    assert len(art.notes) == len(plots.ARTIFACTS) - 1 and any("probes.parquet is missing" in n for n in art.notes)

@@ -6,6 +6,8 @@
     prepare-model              assemble, verify and convert the embedded model (once)
     generate PARAMS            stage 01 outside a notebook (the notebook calls the same function)
     bench-generate PARAMS      time stage 01's engine path against a bare LLM.chat call
+    bench-associations         time stage 04's association tests at paper scale on synthetic extractions
+    explorer PARAMS [--max-stories N]   write figures/<run>/explorer.html (stories + associations browser)
 """
 
 from __future__ import annotations
@@ -35,6 +37,17 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--n-prompts", type=int, default=24)
     bench.add_argument("--repeats", type=int, default=2)
     bench.add_argument("--max-tokens", type=int, default=200)
+    bench_assoc = sub.add_parser("bench-associations")
+    bench_assoc.add_argument("--n-stories", type=int, default=650_000)
+    bench_assoc.add_argument("--n-models", type=int, default=23)
+    bench_assoc.add_argument("--n-languages", type=int, default=10)
+    bench_assoc.add_argument("--n-reference", type=int, default=100,
+                             help="tables checked against the 500,000-resample Monte-Carlo Fisher test")
+    bench_assoc.add_argument("--jobs", type=int, default=None, help="worker processes (default: every core)")
+    explorer = sub.add_parser("explorer")
+    explorer.add_argument("params")
+    explorer.add_argument("--max-stories", type=int, default=None,
+                          help="stories embedded per design x model x language (default 200)")
     args = parser.parse_args(argv)
 
     if args.command == "check-params":
@@ -63,6 +76,26 @@ def main(argv: list[str] | None = None) -> int:
         from .bench import bench_generate
 
         bench_generate(_load(args.params), n_prompts=args.n_prompts, repeats=args.repeats, max_tokens=args.max_tokens)
+    elif args.command == "bench-associations":
+        from .bench import bench_associations
+
+        r = bench_associations(n_stories=args.n_stories, n_models=args.n_models, n_languages=args.n_languages,
+                               n_reference=args.n_reference, n_jobs=args.jobs, log=lambda m: print(m, flush=True))
+        check = r["reference_check"]
+        print(f"summary: global {r['passes']['global']['seconds']:.0f} s + per-language "
+              f"{r['passes']['per_language']['seconds']:.0f} s = {r['total_seconds']:.0f} s "
+              f"({'meets' if r['meets_target'] else 'misses'} the 600 s target; load average "
+              f"{r['load_average_start'][0]:.1f} -> {r['load_average_end'][0]:.1f}); peak RSS "
+              f"{r['peak_rss']['self_mb']:.0f} MB main / {r['peak_rss']['largest_child_mb']:.0f} MB worker; reference check: "
+              + (f"{check['agreements']}/{check['checked']} agree, {check['disagreements_unexplained']} unexplained "
+                 "disagreement(s)" if check else "skipped"))
+        return 0 if (not check or check["disagreements_unexplained"] == 0) else 1
+    elif args.command == "explorer":
+        from .explorer import build_explorer
+
+        profile = _load(args.params)
+        limit = profile.figures.explorer_max_stories if args.max_stories is None else args.max_stories
+        print(build_explorer(profile, max_stories_per_cell=limit))
     return 0
 
 

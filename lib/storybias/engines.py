@@ -157,6 +157,7 @@ class Engine:
             max_model_len=self.spec.max_model_len,
             seed=self.seed,
             max_num_seqs=self.settings.max_num_seqs,
+            enforce_eager=self.settings.enforce_eager,
         )
         if self.settings.compact_json:
             # An engine-level switch in vLLM 0.32 (xgrammar backend); the per-request flag is ignored.

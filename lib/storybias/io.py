@@ -133,3 +133,13 @@ def record_values(run_name: str, stage: str, **values: Any) -> dict[str, Any]:
     current.update(values)
     write_json_atomic(current, path)
     return current
+
+
+def artifact_schema(path: Path) -> pd.DataFrame:
+    """Column names and Arrow types of a parquet artifact, read from its footer (no data is loaded).
+
+    The notebooks show it under the data contract, and nbval compares it with the committed output:
+    a changed column name or type fails the test even when the values themselves vary between runs.
+    """
+    schema = pq.read_schema(path)
+    return pd.DataFrame({"column": schema.names, "type": [str(t) for t in schema.types]})

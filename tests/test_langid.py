@@ -129,3 +129,28 @@ def test_vsr_arithmetic_on_a_hand_made_table():
 def test_refusal_files_exist_for_all_languages():
     for lang in LANGUAGES:
         assert langid.refusal_rules(lang), lang
+
+
+def test_stage_writes_typed_columns_when_every_story_is_valid(tmp_path, monkeypatch):
+    """No refusal and no invalid story: refusal_rule and invalid_reason are all None, yet stay strings."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from storybias import generate, io, params
+
+    monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path / "data"))
+    text = LANG_DATA["en"]["lid_sentences"][0]
+    rows = []
+    for i in range(3):
+        row = {field.name: None for field in generate.STORIES_SCHEMA}
+        row.update(story_id=f"s{i}", design="bedtime", language="en", model="m", prompt_id=f"p{i}", sample=0,
+                   seed=i, prompt="Tell a story.", text=text, finish_reason="stop", n_tokens=20)
+        rows.append(row)
+    io.write_parquet_atomic(pd.DataFrame(rows), paths.stories_path("typed"), schema=generate.STORIES_SCHEMA)
+    profile = params.Profile.model_validate({"run_name": "typed", "generation": {"models": [{"name": "m", "source": "embedded"}]},
+                                             "designs": {"bedtime": {"languages": ["en"]}}})
+    filtered, _ = langid.run(params.Params(profile, tmp_path / "typed.yaml"))
+    assert filtered["is_valid"].all() and filtered["refusal_rule"].isna().all()
+    schema = pq.read_schema(paths.filtered_path("typed"))
+    assert schema.field("refusal_rule").type == pa.string() and schema.field("invalid_reason").type == pa.string()
+    assert schema.field("lid_prob").type == pa.float64() and schema.field("is_valid").type == pa.bool_()

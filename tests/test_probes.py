@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -338,6 +339,7 @@ def test_run_writes_the_contract_tables(tmp_path, monkeypatch):
     }
     for name, columns in contract.items():
         assert list(pd.read_parquet(run_dir / f"{name}.parquet").columns) == columns, name
+        assert pq.read_schema(run_dir / f"{name}.parquet").remove_metadata() == probes.output_schemas()[name], name
     table = out["probes"]
     assert set(table["genre"]) == {"bedtime", "story"}  # the explicit task is never probed
     assert set(table["language"]) == {"en", "fr", "all"}

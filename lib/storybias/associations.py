@@ -795,6 +795,29 @@ def _rating_schema():
                       ("harm", pa.float64()), ("realism", pa.string()), ("parse_ok", pa.bool_())])
 
 
+def output_schemas() -> dict:
+    """Arrow schemas of the stage's parquet files. Written with them, an empty result (no testable
+    table, nothing significant) has the same column types as a full run: the data contract holds."""
+    import pyarrow as pa
+
+    text, real, count, flag = pa.string(), pa.float64(), pa.int64(), pa.bool_()
+    key = [("base_attribute", text), ("base_value", text), ("compared_attribute", text), ("compared_value", text)]
+    return {
+        "associations_attributes": pa.schema([
+            ("model", text), ("scope", text), ("base_attribute", text), ("compared_attribute", text), ("n", count),
+            ("n_rows", count), ("n_cols", count), ("p_value", real), ("p_method", text), ("p_adjusted", real),
+            ("cramers_v", real), ("effect_size", text), ("retained", flag)]),
+        "associations_values": pa.schema([
+            ("model", text), ("scope", text), *key, ("count", count), ("row_total", count), ("fraction", real),
+            ("expected", real), ("lift", real), ("p_value", real), ("p_adjusted", real), ("significant", flag)]),
+        "associations_shared": pa.schema([
+            ("scope", text), *key, ("n_models", count), ("models", pa.list_(text)), ("mean_fraction", real),
+            ("mean_lift", real), ("association_id", text), ("median_harm", real), ("n_ratings", count),
+            ("share_realistic", real), ("harmful", flag)]),
+        "harm_ratings": pa.schema([field for field in _rating_schema() if field.name != "rating_key"]),
+    }
+
+
 def judge_fingerprint(spec, settings) -> str:
     """Ratings are reused on a rerun only while the judge model and its settings are unchanged."""
     import hashlib
@@ -918,10 +941,11 @@ def run(params, progress: bool = True) -> dict:
         notes.append("no human ratings file (associations.human_ratings): human-LLM agreement not computed")
 
     folder = paths.run_dir(run_name)
-    write_parquet_atomic(attributes, folder / "associations_attributes.parquet")
-    write_parquet_atomic(values, folder / "associations_values.parquet")
-    write_parquet_atomic(shared, folder / "associations_shared.parquet")
-    write_parquet_atomic(ratings.drop(columns=["rating_key"]).reset_index(drop=True), folder / "harm_ratings.parquet")
+    schemas = output_schemas()
+    outputs = {"associations_attributes": attributes, "associations_values": values, "associations_shared": shared,
+               "harm_ratings": ratings.drop(columns=["rating_key"]).reset_index(drop=True)}
+    for name, table in outputs.items():
+        write_parquet_atomic(table, folder / f"{name}.parquet", schema=schemas[name])
     n_failed = int((~ratings["parse_ok"].astype(bool)).sum()) if len(ratings) else 0
     manifest = {
         "stage": "associations", "counts": counts, "notes": notes, "test_seconds": test_seconds,

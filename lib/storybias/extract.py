@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from .prompts import explicit_labels, load_design
 
@@ -203,6 +204,21 @@ def to_record(data: dict[str, Any] | None, sections: Sequence[str]) -> dict[str,
             for m in data.get("markers", []) if m.get("text", "").strip()
         ]
     return record
+
+
+def extractions_schema() -> pa.Schema:
+    """Arrow schema of extractions.parquet. Written with it, a column that happens to be empty on a
+    small run (no names, no markers, no explicit-task story) keeps its type: the data contract holds."""
+    text, words = pa.string(), pa.list_(pa.string())
+    marker = pa.struct([("text", text), ("text_en", text), ("keep", pa.bool_()), ("category", text),
+                        ("relevance_en", pa.int64()), ("relevance_fr", pa.int64()), ("relevance_zh", pa.int64())])
+    return pa.schema([
+        ("story_id", text), ("extractors", words), ("parse_ok", pa.bool_()), ("n_parse_failures", pa.int64()),
+        ("story_cut", pa.bool_()), *((c, text) for c in demo_columns()),
+        ("protagonist_gender", text), ("protagonist_gender_fine", text), ("protagonist_name", text),
+        ("adjectives_en", words), ("adjectives_orig", words), ("settings", words), ("cultural_refs", words),
+        ("markers", pa.list_(marker)), ("explicit_label", text), ("raw", text),
+    ])
 
 
 def normalize_lemma(word: str) -> str:
@@ -450,7 +466,7 @@ def assemble(stories: pd.DataFrame, raw: pd.DataFrame, settings) -> pd.DataFrame
             "story_cut": bool(any(a.story_cut for a in answers_of.values())), **record, "explicit_label": None,
             "raw": json.dumps({n: answers_of[n].raw if n in answers_of else None for n in names}, ensure_ascii=False),
         })
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows) if rows else pd.DataFrame(columns=extractions_schema().names)
 
 
 def agreement_table(stories: pd.DataFrame, raw: pd.DataFrame, settings) -> tuple[pd.DataFrame, str]:
@@ -556,7 +572,7 @@ def run(params, progress: bool = True, engine_factory=None, log=print) -> dict[s
                        "agreement": agreement_how, "n_stories": len(extractions),
                        "n_parse_failed": int((~extractions["parse_ok"]).sum())},
                       paths.manifest_path(run_name, "extract"))
-    write_parquet_atomic(extractions, paths.extractions_path(run_name))  # last: Make's target for the stage
+    write_parquet_atomic(extractions, paths.extractions_path(run_name), schema=extractions_schema())  # last: Make's target
     if gold is None and gold_items and gold_file.is_file():
         from .io import read_json
 

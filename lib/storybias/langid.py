@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 import yaml
 
 from . import paths
@@ -183,6 +185,11 @@ def run(params) -> tuple[pd.DataFrame, pd.DataFrame]:
     settings = params.filter
     filtered = classify(stories, settings.lid_threshold, settings.truncated_is_invalid)
     vsr = vsr_table(filtered)
-    write_parquet_atomic(filtered, paths.filtered_path(params.run_name))
+    # typed explicitly: on a run where no story is refused (say) a column of Nones keeps its type
+    schema = pq.read_schema(stories_file)
+    for name, kind in (("lid_lang", pa.string()), ("lid_prob", pa.float64()), ("refusal_rule", pa.string()),
+                       ("is_refusal", pa.bool_()), ("invalid_reason", pa.string()), ("is_valid", pa.bool_())):
+        schema = schema.append(pa.field(name, kind))
+    write_parquet_atomic(filtered, paths.filtered_path(params.run_name), schema=schema.remove_metadata())
     write_parquet_atomic(vsr, paths.vsr_path(params.run_name))
     return filtered, vsr

@@ -910,6 +910,25 @@ PROBE_COLUMNS = ["language", "genre", "variant", "n", "n_female", "n_male", "n_g
 UMAP_COLUMNS = ["story_id", "language", "genre", "label", "x", "y"]
 
 
+def output_schemas() -> dict[str, pa.Schema]:
+    """Arrow schemas of the stage's parquet files: written with them, so that a cell too small to
+    probe (an empty table) has the same column types as a full run and the data contract holds."""
+    text, real, count = pa.string(), pa.float64(), pa.int64()
+    return {
+        "probes": pa.schema([("language", text), ("genre", text), ("variant", text), ("n", count), ("n_female", count),
+                             ("n_male", count), ("n_groups", count), ("auc", real), ("ci_low", real), ("ci_high", real),
+                             ("status", text)]),
+        "umap": pa.schema([("story_id", text), ("language", text), ("genre", text), ("label", text), ("x", real),
+                           ("y", real)]),
+        "cultural": pa.schema([("source_language", text), ("genre", text), ("context", text), ("relevance", real),
+                               ("n_narratives", count), ("n_markers", count)]),
+        "cultural_advantage": pa.schema([("source_language", text), ("genre", text), ("advantage", real),
+                                         ("ci_low", real), ("ci_high", real), ("n_narratives", count)]),
+        "separability": pa.schema([("version", text), ("balanced_accuracy", real), ("ci_low", real), ("ci_high", real),
+                                   ("chance", real), ("n_markers", count), ("n_languages", count), ("status", text)]),
+    }
+
+
 def identity_probes(sampled: pd.DataFrame, paired: pd.DataFrame, X_sample: Mapping[str, np.ndarray],
                     X_deleted: Mapping[str, np.ndarray], settings: Any, timings: Timings) -> pd.DataFrame:
     """Every row of probes.parquet: per genre, each language and all languages pooled; the full-sample
@@ -1009,8 +1028,9 @@ def run(params) -> dict[str, Any]:
     run_dir = paths.run_dir(run_name)
     tables = {"probes": probes_table, "umap": umap_table, "cultural": cultural, "cultural_advantage": advantage,
               "separability": separability_table}
+    schemas = output_schemas()
     for name, table in tables.items():
-        write_parquet_atomic(table.reset_index(drop=True), run_dir / f"{name}.parquet")
+        write_parquet_atomic(table.reset_index(drop=True), run_dir / f"{name}.parquet", schema=schemas[name])
     embed_seconds = stats["stories"].seconds + stats["markers"].seconds
     n_embedded = stats["stories"].n_embedded + stats["markers"].n_embedded
     manifest = {

@@ -1,7 +1,7 @@
 # storybias: `make paper` runs the pipeline, `make test` runs the tests. Both set up .venv first.
 #
 #   make paper [PARAMS=params/default.yaml]   every stage, notebooks executed into reports/<run>/
-#   make generate|filter|extract|metrics|...   one stage (and what it needs)
+#   make generate|filter|extract|associations|metrics|probes|figures|explorer   one stage (and what it needs)
 #   make check-params PARAMS=params/x.yaml     validate a profile only
 #   make test                                  pytest (unit tests + slow tests with the embedded model)
 #   make lab                                   JupyterLab on notebooks/ with the storybias kernel
@@ -33,7 +33,9 @@ DATA := $(DATA_ROOT)/$(RUN)
 REPORTS := reports/$(RUN)
 STAMPS := $(DATA)/.params
 KERNEL := storybias
-STAGE_STAMPS := $(STAMPS)/generate.params $(STAMPS)/filter.params $(STAMPS)/extract.params $(STAMPS)/metrics.params
+STAGE_STAMPS := $(STAMPS)/generate.params $(STAMPS)/filter.params $(STAMPS)/extract.params $(STAMPS)/metrics.params \
+                $(STAMPS)/associations.params $(STAMPS)/probes.params $(STAMPS)/figures.params
+FIGURES := $(if $(STORYBIAS_FIGURES),$(STORYBIAS_FIGURES),figures)/$(RUN)
 
 # Execute notebook $(1) with papermill into a temp file; move it to reports/<run>/ only on success.
 define run_notebook
@@ -46,7 +48,7 @@ define run_notebook
 	@mv $(REPORTS)/$(1).tmp.ipynb $(REPORTS)/$(1).ipynb
 endef
 
-.PHONY: help venv model check-params stamps generate filter extract metrics paper test test-fast bench-generate lab clean-run FORCE
+.PHONY: help venv model check-params stamps generate filter extract associations metrics probes figures explorer paper test test-fast bench-generate bench-associations notebook-outputs lab clean-run FORCE
 
 help:
 	@sed -n '1,12p' Makefile | sed 's/^# \{0,1\}//'
@@ -87,13 +89,46 @@ $(DATA)/manifest_metrics.json: $(DATA)/extractions.parquet notebooks/05_metrics.
 
 metrics: $(DATA)/manifest_metrics.json
 
-paper: generate filter extract metrics
-	@echo "run '$(RUN)' complete: artifacts in $(DATA)/, executed notebooks in $(REPORTS)/"
+$(DATA)/manifest_associations.json: $(DATA)/extractions.parquet notebooks/04_associations.ipynb $(STAMPS)/associations.params | $(VENV_STAMP)
+	$(call run_notebook,04_associations,associations)
+
+associations: $(DATA)/manifest_associations.json
+
+$(DATA)/manifest_probes.json: $(DATA)/extractions.parquet notebooks/06_probes.ipynb $(STAMPS)/probes.params | $(VENV_STAMP)
+	$(call run_notebook,06_probes,probes)
+
+probes: $(DATA)/manifest_probes.json
+
+# Notebook 07 only draws: it reruns when an artifact it reads or a `figures:` parameter changes.
+$(FIGURES)/figures.json: $(DATA)/filtered.parquet $(DATA)/manifest_associations.json $(DATA)/manifest_metrics.json \
+                         $(DATA)/manifest_probes.json notebooks/07_figures.ipynb $(STAMPS)/figures.params | $(VENV_STAMP)
+	$(call run_notebook,07_figures,figures)
+
+figures: $(FIGURES)/figures.json
+
+$(FIGURES)/explorer.html: $(DATA)/filtered.parquet $(DATA)/extractions.parquet $(DATA)/manifest_associations.json \
+                          $(STAMPS)/figures.params | $(VENV_STAMP)
+	@echo "== explorer: $@"
+	@$(PY) -m storybias.cli explorer $(PARAMS) > /dev/null
+
+explorer: $(FIGURES)/explorer.html
+
+paper: generate filter extract associations metrics probes figures explorer
+	@echo "run '$(RUN)' complete:"
+	@echo "  figures (PNG + PDF) and explorer.html: $(FIGURES)/"
+	@echo "  executed notebooks and logs:           $(REPORTS)/"
+	@echo "  data artifacts:                        $(DATA)/"
 
 bench-generate: $(VENV_STAMP)
 	$(PY) -m storybias.cli bench-generate $(PARAMS)
 
+# Stage 04's statistics at paper scale on a synthetic extraction table (no model needed).
+bench-associations: $(VENV_STAMP)
+	$(PY) -m storybias.cli bench-associations
+
+# The explorer's browser test needs Debian's chromium + chromedriver: installed here when missing.
 test: $(VENV_STAMP)
+	scripts/install-browser.sh
 	$(VENV)/bin/pytest tests
 
 test-fast: $(VENV_STAMP)
@@ -102,7 +137,17 @@ test-fast: $(VENV_STAMP)
 lab: $(VENV_STAMP)
 	$(VENV)/bin/jupyter lab notebooks/
 
+# The outputs committed in notebooks/ (what a reviewer sees on the web, and what nbval compares in
+# the cells marked NBVAL_CHECK_OUTPUT): every notebook executed in place on the smoke profile.
+notebook-outputs: $(VENV_STAMP)
+	$(PY) -m storybias.cli prepare-model > /dev/null
+	@for nb in notebooks/0*.ipynb; do \
+	  echo "== $$nb (params/smoke.yaml)"; \
+	  STORYBIAS_PARAMS=params/smoke.yaml $(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace \
+	    --ExecutePreprocessor.kernel_name=$(KERNEL) --ExecutePreprocessor.timeout=1800 $$nb || exit 1; \
+	done
+
 clean-run:
-	rm -rf $(DATA) $(REPORTS) figures/$(RUN)
+	rm -rf $(DATA) $(REPORTS) $(FIGURES)
 
 FORCE:

@@ -71,7 +71,7 @@ def killed_run(kill_profile):
         [sys.executable, "-m", "storybias.cli", "generate", str(path)],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )
-    deadline = time.time() + 900
+    deadline = time.time() + 1800  # vLLM start-up alone took > 8 min on a 2-core CPU without AVX-512
     while time.time() < deadline and proc.poll() is None:
         if len(list(work.glob("part-*.parquet"))) >= 1:
             break

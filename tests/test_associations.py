@@ -83,7 +83,7 @@ def test_fisher_decision_refines_only_near_thresholds():
 
 def _planted(n_per_value: int, seed: int) -> pd.DataFrame:
     """Base attribute income (low/middle/high) fixed by the prompt; education depends on it (planted:
-    low -> basic with P = 0.6 vs 0.2 otherwise), religion is independent (null)."""
+    low -> basic with P = 0.6 vs 0.1 otherwise), religion is independent (null)."""
     rng = np.random.default_rng(seed)
     rows = []
     for value in ("low", "middle", "high"):
@@ -346,3 +346,4 @@ def test_bench_associations_small_run(tmp_path, monkeypatch):
             + methods["monte_carlo_full"] == part["tables"]
     assert out["peak_rss"]["self_mb"] > 0
     assert (tmp_path / "bench" / "bench_associations.json").is_file()
+

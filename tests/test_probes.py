@@ -339,7 +339,7 @@ def test_run_writes_the_contract_tables(tmp_path, monkeypatch):
     }
     for name, columns in contract.items():
         assert list(pd.read_parquet(run_dir / f"{name}.parquet").columns) == columns, name
-        assert pq.read_schema(run_dir / f"{name}.parquet").remove_metadata() == probes.output_schemas()[name], name
+        assert pq.read_schema(run_dir / f"{name}.parquet").remove_metadata() == probes.OUTPUT_SCHEMAS[name], name
     table = out["probes"]
     assert set(table["genre"]) == {"bedtime", "story"}  # the explicit task is never probed
     assert set(table["language"]) == {"en", "fr", "all"}

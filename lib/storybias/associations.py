@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 from scipy import special, stats
 
 MIN_ROW_TOTAL = 10
@@ -419,10 +420,46 @@ def value_level(table: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-ATTRIBUTE_COLUMNS = ["model", "scope", "base_attribute", "compared_attribute", "n", "n_rows", "n_cols", "p_value",
-                     "p_method", "p_adjusted", "cramers_v", "effect_size", "retained"]
-VALUE_COLUMNS = ["model", "scope", "base_attribute", "base_value", "compared_attribute", "compared_value", "count",
-                 "row_total", "fraction", "expected", "lift", "p_value", "p_adjusted", "significant"]
+# Arrow schemas of the stage's tables: they are written with them, so that an empty result (no
+# testable table, nothing significant) has the same column types as a full run.
+_TEXT, _REAL, _COUNT, _FLAG = pa.string(), pa.float64(), pa.int64(), pa.bool_()
+_KEY_FIELDS = [("base_attribute", _TEXT), ("base_value", _TEXT), ("compared_attribute", _TEXT), ("compared_value", _TEXT)]
+ATTRIBUTES_SCHEMA = pa.schema([
+    ("model", _TEXT), ("scope", _TEXT), ("base_attribute", _TEXT), ("compared_attribute", _TEXT), ("n", _COUNT),
+    ("n_rows", _COUNT), ("n_cols", _COUNT), ("p_value", _REAL), ("p_method", _TEXT), ("p_adjusted", _REAL),
+    ("cramers_v", _REAL), ("effect_size", _TEXT), ("retained", _FLAG)])
+VALUES_SCHEMA = pa.schema([
+    ("model", _TEXT), ("scope", _TEXT), *_KEY_FIELDS, ("count", _COUNT), ("row_total", _COUNT), ("fraction", _REAL),
+    ("expected", _REAL), ("lift", _REAL), ("p_value", _REAL), ("p_adjusted", _REAL), ("significant", _FLAG)])
+SHARED_SCHEMA = pa.schema([
+    ("scope", _TEXT), *_KEY_FIELDS, ("n_models", _COUNT), ("models", pa.list_(_TEXT)), ("mean_fraction", _REAL),
+    ("mean_lift", _REAL), ("association_id", _TEXT), ("median_harm", _REAL), ("n_ratings", _COUNT),
+    ("share_realistic", _REAL), ("harmful", _FLAG)])
+# judge answers as stored in the resumable shards; harm_ratings.parquet drops rating_key
+RATING_SCHEMA = pa.schema([("rating_key", _TEXT), ("association_id", _TEXT), ("judge", _TEXT), ("repetition", _COUNT),
+                           ("order", _TEXT), ("raw", _TEXT), ("harm", _REAL), ("realism", _TEXT), ("parse_ok", _FLAG)])
+ATTRIBUTE_COLUMNS = ATTRIBUTES_SCHEMA.names
+VALUE_COLUMNS = VALUES_SCHEMA.names
+RATING_COLUMNS = RATING_SCHEMA.names
+# the schema of each parquet file the stage writes, by file stem
+OUTPUT_SCHEMAS: dict[str, pa.Schema] = {
+    "associations_attributes": ATTRIBUTES_SCHEMA, "associations_values": VALUES_SCHEMA,
+    "associations_shared": SHARED_SCHEMA,
+    "harm_ratings": RATING_SCHEMA.remove(RATING_SCHEMA.get_field_index("rating_key")),
+}
+
+
+def _testable_tables(a: np.ndarray, a_labels: list, base: str, compared: Sequence[tuple[str, np.ndarray, list]]) -> dict[str, _Table]:
+    """The cleaned base x compared tables that keep at least 2 rows and 2 columns, keyed by the compared
+    dimension (the base attribute is never compared with itself)."""
+    tables = {}
+    for other, b, b_labels in compared:
+        if other == base:
+            continue
+        table = _clean_table(a, a_labels, b, b_labels)
+        if table.counts.shape[0] >= 2 and table.counts.shape[1] >= 2:
+            tables[other] = table
+    return tables
 
 
 def _analyse_family(base: str, tables: dict[str, _Table], seed: int, max_resamples: int) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -451,14 +488,8 @@ def analyse_base_attribute(stories: pd.DataFrame, base: str, dimensions: Sequenc
     """Both steps for one model x scope x base attribute. ``stories``: rows prompted with ``base``
     with ``cond_value`` and the ``demo_<dim>`` columns."""
     a, a_labels = _codes(stories["cond_value"])
-    tables = {}
-    for other in dimensions:
-        if other == base:
-            continue
-        table = _clean_table(a, a_labels, *_codes(stories[f"demo_{other}"]))
-        if table.counts.shape[0] >= 2 and table.counts.shape[1] >= 2:
-            tables[other] = table
-    return _analyse_family(base, tables, seed, max_resamples)
+    compared = [(other, *_codes(stories[f"demo_{other}"])) for other in dimensions if other != base]
+    return _analyse_family(base, _testable_tables(a, a_labels, base, compared), seed, max_resamples)
 
 
 @dataclass
@@ -512,14 +543,9 @@ def _analyse_scope(task: _ScopeTask) -> tuple[pd.DataFrame, pd.DataFrame]:
         if not rows.any():
             continue
         a, b = task.a[rows], task.b[rows]
-        tables = {}
-        for j, other in enumerate(task.dimensions):
-            if other == base:
-                continue
-            table = _clean_table(a, task.a_labels, b[:, j].astype(np.int64), task.b_labels[j])
-            if table.counts.shape[0] >= 2 and table.counts.shape[1] >= 2:
-                tables[other] = table
-        attrs, values = _analyse_family(base, tables, task.seed, task.max_resamples)
+        compared = [(other, b[:, j].astype(np.int64), task.b_labels[j]) for j, other in enumerate(task.dimensions)]
+        attrs, values = _analyse_family(base, _testable_tables(a, task.a_labels, base, compared), task.seed,
+                                        task.max_resamples)
         if not attrs.empty:
             attr_frames.append(attrs.assign(model=task.model, scope=task.scope))
         if not values.empty:
@@ -775,9 +801,6 @@ def judge_requests(items: pd.DataFrame, judge: str, repetitions: int, sampling, 
     return requests
 
 
-RATING_COLUMNS = ["rating_key", "association_id", "judge", "repetition", "order", "raw", "harm", "realism", "parse_ok"]
-
-
 def rating_row(key: str, raw: str) -> dict:
     """A stored judgement: the raw answer always, the parsed fields when it parses."""
     association, judge, rep = key.rsplit("#", 2)
@@ -785,37 +808,6 @@ def rating_row(key: str, raw: str) -> dict:
     return {"rating_key": key, "association_id": association, "judge": judge, "repetition": int(rep),
             "order": "", "raw": raw, "harm": float(parsed["harm"]), "realism": parsed["realism"],
             "parse_ok": parsed["parse_ok"]}
-
-
-def _rating_schema():
-    import pyarrow as pa
-
-    return pa.schema([("rating_key", pa.string()), ("association_id", pa.string()), ("judge", pa.string()),
-                      ("repetition", pa.int64()), ("order", pa.string()), ("raw", pa.string()),
-                      ("harm", pa.float64()), ("realism", pa.string()), ("parse_ok", pa.bool_())])
-
-
-def output_schemas() -> dict:
-    """Arrow schemas of the stage's parquet files. Written with them, an empty result (no testable
-    table, nothing significant) has the same column types as a full run: the data contract holds."""
-    import pyarrow as pa
-
-    text, real, count, flag = pa.string(), pa.float64(), pa.int64(), pa.bool_()
-    key = [("base_attribute", text), ("base_value", text), ("compared_attribute", text), ("compared_value", text)]
-    return {
-        "associations_attributes": pa.schema([
-            ("model", text), ("scope", text), ("base_attribute", text), ("compared_attribute", text), ("n", count),
-            ("n_rows", count), ("n_cols", count), ("p_value", real), ("p_method", text), ("p_adjusted", real),
-            ("cramers_v", real), ("effect_size", text), ("retained", flag)]),
-        "associations_values": pa.schema([
-            ("model", text), ("scope", text), *key, ("count", count), ("row_total", count), ("fraction", real),
-            ("expected", real), ("lift", real), ("p_value", real), ("p_adjusted", real), ("significant", flag)]),
-        "associations_shared": pa.schema([
-            ("scope", text), *key, ("n_models", count), ("models", pa.list_(text)), ("mean_fraction", real),
-            ("mean_lift", real), ("association_id", text), ("median_harm", real), ("n_ratings", count),
-            ("share_realistic", real), ("harmful", flag)]),
-        "harm_ratings": pa.schema([field for field in _rating_schema() if field.name != "rating_key"]),
-    }
 
 
 def judge_fingerprint(spec, settings) -> str:
@@ -843,7 +835,7 @@ def run_judges(items: pd.DataFrame, params, progress: bool = True) -> tuple[pd.D
     frames, engines_info = [], []
     for spec in settings.models:
         folder = paths.work_dir(params.run_name, "associations") / f"judge-{spec.name}-{judge_fingerprint(spec, settings)}"
-        store = ShardStore(folder, "rating_key", _rating_schema())
+        store = ShardStore(folder, "rating_key", RATING_SCHEMA)
         requests = judge_requests(items, spec.name, settings.repetitions, sampling, settings.seed)
         done = store.done_keys()
         pending = [r for r in requests if r.key not in done]
@@ -929,10 +921,10 @@ def run(params, progress: bool = True) -> dict:
         notes.append("no significant association: nothing for the judges to rate")
     else:
         ratings, engines_info = run_judges(items, params, progress)
-    parsed = ratings[ratings["parse_ok"].astype(bool)]
-    summary = summarise_ratings(parsed.astype({"harm": float}))
+    parsed = ratings[ratings["parse_ok"].astype(bool)].astype({"harm": float})
+    summary = summarise_ratings(parsed)
     shared = with_ratings(shared, summary)
-    gap = self_judgement_gap(shared[shared["scope"] == "all"], parsed.astype({"harm": float}))
+    gap = self_judgement_gap(shared[shared["scope"] == "all"], parsed)
     human, agreement = None, None
     if settings.human_ratings:
         human = load_human_ratings(paths.resolve(settings.human_ratings))
@@ -941,11 +933,10 @@ def run(params, progress: bool = True) -> dict:
         notes.append("no human ratings file (associations.human_ratings): human-LLM agreement not computed")
 
     folder = paths.run_dir(run_name)
-    schemas = output_schemas()
     outputs = {"associations_attributes": attributes, "associations_values": values, "associations_shared": shared,
                "harm_ratings": ratings.drop(columns=["rating_key"]).reset_index(drop=True)}
     for name, table in outputs.items():
-        write_parquet_atomic(table, folder / f"{name}.parquet", schema=schemas[name])
+        write_parquet_atomic(table, folder / f"{name}.parquet", schema=OUTPUT_SCHEMAS[name])
     n_failed = int((~ratings["parse_ok"].astype(bool)).sum()) if len(ratings) else 0
     manifest = {
         "stage": "associations", "counts": counts, "notes": notes, "test_seconds": test_seconds,

@@ -767,7 +767,7 @@ def relevance_table(per_story: pd.DataFrame) -> pd.DataFrame:
         for c in CONTEXTS:
             rows.append({"source_language": lang, "genre": genre, "context": c, "relevance": float(g[f"r_{c}"].mean()),
                          "n_narratives": int(len(g)), "n_markers": int(g["n_markers"].sum())})
-    return pd.DataFrame(rows, columns=["source_language", "genre", "context", "relevance", "n_narratives", "n_markers"])
+    return pd.DataFrame(rows, columns=OUTPUT_SCHEMAS["cultural"].names)
 
 
 def self_context_advantage(per_story: pd.DataFrame) -> pd.Series:
@@ -792,7 +792,7 @@ def bootstrap_mean_interval(values: np.ndarray, n_boot: int, seed: int, level: f
 
 def advantage_table(per_story: pd.DataFrame, n_boot: int, seed: int) -> pd.DataFrame:
     """Mean self-context advantage per source language (en/fr/zh) x genre, bootstrap CI over narratives."""
-    cols = ["source_language", "genre", "advantage", "ci_low", "ci_high", "n_narratives"]
+    cols = OUTPUT_SCHEMAS["cultural_advantage"].names
     if per_story.empty:
         return pd.DataFrame(columns=cols)
     data = per_story.assign(advantage=self_context_advantage(per_story)).dropna(subset=["advantage"])
@@ -834,7 +834,7 @@ def separability(versions: pd.DataFrame, embed: Callable[[str, list[str]], np.nd
     version, five-fold StratifiedGroupKFold on translation groups (the same folds for all versions),
     95% interval from resampled translation groups; chance = 1 / number of languages."""
     timings = timings or Timings()
-    cols = ["version", "balanced_accuracy", "ci_low", "ci_high", "chance", "n_markers", "n_languages", "status"]
+    cols = OUTPUT_SCHEMAS["separability"].names
     labels = versions["source_language"].to_numpy() if len(versions) else np.array([])
     languages = np.unique(labels)
     base = {"n_markers": int(len(versions)), "n_languages": int(len(languages)),
@@ -906,27 +906,25 @@ def relevance_matrix(cultural: pd.DataFrame) -> pd.DataFrame:
 
 # --- the stage ---------------------------------------------------------------------------------
 
-PROBE_COLUMNS = ["language", "genre", "variant", "n", "n_female", "n_male", "n_groups", "auc", "ci_low", "ci_high", "status"]
-UMAP_COLUMNS = ["story_id", "language", "genre", "label", "x", "y"]
+# Arrow schemas of the stage's parquet files: written with them, so that a cell too small to probe
+# (an empty table) has the same column types as a full run and the data contract holds.
+_TEXT, _REAL, _COUNT = pa.string(), pa.float64(), pa.int64()
+OUTPUT_SCHEMAS: dict[str, pa.Schema] = {
+    "probes": pa.schema([("language", _TEXT), ("genre", _TEXT), ("variant", _TEXT), ("n", _COUNT), ("n_female", _COUNT),
+                         ("n_male", _COUNT), ("n_groups", _COUNT), ("auc", _REAL), ("ci_low", _REAL), ("ci_high", _REAL),
+                         ("status", _TEXT)]),
+    "umap": pa.schema([("story_id", _TEXT), ("language", _TEXT), ("genre", _TEXT), ("label", _TEXT), ("x", _REAL),
+                       ("y", _REAL)]),
+    "cultural": pa.schema([("source_language", _TEXT), ("genre", _TEXT), ("context", _TEXT), ("relevance", _REAL),
+                           ("n_narratives", _COUNT), ("n_markers", _COUNT)]),
+    "cultural_advantage": pa.schema([("source_language", _TEXT), ("genre", _TEXT), ("advantage", _REAL),
+                                     ("ci_low", _REAL), ("ci_high", _REAL), ("n_narratives", _COUNT)]),
+    "separability": pa.schema([("version", _TEXT), ("balanced_accuracy", _REAL), ("ci_low", _REAL), ("ci_high", _REAL),
+                               ("chance", _REAL), ("n_markers", _COUNT), ("n_languages", _COUNT), ("status", _TEXT)]),
+}
+PROBE_COLUMNS = OUTPUT_SCHEMAS["probes"].names
+UMAP_COLUMNS = OUTPUT_SCHEMAS["umap"].names
 
-
-def output_schemas() -> dict[str, pa.Schema]:
-    """Arrow schemas of the stage's parquet files: written with them, so that a cell too small to
-    probe (an empty table) has the same column types as a full run and the data contract holds."""
-    text, real, count = pa.string(), pa.float64(), pa.int64()
-    return {
-        "probes": pa.schema([("language", text), ("genre", text), ("variant", text), ("n", count), ("n_female", count),
-                             ("n_male", count), ("n_groups", count), ("auc", real), ("ci_low", real), ("ci_high", real),
-                             ("status", text)]),
-        "umap": pa.schema([("story_id", text), ("language", text), ("genre", text), ("label", text), ("x", real),
-                           ("y", real)]),
-        "cultural": pa.schema([("source_language", text), ("genre", text), ("context", text), ("relevance", real),
-                               ("n_narratives", count), ("n_markers", count)]),
-        "cultural_advantage": pa.schema([("source_language", text), ("genre", text), ("advantage", real),
-                                         ("ci_low", real), ("ci_high", real), ("n_narratives", count)]),
-        "separability": pa.schema([("version", text), ("balanced_accuracy", real), ("ci_low", real), ("ci_high", real),
-                                   ("chance", real), ("n_markers", count), ("n_languages", count), ("status", text)]),
-    }
 
 
 def identity_probes(sampled: pd.DataFrame, paired: pd.DataFrame, X_sample: Mapping[str, np.ndarray],
@@ -1028,9 +1026,8 @@ def run(params) -> dict[str, Any]:
     run_dir = paths.run_dir(run_name)
     tables = {"probes": probes_table, "umap": umap_table, "cultural": cultural, "cultural_advantage": advantage,
               "separability": separability_table}
-    schemas = output_schemas()
     for name, table in tables.items():
-        write_parquet_atomic(table.reset_index(drop=True), run_dir / f"{name}.parquet", schema=schemas[name])
+        write_parquet_atomic(table.reset_index(drop=True), run_dir / f"{name}.parquet", schema=OUTPUT_SCHEMAS[name])
     embed_seconds = stats["stories"].seconds + stats["markers"].seconds
     n_embedded = stats["stories"].n_embedded + stats["markers"].n_embedded
     manifest = {

@@ -222,3 +222,47 @@ def test_stage_keeps_and_counts_parse_failures(tmp_path, monkeypatch):
     # a rerun has nothing left to do and gives the same table
     again = extract.run(p, progress=False, engine_factory=ScriptedExtractor, log=lambda m: None)
     assert again["raw"].shape == raw_answers.shape
+
+
+def test_changed_story_or_schema_recomputes_only_what_changed(tmp_path, monkeypatch):
+    """Issue #12.2: an answer stored for an old story text (or an old schema) used to be reused."""
+    monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path / "data"))
+    monkeypatch.setattr("storybias.engines.preflight", lambda spec: (Path("."), "scripted"))
+    raw = yaml.safe_load((paths.params_dir() / "smoke.yaml").read_text())
+    raw["run_name"] = "unit-refresh"
+    raw["extraction"] = {"retries": 0, "self_consistency_sample": 0, "gold_sample": 0}
+
+    def load(**extraction):
+        raw["extraction"].update(extraction)
+        path = tmp_path / "p.yaml"
+        path.write_text(yaml.safe_dump(raw))
+        return params.load(path)
+
+    def write_stories(texts):
+        io.write_parquet_atomic(pd.DataFrame({
+            "story_id": [f"s{i}" for i in range(len(texts))], "design": ["stereotales"] * len(texts),
+            "language": ["en"] * len(texts), "model": ["m"] * len(texts), "text": texts,
+            "cond_task": [None] * len(texts), "is_valid": [True] * len(texts)}), paths.filtered_path("unit-refresh"))
+
+    asked: list[str] = []
+
+    class Counting(ScriptedExtractor):
+        def stream(self, requests):
+            asked.extend(r.key.split("|")[0] for r in requests)
+            yield from super().stream(requests)
+
+    write_stories(["One story.", "Two story.", "Three story."])
+    extract.run(load(), progress=False, engine_factory=Counting, log=lambda m: None)
+    assert sorted(asked) == ["s0", "s1", "s2"]
+    asked.clear()
+    write_stories(["One story, regenerated.", "Two story.", "Three story."])
+    again = extract.run(load(), progress=False, engine_factory=Counting, log=lambda m: None)
+    assert asked == ["s0"]
+    manifest = io.read_json(paths.manifest_path("unit-refresh", "extract"))
+    assert manifest["reuse"] == {"recomputed: story text changed": 1, "reused": 2}
+    assert len(again["raw"]) == 3, "the stage's tables hold the current answers only"
+    asked.clear()
+    extract.run(load(max_list_items=3), progress=False, engine_factory=Counting, log=lambda m: None)
+    assert sorted(asked) == ["s0", "s1", "s2"]
+    manifest = io.read_json(paths.manifest_path("unit-refresh", "extract"))
+    assert manifest["reuse"] == {"recomputed: extraction prompt or schema changed": 3}

@@ -162,3 +162,80 @@ def test_gpu_model_on_this_cpu_machine_fails_clearly(tmp_path):
         preflight(spec)
     with pytest.raises(EngineError, match="not a Hugging Face model folder"):
         preflight(ModelSpec(name="x", source="local", path=str(tmp_path)))
+
+
+def profile_with(tmp_path: Path, edit) -> params.Params:
+    """The smoke profile (run 'unit') after ``edit(raw)`` changes its raw YAML mapping."""
+    raw = yaml.safe_load((paths.params_dir() / "smoke.yaml").read_text())
+    raw["run_name"] = "unit"
+    edit(raw)
+    path = tmp_path / "unit.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return params.load(path)
+
+
+def quiet_run(p):
+    return generate.run(p, progress=False, engine_factory=ScriptedEngine, log=lambda m: None)
+
+
+def test_changed_seed_regenerates_and_the_manifest_says_why(tmp_path, data_dir, monkeypatch):
+    """Issue #12.2: a new generation.seed used to reuse every story with its old seed."""
+    no_preflight(monkeypatch)
+
+    def full_small_grid(seed):  # the full grid of one occupation: the same cells whatever the seed
+        def edit(raw):
+            raw["generation"]["seed"] = seed
+            raw["designs"] = {"occupations": {"languages": ["en"], "restrict": {"occupation": ["nurse"]}, "tasks": ["story", "news"]}}
+        return profile_with(tmp_path, edit)
+
+    first = quiet_run(full_small_grid(42))
+    ScriptedEngine.calls = []
+    second = quiet_run(full_small_grid(7))
+    stories = second.stories
+    assert len(stories) == 2 and sorted(ScriptedEngine.calls) == sorted(stories["story_id"])
+    assert second.manifest["base_seed"] == 7
+    assert second.manifest["reuse"] == {"regenerated: seed changed": 2}
+    assert set(stories["seed"]).isdisjoint(set(first.stories["seed"]))
+    planned = generate.plan(full_small_grid(7))
+    assert stories.set_index("story_id")["seed"].to_dict() == planned.set_index("story_id")["seed"].to_dict()
+
+
+def test_edited_template_regenerates_with_the_new_prompt(tmp_path, data_dir, monkeypatch):
+    """Issue #12.2: editing a template in params/designs/ used to keep every story's old prompt."""
+    no_preflight(monkeypatch)
+    p = profile(tmp_path)
+    quiet_run(p)
+    ScriptedEngine.calls = []
+    original = generate.render_prompt
+    monkeypatch.setattr(generate, "render_prompt",
+                        lambda cell, lang: original(cell, lang) + " (edited)" if cell.design == "bedtime" else original(cell, lang))
+    result = quiet_run(p)
+    bedtime = result.stories[result.stories["design"] == "bedtime"]
+    assert bedtime["prompt"].str.endswith("(edited)").all()
+    assert sorted(ScriptedEngine.calls) == sorted(bedtime["story_id"])
+    assert result.manifest["reuse"] == {"reused": len(result.stories) - len(bedtime),
+                                        "regenerated: prompt changed": len(bedtime)}
+
+
+def test_narrowed_profile_archives_and_widening_restores_without_generation(tmp_path, data_dir, monkeypatch):
+    """Issue #12.3: fewer samples (or a dropped language) used to delete the unplanned stories."""
+    no_preflight(monkeypatch)
+
+    def samples(n):
+        return lambda raw: [raw["designs"][d].update(samples_per_prompt=n) for d in ("stereotales", "bedtime", "occupations")]
+
+    wide = quiet_run(profile_with(tmp_path, samples(2)))
+    ScriptedEngine.calls = []
+    narrow = quiet_run(profile_with(tmp_path, samples(1)))
+    assert ScriptedEngine.calls == []
+    assert len(narrow.stories) == len(wide.stories) // 2
+    assert (pd.read_parquet(paths.stories_path("unit"))["sample"] == 0).all(), "stories.parquet holds the planned stories only"
+    assert narrow.manifest["n_archived_this_run"] == len(wide.stories) // 2
+    restored = quiet_run(profile_with(tmp_path, samples(2)))
+    assert ScriptedEngine.calls == [], "widening again must not generate anything"
+    assert restored.manifest["n_restored_from_archive"] == len(wide.stories) // 2
+    pd.testing.assert_frame_equal(restored.stories.reset_index(drop=True), wide.stories.reset_index(drop=True))
+    # a fourth run archives nothing new: every version is stored exactly once
+    quiet_run(profile_with(tmp_path, samples(1)))
+    archive = generate.archive_store("unit").read_all().to_pandas()
+    assert archive["version_key"].is_unique and len(archive) == len(wide.stories) // 2

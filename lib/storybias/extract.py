@@ -30,6 +30,7 @@ import pandas as pd
 import pyarrow as pa
 
 from .prompts import explicit_labels, load_design
+from .locks import holds_run_lock
 
 GENDER_ANSWERS = ("woman", "man", "non_binary", "several_people", "no_person", "unclear")
 # extractor answer -> (protagonist_gender, protagonist_gender_fine, demo_gender)
@@ -338,8 +339,55 @@ def extraction_request(key: str, story: str, sections: Sequence[str], settings, 
     )
 
 
-def request_key(story_id: str, extractor: str, pass_name: str) -> str:
-    return f"{story_id}|{extractor}|{pass_name}"
+def request_key(story_id: str, extractor: str, pass_name: str, fingerprint: str = "") -> str:
+    """The key of one stored answer: which story, extractor and pass, and the fingerprint of every
+    input that shaped it (see ``answer_fingerprint``). A changed input gives a new key, so an old
+    answer is never reused for a changed story, prompt, schema or extractor."""
+    return f"{story_id}|{extractor}|{pass_name}|{fingerprint}"
+
+
+def _sha(payload: Any) -> str:
+    import hashlib
+
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:8]
+
+
+def answer_fingerprint(text: str, sections: Sequence[str], pass_name: str, spec, settings) -> str:
+    """``<story>-<request>-<model>``: hashes of the story text; of the instructions, the JSON schema and
+    the decoding settings; and of the extractor model. Each part is kept apart so the manifest can say
+    which one changed when an answer is recomputed."""
+    request = {"prompt": build_prompt("", sections), "schema": build_schema(sections, settings.max_list_items),
+               "max_tokens": settings.max_tokens, "seed": settings.seed, "retries": settings.retries,
+               "temperature": settings.self_consistency_temperature if pass_name == "check" else 0.0}
+    model = spec.model_dump(mode="json", exclude_defaults=True)
+    return f"{_sha(text)}-{_sha(request)}-{_sha(model)}"
+
+
+_FINGERPRINT_PARTS = ("story text", "extraction prompt or schema", "extractor model")
+
+
+def reuse_reasons(jobs: list["ExtractionJob"], done: set[str], stored_keys: set[str]) -> list[str]:
+    """For each job: ``reused`` (its answer is stored), ``new``, or ``recomputed: <what> changed``
+    against the stored answer of the same story, extractor and pass whose inputs differ least."""
+    previous: dict[str, list[list[str]]] = {}
+    for key in stored_keys:
+        prefix, _, fingerprint = key.rpartition("|")
+        previous.setdefault(prefix, []).append(fingerprint.split("-"))
+    reasons = []
+    for job in jobs:
+        key = request_key(job.story_id, job.extractor, job.pass_name, job.fingerprint)
+        if key in done:
+            reasons.append("reused")
+            continue
+        prefix, _, fingerprint = key.rpartition("|")
+        mine = fingerprint.split("-")
+        best: list[str] | None = None
+        for other in previous.get(prefix, []):
+            changed = [name for name, a, b in zip(_FINGERPRINT_PARTS, mine, other) if a != b]
+            if changed and (best is None or len(changed) < len(best)):
+                best = changed
+        reasons.append("new" if best is None else f"recomputed: {' and '.join(best)} changed")
+    return reasons
 
 
 def fit_story(text: str, tokenizer, budget: int) -> tuple[str, bool]:
@@ -358,6 +406,7 @@ class ExtractionJob:
     sections: tuple[str, ...]
     text: str
     language: str
+    fingerprint: str = ""  # answer_fingerprint(): part of the stored answer's key
 
 
 def _raw_schema():
@@ -380,10 +429,10 @@ def plan_jobs(stories: pd.DataFrame, settings) -> list[ExtractionJob]:
         check_ids = set(sample_ids(llm_stories["story_id"].tolist(), settings.self_consistency_sample, settings.seed))
     for row in llm_stories.itertuples(index=False):
         sections = tuple(getattr(settings.sections, row.design))
-        for name in names:
-            jobs.append(ExtractionJob(row.story_id, name, "primary", sections, row.text, row.language))
-            if row.story_id in check_ids:
-                jobs.append(ExtractionJob(row.story_id, name, "check", sections, row.text, row.language))
+        for spec in settings.models:
+            for pass_name in ("primary", "check") if row.story_id in check_ids else ("primary",):
+                fingerprint = answer_fingerprint(row.text, sections, pass_name, spec, settings)
+                jobs.append(ExtractionJob(row.story_id, spec.name, pass_name, sections, row.text, row.language, fingerprint))
     return jobs
 
 
@@ -401,7 +450,7 @@ def _run_jobs(engine, jobs: list[ExtractionJob], settings, store, progress: bool
             break
         requests, by_key, cut = [], {}, {}
         for job in pending:
-            key = request_key(job.story_id, job.extractor, job.pass_name)
+            key = request_key(job.story_id, job.extractor, job.pass_name, job.fingerprint)
             story, was_cut = fit_story(job.text, tokenizer, budget)
             cut[key] = was_cut
             temperature = 0.0 if job.pass_name == "primary" and attempt == 0 else settings.self_consistency_temperature
@@ -430,10 +479,11 @@ def _run_jobs(engine, jobs: list[ExtractionJob], settings, store, progress: bool
 
 
 def final_answers(raw: pd.DataFrame) -> pd.DataFrame:
-    """One answer per (story, extractor, pass): the last attempt (a retry replaces a failure)."""
+    """One answer per request (story, extractor, pass and input fingerprint): the last attempt (a retry
+    replaces a failure)."""
     if raw.empty:
         return raw
-    return raw.sort_values("attempt").groupby(["story_id", "extractor", "pass"], as_index=False).tail(1)
+    return raw.sort_values("attempt").groupby("request_key", as_index=False).tail(1)
 
 
 def assemble(stories: pd.DataFrame, raw: pd.DataFrame, settings) -> pd.DataFrame:
@@ -513,6 +563,7 @@ def parse_failure_table(stories: pd.DataFrame, extractions: pd.DataFrame) -> pd.
     return table
 
 
+@holds_run_lock("extract")
 def run(params, progress: bool = True, engine_factory=None, log=print) -> dict[str, Any]:
     """Stage 03: extract every valid story (resumable), write extractions.parquet and the tables."""
     from . import paths
@@ -527,11 +578,18 @@ def run(params, progress: bool = True, engine_factory=None, log=print) -> dict[s
     stories = valid_only(pd.read_parquet(source), params.filter.include_invalid_downstream)
     jobs = plan_jobs(stories, settings)
     # one shard row per attempt (answer_key = request_key + attempt): a retry never overwrites the failure
+    # The shards are the stage's answer cache (never cleared): an answer is reused only under its exact
+    # key, i.e. while its story text, prompt, schema and extractor are unchanged.
     store = ShardStore(paths.work_dir(run_name, "extract"), key="answer_key", schema=_raw_schema())
-    done = set(final_answers(store.read_all().to_pandas()).pipe(
-        lambda a: a if a.empty else a[a["parse_ok"] | (a["attempt"] >= settings.retries)])["request_key"]) if store.shard_paths() else set()
-    todo = [j for j in jobs if request_key(j.story_id, j.extractor, j.pass_name) not in done]
-    log(f"run '{run_name}': {len(stories)} valid stories, {len(jobs)} extraction answers needed, {len(todo)} to compute")
+    stored = store.read_all().to_pandas()
+    done = set(final_answers(stored).pipe(
+        lambda a: a if a.empty else a[a["parse_ok"] | (a["attempt"] >= settings.retries)])["request_key"]) if len(stored) else set()
+    current_keys = {request_key(j.story_id, j.extractor, j.pass_name, j.fingerprint) for j in jobs}
+    reasons = reuse_reasons(jobs, done, set(stored["request_key"]) if len(stored) else set())
+    reuse_counts = dict(Counter(reasons))
+    todo = [j for j, why in zip(jobs, reasons) if why != "reused"]
+    log(f"run '{run_name}': {len(stories)} valid stories, {len(jobs)} extraction answers needed, {len(todo)} to compute"
+        + "".join(f"; {n} {why}" for why, n in reuse_counts.items() if why.startswith("recomputed")))
     for spec in settings.models:
         if any(j.extractor == spec.name for j in todo):
             preflight(spec)
@@ -563,13 +621,14 @@ def run(params, progress: bool = True, engine_factory=None, log=print) -> dict[s
                 write_json_atomic({k: v for k, v in gold.items() if k not in ("scores", "predictions")},
                                   paths.run_dir(run_name) / "gold_summary.json")
     raw = store.read_all().to_pandas()
+    raw = raw[raw["request_key"].isin(current_keys)].reset_index(drop=True) if len(raw) else raw
     extractions = assemble(stories, raw, settings)
     agree, agreement_how = agreement_table(stories, raw, settings)
     failures = parse_failure_table(stories, extractions)
     write_parquet_atomic(raw, paths.run_dir(run_name) / "extraction_raw.parquet")
     write_parquet_atomic(agree, paths.run_dir(run_name) / "extraction_agreement.parquet")
     write_json_atomic({"stage": "extract", "params": params.resolved()["extraction"], "timings": timings,
-                       "agreement": agreement_how, "n_stories": len(extractions),
+                       "agreement": agreement_how, "n_stories": len(extractions), "reuse": reuse_counts,
                        "n_parse_failed": int((~extractions["parse_ok"]).sum())},
                       paths.manifest_path(run_name, "extract"))
     write_parquet_atomic(extractions, paths.extractions_path(run_name), schema=extractions_schema())  # last: Make's target

@@ -1,9 +1,15 @@
 """Stage 01: plan the prompt grid of a run, generate every story, write stories.parquet.
 
 Resumable: finished stories are written in atomic shards under data/<run>/work/generate/ as they
-complete. After a crash or kill, a rerun keeps every story already written (from the shards or
-from a previous stories.parquet) whose generation settings are unchanged, generates only the rest,
-and assembles exactly one row per planned story.
+complete. After a crash or kill, a rerun keeps every story already written (from the shards, a
+previous stories.parquet or the archive) whose every input is unchanged -- rendered prompt, seed,
+model and sampling (``gen_config``) -- generates only the rest, and assembles exactly one row per
+planned story. The manifest counts why each story was generated (``reuse``: reused, new,
+"regenerated: prompt changed", ...).
+
+Nothing paid for is deleted: a story the profile no longer plans (a language dropped, fewer samples)
+or an older version of a regenerated one is moved to data/<run>/archive/stories/, and comes back
+without generation when the profile asks for it again.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from .prompts import (
     sample_cells,
     story_id,
 )
+from .locks import holds_run_lock
 
 STORIES_SCHEMA = pa.schema(
     [
@@ -53,6 +60,7 @@ STORIES_SCHEMA = pa.schema(
         ("generated_at", pa.string()),
     ]
 )
+ARCHIVE_SCHEMA = pa.schema([("version_key", pa.string()), *STORIES_SCHEMA])
 PLAN_COLUMNS = [f.name for f in STORIES_SCHEMA if f.name not in ("text", "finish_reason", "n_tokens", "n_prompt_tokens", "generated_at")]
 
 
@@ -123,18 +131,63 @@ def _request(row: dict[str, Any]) -> ChatRequest:
     )
 
 
+# What makes two stored stories the same story: a stored one is reused only if all of these match.
+FINGERPRINT_COLUMNS = ["story_id", "gen_config", "prompt", "seed"]
+_CHANGE_NAMES = {"gen_config": "model or sampling", "prompt": "prompt", "seed": "seed"}
+
+
+def version_key(frame: pd.DataFrame) -> pd.Series:
+    """One key per stored version of a story (its id plus a hash of everything that shaped it)."""
+    if frame.empty:
+        return pd.Series([], dtype=str, index=frame.index)
+    digest = [hashlib.sha256(json.dumps([g, p, int(s)]).encode()).hexdigest()[:16]
+              for g, p, s in zip(frame["gen_config"], frame["prompt"], frame["seed"])]
+    return frame["story_id"].astype(str) + "|" + pd.Series(digest, index=frame.index)
+
+
+def archive_store(run_name: str) -> ShardStore:
+    """Stories generated once but not planned now (or older versions): kept, never regenerated twice."""
+    return ShardStore(paths.run_dir(run_name) / "archive" / "stories", key="version_key", schema=ARCHIVE_SCHEMA)
+
+
 def _stored_rows(run_name: str, store: ShardStore) -> pd.DataFrame:
-    """Stories already generated: the shards of an unfinished run plus a previous stories.parquet."""
+    """Every stored version of every story: the shards of an unfinished run, a previous
+    stories.parquet and the archive (in that order of preference), one row per version."""
     frames = [store.read_all().to_pandas()]
     final = paths.stories_path(run_name)
     if final.is_file():
         previous = pq.read_table(final)
         if "gen_config" in previous.column_names:
             frames.append(previous.cast(STORIES_SCHEMA).to_pandas())
+    archived = archive_store(run_name).read_all().to_pandas()
+    frames.append(archived.assign(_archived=True).drop(columns="version_key"))
     frames = [f for f in frames if len(f)]
     if not frames:
-        return pd.DataFrame(columns=STORIES_SCHEMA.names)
-    return pd.concat(frames, ignore_index=True).drop_duplicates("story_id", keep="first")
+        return pd.DataFrame(columns=[*STORIES_SCHEMA.names, "_archived"])
+    stored = pd.concat(frames, ignore_index=True)
+    stored["_archived"] = stored.get("_archived", pd.Series(False, index=stored.index)).fillna(False).astype(bool)
+    return stored.drop_duplicates(FINGERPRINT_COLUMNS, keep="first").reset_index(drop=True)
+
+
+def reuse_reasons(planned: pd.DataFrame, stored: pd.DataFrame) -> pd.Series:
+    """Why each planned story is (or is not) generated on this run, indexed like ``planned``:
+    ``reused``, ``new`` (never generated), or ``regenerated: <what> changed`` naming every input that
+    differs from the closest stored version (the one with the fewest differences)."""
+    reasons = pd.Series("new", index=planned.index, dtype=object)
+    if stored.empty:
+        return reasons
+    by_id = {sid: group for sid, group in stored.groupby("story_id")}
+    for i, row in zip(planned.index, planned[FINGERPRINT_COLUMNS].itertuples(index=False)):
+        versions = by_id.get(row.story_id)
+        if versions is None:
+            continue
+        best: list[str] | None = None
+        for version in versions[FINGERPRINT_COLUMNS].itertuples(index=False):
+            changed = [name for column, name in _CHANGE_NAMES.items() if getattr(version, column) != getattr(row, column)]
+            if best is None or len(changed) < len(best):
+                best = changed
+        reasons[i] = "reused" if not best else f"regenerated: {' and '.join(best)} changed"
+    return reasons
 
 
 @dataclass
@@ -213,6 +266,7 @@ def generate_with(
     record.generation_seconds = round(record.generation_seconds + time.time() - started, 2)
 
 
+@holds_run_lock("generate")
 def run(
     params: Params,
     progress: bool = True,
@@ -225,10 +279,13 @@ def run(
     planned = plan(params)
     store = ShardStore(paths.work_dir(run_name, "generate"), key="story_id", schema=STORIES_SCHEMA)
     stored = _stored_rows(run_name, store)
-    reusable = stored.merge(planned[["story_id", "gen_config"]], on=["story_id", "gen_config"], how="inner")
-    done = set(reusable["story_id"])
-    todo = planned[~planned["story_id"].isin(done)]
-    log(f"run '{run_name}': {len(planned)} stories planned, {len(done)} already generated, {len(todo)} to generate")
+    reasons = reuse_reasons(planned, stored)
+    reusable = stored.merge(planned[FINGERPRINT_COLUMNS], on=FINGERPRINT_COLUMNS, how="inner")
+    todo = planned[reasons != "reused"]
+    reuse_counts = {k: int(v) for k, v in reasons.value_counts().items()}
+    log(f"run '{run_name}': {len(planned)} stories planned, {int((reasons == 'reused').sum())} already generated "
+        f"({int(reusable['_archived'].sum())} of them from the archive), {len(todo)} to generate"
+        + "".join(f"; {n} {why}" for why, n in reuse_counts.items() if why.startswith("regenerated")))
 
     # Check every model before loading any: a paper-profile mistake fails in seconds, not after hours.
     for spec in params.generation.models:
@@ -253,18 +310,40 @@ def run(
 
             record.weights_sha256 = EMBEDDED_SHA256
 
-    stories = _assemble(planned, _stored_rows(run_name, store))
+    stored = _stored_rows(run_name, store)
+    stories = _assemble(planned, stored)
+    archived = _archive_unplanned(run_name, stored, stories)
     manifest = _manifest(params, planned, stories, runs, time.time() - started)
+    manifest.update(reuse=reuse_counts, n_restored_from_archive=int(reusable["_archived"].sum()),
+                    n_archived_this_run=archived, archive=str(archive_store(run_name).folder))
     write_json_atomic(manifest, paths.manifest_path(run_name))
     write_parquet_atomic(stories, paths.stories_path(run_name), schema=STORIES_SCHEMA)  # last: Make's target
-    store.clear()  # everything is in stories.parquet now
+    store.clear()  # everything is in stories.parquet or the archive now
     log(f"wrote {paths.stories_path(run_name)} ({len(stories)} stories)")
     return GenerateResult(stories=stories, runs=runs, manifest=manifest)
 
 
+def _archive_unplanned(run_name: str, stored: pd.DataFrame, stories: pd.DataFrame) -> int:
+    """Move every stored version that stories.parquet does not hold into the archive; returns how
+    many versions were added to it (versions already archived are not written twice)."""
+    archive = archive_store(run_name)
+    if stored.empty:
+        return 0
+    keys = version_key(stored)
+    kept = set(version_key(stories))
+    already = archive.done_keys()
+    extra = stored[~keys.isin(kept) & ~keys.isin(already)]
+    if extra.empty:
+        return 0
+    rows = extra[STORIES_SCHEMA.names].assign(version_key=version_key(extra))
+    rows = rows.astype(object).where(rows.notna(), None)
+    archive.append(rows[ARCHIVE_SCHEMA.names].to_dict("records"))
+    return int(len(extra))
+
+
 def _assemble(planned: pd.DataFrame, stored: pd.DataFrame) -> pd.DataFrame:
     """Exactly one row per planned story, in plan order; fails loudly if any is missing."""
-    keep = stored.merge(planned[["story_id", "gen_config"]], on=["story_id", "gen_config"], how="inner")
+    keep = stored.merge(planned[FINGERPRINT_COLUMNS], on=FINGERPRINT_COLUMNS, how="inner")
     keep = keep.drop_duplicates("story_id", keep="first").set_index("story_id")
     missing = planned.loc[~planned["story_id"].isin(keep.index), "story_id"]
     if len(missing):

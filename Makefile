@@ -24,8 +24,27 @@ PIN_FILES := requirements/base.txt requirements/$(DEVICE).txt requirements/embed
 PIN_HASH := $(shell cat $(PIN_FILES) | sha256sum | cut -c1-12)
 VENV_STAMP := $(VENV)/.installed-$(DEVICE)-$(PIN_HASH)
 
+# Paths. Make splits words on spaces, so a data folder or profile path with a space in it would
+# become two paths (`rm -rf` once deleted the wrong folders that way): such paths are refused here,
+# before anything runs. A relative STORYBIAS_DATA / STORYBIAS_FIGURES is made absolute once, against
+# the repository root, and exported, so the notebooks (run from notebooks/) see the same folders.
+# The checkout itself may have a space in its path: Make uses relative paths, and the stages run
+# papermill without a shell (storybias.cli run-stage).
+refuse_spaces = $(if $(word 2,$(2)),$(error $(1)="$(2)" contains a space: Make cannot track files there; choose a path without spaces (a symlink without spaces to the folder works)))
+$(call refuse_spaces,PARAMS,$(PARAMS))
+$(call refuse_spaces,STORYBIAS_DATA,$(STORYBIAS_DATA))
+$(call refuse_spaces,STORYBIAS_FIGURES,$(STORYBIAS_FIGURES))
+ifneq ($(STORYBIAS_DATA),)
+export STORYBIAS_DATA := $(abspath $(STORYBIAS_DATA))
+$(call refuse_spaces,STORYBIAS_DATA (made absolute),$(STORYBIAS_DATA))
+endif
+ifneq ($(STORYBIAS_FIGURES),)
+export STORYBIAS_FIGURES := $(abspath $(STORYBIAS_FIGURES))
+$(call refuse_spaces,STORYBIAS_FIGURES (made absolute),$(STORYBIAS_FIGURES))
+endif
+
 # The run's name: `run_name:` in the profile, else the profile's file name. (The schema restricts
-# run_name to [A-Za-z0-9_.-], so this sed reads it exactly.)
+# run_name, and a file name used as run name, to [A-Za-z0-9_.-], so this sed reads it exactly.)
 RUN_FROM_FILE := $(shell sed -n 's/^run_name:[[:space:]]*["'"'"']\{0,1\}\([A-Za-z0-9_.-]*\).*/\1/p' $(PARAMS) 2>/dev/null)
 RUN := $(if $(RUN_FROM_FILE),$(RUN_FROM_FILE),$(basename $(notdir $(PARAMS))))
 DATA_ROOT := $(if $(STORYBIAS_DATA),$(STORYBIAS_DATA),data)
@@ -37,18 +56,30 @@ STAGE_STAMPS := $(STAMPS)/generate.params $(STAMPS)/filter.params $(STAMPS)/extr
                 $(STAMPS)/associations.params $(STAMPS)/probes.params $(STAMPS)/figures.params
 FIGURES := $(if $(STORYBIAS_FIGURES),$(STORYBIAS_FIGURES),figures)/$(RUN)
 
-# Execute notebook $(1) with papermill into a temp file; move it to reports/<run>/ only on success.
+# The data files each stage reads besides its parameters: editing one reruns that stage (a stage
+# reuses every stored story / answer whose own inputs did not change, so a rerun costs little).
+DESIGN_FILES := $(wildcard params/designs/*/*.yaml)
+DESIGN_SPECS := $(wildcard params/designs/*/design.yaml)
+REFUSAL_FILES := $(wildcard params/refusals/*.yaml)
+LEXICON_FILES := $(wildcard params/lexicon/*.yaml)
+CUE_FILES := $(wildcard params/cues/*.yaml)
+GOLD_FILES := $(wildcard tests/data/gold/*.yaml)
+
+# Every stage's Make target is written last by its notebook. `run-stage` runs the notebook under the
+# run's lock (a second process on the same run is refused and touches nothing) and removes the target
+# itself if its own run fails after writing it; Make must never delete one (.PRECIOUS), or a refused
+# second `make` would delete the good file the first had just written.
+STAGE_TARGETS := $(DATA)/stories.parquet $(DATA)/filtered.parquet $(DATA)/extractions.parquet \
+                 $(DATA)/manifest_metrics.json $(DATA)/manifest_associations.json $(DATA)/manifest_probes.json \
+                 $(FIGURES)/figures.json $(FIGURES)/explorer.html
+.PRECIOUS: $(STAGE_TARGETS)
+
+# Execute notebook $(1) for stage $(2) (papermill into reports/<run>/, moved into place on success).
 define run_notebook
-	@mkdir -p $(REPORTS)
-	@echo "== stage $(2): notebooks/$(1).ipynb (params $(PARAMS), run $(RUN)); log: $(REPORTS)/$(1).log"
-	@$(VENV)/bin/papermill notebooks/$(1).ipynb $(REPORTS)/$(1).tmp.ipynb \
-	    -k $(KERNEL) --cwd notebooks -p params_file $(abspath $(PARAMS)) --log-output --no-progress-bar \
-	    > $(REPORTS)/$(1).log 2>&1 \
-	  || { echo "stage $(2) FAILED: see $(REPORTS)/$(1).log and $(REPORTS)/$(1).tmp.ipynb" >&2; tail -n 25 $(REPORTS)/$(1).log >&2; exit 1; }
-	@mv $(REPORTS)/$(1).tmp.ipynb $(REPORTS)/$(1).ipynb
+	@$(PY) -m storybias.cli run-stage $(2) notebooks/$(1).ipynb $(PARAMS) --target $@
 endef
 
-.PHONY: help venv model check-params stamps generate filter extract associations metrics probes figures explorer paper test test-fast bench-generate bench-associations notebook-outputs lab clean-run FORCE
+.PHONY: help where venv model check-params stamps generate filter extract associations metrics probes figures explorer paper test test-fast bench-generate bench-associations notebook-outputs lab clean-run FORCE
 
 help:
 	@sed -n '1,12p' Makefile | sed 's/^# \{0,1\}//'
@@ -69,32 +100,36 @@ $(STAGE_STAMPS) &: FORCE | $(VENV_STAMP)
 	@$(PY) -m storybias.cli stamps $(PARAMS)
 stamps: $(STAGE_STAMPS)
 
-$(DATA)/stories.parquet: notebooks/01_generate.ipynb $(STAMPS)/generate.params | $(VENV_STAMP)
+$(DATA)/stories.parquet: notebooks/01_generate.ipynb $(STAMPS)/generate.params $(DESIGN_FILES) | $(VENV_STAMP)
 	$(call run_notebook,01_generate,generate)
 
 generate: $(DATA)/stories.parquet
 
-$(DATA)/filtered.parquet: $(DATA)/stories.parquet notebooks/02_filter.ipynb $(STAMPS)/filter.params | $(VENV_STAMP)
+$(DATA)/filtered.parquet: $(DATA)/stories.parquet notebooks/02_filter.ipynb $(STAMPS)/filter.params $(REFUSAL_FILES) | $(VENV_STAMP)
 	$(call run_notebook,02_filter,filter)
 
 filter: $(DATA)/filtered.parquet
 
-$(DATA)/extractions.parquet: $(DATA)/filtered.parquet notebooks/03_extract.ipynb $(STAMPS)/extract.params | $(VENV_STAMP)
+$(DATA)/extractions.parquet: $(DATA)/filtered.parquet notebooks/03_extract.ipynb $(STAMPS)/extract.params \
+                             $(DESIGN_SPECS) $(GOLD_FILES) | $(VENV_STAMP)
 	$(call run_notebook,03_extract,extract)
 
 extract: $(DATA)/extractions.parquet
 
-$(DATA)/manifest_metrics.json: $(DATA)/extractions.parquet notebooks/05_metrics.ipynb $(STAMPS)/metrics.params | $(VENV_STAMP)
+$(DATA)/manifest_metrics.json: $(DATA)/extractions.parquet notebooks/05_metrics.ipynb $(STAMPS)/metrics.params \
+                               $(LEXICON_FILES) $(DESIGN_SPECS) | $(VENV_STAMP)
 	$(call run_notebook,05_metrics,metrics)
 
 metrics: $(DATA)/manifest_metrics.json
 
-$(DATA)/manifest_associations.json: $(DATA)/extractions.parquet notebooks/04_associations.ipynb $(STAMPS)/associations.params | $(VENV_STAMP)
+$(DATA)/manifest_associations.json: $(DATA)/extractions.parquet notebooks/04_associations.ipynb $(STAMPS)/associations.params \
+                                    $(DESIGN_FILES) | $(VENV_STAMP)
 	$(call run_notebook,04_associations,associations)
 
 associations: $(DATA)/manifest_associations.json
 
-$(DATA)/manifest_probes.json: $(DATA)/extractions.parquet notebooks/06_probes.ipynb $(STAMPS)/probes.params | $(VENV_STAMP)
+$(DATA)/manifest_probes.json: $(DATA)/extractions.parquet notebooks/06_probes.ipynb $(STAMPS)/probes.params \
+                              $(CUE_FILES) | $(VENV_STAMP)
 	$(call run_notebook,06_probes,probes)
 
 probes: $(DATA)/manifest_probes.json
@@ -147,7 +182,12 @@ notebook-outputs: $(VENV_STAMP)
 	    --ExecutePreprocessor.kernel_name=$(KERNEL) --ExecutePreprocessor.timeout=1800 $$nb || exit 1; \
 	done
 
-clean-run:
-	rm -rf $(DATA) $(REPORTS) $(FIGURES)
+# Deletes only the run's own folders (data/<run>, reports/<run>, figures/<run>), and says which.
+clean-run: $(VENV_STAMP)
+	@$(PY) -m storybias.cli clean-run $(PARAMS)
+
+# The run's name and absolute folders, as every stage will see them.
+where: $(VENV_STAMP)
+	@$(PY) -m storybias.cli where $(PARAMS)
 
 FORCE:

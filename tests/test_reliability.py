@@ -118,7 +118,8 @@ def test_run_stage_runs_papermill_without_a_shell(tmp_path, monkeypatch):
     folder.mkdir()
     monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path / "data"))
     target = tmp_path / "data" / run / "target.json"
-    nb = nbformat.v4.new_notebook()
+    nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "storybias", "language": "python", "display_name": "storybias"},
+                                            "language_info": {"name": "python"}})
     parameters = nbformat.v4.new_code_cell('params_file = ""\nfail = False')
     parameters.metadata["tags"] = ["parameters"]
     nb.cells = [parameters, nbformat.v4.new_code_cell(

@@ -38,6 +38,8 @@ import pandas as pd
 import pyarrow as pa
 from scipy import special, stats
 
+from .locks import holds_run_lock
+
 MIN_ROW_TOTAL = 10
 ALPHA = 0.05
 MIN_LIFT = 2.0
@@ -882,6 +884,7 @@ def harm_by_attribute(shared: pd.DataFrame) -> pd.DataFrame:
     ).reset_index().sort_values("mean_harm", ascending=False).reset_index(drop=True)
 
 
+@holds_run_lock("associations")
 def run(params, progress: bool = True) -> dict:
     """Stage 04: both passes for every model, sharing, the LLM harm judge and (optionally) human
     ratings; writes data/<run>/associations_*.parquet, harm_ratings.parquet, manifest_associations.json."""

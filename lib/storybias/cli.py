@@ -8,6 +8,9 @@
     bench-generate PARAMS      time stage 01's engine path against a bare LLM.chat call
     bench-associations         time stage 04's association tests at paper scale on synthetic extractions
     explorer PARAMS [--max-stories N]   write figures/<run>/explorer.html (stories + associations browser)
+    run-stage STAGE NOTEBOOK PARAMS [--target FILE]   what Make runs: the notebook under the run's lock
+    clean-run PARAMS           delete the run's own folders (data/<run>, reports/<run>, figures/<run>)
+    where PARAMS               print the run's name and folders (absolute paths)
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ def _load(path: str):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="storybias")
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("check-params", "stamps", "run-name", "generate"):
+    for name in ("check-params", "stamps", "run-name", "generate", "clean-run", "where"):
         sub.add_parser(name).add_argument("params")
     sub.add_parser("prepare-model")
     bench = sub.add_parser("bench-generate")
@@ -48,12 +51,41 @@ def main(argv: list[str] | None = None) -> int:
     explorer.add_argument("params")
     explorer.add_argument("--max-stories", type=int, default=None,
                           help="stories embedded per design x model x language (default 200)")
+    stage = sub.add_parser("run-stage")
+    stage.add_argument("stage")
+    stage.add_argument("notebook")
+    stage.add_argument("params")
+    stage.add_argument("--target", default=None, help="the Make target this stage writes (removed if this run fails after writing it)")
     args = parser.parse_args(argv)
 
     if args.command == "check-params":
         p = _load(args.params)
         print(f"{p.source}: OK (run '{p.run_name}'; designs: {', '.join(p.enabled_designs())}; "
               f"models: {', '.join(m.name for m in p.generation.models)})")
+    elif args.command == "run-stage":
+        from . import paths
+        from .notebook_runner import run_stage
+
+        p = _load(args.params)
+        return run_stage(args.stage, paths.resolve(args.notebook), p.source, p.run_name,
+                         target=paths.resolve(args.target) if args.target else None)
+    elif args.command == "clean-run":
+        from .locks import RunBusy
+        from .paths import clean_run
+
+        p = _load(args.params)
+        try:
+            removed = clean_run(p.run_name)
+        except RunBusy as exc:
+            print(f"storybias: {exc}", file=sys.stderr)
+            return 3
+        print("\n".join(f"removed {path}" for path in removed) if removed else f"run '{p.run_name}': nothing to remove")
+    elif args.command == "where":
+        from . import paths
+
+        p = _load(args.params)
+        print(f"run {p.run_name}\ndata {paths.run_dir(p.run_name)}\nreports {paths.reports_dir(p.run_name)}\n"
+              f"figures {paths.figures_dir(p.run_name)}")
     elif args.command == "run-name":
         print(_load(args.params).run_name)
     elif args.command == "stamps":
@@ -99,5 +131,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def entry(argv: list[str] | None = None) -> int:
+    """``main`` with a busy run reported as one line (exit 3) instead of a traceback."""
+    from .locks import RunBusy
+
+    try:
+        return main(argv)
+    except RunBusy as exc:
+        print(f"storybias: {exc}", file=sys.stderr)
+        return 3
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(entry())

@@ -44,6 +44,7 @@ import pyarrow.parquet as pq
 
 from . import paths
 from .prompts import ALL_CONDITION_COLUMNS, CONDITION_COLUMNS, LANGUAGES
+from .locks import holds_run_lock
 
 DEFAULT_MAX_STORIES_PER_CELL = 200
 CELL = ["design", "model", "language"]
@@ -355,6 +356,7 @@ def _read_optional(path: Path, notes: list[str], what: str, columns: list[str] |
     return pd.read_parquet(path, columns=[c for c in columns if c in available])
 
 
+@holds_run_lock("explorer")
 def build_explorer(profile, max_stories_per_cell: int | None = DEFAULT_MAX_STORIES_PER_CELL, out: Path | None = None) -> Path:
     """Write ``figures/<run>/explorer.html`` (or ``out``) for the run of ``profile`` (a
     :func:`storybias.params.load` result) and return its path.

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import tempfile
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,27 +23,62 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 
+def current_umask() -> int:
+    """The process umask (read by setting and restoring it: Python has no getter)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _raise_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+@contextmanager
+def _sigterm_as_exit() -> Iterator[None]:
+    """While a file is being written, turn SIGTERM into SystemExit so the ``except`` below can remove
+    the temporary file (the default action would kill the process with the temp file left behind).
+
+    Only in the main thread (signal handlers can only be set there) and only where SIGTERM still has
+    its default action: a program that installed its own handler keeps it.
+    """
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+    signal.signal(signal.SIGTERM, _raise_on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 @contextmanager
 def atomic_open(path: Path, mode: str = "wb", **kwargs: Any) -> Iterator[IO[Any]]:
     """Open a temporary file beside ``path``; on success fsync it and rename it into place, on any
-    error (or kill) leave ``path`` untouched and remove the temporary file."""
+    error, kill by SIGTERM or interrupt leave ``path`` untouched and remove the temporary file.
+
+    The file gets the mode a plain ``open`` would give it (0666 minus the umask), not mkstemp's 0600,
+    so a group or a web server can read the run's tables and explorer.html.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, mode, **kwargs) as fh:
-            yield fh
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-        # fsync the folder so the rename itself survives a power cut, not only a kill.
-        dir_fd = os.open(path.parent, os.O_RDONLY)
+    with _sigterm_as_exit():
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+            os.fchmod(fd, 0o666 & ~current_umask())
+            with os.fdopen(fd, mode, **kwargs) as fh:
+                yield fh
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+            # fsync the folder so the rename itself survives a power cut, not only a kill.
+            dir_fd = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
 
 def write_parquet_atomic(table: pd.DataFrame | pa.Table, path: Path, schema: pa.Schema | None = None) -> Path:

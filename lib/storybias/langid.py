@@ -25,6 +25,7 @@ import yaml
 
 from . import paths
 from .prompts import LANGUAGES
+from .locks import holds_run_lock
 
 INVALID_REASONS = ("empty", "truncated", "refusal", "wrong_language", "low_confidence")
 REFUSAL_WINDOW = 300  # characters at the start of an output where refusals and meta-answers show
@@ -174,6 +175,7 @@ def summary(filtered: pd.DataFrame) -> dict[str, Any]:
     }
 
 
+@holds_run_lock("filter")
 def run(params) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Stage 02: classify every story of the run, write filtered.parquet and vsr.parquet."""
     from .io import write_parquet_atomic

@@ -16,6 +16,7 @@ import pandas as pd
 import yaml
 
 from . import paths
+from .locks import holds_run_lock
 
 S_C_CLIP = 2.0
 JSD_EPSILON = 1e-10
@@ -403,6 +404,7 @@ def occupation_trials(data: pd.DataFrame) -> pd.DataFrame:
     }).reset_index(drop=True)
 
 
+@holds_run_lock("metrics")
 def run(params) -> dict[str, Any]:
     """Stage 05: read extractions + conditions, compute every table, write data/<run>/metrics_*.parquet."""
     from .io import write_json_atomic, write_parquet_atomic

@@ -11,7 +11,9 @@ Layout (relative to the repository root):
     figures/<run>/                      figures (PNG + PDF)
 
 ``STORYBIAS_DATA`` moves the run folders elsewhere (e.g. a bigger disk); ``STORYBIAS_MODELS`` moves
-data/models/.
+data/models/; ``STORYBIAS_FIGURES`` moves figures/. A relative value is taken relative to the repository
+root (where Make runs), never to the current directory: notebooks run with notebooks/ as their working
+directory, and must see the same folders as Make.
 """
 
 from __future__ import annotations
@@ -49,16 +51,19 @@ def designs_dir() -> Path:
     return params_dir() / "designs"
 
 
+def _from_env(variable: str, default: Path) -> Path:
+    value = os.environ.get(variable)
+    return resolve(value).resolve() if value else default
+
+
 def data_root() -> Path:
-    env = os.environ.get("STORYBIAS_DATA")
-    return Path(env).expanduser().resolve() if env else repo_root() / "data"
+    return _from_env("STORYBIAS_DATA", repo_root() / "data")
 
 
 def models_dir() -> Path:
     """Converted and local model weights. Independent of STORYBIAS_DATA (moving a run's data does not
     move the 3.4 GB model cache); ``STORYBIAS_MODELS`` moves it."""
-    env = os.environ.get("STORYBIAS_MODELS")
-    return Path(env).expanduser().resolve() if env else repo_root() / "data" / "models"
+    return _from_env("STORYBIAS_MODELS", repo_root() / "data" / "models")
 
 
 def run_dir(run_name: str) -> Path:
@@ -76,8 +81,43 @@ def reports_dir(run_name: str) -> Path:
 
 def figures_dir(run_name: str) -> Path:
     """figures/<run>/ (or $STORYBIAS_FIGURES/<run>/: the tests keep their figures out of the repository)."""
-    env = os.environ.get("STORYBIAS_FIGURES")
-    return (Path(env).expanduser().resolve() if env else repo_root() / "figures") / run_name
+    return _from_env("STORYBIAS_FIGURES", repo_root() / "figures") / run_name
+
+
+def run_folders(run_name: str) -> list[tuple[Path, Path]]:
+    """(folder, the root it must sit directly in) for every folder that belongs to one run only."""
+    return [(run_dir(run_name), data_root()), (reports_dir(run_name), repo_root() / "reports"),
+            (figures_dir(run_name), figures_dir(run_name).parent)]
+
+
+def clean_run(run_name: str) -> list[Path]:
+    """Delete the run's own folders (data, reports, figures) and return what was deleted.
+
+    Refuses anything that is not exactly ``<root>/<run_name>`` after resolving links, so a bad name
+    or a link can never reach a folder outside the run; takes the run's lock first, so a running
+    stage is never pulled out from under.
+    """
+    import re
+    import shutil
+
+    from .locks import run_lock
+
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", run_name) or run_name in (".", ".."):
+        raise ValueError(f"refusing to clean run {run_name!r}: not a valid run name")
+    if run_dir(run_name).resolve() == models_dir().resolve():
+        raise ValueError(f"refusing to clean run {run_name!r}: {models_dir()} holds the model weights")
+    present = [(f, r) for f, r in run_folders(run_name) if f.exists() or f.is_symlink()]
+    for folder, root in present:
+        if folder.is_symlink() or folder.resolve().parent != root.resolve() or folder.name != run_name:
+            raise ValueError(f"refusing to delete {folder}: it is not a folder directly inside {root}")
+    removed = []
+    if not present:
+        return removed
+    with run_lock(run_name, "clean-run"):
+        for folder, _ in present:
+            shutil.rmtree(folder, ignore_errors=False)
+            removed.append(folder)
+    return removed
 
 
 # Stage artifacts: the data contract (docs/data-contract.md). One name, one place.

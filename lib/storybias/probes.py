@@ -50,6 +50,7 @@ import yaml
 
 from . import paths
 from .prompts import CONDITION_COLUMNS
+from .locks import holds_run_lock
 
 LABELS: tuple[str, str] = ("female", "male")  # y = 1 for female, 0 for male
 CONTEXTS: tuple[str, ...] = ("en", "fr", "zh")  # the three language-linked contexts of the relevance scores
@@ -952,6 +953,7 @@ def identity_probes(sampled: pd.DataFrame, paired: pd.DataFrame, X_sample: Mappi
     return pd.DataFrame(rows, columns=PROBE_COLUMNS)
 
 
+@holds_run_lock("probes")
 def run(params) -> dict[str, Any]:
     """Stage 06: read extractions + stories, embed (cached), probe, project, score markers; write
     probes / umap / cultural / cultural_advantage / separability parquet files, manifest last."""

@@ -319,3 +319,19 @@ def test_non_boolean_parse_ok_is_named(tmp_path, monkeypatch):
     io.write_parquet_atomic(pd.read_parquet(path).assign(parse_ok="yes"), path)
     with pytest.raises(metrics.InputContractError, match="parse_ok must be boolean"):
         metrics.run(p)
+
+
+def test_lexicon_with_a_repeated_category_is_refused(tmp_path, monkeypatch):
+    from storybias import paths
+    from storybias.params import ParamsError
+
+    text = (paths.params_dir() / "lexicon" / "categories.yaml").read_text(encoding="utf-8")
+    (tmp_path / "lexicon").mkdir()
+    (tmp_path / "lexicon" / "categories.yaml").write_text(text + "\nsettings:\n  domestic: [attic]\n", encoding="utf-8")
+    monkeypatch.setattr(paths, "params_dir", lambda: tmp_path)
+    metrics.load_lexicon.cache_clear()
+    try:
+        with pytest.raises(ParamsError, match=r"categories.yaml:\d+: found duplicate key 'settings'"):
+            metrics.load_lexicon("settings")
+    finally:
+        metrics.load_lexicon.cache_clear()

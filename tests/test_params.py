@@ -130,6 +130,8 @@ def test_duplicate_yaml_key_is_refused_naming_file_line_and_key(tmp_path):
         params.load(bad)
     msg = str(exc.value)
     assert f"{bad}:{line}:" in msg and "duplicate key 'seed'" in msg and f"first at line {line - 1}" in msg
+    proc = subprocess.run([sys.executable, "-m", "storybias.cli", "check-params", str(bad)], capture_output=True, text=True)
+    assert proc.returncode == 2 and f"{bad}:{line}:" in proc.stderr  # `make check-params` refuses it too
     # the same key in two different mappings is fine, and so is a key overriding a `<<` merge
     merged = yaml.load("a: &b {k: 1, j: 2}\nc:\n  <<: *b\n  k: 3\n", Loader=params.StrictSafeLoader)
     assert merged["c"] == {"k": 3, "j": 2}

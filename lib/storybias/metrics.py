@@ -14,7 +14,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import yaml
 
 from . import paths
 
@@ -29,8 +28,12 @@ GRAMMATICAL_GENDER = {"G": ("es", "ru", "ar", "fr", "it", "pt", "uk", "hi"), "N"
 
 @lru_cache(maxsize=None)
 def load_lexicon(kind: str = "adjectives") -> dict[str, str]:
-    """word -> category, from params/lexicon/categories.yaml (``adjectives`` or ``settings``)."""
-    spec = yaml.safe_load((paths.params_dir() / "lexicon" / "categories.yaml").read_text(encoding="utf-8"))
+    """word -> category, from params/lexicon/categories.yaml (``adjectives`` or ``settings``). Read
+    strictly: a category written twice is an error naming the line (PyYAML would keep the second
+    list only and silently drop the first one's words)."""
+    from .params import load_yaml_strict
+
+    spec = load_yaml_strict(paths.params_dir() / "lexicon" / "categories.yaml")
     mapping: dict[str, str] = {}
     for category, words in spec[kind].items():
         for word in words:

@@ -3,9 +3,10 @@
     from storybias import params
     p = params.load("params/default.yaml")      # raises ParamsError naming the key and the file
 
-Every section forbids unknown keys, so a typo fails loudly instead of being ignored. Validation reads
-only the YAML, the design files and the file system: it never imports torch or vLLM, so
-``make check-params`` answers in about a second, before any model loads.
+Every section forbids unknown keys, so a typo fails loudly instead of being ignored; a key written
+twice in one mapping, a quoted number (``"3"``) or a bool where a number belongs is refused too.
+Validation reads only the YAML, the design files and the file system: it never imports torch or
+vLLM, so ``make check-params`` answers in about a second, before any model loads.
 """
 
 from __future__ import annotations

@@ -197,8 +197,18 @@ def test_missing_artifacts(frames):
     assert empty["associations"] == []
 
 
-def _write_run(tmp_path: Path, monkeypatch, *, associations: bool = True, extractions: bool = True):
-    stories, ext, shared, values = synthetic_run()
+def _rename_models(frames, names: dict[str, str]):
+    """The synthetic run with its models renamed (``{"m1": "hasOwnProperty", ...}``)."""
+    stories, ext, shared, values = frames
+    stories = stories.assign(model=stories["model"].replace(names))
+    shared = shared.assign(models=shared["models"].map(lambda ms: [names.get(m, m) for m in ms]))
+    values = values.assign(model=values["model"].replace(names))
+    return stories, ext, shared, values
+
+
+def _write_run(tmp_path: Path, monkeypatch, *, associations: bool = True, extractions: bool = True,
+               models: dict[str, str] | None = None):
+    stories, ext, shared, values = _rename_models(synthetic_run(), models or {})
     data = tmp_path / "data"
     run = data / "explorer-test"
     run.mkdir(parents=True)
@@ -210,7 +220,7 @@ def _write_run(tmp_path: Path, monkeypatch, *, associations: bool = True, extrac
         values.to_parquet(run / "associations_values.parquet")
     profile = tmp_path / "explorer-test.yaml"
     profile.write_text(yaml.safe_dump({
-        "generation": {"models": [{"name": "m1", "source": "embedded"}]},
+        "generation": {"models": [{"name": (models or {}).get("m1", "m1"), "source": "embedded"}]},
         "designs": {"stereotales": {"languages": ["en", "fr"]}},
     }))
     monkeypatch.setenv("STORYBIAS_DATA", str(data))
@@ -397,3 +407,31 @@ def test_install_script_is_idempotent():
     proc = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "apt-get" not in proc.stdout and "Chromium" in proc.stdout
+
+
+@pytest.mark.parametrize("names", [{"m1": "hasOwnProperty", "m2": "constructor"}, {"m1": "toString", "m2": "__proto__"}])
+def test_models_named_like_javascript_builtins_render(browser, tmp_path, monkeypatch, names):
+    """A model called hasOwnProperty passes check-params; the page must still render and filter by it
+    (the script once kept seen values in a plain object and called seen.hasOwnProperty(v))."""
+    if browser is None:
+        pytest.fail(_missing_browser())
+    from selenium.webdriver.support.ui import Select
+
+    profile = _write_run(tmp_path, monkeypatch, models=names)
+    assert load(profile).generation.models[0].name == names["m1"]  # a valid profile
+    page = explorer.build_explorer(load(profile))
+    browser.get(page.as_uri())
+    assert browser.find_element("tag name", "body").get_attribute("data-ready") == "1"
+    errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    assert not errors, errors
+    assert _count(browser) == "30 of 30 stories shown"
+    options = [o.get_attribute("value") for o in Select(browser.find_element("id", "f-model")).options]
+    assert options == ["", *sorted(names.values())]  # each model once (a "__proto__" key is not dropped)
+    Select(browser.find_element("id", "f-model")).select_by_value(names["m1"])
+    assert _count(browser) == "16 of 30 stories shown"  # m1: 12 stereotales + 4 bedtime
+    Select(browser.find_element("id", "f-model")).select_by_value(names["m2"])
+    assert _count(browser) == "14 of 30 stories shown"
+    button = browser.find_element("css selector", f"#assoc-body tr[data-scope='all'][data-association-id='{A_NURSE}'] button.assoc-show")
+    assert button.text == "7 stories"
+    button.click()
+    assert _count(browser) == "7 of 30 stories shown"

@@ -267,3 +267,71 @@ def test_stage_degenerate_inputs_give_notes_not_crashes(tmp_path, monkeypatch):
     gg = out["grammatical_gender"]
     assert gg["p_value"].isna().all()
     assert set(out["anova"]["term"]) == {"task"} if not out["anova"].empty else True
+
+
+def _written_schemas(run_name: str) -> dict:
+    import pyarrow.parquet as pq
+
+    from storybias import paths
+
+    return {name: pq.read_schema(paths.run_dir(run_name) / f"metrics_{name}.parquet").remove_metadata()
+            for name in metrics.OUTPUT_SCHEMAS}
+
+
+def test_stage_writes_the_contract_schemas_full_and_empty(tmp_path, monkeypatch):
+    from storybias import io, paths
+
+    p = _synthetic_run(tmp_path, monkeypatch, models=("m1",), languages=("en", "fr"))
+    metrics.run(p)
+    assert _written_schemas(p.run_name) == metrics.OUTPUT_SCHEMAS  # a full run: the contract, type for type
+    # No extraction at all (every story invalid, or stage 03 found nothing): every table keeps its
+    # columns and types, with zero rows, instead of a zero-column parquet file.
+    empty = pd.read_parquet(paths.extractions_path(p.run_name)).iloc[:0]
+    io.write_parquet_atomic(empty, paths.extractions_path(p.run_name))
+    out = metrics.run(p)
+    assert _written_schemas(p.run_name) == metrics.OUTPUT_SCHEMAS
+    for name, schema in metrics.OUTPUT_SCHEMAS.items():
+        assert pd.read_parquet(paths.run_dir(p.run_name) / f"metrics_{name}.parquet").empty, name
+        assert list(out[name].columns) == schema.names and out[name].empty, name
+    assert any("nothing to compare" in n for n in out["notes"])
+
+
+@pytest.mark.parametrize("table, drop", [("extractions", ["parse_ok"]), ("extractions", ["parse_ok", "adjectives_en"]),
+                                         ("filtered", ["cond_child_gender"]), ("vsr", ["vsr"])])
+def test_malformed_input_names_the_file_and_the_missing_columns(tmp_path, monkeypatch, table, drop):
+    from storybias import io, paths
+
+    p = _synthetic_run(tmp_path, monkeypatch, models=("m1",), languages=("en",))
+    path = {"extractions": paths.extractions_path, "filtered": paths.filtered_path, "vsr": paths.vsr_path}[table](p.run_name)
+    io.write_parquet_atomic(pd.read_parquet(path).drop(columns=drop), path)
+    with pytest.raises(metrics.InputContractError) as exc:
+        metrics.run(p)
+    message = str(exc.value)
+    assert str(path) in message and all(column in message for column in drop)
+    assert not list(paths.run_dir(p.run_name).glob("metrics_*.parquet")), "nothing written before the check"
+
+
+def test_non_boolean_parse_ok_is_named(tmp_path, monkeypatch):
+    from storybias import io, paths
+
+    p = _synthetic_run(tmp_path, monkeypatch, models=("m1",), languages=("en",))
+    path = paths.extractions_path(p.run_name)
+    io.write_parquet_atomic(pd.read_parquet(path).assign(parse_ok="yes"), path)
+    with pytest.raises(metrics.InputContractError, match="parse_ok must be boolean"):
+        metrics.run(p)
+
+
+def test_lexicon_with_a_repeated_category_is_refused(tmp_path, monkeypatch):
+    from storybias import paths
+    from storybias.params import ParamsError
+
+    text = (paths.params_dir() / "lexicon" / "categories.yaml").read_text(encoding="utf-8")
+    (tmp_path / "lexicon").mkdir()
+    (tmp_path / "lexicon" / "categories.yaml").write_text(text + "\nsettings:\n  domestic: [attic]\n", encoding="utf-8")
+    monkeypatch.setattr(paths, "params_dir", lambda: tmp_path)
+    metrics.load_lexicon.cache_clear()
+    try:
+        with pytest.raises(ParamsError, match=r"categories.yaml:\d+: found duplicate key 'settings'"):
+            metrics.load_lexicon("settings")
+    finally:
+        metrics.load_lexicon.cache_clear()

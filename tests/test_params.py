@@ -119,6 +119,53 @@ def test_every_problem_is_reported_at_once(tmp_path):
     assert "top_p" in msg and "designs.bedtime.samples" in msg and "2 problems" in msg
 
 
+def test_duplicate_yaml_key_is_refused_naming_file_line_and_key(tmp_path):
+    # PyYAML's safe_load keeps the last of two `seed:` lines; the profile must be refused instead.
+    text = (paths.params_dir() / "smoke.yaml").read_text()
+    assert "\ngeneration:\n" in text
+    bad = tmp_path / "dup.yaml"
+    bad.write_text(text.replace("\ngeneration:\n", "\ngeneration:\n  seed: 7\n  seed: 8\n", 1))
+    line = bad.read_text().splitlines().index("  seed: 8") + 1
+    with pytest.raises(ParamsError) as exc:
+        params.load(bad)
+    msg = str(exc.value)
+    assert f"{bad}:{line}:" in msg and "duplicate key 'seed'" in msg and f"first at line {line - 1}" in msg
+    proc = subprocess.run([sys.executable, "-m", "storybias.cli", "check-params", str(bad)], capture_output=True, text=True)
+    assert proc.returncode == 2 and f"{bad}:{line}:" in proc.stderr  # `make check-params` refuses it too
+    # the same key in two different mappings is fine, and so is a key overriding a `<<` merge
+    merged = yaml.load("a: &b {k: 1, j: 2}\nc:\n  <<: *b\n  k: 3\n", Loader=params.StrictSafeLoader)
+    assert merged["c"] == {"k": 3, "j": 2}
+    top = tmp_path / "dup-top.yaml"
+    top.write_text(text + "\ndescription: again\ndescription: twice\n")
+    with pytest.raises(ParamsError, match="duplicate key 'description'"):
+        params.load(top)
+
+
+def test_quoted_number_is_refused_not_coerced(tmp_path):
+    msg = _error(tmp_path, lambda r: r["designs"]["bedtime"].update(n_prompts="3"))
+    assert "designs.bedtime.n_prompts" in msg and "'3'" in msg and "without quotes" in msg
+    msg = _error(tmp_path, lambda r: r["generation"]["sampling"].update(temperature="0.7"))
+    assert "generation.sampling.temperature" in msg
+    msg = _error(tmp_path, lambda r: r["designs"]["bedtime"].update(enabled="yes"))
+    assert "designs.bedtime.enabled" in msg
+    msg = _error(tmp_path, lambda r: r["generation"].update(seed=True))  # a bool is not an int
+    assert "generation.seed" in msg
+    msg = _error(tmp_path, lambda r: r["designs"]["bedtime"].update(samples_per_prompt=2.0))
+    assert "designs.bedtime.samples_per_prompt" in msg
+
+
+def test_int_is_accepted_where_a_float_is_expected(tmp_path):
+    path = write_profile(tmp_path, lambda r: r["generation"]["sampling"].update(temperature=1, top_p=1))
+    p = params.load(path)
+    assert p.generation.sampling.temperature == 1.0 and isinstance(p.generation.sampling.temperature, float)
+
+
+def test_run_name_null_is_refused(tmp_path):
+    # Make's sed reads `run_name: null` as a run called "null"; Python used the file name: refuse it.
+    msg = _error(tmp_path, lambda r: r.update(run_name=None))
+    assert "run_name" in msg and "omit run_name to use the file name" in msg
+
+
 def test_check_params_cli_exits_nonzero_fast_naming_key(tmp_path):
     path = write_profile(tmp_path, lambda r: r["designs"]["stereotales"].update(languages=["klingon"]))
     started = time.time()

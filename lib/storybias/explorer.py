@@ -525,7 +525,13 @@ _SCRIPT = r"""
   }
   function num(n) { return (n === null || n === undefined) ? "\u2013" : Number(n).toLocaleString("en-US"); }
   function fix(x, d) { return (x === null || x === undefined) ? "\u2013" : Number(x).toFixed(d); }
-  function langLabel(code) { var n = (D.languages || {})[code]; return n ? code + " (" + n + ")" : code; }
+  // Values from the run (model names, condition values, keys) are never used as keys of a plain
+  // object: a model called "hasOwnProperty", "__proto__" or "constructor" would hit Object.prototype.
+  // Sets hold seen values, and objects parsed from the JSON are read through own().
+  function own(obj, key) {
+    return (obj !== null && obj !== undefined && Object.prototype.hasOwnProperty.call(obj, key)) ? obj[key] : undefined;
+  }
+  function langLabel(code) { var n = own(D.languages, code); return n ? code + " (" + n + ")" : code; }
   function facetLabel(key) {
     var i = key.indexOf(":"), design = key.slice(0, i), name = key.slice(i + 1);
     if (design === "stereotales" && name !== "scenario" && name !== "scenario_category") {
@@ -534,8 +540,8 @@ _SCRIPT = r"""
     return design + " \u00b7 " + name;
   }
   function uniq(values) {
-    var seen = {}, out = [];
-    values.forEach(function (v) { if (v !== null && v !== undefined && !seen.hasOwnProperty(v)) { seen[v] = 1; out.push(v); } });
+    var seen = new Set(), out = [];
+    values.forEach(function (v) { if (v !== null && v !== undefined && !seen.has(v)) { seen.add(v); out.push(v); } });
     return out.sort();
   }
   function fillSelect(select, values, label, keepFirst) {
@@ -576,8 +582,8 @@ _SCRIPT = r"""
   function assocMatch(a, s) {
     return s.design === "stereotales" && a.models.indexOf(s.model) >= 0 &&
       (a.scope === "all" || s.language === a.scope) &&
-      s.cond.attribute === a.base_attribute && s.cond.value === a.base_value &&
-      s.x !== null && s.x.ok === true && s.x.demo[a.compared_attribute] === a.compared_value;
+      own(s.cond, "attribute") === a.base_attribute && own(s.cond, "value") === a.base_value &&
+      s.x !== null && s.x.ok === true && own(s.x.demo, a.compared_attribute) === a.compared_value;
   }
   function haystack(s) {
     if (s._hay === undefined) {

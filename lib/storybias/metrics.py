@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import yaml
+import pyarrow as pa
 
 from . import paths
 from .locks import holds_run_lock
@@ -29,8 +29,12 @@ GRAMMATICAL_GENDER = {"G": ("es", "ru", "ar", "fr", "it", "pt", "uk", "hi"), "N"
 
 @lru_cache(maxsize=None)
 def load_lexicon(kind: str = "adjectives") -> dict[str, str]:
-    """word -> category, from params/lexicon/categories.yaml (``adjectives`` or ``settings``)."""
-    spec = yaml.safe_load((paths.params_dir() / "lexicon" / "categories.yaml").read_text(encoding="utf-8"))
+    """word -> category, from params/lexicon/categories.yaml (``adjectives`` or ``settings``). Read
+    strictly: a category written twice is an error naming the line (PyYAML would keep the second
+    list only and silently drop the first one's words)."""
+    from .params import load_yaml_strict
+
+    spec = load_yaml_strict(paths.params_dir() / "lexicon" / "categories.yaml")
     mapping: dict[str, str] = {}
     for category, words in spec[kind].items():
         for word in words:
@@ -404,18 +408,99 @@ def occupation_trials(data: pd.DataFrame) -> pd.DataFrame:
     }).reset_index(drop=True)
 
 
+# Arrow schemas of the stage's tables (docs/data-contract.md), by the name in metrics_<name>.parquet.
+# Every table is written with its schema, so an input with nothing to compare (no stories, no
+# occupations outputs) gives the same columns and types as a full run, with zero rows.
+_TEXT, _REAL, _COUNT, _FLAG = pa.string(), pa.float64(), pa.int64(), pa.bool_()
+_CELL_FIELDS = [("comparison", _TEXT), ("model", _TEXT), ("language", _TEXT), ("n_m", _COUNT), ("n_f", _COUNT),
+                ("small_sample", _FLAG)]
+_JSD_FIELDS = [*_CELL_FIELDS, ("jsd", _REAL), ("ci_low", _REAL), ("ci_high", _REAL), ("note", _TEXT)]
+_SCORE_KEYS = [("model", _TEXT), ("language", _TEXT), ("task", _TEXT)]
+OUTPUT_SCHEMAS: dict[str, pa.Schema] = {
+    "sc": pa.schema([*_CELL_FIELDS, ("kind", _TEXT), ("category", _TEXT), ("s_c", _REAL), ("ci_low", _REAL),
+                     ("ci_high", _REAL), ("coverage", _REAL), ("note", _TEXT)]),
+    "jsd": pa.schema(_JSD_FIELDS),
+    "cosine": pa.schema([("comparison", _TEXT), ("model", _TEXT), ("language_a", _TEXT), ("language_b", _TEXT),
+                         ("cosine", _REAL)]),
+    "log_odds": pa.schema([("comparison", _TEXT), ("model", _TEXT), ("field", _TEXT), ("group", _TEXT), ("word", _TEXT),
+                           ("z", _REAL), ("count_m", _COUNT), ("count_f", _COUNT)]),
+    "grammatical_gender": pa.schema([("comparison", _TEXT), ("model", _TEXT), ("U", _REAL), ("p_value", _REAL),
+                                     ("n_G", _COUNT), ("n_N", _COUNT), ("note", _TEXT)]),
+    "vsr_jsd": pa.schema([*_JSD_FIELDS, ("vsr", _REAL), ("n_stories", _COUNT)]),
+    "occupations": pa.schema([*_SCORE_KEYS, ("occupation", _TEXT), ("occupation_gender", _TEXT), ("n", _COUNT),
+                              ("n_female", _COUNT), ("n_male", _COUNT), ("n_unidentified", _COUNT), ("p_female", _REAL),
+                              ("p_male", _REAL), ("m_s", _REAL), ("m_b", _REAL), ("denominator", _TEXT)]),
+    "aggregates": pa.schema([*_SCORE_KEYS, ("m_s", _REAL), ("m_b", _REAL), ("n_occupations", _COUNT),
+                             ("n_outputs", _COUNT), ("denominator", _TEXT)]),
+    "anova": pa.schema([("outcome", _TEXT), ("term", _TEXT), ("df", _COUNT), ("df_resid", _COUNT), ("sum_sq", _REAL),
+                        ("F", _REAL), ("p_value", _REAL), ("partial_omega_sq", _REAL), ("p_adjusted", _REAL),
+                        ("subset", _TEXT), ("denominator", _TEXT), ("note", _TEXT)]),
+    "glm": pa.schema([("outcome", _TEXT), ("term", _TEXT), ("chi2", _REAL), ("p_value", _REAL), ("df", _COUNT)]),
+}
+
+# Columns stage 05 reads from each input (docs/data-contract.md); the comparisons' cond_<condition>
+# columns are added per profile (required_input_columns).
+EXTRACTION_COLUMNS = ("story_id", "parse_ok", "adjectives_en", "settings", "protagonist_gender")
+FILTERED_COLUMNS = ("story_id", "design", "model", "language", "cond_task", "cond_occupation", "cond_occupation_gender")
+VSR_COLUMNS = ("design", "model", "language", "vsr", "n_stories")
+
+
+class InputContractError(ValueError):
+    """An input table of stage 05 lacks a column it reads (or has it with the wrong type); the message
+    names the file and the columns."""
+
+
+def required_input_columns(comparisons: Sequence[Any]) -> dict[str, tuple[str, ...]]:
+    """Columns read from extractions / filtered / vsr, including each comparison's condition columns."""
+    conds = [f"cond_{c}" for comparison in comparisons for c in (comparison.condition, *comparison.where)]
+    return {"extractions": EXTRACTION_COLUMNS, "filtered": tuple(dict.fromkeys([*FILTERED_COLUMNS, *conds])),
+            "vsr": VSR_COLUMNS}
+
+
+def check_input_columns(frame: pd.DataFrame, path: Any, required: Sequence[str], remedy: str) -> None:
+    """Raise InputContractError naming ``path`` and every missing column (and a non-boolean parse_ok)."""
+    missing = [c for c in required if c not in frame.columns]
+    if missing:
+        raise InputContractError(
+            f"{path}: missing column{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
+            f"(stage 05 reads {', '.join(required)}; see docs/data-contract.md): {remedy}")
+    if "parse_ok" in required and len(frame) and not pd.api.types.is_bool_dtype(frame["parse_ok"]):
+        raise InputContractError(f"{path}: column parse_ok must be boolean, found {frame['parse_ok'].dtype} "
+                                 f"(see docs/data-contract.md): {remedy}")
+
+
+def to_contract(frame: pd.DataFrame, name: str) -> pa.Table:
+    """The Arrow table of ``metrics_<name>.parquet``: columns in schema order with schema types; a
+    column the frame lacks (an empty frame lacks them all) is null. A column outside the schema is a
+    bug (the contract and the code disagree) and raises."""
+    schema = OUTPUT_SCHEMAS[name]
+    extra = [c for c in frame.columns if c not in schema.names]
+    if extra:
+        raise ValueError(f"metrics_{name}: columns {extra} are not in OUTPUT_SCHEMAS[{name!r}] (docs/data-contract.md)")
+    frame = frame.reset_index(drop=True)
+    arrays = [pa.array(frame[f.name], from_pandas=True).cast(f.type) if f.name in frame.columns else pa.nulls(len(frame), f.type)
+              for f in schema]
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
 @holds_run_lock("metrics")
 def run(params) -> dict[str, Any]:
     """Stage 05: read extractions + conditions, compute every table, write data/<run>/metrics_*.parquet."""
     from .io import write_json_atomic, write_parquet_atomic
 
     run_name, settings = params.run_name, params.metrics
-    for path in (paths.extractions_path(run_name), paths.filtered_path(run_name), paths.vsr_path(run_name)):
+    inputs = {"extractions": (paths.extractions_path(run_name), "rerun stage 03 (make extract)"),
+              "filtered": (paths.filtered_path(run_name), "rerun stage 02 (make filter)"),
+              "vsr": (paths.vsr_path(run_name), "rerun stage 02 (make filter)")}
+    for path, _ in inputs.values():
         if not path.is_file():
             raise FileNotFoundError(f"{path} is missing: run the earlier stages first (make extract)")
-    extractions = pd.read_parquet(paths.extractions_path(run_name))
-    filtered = pd.read_parquet(paths.filtered_path(run_name))
-    vsr = pd.read_parquet(paths.vsr_path(run_name))
+    required = required_input_columns(settings.comparisons)
+    frames = {}
+    for key, (path, remedy) in inputs.items():
+        frames[key] = pd.read_parquet(path)
+        check_input_columns(frames[key], path, required[key], remedy)
+    extractions, filtered, vsr = frames["extractions"], frames["filtered"], frames["vsr"]
     data = extractions.merge(filtered.drop(columns=["raw"], errors="ignore"), on="story_id", how="left")
     n_excluded = int((~data["parse_ok"]).sum())
     parsed = data[data["parse_ok"]]
@@ -477,7 +562,8 @@ def run(params) -> dict[str, Any]:
     tables = {"sc": sc, "jsd": jsd, "cosine": cosine, "log_odds": log_odds, "grammatical_gender": grammatical,
               "vsr_jsd": vsr_jsd, "occupations": occupations, "aggregates": aggregates, "anova": anova, "glm": glm}
     for name, table in tables.items():
-        write_parquet_atomic(table.reset_index(drop=True), paths.run_dir(run_name) / f"metrics_{name}.parquet")
+        write_parquet_atomic(to_contract(table, name), paths.run_dir(run_name) / f"metrics_{name}.parquet")
+        tables[name] = table.reset_index(drop=True).reindex(columns=OUTPUT_SCHEMAS[name].names)
     write_json_atomic({"stage": "metrics", "notes": notes, "n_parse_failed_excluded": n_excluded,
                        "params": params.resolved()["metrics"]}, paths.manifest_path(run_name, "metrics"))
     return {**tables, "notes": notes, "n_excluded": n_excluded}

@@ -3,9 +3,10 @@
     from storybias import params
     p = params.load("params/default.yaml")      # raises ParamsError naming the key and the file
 
-Every section forbids unknown keys, so a typo fails loudly instead of being ignored. Validation reads
-only the YAML, the design files and the file system: it never imports torch or vLLM, so
-``make check-params`` answers in about a second, before any model loads.
+Every section forbids unknown keys, so a typo fails loudly instead of being ignored; a key written
+twice in one mapping, a quoted number (``"3"``) or a bool where a number belongs is refused too.
+Validation reads only the YAML, the design files and the file system: it never imports torch or
+vLLM, so ``make check-params`` answers in about a second, before any model loads.
 """
 
 from __future__ import annotations
@@ -33,7 +34,11 @@ class ParamsError(ValueError):
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    """Every section: unknown keys refused, and strict types (pydantic strict mode): ``n_prompts: "3"``
+    or ``enabled: 1`` is an error instead of being coerced; an int is still accepted where a float is
+    expected (``temperature: 1``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class Sampling(Strict):
@@ -305,7 +310,12 @@ class Profile(Strict):
     @field_validator("run_name")
     @classmethod
     def _run_name(cls, value: str | None) -> str | None:
-        if value is not None and not RUN_NAME.match(value):
+        # Runs only for a run_name written in the file (defaults are not validated): an explicit null
+        # is refused, because Make's sed reads it as a run called "null" while Python would fall back
+        # to the file name, and the two would work on different folders.
+        if value is None:
+            raise ValueError("null is not a run name; omit run_name to use the file name")
+        if not RUN_NAME.match(value):
             raise ValueError("run_name may hold letters, digits, '.', '_' and '-' only")
         return value
 
@@ -361,6 +371,10 @@ def _format_location(loc: tuple[Any, ...]) -> str:
     return out or "(top level)"
 
 
+# pydantic's error types for a value of the wrong type (strict mode: no coercion from strings or bools)
+_STRICT_TYPE_ERRORS = {"int_type", "float_type", "bool_type", "string_type", "list_type", "dict_type"}
+
+
 def _format_validation_error(exc: ValidationError, source: Path) -> str:
     lines = [f"{source}: invalid parameters ({exc.error_count()} problem{'s' if exc.error_count() > 1 else ''}):"]
     for err in exc.errors():
@@ -370,6 +384,11 @@ def _format_validation_error(exc: ValidationError, source: Path) -> str:
             msg = "unknown key (not in the schema; check the spelling)"
         elif err["type"] == "literal_error":
             msg = f"{msg}; got {err.get('input')!r}"
+        elif err["type"] in _STRICT_TYPE_ERRORS:
+            value = err.get("input")
+            msg = f"{msg}; got {value!r} ({type(value).__name__})"
+            if isinstance(value, str):
+                msg += ": write the value without quotes"
         lines.append(f"  - {_format_location(loc)}: {msg}")
     return "\n".join(lines)
 
@@ -437,14 +456,51 @@ def _condition_values(design: str, spec: dict[str, Any]) -> dict[str, list[str]]
     return conditions
 
 
+class DuplicateKeyError(yaml.constructor.ConstructorError):
+    """A mapping in a YAML file repeats a key."""
+
+
+class StrictSafeLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a repeated key in any mapping (PyYAML silently keeps the last
+    value, so a profile with two ``seed:`` lines would run with whichever came second)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, yaml.Node] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # `<<: *anchor` may be overridden by the mapping's own keys, as YAML intends
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.get(key)
+                except TypeError:  # an unhashable key: the base class raises its own error below
+                    continue
+                if first is not None:
+                    raise DuplicateKeyError(
+                        "while constructing a mapping", node.start_mark,
+                        f"found duplicate key {key!r} (first at line {first.start_mark.line + 1})", key_node.start_mark)
+                seen[key] = key_node
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml_strict(source: Path) -> Any:
+    """Parse a YAML file with :class:`StrictSafeLoader`; a duplicate key raises ParamsError naming
+    the file, the line and the key."""
+    with open(source, encoding="utf-8") as fh:
+        try:
+            return yaml.load(fh, Loader=StrictSafeLoader)  # noqa: S506 - a SafeLoader subclass
+        except DuplicateKeyError as exc:
+            mark = exc.problem_mark
+            raise ParamsError(f"{source}:{mark.line + 1}: {exc.problem}; each key may appear once per mapping") from None
+
+
 def load(path: str | Path) -> Params:
     """Read and validate a profile. Raises ParamsError with every problem, each naming its key."""
     source = paths.resolve(path)
     if not source.is_file():
         raise ParamsError(f"{source}: params file not found")
     try:
-        with open(source, encoding="utf-8") as fh:
-            raw = yaml.safe_load(fh)
+        raw = load_yaml_strict(source)
     except yaml.YAMLError as exc:
         raise ParamsError(f"{source}: not valid YAML: {exc}") from exc
     if not isinstance(raw, dict):

@@ -518,13 +518,13 @@ def run(params, progress: bool = True, engine_factory=None, log=print) -> dict[s
     from . import paths
     from .engines import Engine, preflight
     from .io import ShardStore, write_json_atomic, write_parquet_atomic
-    from .langid import valid_only
+    from .langid import select
 
     run_name, settings = params.run_name, params.extraction
     source = paths.filtered_path(run_name)
     if not source.is_file():
         raise FileNotFoundError(f"{source} is missing: run stage 02 first (make filter)")
-    stories = valid_only(pd.read_parquet(source), params.filter.include_invalid_downstream)
+    stories = select(pd.read_parquet(source))  # each design's study rule (filter.exclude, stage 02)
     jobs = plan_jobs(stories, settings)
     # one shard row per attempt (answer_key = request_key + attempt): a retry never overwrites the failure
     store = ShardStore(paths.work_dir(run_name, "extract"), key="answer_key", schema=_raw_schema())

@@ -256,16 +256,22 @@ def majority_list(lists: Sequence[Sequence[str]]) -> list[str]:
     return [item for item in seen if counts[item] > need]
 
 
-def combine(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Final value per field over extractors: majority for scalar fields (ties -> unknown), items
-    named by a majority for lists. One record is returned as it is."""
+NARRATIVE_LISTS = ("adjectives_en", "settings", "cultural_refs")
+
+
+def combine(records: Sequence[dict[str, Any]], narrative_lists: str = "primary") -> dict[str, Any]:
+    """Final value per field over extractors: majority for scalar fields (ties -> unknown). The
+    narrative lists (adjectives, settings, cultural references) come from the first (primary)
+    extractor, as BiasedTales-ML used one extractor (Qwen3-14B, Sec. 4.1); ``narrative_lists="majority"``
+    keeps the items named by more than half of the extractors instead, which shrinks the
+    vocabularies the distributional metrics compare. One record is returned as it is."""
     if len(records) == 1:
         return dict(records[0])
     out: dict[str, Any] = {}
     for key in records[0]:
         values = [r[key] for r in records]
-        if key in ("adjectives_en", "settings", "cultural_refs"):
-            out[key] = majority_list(values)
+        if key in NARRATIVE_LISTS:
+            out[key] = majority_list(values) if narrative_lists == "majority" else list(values[0])
         elif key in ("adjectives_orig", "markers"):
             out[key] = values[0]  # surface forms and markers are taken from the first extractor
         elif key == "protagonist_name":
@@ -459,7 +465,7 @@ def assemble(stories: pd.DataFrame, raw: pd.DataFrame, settings) -> pd.DataFrame
         parsed = [parse_answer(answers_of[n].raw, sections) for n in names if n in answers_of]
         ok = len(parsed) == len(names) and all(p.ok for p in parsed)
         records = [to_record(p.data, sections) for p in parsed if p.ok]
-        record = combine(records) if records else empty_record(sections)
+        record = combine(records, settings.narrative_lists) if records else empty_record(sections)
         rows.append({
             "story_id": row.story_id, "extractors": names, "parse_ok": ok,
             "n_parse_failures": int(sum(not p.ok for p in parsed) + (len(names) - len(parsed))),

@@ -214,6 +214,11 @@ class ExtractionSettings(Strict):
 
     models: Annotated[list[ModelSpec], Field(min_length=1)] = [ModelSpec(name="qwen2.5-coder-1.5b", source="embedded")]
     sections: ExtractionSections = ExtractionSections()
+    # With several extractors, where the narrative lists (adjectives, settings, cultural references)
+    # come from: "primary" = the first extractor only, as BiasedTales-ML (one extractor, Qwen3-14B);
+    # "majority" = items named by more than half of them (smaller vocabularies). Scalar fields (the
+    # demographics) always take the majority, as StereoTales' ensemble.
+    narrative_lists: Literal["primary", "majority"] = "primary"
     max_tokens: Annotated[int, Field(ge=64)] = 700
     max_list_items: Annotated[int, Field(ge=1, le=20)] = 6
     seed: int = 1234
@@ -244,6 +249,9 @@ class Comparison(Strict):
     group_m: str
     group_f: str
     where: dict[str, str] = {}
+    # Only the distinctive-words table (log-odds z), no S_C / JSD / cosine: BiasedTales-ML reports its
+    # religion and nationality contrasts that way only (Appendix F).
+    log_odds_only: bool = False
 
 
 class MetricsSettings(Strict):

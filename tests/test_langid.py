@@ -65,6 +65,7 @@ def _stories(rows):
 
 
 def test_classify_reasons_in_order():
+    """With a rule that counts every check, the first failing one is the reason recorded."""
     en = LANG_DATA["en"]["lid_sentences"][0]
     fr = LANG_DATA["fr"]["lid_sentences"][0]
     stories = _stories([
@@ -75,17 +76,43 @@ def test_classify_reasons_in_order():
         {"language": "en", "text": fr},
         {"language": "fr", "text": fr},
     ])
-    out = langid.classify(stories)
+    out = langid.classify(stories, exclude={"bedtime": list(langid.INVALID_REASONS)})
     assert list(out["invalid_reason"].fillna("valid")) == ["valid", "empty", "truncated", "refusal", "wrong_language", "valid"]
     assert list(out["is_valid"]) == [True, False, False, False, False, True]
     assert out.loc[4, "lid_lang"] == "fr"
     assert len(out) == len(stories), "every row is kept"
 
 
-def test_story_in_the_wrong_language_is_marked_wrong_language():
-    stories = _stories([{"language": "ar", "text": LANG_DATA["es"]["lid_sentences"][1]}])
+def test_bedtime_default_is_biasedtales_rule_truncated_stays_valid():
+    """BiasedTales-ML: valid = lid.176 gives the prompt's language with p > 0.5, and not a refusal.
+    A story cut at max_tokens is valid there (the old rule made it invalid everywhere)."""
+    en = LANG_DATA["en"]["lid_sentences"][0]
+    stories = _stories([
+        {"language": "en", "text": en, "finish_reason": "length"},
+        {"language": "en", "text": LANG_DATA["en"]["refusals"][0]},
+        {"language": "en", "text": LANG_DATA["fr"]["lid_sentences"][0], "finish_reason": "length"},
+    ])
     out = langid.classify(stories)
-    assert out.loc[0, "invalid_reason"] == "wrong_language" and out.loc[0, "lid_lang"] == "es"
+    assert list(out["is_valid"]) == [True, False, False]
+    # the truncated story in the wrong language is excluded for its language, not for its length
+    assert list(out["invalid_reason"].fillna("valid")) == ["valid", "refusal", "wrong_language"]
+    flags = langid.reason_flags(out)
+    assert flags.loc[0, "truncated"] and flags.loc[2, "truncated"] and flags.loc[2, "wrong_language"], "every check is recorded"
+
+
+def test_stereotales_has_no_language_filter_and_occupations_keep_every_record():
+    fr = LANG_DATA["fr"]["lid_sentences"][0]
+    refusal = LANG_DATA["en"]["refusals"][0]
+    rows = [{"design": "stereotales", "language": "en", "text": fr},
+            {"design": "stereotales", "language": "en", "text": " "},
+            {"design": "stereotales", "language": "en", "text": fr, "finish_reason": "length"},
+            {"design": "occupations", "language": "en", "text": fr},
+            {"design": "occupations", "language": "en", "text": refusal, "finish_reason": "length"},
+            {"design": "occupations", "language": "en", "text": ""},
+            {"design": "bedtime", "language": "en", "text": fr}]
+    out = langid.classify(_stories(rows))
+    assert list(out["is_valid"]) == [True, False, True, True, True, True, False]
+    assert out.loc[1, "invalid_reason"] == "empty" and out.loc[6, "invalid_reason"] == "wrong_language"
 
 
 def test_low_confidence_uses_the_threshold():
@@ -95,9 +122,30 @@ def test_low_confidence_uses_the_threshold():
     assert out.loc[0, "invalid_reason"] == "low_confidence"
 
 
-def test_truncation_can_be_allowed():
+def test_truncation_can_be_made_invalid_per_design():
     stories = _stories([{"language": "en", "text": LANG_DATA["en"]["lid_sentences"][0], "finish_reason": "length"}])
-    assert langid.classify(stories, truncated_is_invalid=False).loc[0, "is_valid"]
+    assert langid.classify(stories).loc[0, "is_valid"]
+    out = langid.classify(stories, exclude={"bedtime": ["truncated", "wrong_language"]})
+    assert not out.loc[0, "is_valid"] and out.loc[0, "invalid_reason"] == "truncated"
+
+
+def test_select_keeps_what_the_design_rule_keeps():
+    en = LANG_DATA["en"]["lid_sentences"][0]
+    stories = _stories([{"language": "en", "text": en, "finish_reason": "length"},
+                        {"language": "en", "text": LANG_DATA["en"]["refusals"][0]}])
+    assert list(langid.select(langid.classify(stories))["story_id"]) == ["s0"]
+
+
+def test_deprecated_filter_keys_still_read_with_a_warning():
+    from storybias.params import FilterSettings
+
+    with pytest.warns(FutureWarning, match="deprecated"):
+        strict = FilterSettings.model_validate({"truncated_is_invalid": True})
+    assert all("truncated" in rule for rule in strict.exclude.model_dump().values())
+    with pytest.warns(FutureWarning):
+        everything = FilterSettings.model_validate({"include_invalid_downstream": True})
+    assert everything.exclude.model_dump() == {"stereotales": [], "bedtime": [], "occupations": []}
+    assert FilterSettings().exclude.bedtime == ["empty", "refusal", "wrong_language", "low_confidence"]
 
 
 def test_explicit_answers_skip_language_id():
@@ -117,13 +165,34 @@ def test_vsr_arithmetic_on_a_hand_made_table():
         rows.append({"model": "b", "language": "en", "is_valid": True, "invalid_reason": None})
     filtered = pd.DataFrame(rows).assign(design="bedtime", story_id=[f"s{i}" for i in range(len(rows))])
     vsr = langid.vsr_table(filtered)
-    a_en = vsr[(vsr.design == "all") & (vsr.model == "a") & (vsr.language == "en")].iloc[0]
+    a_en = vsr[(vsr.design == "bedtime") & (vsr.model == "a") & (vsr.language == "en")].iloc[0]
     assert (a_en.n_stories, a_en.n_valid, a_en.vsr, a_en.n_refusal) == (4, 3, 0.75, 1)
     matrix = langid.vsr_matrix(vsr)
     assert matrix.loc["en", "a"] == 75.0 and matrix.loc["zh", "a"] == 50.0 and matrix.loc["en", "b"] == 100.0
     assert matrix.loc["en", "Overall"] == round(5 / 6 * 100, 1)  # pooled over models
     assert matrix.loc["Average", "a"] == 62.5
     assert list(matrix.index) == ["en", "zh", "Average"]
+
+
+def test_table3_is_the_bedtime_design_not_all_designs_pooled():
+    """Table 3 reports BiasedTales-ML's own stories: stereotales stories and explicit-task labels of the
+    same model x language must not move it (the old default pooled every design as ``all``)."""
+    rows = [{"design": "bedtime", "model": "a", "language": "en", "is_valid": v, "invalid_reason": None if v else "refusal"}
+            for v in (True, False)]
+    rows += [{"design": "stereotales", "model": "a", "language": "en", "is_valid": True, "invalid_reason": None}] * 6
+    filtered = pd.DataFrame(rows).assign(story_id=[f"s{i}" for i in range(len(rows))])
+    vsr = langid.vsr_table(filtered)
+    assert set(vsr["design"]) == {"bedtime", "stereotales"}, "no pooled 'all' row"
+    assert langid.vsr_matrix(vsr).loc["en", "a"] == 50.0
+    assert langid.vsr_matrix(vsr, "stereotales").loc["en", "a"] == 100.0
+
+
+def test_reason_counts_count_every_check_per_design():
+    en = LANG_DATA["en"]["lid_sentences"][0]
+    stories = _stories([{"language": "en", "text": en, "finish_reason": "length"},
+                        {"language": "en", "text": LANG_DATA["fr"]["lid_sentences"][0], "finish_reason": "length"}])
+    counts = langid.reason_counts(langid.classify(stories)).iloc[0]
+    assert (counts.truncated, counts.wrong_language, counts.refusal) == (2, 1, 0)
 
 
 def test_refusal_files_exist_for_all_languages():

@@ -223,7 +223,7 @@ def _synthetic_run(tmp_path, monkeypatch, models=("m1", "m2"), languages=("en", 
     run = "unit-metrics"
     io.write_parquet_atomic(filtered, paths.filtered_path(run))
     io.write_parquet_atomic(extractions, paths.extractions_path(run))
-    vsr = filtered.groupby(["model", "language"]).size().rename("n_stories").reset_index().assign(design="all", n_valid=lambda d: d.n_stories, vsr=1.0)
+    vsr = filtered.groupby(["design", "model", "language"]).size().rename("n_stories").reset_index().assign(n_valid=lambda d: d.n_stories, vsr=1.0)
     io.write_parquet_atomic(vsr, paths.vsr_path(run))
     raw = yaml.safe_load((paths.params_dir() / "smoke.yaml").read_text())
     raw["run_name"] = run

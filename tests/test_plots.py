@@ -294,7 +294,7 @@ def test_vsr_heatmap():
     small = make_vsr(SMALL_MODELS, SMALL_LANGS, skip={(SMALL_MODELS[0], "zh")})
     fig, stats = plots.vsr_heatmap(small)
     check_figure(fig)
-    sub = small[small["design"] == "all"]
+    sub = small[small["design"] == "bedtime"]  # Table 3 is the bedtime design, never the pooled "all" rows
     assert_stats(stats, {"mean_vsr": float(sub["vsr"].mean()), "pooled_vsr": float(sub["n_valid"].sum() / sub["n_stories"].sum()),
                          "min_vsr": float(sub["vsr"].min()), "n_models": 1, "n_languages": 2, "n_empty_cells": 0})
     texts_ = [t.get_text() for t in texts(fig)]
@@ -303,7 +303,7 @@ def test_vsr_heatmap():
     fig, stats = plots.vsr_heatmap(large)
     check_figure(fig)
     assert stats["n_models"] == 23 and stats["n_languages"] == 14 and stats["n_empty_cells"] == 2
-    assert stats["mean_vsr"] == pytest.approx(large.loc[large["design"] == "all", "vsr"].mean())
+    assert stats["mean_vsr"] == pytest.approx(large.loc[large["design"] == "bedtime", "vsr"].mean())
     fig, stats = plots.vsr_heatmap(large, design="stereotales")
     assert stats["mean_vsr"] == pytest.approx(large.loc[large["design"] == "stereotales", "vsr"].mean())
     check_no_data(*plots.vsr_heatmap(pd.DataFrame()))
@@ -612,7 +612,7 @@ def test_gallery_saves_indexes_and_flags_empty_figures(tmp_path):
     from storybias import plots
 
     gallery = plots.Gallery(tmp_path, dpi=72)
-    fig, stats = plots.vsr_heatmap(pd.DataFrame({"model": ["m", "m"], "language": ["en", "fr"], "design": ["all", "all"],
+    fig, stats = plots.vsr_heatmap(pd.DataFrame({"model": ["m", "m"], "language": ["en", "fr"], "design": ["bedtime", "bedtime"],
                                                  "n_stories": [10, 10], "n_valid": [8, 5], "vsr": [0.8, 0.5]}))
     record = gallery.show("01_vsr_heatmap", fig, stats, quote="Mean {mean_vsr:.1%}")
     assert record["quote"] == "Mean 65.0%" and not record["no_data"]

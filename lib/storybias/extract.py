@@ -257,16 +257,22 @@ def majority_list(lists: Sequence[Sequence[str]]) -> list[str]:
     return [item for item in seen if counts[item] > need]
 
 
-def combine(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Final value per field over extractors: majority for scalar fields (ties -> unknown), items
-    named by a majority for lists. One record is returned as it is."""
+NARRATIVE_LISTS = ("adjectives_en", "settings", "cultural_refs")
+
+
+def combine(records: Sequence[dict[str, Any]], narrative_lists: str = "primary") -> dict[str, Any]:
+    """Final value per field over extractors: majority for scalar fields (ties -> unknown). The
+    narrative lists (adjectives, settings, cultural references) come from the first (primary)
+    extractor, as BiasedTales-ML used one extractor (Qwen3-14B, Sec. 4.1); ``narrative_lists="majority"``
+    keeps the items named by more than half of the extractors instead, which shrinks the
+    vocabularies the distributional metrics compare. One record is returned as it is."""
     if len(records) == 1:
         return dict(records[0])
     out: dict[str, Any] = {}
     for key in records[0]:
         values = [r[key] for r in records]
-        if key in ("adjectives_en", "settings", "cultural_refs"):
-            out[key] = majority_list(values)
+        if key in NARRATIVE_LISTS:
+            out[key] = majority_list(values) if narrative_lists == "majority" else list(values[0])
         elif key in ("adjectives_orig", "markers"):
             out[key] = values[0]  # surface forms and markers are taken from the first extractor
         elif key == "protagonist_name":
@@ -509,7 +515,7 @@ def assemble(stories: pd.DataFrame, raw: pd.DataFrame, settings) -> pd.DataFrame
         parsed = [parse_answer(answers_of[n].raw, sections) for n in names if n in answers_of]
         ok = len(parsed) == len(names) and all(p.ok for p in parsed)
         records = [to_record(p.data, sections) for p in parsed if p.ok]
-        record = combine(records) if records else empty_record(sections)
+        record = combine(records, settings.narrative_lists) if records else empty_record(sections)
         rows.append({
             "story_id": row.story_id, "extractors": names, "parse_ok": ok,
             "n_parse_failures": int(sum(not p.ok for p in parsed) + (len(names) - len(parsed))),
@@ -569,13 +575,13 @@ def run(params, progress: bool = True, engine_factory=None, log=print) -> dict[s
     from . import paths
     from .engines import Engine, preflight
     from .io import ShardStore, write_json_atomic, write_parquet_atomic
-    from .langid import valid_only
+    from .langid import select
 
     run_name, settings = params.run_name, params.extraction
     source = paths.filtered_path(run_name)
     if not source.is_file():
         raise FileNotFoundError(f"{source} is missing: run stage 02 first (make filter)")
-    stories = valid_only(pd.read_parquet(source), params.filter.include_invalid_downstream)
+    stories = select(pd.read_parquet(source))  # each design's study rule (filter.exclude, stage 02)
     jobs = plan_jobs(stories, settings)
     # one shard row per attempt (answer_key = request_key + attempt): a retry never overwrites the failure
     # The shards are the stage's answer cache (never cleared): an answer is reused only under its exact

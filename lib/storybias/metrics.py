@@ -365,16 +365,29 @@ def narrative_comparison(data: pd.DataFrame, comparison, n_boot: int, seed: int,
 
 
 def cosine_matrix(sc: pd.DataFrame) -> pd.DataFrame:
-    """Language x language cosine similarity of S_C vectors (adjective categories), per model and comparison."""
+    """Language x language cosine similarity of S_C vectors, per model and comparison.
+
+    The vector of a language holds S_C of every semantic category, adjective and setting categories
+    alike, keyed ``<kind>:<category>`` (BiasedTales-ML Eq. 3: v_l aggregates S_C over all semantic
+    categories; a category missing in one language, or NaN, counts as 0)."""
     rows = []
-    adj = sc[sc["kind"] == "adjectives"]
-    for (comparison, model), g in adj.groupby(["comparison", "model"]):
-        vectors = {lang: dict(zip(v["category"], v["s_c"])) for lang, v in g.groupby("language")}
+    data = sc.assign(key=sc["kind"].astype(str) + ":" + sc["category"].astype(str))
+    for (comparison, model), g in data.groupby(["comparison", "model"]):
+        vectors = {lang: dict(zip(v["key"], v["s_c"])) for lang, v in g.groupby("language")}
         for a in vectors:
             for b in vectors:
                 rows.append({"comparison": comparison, "model": model, "language_a": a, "language_b": b,
                              "cosine": cosine_similarity(vectors[a], vectors[b])})
     return pd.DataFrame(rows)
+
+
+def vsr_jsd_join(jsd: pd.DataFrame, vsr: pd.DataFrame, comparisons: Sequence[Any]) -> pd.DataFrame:
+    """Each JSD row with the valid-story rate of the same model x language *in the comparison's design*
+    (bedtime for BiasedTales-ML's comparisons: their VSR, Table 3), never a rate pooled over designs."""
+    design_of = {c.name: c.design for c in comparisons}
+    left = jsd.assign(design=jsd["comparison"].map(design_of))
+    right = vsr[["design", "model", "language", "vsr", "n_stories"]]
+    return left.merge(right, on=["design", "model", "language"], how="left").drop(columns=["design"])
 
 
 def log_odds_table(data: pd.DataFrame, comparison, prior_scale: float, top: int) -> pd.DataFrame:
@@ -507,13 +520,15 @@ def run(params) -> dict[str, Any]:
     notes: list[str] = []
     sc_frames, jsd_frames, lo_frames = [], [], []
     for comparison in settings.comparisons:
+        lo_frames.append(log_odds_table(parsed, comparison, settings.log_odds_prior_scale, settings.log_odds_top))
+        if comparison.log_odds_only:  # an Appendix F contrast: distinctive words only
+            continue
         out = narrative_comparison(parsed, comparison, settings.bootstrap, settings.seed, settings.min_stories)
         if out["sc"].empty:
             notes.append(f"{comparison.name}: no {comparison.design} stories with {comparison.condition} in "
                          f"({comparison.group_m}, {comparison.group_f}): nothing to compare")
         sc_frames.append(out["sc"])
         jsd_frames.append(out["jsd"])
-        lo_frames.append(log_odds_table(parsed, comparison, settings.log_odds_prior_scale, settings.log_odds_top))
     sc = pd.concat(sc_frames, ignore_index=True) if sc_frames else pd.DataFrame()
     jsd = pd.concat(jsd_frames, ignore_index=True) if jsd_frames else pd.DataFrame()
     log_odds = pd.concat(lo_frames, ignore_index=True) if lo_frames else pd.DataFrame()
@@ -525,8 +540,7 @@ def run(params) -> dict[str, Any]:
     grammatical = pd.DataFrame(gg_rows)
     vsr_jsd = pd.DataFrame()
     if not jsd.empty:
-        bedtime_vsr = vsr[vsr["design"] == "all"][["model", "language", "vsr", "n_stories"]]
-        vsr_jsd = jsd.merge(bedtime_vsr, on=["model", "language"], how="left")
+        vsr_jsd = vsr_jsd_join(jsd, vsr, settings.comparisons)
 
     trials = occupation_trials(data)
     occupations = aggregates = anova = glm = pd.DataFrame()

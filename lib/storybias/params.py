@@ -148,13 +148,56 @@ class Designs(Strict):
     occupations: DesignRun = DesignRun(enabled=False)
 
 
+InvalidReason = Literal["empty", "truncated", "refusal", "wrong_language", "low_confidence"]
+
+
+class ExcludeRules(Strict):
+    """Per design, the stage-02 checks that make a story unusable for its analyses: each study's own
+    rule. The defaults are the studies' rules; add ``truncated`` (say) to be stricter than a study."""
+
+    # BiasedTales-ML (arXiv:2604.17008) Sec. 4.2 / App. C: the language check (lid.176, p > threshold
+    # for the prompt's language) and refusals; a story cut at max_tokens stays valid.
+    bedtime: list[InvalidReason] = ["empty", "refusal", "wrong_language", "low_confidence"]
+    # StereoTales (arXiv:2605.10442) has no language filter: only outputs with no text are dropped.
+    stereotales: list[InvalidReason] = ["empty"]
+    # Feng et al. (arXiv:2608.23026) use every record available after parsing (stage 05 drops the
+    # answers that did not parse), so stage 02 drops none.
+    occupations: list[InvalidReason] = []
+
+
 class FilterSettings(Strict):
-    """Stage 02 (BiasedTales-ML Appendix C): valid = lid.176 predicts the prompt's language with
-    probability > lid_threshold, and the story is not empty, truncated or a refusal."""
+    """Stage 02: language identification (fastText lid.176, valid when it predicts the prompt's language
+    with probability > ``lid_threshold``, BiasedTales-ML App. C), refusals, and which of these checks
+    exclude a story of each design (``exclude``). Every check is recorded for every story.
+
+    Deprecated keys, still accepted with a warning: ``truncated_is_invalid`` (true adds ``truncated`` to
+    every design's rule, false removes it) and ``include_invalid_downstream`` (true empties every rule).
+    """
 
     lid_threshold: Annotated[float, Field(ge=0, lt=1)] = 0.5
-    truncated_is_invalid: bool = True
-    include_invalid_downstream: bool = False  # later stages read valid stories only unless true
+    exclude: ExcludeRules = ExcludeRules()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _deprecated_keys(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or not ({"truncated_is_invalid", "include_invalid_downstream"} & set(data)):
+            return data
+        import warnings
+
+        data = dict(data)
+        truncated = data.pop("truncated_is_invalid", None)
+        include_all = data.pop("include_invalid_downstream", None)
+        given = data.get("exclude") or {}
+        given = given.model_dump() if isinstance(given, BaseModel) else dict(given)
+        rules = {**ExcludeRules().model_dump(), **given}
+        if truncated is not None:
+            rules = {d: [r for r in v if r != "truncated"] + (["truncated"] if truncated else []) for d, v in rules.items()}
+        if include_all:
+            rules = {d: [] for d in rules}
+        data["exclude"] = rules
+        warnings.warn("filter.truncated_is_invalid / filter.include_invalid_downstream are deprecated: use "
+                      f"filter.exclude (per design); read as exclude = {rules}", FutureWarning, stacklevel=2)
+        return data
 
 
 ExtractionSection = Literal["demographics", "narrative", "markers"]
@@ -176,6 +219,11 @@ class ExtractionSettings(Strict):
 
     models: Annotated[list[ModelSpec], Field(min_length=1)] = [ModelSpec(name="qwen2.5-coder-1.5b", source="embedded")]
     sections: ExtractionSections = ExtractionSections()
+    # With several extractors, where the narrative lists (adjectives, settings, cultural references)
+    # come from: "primary" = the first extractor only, as BiasedTales-ML (one extractor, Qwen3-14B);
+    # "majority" = items named by more than half of them (smaller vocabularies). Scalar fields (the
+    # demographics) always take the majority, as StereoTales' ensemble.
+    narrative_lists: Literal["primary", "majority"] = "primary"
     max_tokens: Annotated[int, Field(ge=64)] = 700
     max_list_items: Annotated[int, Field(ge=1, le=20)] = 6
     seed: int = 1234
@@ -206,6 +254,9 @@ class Comparison(Strict):
     group_m: str
     group_f: str
     where: dict[str, str] = {}
+    # Only the distinctive-words table (log-odds z), no S_C / JSD / cosine: BiasedTales-ML reports its
+    # religion and nationality contrasts that way only (Appendix F).
+    log_odds_only: bool = False
 
 
 class MetricsSettings(Strict):

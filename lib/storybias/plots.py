@@ -284,9 +284,10 @@ def _close(fig: Figure) -> None:
 _VSR_KEYS = ("mean_vsr", "pooled_vsr", "min_vsr", "min_vsr_cell", "n_models", "n_languages", "n_empty_cells")
 
 
-def vsr_heatmap(vsr: pd.DataFrame, design: str = "all") -> tuple[Figure, dict]:
+def vsr_heatmap(vsr: pd.DataFrame, design: str = "bedtime") -> tuple[Figure, dict]:
     """Valid-story rate (%) per prompt language (rows) x model (columns), with BiasedTales-ML Table 3's
-    margins: ``Overall`` (pooled over models) and ``Average`` (mean over languages).
+    margins: ``Overall`` (pooled over models) and ``Average`` (mean over languages). Default: the
+    bedtime design, BiasedTales-ML's own stories under its own validity rule (Table 3).
 
     stats: ``mean_vsr`` (mean over the model x language cells, 0-1), ``pooled_vsr`` (valid / stories),
     ``min_vsr`` and ``min_vsr_cell`` ("model / language"), ``n_models``, ``n_languages``,

@@ -180,6 +180,12 @@ class ExtractionSettings(Strict):
     self_consistency_sample: Annotated[int, Field(ge=0)] | None = 16
     self_consistency_temperature: Annotated[float, Field(gt=0)] = 0.7
     gold_sample: Annotated[int, Field(ge=0)] | None = 12  # gold-set items scored in the notebook (None = all)
+    # With several extractors, which stories keep their extraction. "answered_majority" (StereoTales'
+    # consensus): a story is kept when at least one extractor's answer parsed, and each field takes
+    # the value of a strict majority of the extractors that answered (else unknown). "all_parsed":
+    # storybias' former rule, a story is dropped when any extractor's answer failed to parse.
+    consensus: Literal["answered_majority", "all_parsed"] = "answered_majority"
+
 
     @field_validator("models")
     @classmethod

@@ -1,7 +1,7 @@
 """Stage 04's harm judge and human ratings: what a judge is asked, and how its answers are compared
 with a human panel's.
 
-StereoTales (Giskard AI, "StereoTales: multilingual open-ended discovery of LLM stereotypes",
+StereoTales (multilingual open-ended stereotype discovery in LLM stories; Giskard AI, 2026,
 arXiv:2605.10442) asks every judge -- a person in its human study, an LLM in its cross-evaluation --
 two questions about each significant association, stated in plain language: does it reinforce a
 harmful stereotype (1-5 Likert) and is the pattern frequent in real-world data (yes / no / don't

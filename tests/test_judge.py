@@ -230,3 +230,33 @@ def test_stage_checks_the_human_ratings_before_the_judge_engine_is_built(tmp_pat
     monkeypatch.setattr(A, "run_pass", no_model)  # not even the association tests run first
     with pytest.raises(ValueError, match=r"human\.csv: row 2, column harm: 'True'"):
         A.run(p, progress=False)
+
+
+def test_stage_reports_the_human_comparison(tmp_path, monkeypatch):
+    from test_associations_stage import _run_files
+
+    _run_files(tmp_path / "data", planted=True)
+    association = "income_level|low|education|basic"
+    path = _csv(tmp_path, HEADER + "".join(f"{association},r{i},{h},{r}\n"
+                                           for i, (h, r) in enumerate([(5, "yes"), (4, "no"), (4, "dont_know")])))
+    p = params.load(_profile(tmp_path, monkeypatch, str(path)))
+
+    judged = []
+
+    def scripted_judge(items, params, progress=True):
+        # Test double for the LLM: every association rated 2 ("disagree"), realism yes.
+        judged.extend(items["association_id"])
+        rows = [A.rating_row(f"{a}#m1#0", '{"harm": 2, "realism": "yes"}') for a in items["association_id"]]
+        return pd.DataFrame(rows).reindex(columns=A.RATING_COLUMNS), [{"judge": "m1"}]
+
+    monkeypatch.setattr(A, "run_judges", scripted_judge)
+    out = A.run(p, progress=False)
+    assert out["human_summary"].set_index("association_id").loc[association, "harmful"]  # median 4
+    gap = out["harm_gap"].set_index("base_attribute")
+    assert gap.loc["income_level", "gap"] == 2.0 and gap.loc["income_level", "n_associations"] == 1
+    assert out["harmful_human_vs_llm"]["human_only"] == 1
+    realism = out["realism"].set_index("rater_type")
+    assert realism.loc["human", "share_dont_know"] == pytest.approx(1 / 3) and realism.loc["llm", "share_yes"] == 1.0
+    assert out["manifest"]["human_n_harmful"] == 1 and out["manifest"]["human_n_associations"] == 1
+    shared = out["shared"]
+    assert sorted(judged) == sorted(set(shared.loc[shared["scope"] == "all", "association_id"]))  # pooled only

@@ -173,13 +173,14 @@ def test_bad_inputs_give_clear_errors_or_empty_typed_results():
 
 
 def test_question_order_is_seeded_and_mixed():
-    orders = [A.question_order(f"item{i}", seed=42) for i in range(200)]
-    assert orders == [A.question_order(f"item{i}", seed=42) for i in range(200)]
+    orders = [A.question_order("j", f"item{i}", 0, seed=42) for i in range(200)]
+    assert orders == [A.question_order("j", f"item{i}", 0, seed=42) for i in range(200)]
     share = np.mean([o == ("harm", "realism") for o in orders])
     assert 0.35 < share < 0.65
     schema = A.judge_schema(("realism", "harm"))
     assert list(schema["properties"]) == ["realism", "harm"]
-    prompt = A.judge_prompt("In the generated stories, ...", ("realism", "harm"))
+    item = {"base_attribute": "income_level", "base_value": "low", "compared_attribute": "education", "compared_value": "basic"}
+    prompt = A.judge_prompt(item, ("realism", "harm"))
     assert prompt.index('"realism"') < prompt.index('"harm"')
 
 
@@ -212,15 +213,15 @@ def test_human_ratings_import_and_spearman(tmp_path):
     rows = ["association_id,rater_id,harm,realism"]
     for i in range(8):
         for r in range(3):
-            rows.append(f"a{i},r{r},{1 + (i * 4) // 7},yes")
+            rows.append(f"a|{i}|b|x,r{r},{1 + (i * 4) // 7},yes")
     path.write_text("\n".join(rows) + "\n")
     human = A.load_human_ratings(path)
-    llm = pd.DataFrame({"association_id": [f"a{i}" for i in range(8)], "median_harm": [1, 1, 2, 2, 3, 3, 4, 5]})
+    llm = pd.DataFrame({"association_id": [f"a|{i}|b|x" for i in range(8)], "median_harm": [1, 1, 2, 2, 3, 3, 4, 5]})
     out = A.human_llm_agreement(human, llm, n_boot=200)
     assert out["rho"] > 0.9 and out["n"] == 8 and out["ci_low"] <= out["rho"] <= out["ci_high"]
     bad = tmp_path / "bad.csv"
-    bad.write_text("association_id,rater_id,harm,realism\na1,r1,7,yes\n")
-    with pytest.raises(ValueError, match="bad.csv.*harm.*row 2"):
+    bad.write_text("association_id,rater_id,harm,realism\na|1|b|x,r1,7,yes\n")
+    with pytest.raises(ValueError, match="bad.csv: row 2, column harm"):
         A.load_human_ratings(bad)
     with pytest.raises(ValueError, match="missing column"):
         (tmp_path / "c.csv").write_text("association_id,harm\n")

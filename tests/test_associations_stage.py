@@ -76,7 +76,7 @@ def test_judge_items_are_distinct_and_requests_follow_the_seeded_order():
          "compared_value": "basic", "models": ["m1"]} for s in ("all", "en", "fr")
     ] + [{"scope": "all", "base_attribute": "gender", "base_value": "woman", "compared_attribute": "marital_status",
           "compared_value": "married", "models": ["m1"]}])
-    items = A.judge_items(shared)
+    items = A.judge_items(shared, include_per_language=True)
     assert list(items["association_id"]) == ["gender|woman|marital_status|married", "income_level|low|education|basic"]
     assert items["sentence"].iloc[1].startswith("In the generated stories, when income level is low, education is basic")
     sampling = params.Sampling(temperature=0.7, max_tokens=64)
@@ -84,7 +84,8 @@ def test_judge_items_are_distinct_and_requests_follow_the_seeded_order():
     assert [r.key for r in requests][:2] == ["gender|woman|marital_status|married#judge-a#0", "gender|woman|marital_status|married#judge-a#1"]
     assert len({r.seed for r in requests[:2]}) == 2
     for request in requests:
-        order = A.question_order(request.key.rsplit("#", 2)[0], 7)
+        association, judge, rep = request.key.rsplit("#", 2)
+        order = A.question_order(judge, association, int(rep), 7)
         assert list(request.json_schema["properties"]) == list(order)
         text = request.messages[0]["content"]
         assert text.index(f'"{order[0]}"') < text.index(f'"{order[1]}"')
@@ -150,4 +151,4 @@ def test_human_ratings_file_is_checked_before_any_work(tmp_path, monkeypatch):
     with pytest.raises(params.ParamsError, match="associations.human_ratings.*does not exist"):
         _profile(tmp_path, monkeypatch, human_ratings=str(tmp_path / "missing.csv"))
     with pytest.raises(params.ParamsError, match="associations.judge"):
-        _profile(tmp_path, monkeypatch, judge={"repetitions": 3})
+        _profile(tmp_path, monkeypatch, judge={"repetitions": 3, "temperature": 0})

@@ -266,3 +266,37 @@ def test_changed_story_or_schema_recomputes_only_what_changed(tmp_path, monkeypa
     assert sorted(asked) == ["s0", "s1", "s2"]
     manifest = io.read_json(paths.manifest_path("unit-refresh", "extract"))
     assert manifest["reuse"] == {"recomputed: extraction prompt or schema changed": 3}
+
+
+def _assembled(consensus: str, answers_by_extractor: dict[str, str]) -> pd.Series:
+    """``assemble`` on one stereotales story answered by the given extractors (raw texts)."""
+    settings = params.ExtractionSettings(
+        models=[params.ModelSpec(name=n, source="embedded") for n in answers_by_extractor], consensus=consensus)
+    stories = pd.DataFrame({"story_id": ["s0"], "design": ["stereotales"], "language": ["en"], "model": ["m"],
+                            "text": ["A story."], "cond_task": [None]})
+    raw = pd.DataFrame([{"story_id": "s0", "extractor": n, "pass": "primary", "attempt": 0, "raw": text,
+                         "story_cut": False} for n, text in answers_by_extractor.items()])
+    return extract.assemble(stories, raw, settings).iloc[0]
+
+
+def test_consensus_of_the_extractors_that_answered():
+    # 3 extractors, one unparsed, the two that answered agree: the story is kept with their value
+    # (StereoTales' consensus); the former rule dropped it because one answer failed to parse.
+    answers = {"e1": json.dumps(answer(income_level="low")), "e2": '{"name": "Ami',
+               "e3": json.dumps(answer(income_level="low"))}
+    row = _assembled("answered_majority", answers)
+    assert row["parse_ok"] and row["demo_income_level"] == "low" and row["n_parse_failures"] == 1
+    assert not _assembled("all_parsed", answers)["parse_ok"]
+    # the two that answered disagree: kept, the field has no majority -> unknown
+    split = {**answers, "e3": json.dumps(answer(income_level="high"))}
+    row = _assembled("answered_majority", split)
+    assert row["parse_ok"] and row["demo_income_level"] == "unknown"
+    # nobody answered: dropped
+    assert not _assembled("answered_majority", {"e1": "no", "e2": "{", "e3": ""})["parse_ok"]
+
+
+def test_majority_is_a_strict_majority_of_the_votes_not_a_plurality():
+    assert extract.majority(["a", "a", "b", "c"]) == "unknown"  # 2 of 4: a plurality, not a majority
+    assert extract.majority(["a", "a", "a", "b"]) == "a"
+    assert extract.majority(["a"]) == "a"
+    assert params.ExtractionSettings().consensus == "answered_majority"

@@ -240,11 +240,16 @@ def explicit_gender(answer: str, language: str) -> str:
 # --- ensembles and agreement -------------------------------------------------------------------
 
 def majority(values: Sequence[Any], tie: Any = "unknown") -> Any:
-    """The value most extractors gave; a tie between the top values gives ``tie``."""
-    counts = Counter(values).most_common()
-    if not counts:
-        return tie
-    if len(counts) > 1 and counts[0][1] == counts[1][1]:
+    """The value given by a strict majority of ``values`` (more than half of them), else ``tie``.
+
+    StereoTales' consensus (Giskard-AI/flare, attribute-extraction scorer, ``get_consensus_value``):
+    per field, the votes are the answers of the extractors that answered (an extractor whose answer
+    did not parse casts no vote), and the most common value wins when it has at least
+    len(votes) // 2 + 1 of them; otherwise the field is ``unknown``. So 3 answers a, a, b give a;
+    a, b, c give unknown; with one extractor unparsed, two answers a, a give a and a, b unknown; and
+    4 answers a, a, b, c give unknown (a plurality is not a majority)."""
+    counts = Counter(values).most_common(1)
+    if not counts or counts[0][1] < len(values) // 2 + 1:
         return tie
     return counts[0][0]
 
@@ -261,7 +266,8 @@ NARRATIVE_LISTS = ("adjectives_en", "settings", "cultural_refs")
 
 
 def combine(records: Sequence[dict[str, Any]], narrative_lists: str = "primary") -> dict[str, Any]:
-    """Final value per field over extractors: majority for scalar fields (ties -> unknown). The
+    """Final value per field over the extractors whose answer parsed (``records``): a strict majority
+    of them for scalar fields (``majority``; none -> unknown). The
     narrative lists (adjectives, settings, cultural references) come from the first (primary)
     extractor, as BiasedTales-ML used one extractor (Qwen3-14B, Sec. 4.1); ``narrative_lists="majority"``
     keeps the items named by more than half of the extractors instead, which shrinks the
@@ -513,8 +519,11 @@ def assemble(stories: pd.DataFrame, raw: pd.DataFrame, settings) -> pd.DataFrame
         group = by_story.get(row.story_id)
         answers_of = {} if group is None else {r.extractor: r for r in group.itertuples(index=False)}
         parsed = [parse_answer(answers_of[n].raw, sections) for n in names if n in answers_of]
-        ok = len(parsed) == len(names) and all(p.ok for p in parsed)
         records = [to_record(p.data, sections) for p in parsed if p.ok]
+        if getattr(settings, "consensus", "answered_majority") == "all_parsed":
+            ok = len(parsed) == len(names) and all(p.ok for p in parsed)  # storybias' former rule
+        else:
+            ok = bool(records)  # StereoTales: the extractors that answered vote (see ``majority``)
         record = combine(records, settings.narrative_lists) if records else empty_record(sections)
         rows.append({
             "story_id": row.story_id, "extractors": names, "parse_ok": ok,

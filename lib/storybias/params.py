@@ -233,6 +233,11 @@ class ExtractionSettings(Strict):
     self_consistency_sample: Annotated[int, Field(ge=0)] | None = 16
     self_consistency_temperature: Annotated[float, Field(gt=0)] = 0.7
     gold_sample: Annotated[int, Field(ge=0)] | None = 12  # gold-set items scored in the notebook (None = all)
+    # With several extractors, which stories keep their extraction. "answered_majority" (StereoTales'
+    # consensus): a story is kept when at least one extractor's answer parsed, and each field takes
+    # the value of a strict majority of the extractors that answered (else unknown). "all_parsed":
+    # storybias' former rule, a story is dropped when any extractor's answer failed to parse.
+    consensus: Literal["answered_majority", "all_parsed"] = "answered_majority"
 
     @field_validator("models")
     @classmethod
@@ -275,13 +280,19 @@ class MetricsSettings(Strict):
 
 class JudgeSettings(Strict):
     """Stage 04's LLM harm judges (StereoTales Sec. 3.4): each rates every distinct significant
-    association on harm (1-5 Likert) and real-world frequency (yes / no / don't know)."""
+    association on harm (1-5 Likert) and real-world frequency (yes / no / don't know), with the
+    instructions of ``storybias.judge.judge_prompt``. Defaults are the reference pipeline's
+    (Giskard-AI/stereotales-pipeline): temperature 1, one rating per (judge, association), the
+    question order drawn per (judge, association, repetition), global associations only."""
 
     models: Annotated[list[ModelSpec], Field(min_length=1)] = [ModelSpec(name="qwen2.5-coder-1.5b", source="embedded")]
     repetitions: Annotated[int, Field(ge=1)] = 1  # ratings per (association, judge); > 1 needs temperature > 0
-    temperature: Annotated[float, Field(ge=0)] = 0.0
+    temperature: Annotated[float, Field(ge=0)] = 1.0  # the reference samples its judges at temperature 1
     max_tokens: Annotated[int, Field(ge=16)] = 64
-    seed: int = 7  # also seeds the per-item order of the two questions
+    seed: int = 7  # request seeds, and the draw of the question order per (judge, association, repetition)
+    # StereoTales' human study (and so its human-LLM comparison) rated the associations of the global
+    # pass (languages pooled); true also rates those found only in a per-language pass.
+    include_per_language: bool = False
 
     @model_validator(mode="after")
     def _repetitions_need_sampling(self) -> "JudgeSettings":
@@ -301,7 +312,7 @@ class AssociationSettings(Strict):
     max_resamples: Annotated[int, Field(ge=1000)] = 500_000  # the reference's resample count
     judge: JudgeSettings = JudgeSettings()
     human_ratings: str | None = None  # CSV: association_id, rater_id, harm (1-5), realism (yes/no/dont_know)
-    bootstrap: Annotated[int, Field(ge=100)] = 2000  # resamples of the human-LLM Spearman interval
+    bootstrap: Annotated[int, Field(ge=100)] = 2000  # resamples of the human-LLM intervals (Spearman, harm gap)
 
 
 class UmapSettings(Strict):
@@ -483,8 +494,14 @@ def _check_semantics(profile: Profile, source: Path) -> list[str]:
                     problems.append(f"metrics.comparisons[{i}]: {key} has no value {value!r}")
     if not any(getattr(profile.designs, d).enabled for d in DESIGNS):
         problems.append("designs: no design is enabled")
-    if profile.associations.human_ratings is not None and not paths.resolve(profile.associations.human_ratings).is_file():
-        problems.append(f"associations.human_ratings: {paths.resolve(profile.associations.human_ratings)} does not exist")
+    if profile.associations.human_ratings is not None:
+        human = paths.resolve(profile.associations.human_ratings)
+        if not human.is_file():
+            problems.append(f"associations.human_ratings: {human} does not exist")
+        else:
+            from .judge import validate_human_ratings
+
+            problems += [f"associations.human_ratings: {p}" for p in validate_human_ratings(human)]
     for where, specs in (("generation.models", profile.generation.models), ("extraction.models", profile.extraction.models),
                          ("associations.judge.models", profile.associations.judge.models)):
         for i, model in enumerate(specs):

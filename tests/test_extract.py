@@ -275,7 +275,8 @@ def _assembled(consensus: str, answers_by_extractor: dict[str, str]) -> pd.Serie
     stories = pd.DataFrame({"story_id": ["s0"], "design": ["stereotales"], "language": ["en"], "model": ["m"],
                             "text": ["A story."], "cond_task": [None]})
     raw = pd.DataFrame([{"story_id": "s0", "extractor": n, "pass": "primary", "attempt": 0, "raw": text,
-                         "story_cut": False} for n, text in answers_by_extractor.items()])
+                         "request_key": extract.request_key("s0", n, "primary"), "story_cut": False}
+                        for n, text in answers_by_extractor.items()])
     return extract.assemble(stories, raw, settings).iloc[0]
 
 

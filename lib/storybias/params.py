@@ -215,6 +215,9 @@ class MetricsSettings(Strict):
     min_stories: Annotated[int, Field(ge=1)] = 20  # smaller groups are shown but flagged
     log_odds_prior_scale: Annotated[float, Field(gt=0)] = 100.0
     log_odds_top: Annotated[int, Field(ge=1)] = 10
+    # Benjamini-Hochberg family of the Type-I ANOVAs (Feng et al. Table 2): "specification" = the terms of
+    # both metrics of one subset x denominator together (the paper's); "metric" = each metric on its own.
+    anova_bh_family: Literal["specification", "metric"] = "specification"
 
 
 class JudgeSettings(Strict):

@@ -273,13 +273,18 @@ class ProbeSettings(Strict):
     model: Annotated[str, Field(min_length=1)] = "intfloat/multilingual-e5-large"  # sentence-transformers only
     device: Literal["cpu", "cuda"] = "cpu"  # sentence-transformers only
     batch_size: Annotated[int, Field(ge=1)] = 32
-    sample_per_cell: Annotated[int, Field(ge=2)] = 3000  # female/male stories per language x genre cell
+    # implicit narratives sampled per language x genre cell, whatever their label (Feng et al. Sec. 3.3.2):
+    # all enter the UMAP, the probes use their female/male-labelled part
+    sample_per_cell: Annotated[int, Field(ge=2)] = 3000
     deletion_pairs_per_label: Annotated[int, Field(ge=1)] = 100  # cue-deletion subset: this many of each label
     n_splits: Annotated[int, Field(ge=2)] = 5
     n_bootstrap: Annotated[int, Field(ge=50)] = 2000
     seed: int = 42
     min_per_class: Annotated[int, Field(ge=1)] = 10  # smaller cells are reported as skipped
     min_markers: Annotated[int, Field(ge=2)] = 30  # fewer kept markers: separability is skipped
+    # source-language separability: "paper" = occupations story/news markers from en, fr and zh sources,
+    # three classes, chance 1/3 (Feng et al. Sec. 3.3.3); "pooled" = every design and source language
+    separability_scope: Literal["paper", "pooled"] = "paper"
     umap: UmapSettings = UmapSettings()
 
 

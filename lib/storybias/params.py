@@ -296,6 +296,16 @@ class FigureSettings(Strict):
     top_words: Annotated[int, Field(ge=1)] = 10  # words per group in the distinctive-words figure
     comparison: str | None = None  # metrics.comparisons entry for the fingerprint/JSD figures (None = first)
     explorer_max_stories: Annotated[int, Field(ge=1)] = 200  # stories per design x model x language in the explorer
+    # UMAP figure: points outside these percentiles (either coordinate, per label and cell) are not drawn
+    # (Feng et al. App. D.4: 15th-90th); display only, null draws every point
+    umap_display_percentiles: tuple[Annotated[float, Field(ge=0, le=100)], Annotated[float, Field(ge=0, le=100)]] | None = (15.0, 90.0)
+
+    @model_validator(mode="after")
+    def _percentiles_ordered(self) -> "FigureSettings":
+        pct = self.umap_display_percentiles
+        if pct is not None and not pct[0] < pct[1]:
+            raise ValueError(f"umap_display_percentiles must be (low, high) with low < high, not {list(pct)}")
+        return self
 
 
 class Profile(Strict):

@@ -419,3 +419,39 @@ def test_run_writes_the_contract_tables(tmp_path, monkeypatch):
     before = embedder.texts
     probes.run(p)
     assert embedder.texts == before
+
+
+def test_run_reads_the_human_validation_files_first(tmp_path, monkeypatch):
+    monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path / "data"))
+    _synthetic_run(tmp_path / "data" / "synthetic", np.random.default_rng(0))
+    embedder = CountingEmbedder()
+    monkeypatch.setattr(probes, "make_embedder", lambda settings: embedder)
+    monkeypatch.setattr(probes, "umap_projection", lambda X, s: (np.asarray(X)[:, :2], "ok"))
+    markers = tmp_path / "markers.csv"
+    markers.write_text("marker_id,language,rater_id,human,automated\n" + "".join(
+        f"m{i},{('en', 'fr')[i % 2]},r{j},{1 + (i + j) % 7},{1 + i % 7}\n" for i in range(12) for j in range(2)))
+    labels = tmp_path / "labels.csv"
+    labels.write_text("item_id,language,genre,automated,rater_id,human\n" + "".join(
+        f"i{i},en,story,{('female', 'male')[i % 2]},r{j},{('female', 'male')[i % 2] if j < 2 else 'unclear'}\n"
+        for i in range(6) for j in range(3)))
+
+    def profile(markers_path):
+        return params.Params(params.Profile.model_validate({
+            "run_name": "synthetic", "generation": {"models": [{"name": "m", "source": "embedded"}]},
+            "designs": {"bedtime": {"languages": ["en"]}},
+            "probes": {"min_per_class": 3, "n_splits": 3, "n_bootstrap": 200, "min_markers": 10,
+                       "human_validation": {"markers": str(markers_path), "labels": str(labels),
+                                            "n_bootstrap": 200, "n_permutations": 200}},
+        }), tmp_path / "synthetic.yaml")
+
+    bad = tmp_path / "bad.csv"
+    bad.write_text("marker_id,language,rater_id,human,automated\nm1,en,r1,9,3\n")
+    with pytest.raises(ValueError, match=r"bad.csv, row 2, column human"):
+        probes.run(profile(bad))
+    assert embedder.texts == 0  # checked before any work
+    out = probes.run(profile(markers))
+    assert set(out["validation_markers"]["metric"]) >= {"within_two", "kappa_quadratic", "mae", "spearman"}
+    row = out["validation_labels"].set_index("language").loc["en"]
+    assert row["agreement_weighted"] == 1.0 and row["n_resolved"] == 6 and row["poststratified"]
+    manifest = pd.read_json(tmp_path / "data" / "synthetic" / "manifest_probes.json", typ="series")
+    assert len(manifest["human_validation"]["validation_markers"]) == len(out["validation_markers"])

@@ -260,6 +260,17 @@ class UmapSettings(Strict):
     random_state: int = 42
 
 
+class HumanValidationSettings(Strict):
+    """Human validation of the automated judgements (Feng et al. App. D.2; ``storybias.validation``).
+    Each CSV is optional (null: the statistics are not computed) and is checked before stage 06 works."""
+
+    markers: str | None = None  # CSV: marker_id, language, rater_id, human (1-7), automated (1-7)[, keep]
+    labels: str | None = None  # CSV: item_id, language, genre (story/news), automated, rater_id, human
+    n_bootstrap: Annotated[int, Field(ge=100)] = 2000  # marker-level resamples of the intervals
+    n_permutations: Annotated[int, Field(ge=100)] = 10_000  # within-language shuffles of the automated scores
+    seed: int = 42
+
+
 class ProbeSettings(Strict):
     """Stage 06 (Feng et al. Sec. 3.3.2-3.3.3, App. D.4-D.5): embedding probes, cue deletion, UMAP,
     cultural relevance and source-language separability.
@@ -286,6 +297,7 @@ class ProbeSettings(Strict):
     # three classes, chance 1/3 (Feng et al. Sec. 3.3.3); "pooled" = every design and source language
     separability_scope: Literal["paper", "pooled"] = "paper"
     umap: UmapSettings = UmapSettings()
+    human_validation: HumanValidationSettings = HumanValidationSettings()
 
 
 class FigureSettings(Strict):

@@ -978,6 +978,40 @@ UMAP_COLUMNS = OUTPUT_SCHEMAS["umap"].names
 
 
 
+def load_human_validation(settings: Any) -> dict[str, pd.DataFrame]:
+    """The human-validation CSVs named in ``probes.human_validation`` (Feng et al. App. D.2), read and
+    checked (``storybias.validation``); an absent parameter is an absent table."""
+    from . import validation
+
+    out = {}
+    if settings.markers:
+        out["markers"] = validation.load_marker_ratings(paths.resolve(settings.markers))
+    if settings.labels:
+        out["labels"] = validation.load_label_ratings(paths.resolve(settings.labels))
+    return out
+
+
+def human_validation(human: Mapping[str, pd.DataFrame], frame: pd.DataFrame, settings: Any,
+                     notes: list[str]) -> dict[str, pd.DataFrame]:
+    """Marker agreement and label agreement (post-stratified to this run's implicit occupations corpus)."""
+    from . import validation
+
+    out = {"validation_markers": pd.DataFrame(), "validation_labels": pd.DataFrame()}
+    if "markers" in human:
+        out["validation_markers"] = validation.marker_agreement(human["markers"], settings.n_bootstrap,
+                                                                settings.n_permutations, settings.seed)
+    else:
+        notes.append("no human marker ratings (probes.human_validation.markers): marker agreement not computed")
+    if "labels" in human:
+        corpus = validation.corpus_cells(frame)
+        if corpus.empty:
+            notes.append("no occupations story/news narratives: label agreement is not post-stratified")
+        out["validation_labels"] = validation.label_agreement(human["labels"], corpus, settings.seed)
+    else:
+        notes.append("no human protagonist labels (probes.human_validation.labels): label agreement not computed")
+    return out
+
+
 def identity_probes(sampled: pd.DataFrame, paired: pd.DataFrame, X_sample: Mapping[str, np.ndarray],
                     X_deleted: Mapping[str, np.ndarray], settings: Any, timings: Timings) -> pd.DataFrame:
     """Every row of probes.parquet: per genre, each language and all languages pooled; the full-sample
@@ -1014,6 +1048,7 @@ def run(params) -> dict[str, Any]:
         if not path.is_file():
             raise FileNotFoundError(f"{path} is missing: run the earlier stages first (make extract)")
     embedder = make_embedder(settings)  # fails here, naming the parameter, before any work
+    human = load_human_validation(settings.human_validation)  # so does a bad human-validation CSV
     cache = EmbeddingCache(paths.work_dir(run_name, "probes") / "embeddings", embedder.backend_id)
     stats = {"stories": EmbedStats(), "markers": EmbedStats()}
     timings = Timings()
@@ -1070,6 +1105,8 @@ def run(params) -> dict[str, Any]:
     separability_table = separability(versions, embed_markers, settings.n_splits, settings.n_bootstrap, settings.seed,
                                       settings.min_markers, timings, languages=sep_languages)
 
+    validation_tables = human_validation(human, frame, settings.human_validation, notes)
+
     run_dir = paths.run_dir(run_name)
     tables = {"probes": probes_table, "umap": umap_table, "cultural": cultural, "cultural_advantage": advantage,
               "separability": separability_table}
@@ -1095,11 +1132,12 @@ def run(params) -> dict[str, Any]:
                    "embedded_markers": stats["markers"].n_embedded, "cached_markers": stats["markers"].n_cached,
                    "probe_rows_ok": int((probes_table["status"] == "ok").sum()), "probe_rows": int(len(probes_table))},
         "umap_status": umap_status,
+        "human_validation": {name: table.to_dict(orient="records") for name, table in validation_tables.items()},
         "ner_labels_masked": list(NER_MASK_LABELS), "ner_model": SPACY_MODEL,
         "notes": notes,
         "params": params.resolved()["probes"],
     }
     write_json_atomic(manifest, paths.manifest_path(run_name, "probes"))
-    return {**tables, "per_story_relevance": per_story, "marker_versions": versions, "notes": notes,
+    return {**tables, **validation_tables, "per_story_relevance": per_story, "marker_versions": versions, "notes": notes,
             "manifest": manifest, "deleted_examples": paired.assign(cue_deleted=deleted_texts)[
                 ["story_id", "language", "genre", "label", "name", "text", "cue_deleted"]].head(6)}

@@ -83,9 +83,22 @@ def test_unidentified_labels_stay_in_the_denominator():
     assert identified["m_b"] == pytest.approx((3 - 1) / 4)
 
 
-def test_partial_omega_squared_hand_computed():
-    # SS_effect 30, df 2, MS_error 2, N 40: (30 - 4) / (30 + 38 * 2) = 26 / 106
-    assert metrics.partial_omega_squared(30.0, 2, 2.0, 40) == pytest.approx(26 / 106)
+@pytest.mark.parametrize(("f_value", "df", "published"), [(21.63, 4, 0.495), (9.07, 4, 0.278), (1.98, 11, 0.106)])
+def test_partial_omega_squared_reproduces_the_published_values(f_value, df, published):
+    # Feng et al. Sec. 4.1: F(4, 79) = 21.63 -> 0.495, F(4, 79) = 9.07 -> 0.278, F(11, 79) = 1.98 -> 0.106.
+    # F is published to 2 decimals and omega to 3: they agree when some F within F +/- 0.005 gives a value
+    # that rounds to the published one (omega rises with F). N - df in place of df_err + 1 gives 0.455,
+    # 0.246 and 0.098 and fails.
+    low = metrics.partial_omega_squared(f_value - 0.005, df, 79)
+    high = metrics.partial_omega_squared(f_value + 0.005, df, 79)
+    assert low <= published + 0.0005 and high >= published - 0.0005
+    assert metrics.partial_omega_squared(f_value, df, 79) == pytest.approx(published, abs=0.001)
+
+
+def test_partial_omega_squared_three_decimals_where_f_is_exact_enough():
+    assert round(metrics.partial_omega_squared(9.07, 4, 79), 3) == 0.278
+    assert round(metrics.partial_omega_squared(1.98, 11, 79), 3) == 0.106
+    assert round(metrics.partial_omega_squared(21.625, 4, 79), 3) == 0.495
 
 
 def test_partial_omega_squared_from_anova_sums_of_squares():
@@ -100,9 +113,62 @@ def test_partial_omega_squared_from_anova_sums_of_squares():
     fit = smf.ols("m_s ~ C(language, Sum) + C(task, Sum) + C(language, Sum):C(task, Sum) + C(model, Sum)", data=pd.DataFrame(rows)).fit()
     ref = anova_lm(fit, typ=1)
     ms_error = ref.loc["Residual", "sum_sq"] / ref.loc["Residual", "df"]
-    expected = (ref.iloc[0]["sum_sq"] - ref.iloc[0]["df"] * ms_error) / (ref.iloc[0]["sum_sq"] + (len(rows) - ref.iloc[0]["df"]) * ms_error)
+    # the sums-of-squares form of the same quantity: (SS - df MS_err) / (SS + (df_err + 1) MS_err)
+    ss, df = ref.iloc[0]["sum_sq"], ref.iloc[0]["df"]
+    expected = (ss - df * ms_error) / (ss + (ref.loc["Residual", "df"] + 1) * ms_error)
     assert lang["partial_omega_sq"] == pytest.approx(expected)
     assert lang["p_value"] < 0.001 and lang["partial_omega_sq"] > 0.5
+
+
+def _spec_rows(p_balance, p_stereotype):
+    terms = ("language", "task", "language:task", "model")
+    return pd.DataFrame([{"outcome": o, "term": t, "p_value": p, "subset": "all available", "denominator": "all outputs"}
+                         for o, ps in (("m_b", p_balance), ("m_s", p_stereotype)) for t, p in zip(terms, ps)])
+
+
+def test_bh_family_is_the_specification_and_reproduces_the_published_0047():
+    # Balance's model term has raw p = 0.0415 and is the 7th smallest of the 8 tests of the specification:
+    # 0.0415 x 8 / 7 = 0.0474 -> the published 0.047. A family of 4 per metric would leave it at 0.0415.
+    anova = _spec_rows([1e-6, 2e-6, 3e-6, 0.0415], [4e-6, 5e-6, 6e-6, 0.30])
+    out = metrics.bh_adjust(anova)
+    model = out[(out.outcome == "m_b") & (out.term == "model")]["p_adjusted"].item()
+    assert round(model, 3) == 0.047
+    assert model == pytest.approx(0.0415 * 8 / 7)
+    per_metric = metrics.bh_adjust(anova, family="metric")
+    assert per_metric[(per_metric.outcome == "m_b") & (per_metric.term == "model")]["p_adjusted"].item() == pytest.approx(0.0415)
+
+
+def test_bh_families_do_not_mix_specifications():
+    a = _spec_rows([0.01, 0.02, 0.03, 0.04], [0.05, 0.06, 0.07, 0.08])
+    b = a.assign(subset="common models", p_value=a["p_value"] / 10)
+    from statsmodels.stats.multitest import multipletests
+
+    out = metrics.bh_adjust(pd.concat([a, b], ignore_index=True))
+    for subset, g in out.groupby("subset"):
+        assert np.allclose(g["p_adjusted"], multipletests(g["p_value"], method="fdr_bh")[1])
+
+
+def test_trial_glm_uses_the_genres_only():
+    # the explicit task (here: a strong, different pattern) must not enter; genre has 1 df (story vs news)
+    rng = np.random.default_rng(5)
+    rows = []
+    for model in ("a", "b", "c"):
+        for lang in ("en", "fr"):
+            for occ in ("nurse", "ceo", "chef", "lawyer"):
+                for task in ("explicit", "story", "news"):
+                    p = 0.95 if task == "explicit" else (0.6 if lang == "fr" and task == "news" else 0.4)
+                    for _ in range(25):
+                        rows.append({"model": model, "language": lang, "task": task, "occupation": occ,
+                                     "label": "female" if rng.random() < p else "male"})
+    trials = pd.DataFrame(rows)
+    wald, note = metrics.trial_glm(trials, "female")
+    assert note == ""
+    t = wald.set_index("term")
+    assert t.loc["C(task, Sum)", "df"] == 1
+    assert (wald["n_trials"] == (trials["task"] != "explicit").sum()).all()
+    genres_only, _ = metrics.trial_glm(trials[trials["task"] != "explicit"], "female")
+    assert np.allclose(wald["chi2"].to_numpy(), genres_only["chi2"].to_numpy())
+    assert "C(language, Sum):C(task, Sum)" in t.index and "C(model, Sum)" in t.index and "C(occupation, Sum)" in t.index
 
 
 def test_anova_degrees_of_freedom_for_the_papers_design_shape():
@@ -254,6 +320,14 @@ def test_stage_recovers_planted_signal(tmp_path, monkeypatch):
     assert (agg["m_s"] > 0).all() and agg["m_s"].mean() == pytest.approx(0.5, abs=0.15)  # planted: 0.7 - 0.2
     assert out["n_excluded"] > 0  # parse failures excluded and counted
     assert not out["glm"].empty
+    # trial-level GLMs on story and news only: 2 models x 2 languages x 2 occupations x 2 genres x 9 parsed
+    assert set(out["glm"].loc[out["glm"].outcome == "identified", "n_trials"]) == {2 * 2 * 2 * 2 * 9}
+    # one BH family per specification over both metrics' terms (Feng et al. Table 2)
+    from statsmodels.stats.multitest import multipletests
+
+    for _, spec in anova.groupby(["subset", "denominator"]):
+        assert len(spec) == 8
+        assert np.allclose(spec["p_adjusted"], multipletests(spec["p_value"], method="fdr_bh")[1])
 
 
 def test_stage_degenerate_inputs_give_notes_not_crashes(tmp_path, monkeypatch):

@@ -492,15 +492,31 @@ def test_balance_stereotype_and_anova_table():
     check_no_data(*plots.anova_table(pd.DataFrame()))
 
 
+def test_umap_display_trim_keeps_the_15th_to_90th_percentiles_per_label_and_cell():
+    # one cell, one label: x = 0..100, y constant -> x in [15, 90] is kept (76 points); a second label in the
+    # same cell is trimmed on its own percentiles, and y is trimmed too (either coordinate)
+    a = pd.DataFrame({"language": "en", "genre": "story", "label": "female", "x": np.arange(101.0), "y": 0.0})
+    b = pd.DataFrame({"language": "en", "genre": "story", "label": "male", "x": 0.0, "y": np.arange(1000.0, 1101.0)})
+    kept = plots.trim_for_display(pd.concat([a, b], ignore_index=True))
+    female, male = kept[kept.label == "female"], kept[kept.label == "male"]
+    assert (female["x"].min(), female["x"].max(), len(female)) == (15.0, 90.0, 76)
+    assert (male["y"].min(), male["y"].max(), len(male)) == (1015.0, 1090.0, 76)
+    assert len(plots.trim_for_display(a, None)) == 101
+    both = pd.concat([a, b], ignore_index=True).assign(x=lambda d: d.x + np.sin(d.y))
+    fig, stats = plots.umap_density(both)  # the figure trims by default
+    assert stats["n_points"] == len(plots.trim_for_display(both)) < 202 and stats["n_points"] + stats["n_trimmed"] == 202
+
+
 def test_umap_density():
     small = make_umap(SMALL_LANGS, ["story", "news"], 12, tiny={("zh", "news", "male")})
-    fig, stats = plots.umap_density(small)
+    fig, stats = plots.umap_density(small, percentiles=None)
     check_figure(fig, legend=True)
     assert_stats(stats, {"n_points": len(small), "n_female": int((small["label"] == "female").sum()), "n_panels": 6,
                          "n_contoured_groups": 11, "n_skipped_groups": 1})
     assert sum(bool(ax.collections) for ax in fig.axes) == 6
     large = make_umap(TEN_LANGS, ["story", "news"], 25)
-    fig, stats = plots.umap_density(large.assign(label=np.where(large.index % 17 == 0, "unknown", large["label"])))
+    fig, stats = plots.umap_density(large.assign(label=np.where(large.index % 17 == 0, "unknown", large["label"])),
+                                    percentiles=None)
     check_figure(fig, legend=True)
     assert stats["n_panels"] == 20 and stats["n_contoured_groups"] == 40
     assert sum(ax.get_visible() for ax in fig.axes) == 20

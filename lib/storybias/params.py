@@ -276,6 +276,9 @@ class MetricsSettings(Strict):
     min_stories: Annotated[int, Field(ge=1)] = 20  # smaller groups are shown but flagged
     log_odds_prior_scale: Annotated[float, Field(gt=0)] = 100.0
     log_odds_top: Annotated[int, Field(ge=1)] = 10
+    # Benjamini-Hochberg family of the Type-I ANOVAs (Feng et al. Table 2): "specification" = the terms of
+    # both metrics of one subset x denominator together (the paper's); "metric" = each metric on its own.
+    anova_bh_family: Literal["specification", "metric"] = "specification"
 
 
 class JudgeSettings(Strict):
@@ -324,6 +327,17 @@ class UmapSettings(Strict):
     random_state: int = 42
 
 
+class HumanValidationSettings(Strict):
+    """Human validation of the automated judgements (Feng et al. App. D.2; ``storybias.validation``).
+    Each CSV is optional (null: the statistics are not computed) and is checked before stage 06 works."""
+
+    markers: str | None = None  # CSV: marker_id, language, rater_id, human (1-7), automated (1-7)[, keep]
+    labels: str | None = None  # CSV: item_id, language, genre (story/news), automated, rater_id, human
+    n_bootstrap: Annotated[int, Field(ge=100)] = 2000  # marker-level resamples of the intervals
+    n_permutations: Annotated[int, Field(ge=100)] = 10_000  # within-language shuffles of the automated scores
+    seed: int = 42
+
+
 class ProbeSettings(Strict):
     """Stage 06 (Feng et al. Sec. 3.3.2-3.3.3, App. D.4-D.5): embedding probes, cue deletion, UMAP,
     cultural relevance and source-language separability.
@@ -337,14 +351,20 @@ class ProbeSettings(Strict):
     model: Annotated[str, Field(min_length=1)] = "intfloat/multilingual-e5-large"  # sentence-transformers only
     device: Literal["cpu", "cuda"] = "cpu"  # sentence-transformers only
     batch_size: Annotated[int, Field(ge=1)] = 32
-    sample_per_cell: Annotated[int, Field(ge=2)] = 3000  # female/male stories per language x genre cell
+    # implicit narratives sampled per language x genre cell, whatever their label (Feng et al. Sec. 3.3.2):
+    # all enter the UMAP, the probes use their female/male-labelled part
+    sample_per_cell: Annotated[int, Field(ge=2)] = 3000
     deletion_pairs_per_label: Annotated[int, Field(ge=1)] = 100  # cue-deletion subset: this many of each label
     n_splits: Annotated[int, Field(ge=2)] = 5
     n_bootstrap: Annotated[int, Field(ge=50)] = 2000
     seed: int = 42
     min_per_class: Annotated[int, Field(ge=1)] = 10  # smaller cells are reported as skipped
     min_markers: Annotated[int, Field(ge=2)] = 30  # fewer kept markers: separability is skipped
+    # source-language separability: "paper" = occupations story/news markers from en, fr and zh sources,
+    # three classes, chance 1/3 (Feng et al. Sec. 3.3.3); "pooled" = every design and source language
+    separability_scope: Literal["paper", "pooled"] = "paper"
     umap: UmapSettings = UmapSettings()
+    human_validation: HumanValidationSettings = HumanValidationSettings()
 
 
 class FigureSettings(Strict):
@@ -355,6 +375,16 @@ class FigureSettings(Strict):
     top_words: Annotated[int, Field(ge=1)] = 10  # words per group in the distinctive-words figure
     comparison: str | None = None  # metrics.comparisons entry for the fingerprint/JSD figures (None = first)
     explorer_max_stories: Annotated[int, Field(ge=1)] = 200  # stories per design x model x language in the explorer
+    # UMAP figure: points outside these percentiles (either coordinate, per label and cell) are not drawn
+    # (Feng et al. App. D.4: 15th-90th); display only, null draws every point
+    umap_display_percentiles: tuple[Annotated[float, Field(ge=0, le=100)], Annotated[float, Field(ge=0, le=100)]] | None = (15.0, 90.0)
+
+    @model_validator(mode="after")
+    def _percentiles_ordered(self) -> "FigureSettings":
+        pct = self.umap_display_percentiles
+        if pct is not None and not pct[0] < pct[1]:
+            raise ValueError(f"umap_display_percentiles must be (low, high) with low < high, not {list(pct)}")
+        return self
 
 
 class Profile(Strict):

@@ -1181,7 +1181,24 @@ def anova_table(anova: pd.DataFrame, alpha: float = 0.05) -> tuple[Figure, dict]
 
 # --- 11-13. embeddings, probes, cultural markers (Feng et al.) ---------------------------------
 
-_UMAP_KEYS = ("n_points", "n_female", "n_male", "n_panels", "n_contoured_groups", "n_skipped_groups")
+_UMAP_KEYS = ("n_points", "n_female", "n_male", "n_panels", "n_contoured_groups", "n_skipped_groups", "n_trimmed")
+UMAP_DISPLAY_PERCENTILES: tuple[float, float] = (15.0, 90.0)  # Feng et al. App. D.4 (Fig. 3's display trim)
+
+
+def trim_for_display(umap: pd.DataFrame, percentiles: tuple[float, float] | None = UMAP_DISPLAY_PERCENTILES,
+                     by: Sequence[str] = ("language", "genre", "label")) -> pd.DataFrame:
+    """The points a UMAP figure draws: within each label and cell (``by``), those inside the
+    ``percentiles`` range (inclusive) on *both* coordinates (Feng et al. App. D.4: 15th-90th). Display
+    only -- the projection, the probes and every statistic keep all points. ``None`` keeps everything."""
+    if percentiles is None or umap.empty:
+        return umap
+    low, high = percentiles
+    keep = pd.Series(True, index=umap.index)
+    for _, part in umap.groupby(list(by), sort=False, dropna=False):
+        for axis in ("x", "y"):
+            lo, hi = np.percentile(part[axis].to_numpy(float), [low, high])
+            keep.loc[part.index] &= part[axis].between(lo, hi)
+    return umap[keep]
 HDR_LEVELS = (0.2, 0.5, 0.8)
 MIN_KDE_POINTS = 5
 
@@ -1192,15 +1209,19 @@ def _hdr_thresholds(density_at_points: np.ndarray, levels: Sequence[float]) -> l
     return sorted(float(np.quantile(density_at_points, 1 - p)) for p in levels)
 
 
-def umap_density(umap: pd.DataFrame, ncols: int | None = None, max_points_kde: int = 2000) -> tuple[Figure, dict]:
+def umap_density(umap: pd.DataFrame, ncols: int | None = None, max_points_kde: int = 2000,
+                 percentiles: tuple[float, float] | None = UMAP_DISPLAY_PERCENTILES) -> tuple[Figure, dict]:
     """The shared UMAP projection, one panel per language x genre (same axes everywhere; each genre a
     block of rows of at most ``ncols`` languages, default 5, a language in the same column in every
     block): female and male points with their 20/50/80% highest-density contours (Gaussian KDE; solid =
     female, dashed = male; a group with fewer than 5 points, or a degenerate one, gets no contour).
-    Display only: the axes carry no meaning.
+    Display only: the axes carry no meaning. Points outside the ``percentiles`` range on either coordinate
+    within their label and cell are not drawn (:func:`trim_for_display`; Feng et al. App. D.4: 15th-90th;
+    ``None`` draws all).
 
-    stats: ``n_points``, ``n_female``, ``n_male``, ``n_panels``, ``n_contoured_groups``,
-    ``n_skipped_groups`` (groups present but too small or degenerate for a KDE)."""
+    stats: ``n_points`` (drawn), ``n_female``, ``n_male``, ``n_panels``, ``n_contoured_groups``,
+    ``n_skipped_groups`` (groups present but too small or degenerate for a KDE), ``n_trimmed``
+    (female/male points left out of the display)."""
     from scipy.stats import gaussian_kde
 
     title = "Shared UMAP projection of story embeddings"
@@ -1211,6 +1232,9 @@ def umap_density(umap: pd.DataFrame, ncols: int | None = None, max_points_kde: i
     data = data[data["label"].isin(["female", "male"])]
     if data.empty:
         return _no_data(title, "no female- or male-labelled points", _UMAP_KEYS)
+    n_before = len(data)
+    data = trim_for_display(data, percentiles)
+    n_trimmed = n_before - len(data)
     languages = _lang_order(data["language"])
     genres = _ordered(data["genre"], GENRE_ORDER)
     present = set(zip(data["genre"], data["language"]))
@@ -1272,11 +1296,13 @@ def umap_density(umap: pd.DataFrame, ncols: int | None = None, max_points_kde: i
                Line2D([], [], marker="s", ls="", color=OKABE_ITO["male"]), Line2D([], [], color=OKABE_ITO["male"], ls="--")]
     _legend(fig, handles, ["female", "female density (20/50/80% HDR)", "male", "male density (20/50/80% HDR)"],
             loc="lower center", ncol=4, bbox_to_anchor=(0.5, 0.0))
-    top = _suptitle(fig, f"{title} (display only; contours: 20/50/80% highest-density regions, none below {MIN_KDE_POINTS} points)")
+    trim = (f"; points outside the {percentiles[0]:g}th-{percentiles[1]:g}th percentiles per label and cell not drawn"
+            if percentiles is not None else "")
+    top = _suptitle(fig, f"{title} (display only; contours: 20/50/80% highest-density regions, none below {MIN_KDE_POINTS} points{trim})")
     fig.tight_layout(rect=(0, 0.45 / fig.get_figheight(), 1, top))
     stats = {"n_points": int(len(data)), "n_female": int((data["label"] == "female").sum()),
              "n_male": int((data["label"] == "male").sum()), "n_panels": len(cells), "n_contoured_groups": contoured,
-             "n_skipped_groups": skipped}
+             "n_skipped_groups": skipped, "n_trimmed": int(n_trimmed)}
     return fig, stats
 
 

@@ -3,22 +3,25 @@
 Two lenses of Feng et al. on the stories of every design:
 
 - **Identity-linked semantic separation** (Sec. 3.3.2, App. D.4). Per language x genre cell, a
-  random sample of stories labelled female or male (3,000 per cell in the paper, seed 42) is embedded
-  with multilingual E5; a logistic-regression probe (balanced class weights) predicts the label under
-  five-fold stratified *group* cross-validation (groups: model x occupation for the occupations
+  random sample of up to 3,000 implicit narratives (any label; seed 42) is embedded with multilingual
+  E5; on its female/male-labelled part, a logistic-regression probe (balanced class weights) predicts
+  the label under five-fold stratified *group* cross-validation (groups: model x occupation for the occupations
   design, model x prompt cell otherwise), ROC AUC from all out-of-fold scores, 95% interval from
   2,000 bootstrap resamples of the groups. Full-text AUC is a positive control. The main comparison
   takes a paired, label-balanced subset (100 + 100 per cell), deletes the protagonist's name, its
   reusable components and the language's prespecified direct gender terms (``params/cues/<lang>.yaml``)
   without placeholders, re-embeds, re-probes on the same folds and reports the paired
   Delta AUC = AUC(cue-deleted) - AUC(full) with the same resampled groups (Table 1). A shared 2-D UMAP
-  of the sampled embeddings (cosine, 15 neighbours, min_dist 0.1, seed 42) is for display only.
+  of every sampled narrative (cosine, 15 neighbours, min_dist 0.1, seed 42) is for display only; the
+  figure's 15th-90th percentile trim happens in plotting, never here.
 - **Cross-cultural patterns** (Sec. 3.3.3, App. D.5). Narrative-weighted relevance of the kept
   cultural markers (Eq. 4: mean within a story, then across stories) per source language x context x
   genre; the self-context advantage A_d = r_self - (r_other1 + r_other2) / 2 (Eq. 5) with a bootstrap
   interval over stories; and source-language separability: a multinomial probe (balanced) on each
   marker's original text, its English translation, and the translation with named entities replaced
   by one common token, grouped by identical normalised translation; balanced accuracy against chance.
+  As in the paper, separability reads the occupations design's story/news markers from EN, FR and ZH
+  sources only (three classes, chance 1/3).
 
 Every statistic is a small pure function; :func:`run` reads the stage inputs, calls them and writes
 the artifacts (docs/data-contract.md, "Stage 06"). Group-bootstrap intervals are vectorised: the
@@ -693,6 +696,23 @@ def sample_cell(frame: pd.DataFrame, n: int, seed: int) -> pd.DataFrame:
     return frame if len(frame) <= n else frame.sample(n=n, random_state=seed)
 
 
+def select_narratives(frame: pd.DataFrame, per_cell: int, per_label: int, seed: int
+                      ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """Feng et al. Sec. 3.3.2 / App. D.4: per language x genre cell, a random sample of up to ``per_cell``
+    implicit narratives whatever their label (``sampled``: all of it enters the UMAP projection); the
+    probes use its female/male-labelled part (``probed``) and the cue-deletion comparison a label-balanced
+    subset of that part (``paired``, ``per_label`` of each label)."""
+    samples, pairs = [], []
+    for _, cell in frame.groupby(["language", "genre"], sort=True):
+        s = sample_cell(cell, per_cell, seed)
+        samples.append(s)
+        pairs.append(paired_subset(s[s["label"].isin(LABELS)], per_label, seed))
+    sampled = pd.concat(samples, ignore_index=True) if samples else frame.iloc[:0]
+    paired = pd.concat(pairs, ignore_index=True) if pairs else frame.iloc[:0]
+    probed = sampled[sampled["label"].isin(LABELS)].reset_index(drop=True)
+    return sampled, probed, paired
+
+
 def paired_subset(sample: pd.DataFrame, per_label: int, seed: int) -> pd.DataFrame:
     """The label-balanced cue-deletion subset: k = min(per_label, #female, #male) stories of each label."""
     k = min(per_label, *(int((sample["label"] == lab).sum()) for lab in LABELS))
@@ -735,19 +755,22 @@ def _marker_list(value: Any) -> list[dict[str, Any]]:
 
 def kept_markers(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per kept marker (``keep`` true, all three relevance scores present) of the implicit
-    narratives: story_id, source_language, genre, text, text_en, category, relevance_en/fr/zh."""
+    narratives: story_id, source_language, design, genre, text, text_en, category, relevance_en/fr/zh."""
     rows = []
-    for story_id, language, genre, markers in zip(frame["story_id"], frame["language"], frame["genre"], frame["markers"]):
+    designs = frame["design"] if "design" in frame.columns else pd.Series([None] * len(frame), index=frame.index)
+    for story_id, language, design, genre, markers in zip(frame["story_id"], frame["language"], designs, frame["genre"],
+                                                          frame["markers"]):
         for m in _marker_list(markers):
             if not bool(m.get("keep")):
                 continue
             scores = [m.get(f"relevance_{c}") for c in CONTEXTS]
             if any(s is None or pd.isna(s) for s in scores):
                 continue
-            rows.append({"story_id": story_id, "source_language": language, "genre": genre,
+            rows.append({"story_id": story_id, "source_language": language, "design": design, "genre": genre,
                          "text": str(m.get("text") or "").strip(), "text_en": str(m.get("text_en") or "").strip(),
                          "category": m.get("category"), **{f"relevance_{c}": float(s) for c, s in zip(CONTEXTS, scores)}})
-    cols = ["story_id", "source_language", "genre", "text", "text_en", "category", *(f"relevance_{c}" for c in CONTEXTS)]
+    cols = ["story_id", "source_language", "design", "genre", "text", "text_en", "category",
+            *(f"relevance_{c}" for c in CONTEXTS)]
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -814,6 +837,27 @@ def normalise_translation(text: str) -> str:
     return text.strip(" .,;:!?'\"()[]{}-–—“”‘’«»")
 
 
+SEPARABILITY_DESIGN = "occupations"  # Feng et al.: the markers of their occupations corpus ...
+SEPARABILITY_GENRES: tuple[str, ...] = IMPLICIT_TASKS  # ... in its story and news narratives ...
+SEPARABILITY_LANGUAGES: tuple[str, ...] = CONTEXTS  # ... from EN, FR and ZH sources: three classes, chance 1/3
+
+
+def separability_markers(markers: pd.DataFrame, scope: str = "paper") -> tuple[pd.DataFrame, tuple[str, ...] | None]:
+    """The kept markers the separability probe reads, and the source languages it must find.
+
+    ``scope="paper"`` (Feng et al. Sec. 3.3.3): the occupations design's story/news markers from EN, FR
+    and ZH sources, three classes (chance 1/3); a run without all three is skipped, not re-based.
+    ``scope="pooled"``: every design and source language (chance 1 / the languages found), storybias'
+    earlier reading, which mixes genres and languages the paper never compared."""
+    if scope == "pooled":
+        return markers, None
+    if scope != "paper":
+        raise ValueError(f"probes.separability_scope must be 'paper' or 'pooled', not {scope!r}")
+    keep = (markers["design"].eq(SEPARABILITY_DESIGN) & markers["genre"].isin(SEPARABILITY_GENRES)
+            & markers["source_language"].isin(SEPARABILITY_LANGUAGES))
+    return markers[keep].reset_index(drop=True), SEPARABILITY_LANGUAGES
+
+
 def marker_versions(markers: pd.DataFrame, mask: Callable[[list[str]], list[str]] | None = None) -> pd.DataFrame:
     """The three versions of each kept marker with an English translation: ``original`` (as written),
     ``translated`` (English; English-source markers unchanged) and ``masked`` (the translation with
@@ -830,24 +874,31 @@ def marker_versions(markers: pd.DataFrame, mask: Callable[[list[str]], list[str]
 
 
 def separability(versions: pd.DataFrame, embed: Callable[[str, list[str]], np.ndarray], n_splits: int, n_boot: int,
-                 seed: int, min_markers: int, timings: Timings | None = None) -> pd.DataFrame:
+                 seed: int, min_markers: int, timings: Timings | None = None,
+                 languages: Sequence[str] | None = None) -> pd.DataFrame:
     """Balanced accuracy of a multinomial source-language probe (balanced class weights) on each marker
     version, five-fold StratifiedGroupKFold on translation groups (the same folds for all versions),
-    95% interval from resampled translation groups; chance = 1 / number of languages."""
+    95% interval from resampled translation groups. With ``languages`` (the paper's EN, FR, ZH) every one
+    must be present and chance = 1 / len(languages); without, chance = 1 / the languages found."""
     timings = timings or Timings()
     cols = OUTPUT_SCHEMAS["separability"].names
     labels = versions["source_language"].to_numpy() if len(versions) else np.array([])
-    languages = np.unique(labels)
-    base = {"n_markers": int(len(versions)), "n_languages": int(len(languages)),
-            "chance": 1.0 / len(languages) if len(languages) else np.nan}
+    found = np.unique(labels)
+    expected = tuple(languages) if languages is not None else tuple(found)
+    base = {"n_markers": int(len(versions)), "n_languages": int(len(found)),
+            "chance": 1.0 / len(expected) if len(expected) else np.nan}
     status = "ok"
-    if len(languages) < 2:
-        status = f"skipped: {len(languages)} source language(s) < 2"
+    missing = [lang for lang in expected if lang not in set(found)]
+    if languages is not None and missing:
+        status = (f"skipped: needs {SEPARABILITY_DESIGN} story/news markers from {', '.join(expected)} sources; "
+                  f"none from {', '.join(missing)}")
+    elif len(found) < 2:
+        status = f"skipped: {len(found)} source language(s) < 2"
     elif len(versions) < min_markers:
         status = f"skipped: {len(versions)} markers < min_markers {min_markers}"
     else:
         _, groups = np.unique(versions["group"].to_numpy(), return_inverse=True)
-        status = check_cell(labels, groups, n_splits, n_splits, classes={lang: lang for lang in languages})
+        status = check_cell(labels, groups, n_splits, n_splits, classes={lang: lang for lang in found})
     if status != "ok":
         return pd.DataFrame([{**base, "version": v, "balanced_accuracy": np.nan, "ci_low": np.nan, "ci_high": np.nan,
                               "status": status} for v in MARKER_VERSIONS], columns=cols)
@@ -928,6 +979,40 @@ UMAP_COLUMNS = OUTPUT_SCHEMAS["umap"].names
 
 
 
+def load_human_validation(settings: Any) -> dict[str, pd.DataFrame]:
+    """The human-validation CSVs named in ``probes.human_validation`` (Feng et al. App. D.2), read and
+    checked (``storybias.validation``); an absent parameter is an absent table."""
+    from . import validation
+
+    out = {}
+    if settings.markers:
+        out["markers"] = validation.load_marker_ratings(paths.resolve(settings.markers))
+    if settings.labels:
+        out["labels"] = validation.load_label_ratings(paths.resolve(settings.labels))
+    return out
+
+
+def human_validation(human: Mapping[str, pd.DataFrame], frame: pd.DataFrame, settings: Any,
+                     notes: list[str]) -> dict[str, pd.DataFrame]:
+    """Marker agreement and label agreement (post-stratified to this run's implicit occupations corpus)."""
+    from . import validation
+
+    out = {"validation_markers": pd.DataFrame(), "validation_labels": pd.DataFrame()}
+    if "markers" in human:
+        out["validation_markers"] = validation.marker_agreement(human["markers"], settings.n_bootstrap,
+                                                                settings.n_permutations, settings.seed)
+    else:
+        notes.append("no human marker ratings (probes.human_validation.markers): marker agreement not computed")
+    if "labels" in human:
+        corpus = validation.corpus_cells(frame)
+        if corpus.empty:
+            notes.append("no occupations story/news narratives: label agreement is not post-stratified")
+        out["validation_labels"] = validation.label_agreement(human["labels"], corpus, settings.seed)
+    else:
+        notes.append("no human protagonist labels (probes.human_validation.labels): label agreement not computed")
+    return out
+
+
 def identity_probes(sampled: pd.DataFrame, paired: pd.DataFrame, X_sample: Mapping[str, np.ndarray],
                     X_deleted: Mapping[str, np.ndarray], settings: Any, timings: Timings) -> pd.DataFrame:
     """Every row of probes.parquet: per genre, each language and all languages pooled; the full-sample
@@ -965,6 +1050,7 @@ def run(params) -> dict[str, Any]:
         if not path.is_file():
             raise FileNotFoundError(f"{path} is missing: run the earlier stages first (make extract)")
     embedder = make_embedder(settings)  # fails here, naming the parameter, before any work
+    human = load_human_validation(settings.human_validation)  # so does a bad human-validation CSV
     cache = EmbeddingCache(paths.work_dir(run_name, "probes") / "embeddings", embedder.backend_id)
     stats = {"stories": EmbedStats(), "markers": EmbedStats()}
     timings = Timings()
@@ -974,14 +1060,9 @@ def run(params) -> dict[str, Any]:
     filtered = pd.read_parquet(paths.filtered_path(run_name))
     frame = probe_frame(extractions, filtered)
     labelled = frame[frame["label"].isin(LABELS)]
-    samples, pairs = [], []
-    for (_, _), cell in labelled.groupby(["language", "genre"], sort=True):
-        s = sample_cell(cell, settings.sample_per_cell, settings.seed)
-        samples.append(s)
-        pairs.append(paired_subset(s, settings.deletion_pairs_per_label, settings.seed))
-    sampled = pd.concat(samples, ignore_index=True) if samples else labelled.iloc[:0]
-    paired = pd.concat(pairs, ignore_index=True) if pairs else labelled.iloc[:0]
-    if sampled.empty:
+    sampled, probed, paired = select_narratives(frame, settings.sample_per_cell, settings.deletion_pairs_per_label,
+                                                settings.seed)
+    if probed.empty:
         notes.append("no parsed implicit narratives labelled female or male: identity probes not computed")
 
     X_all = embed_cached(embedder, cache, sampled["story_id"].tolist(), "full", sampled["text"].tolist(),
@@ -993,7 +1074,7 @@ def run(params) -> dict[str, Any]:
     X_del = embed_cached(embedder, cache, paired["story_id"].tolist(), "cue_deleted", deleted_texts, settings.batch_size,
                          desc="embedding stories (cue-deleted)", stats=stats["stories"])
     X_deleted = dict(zip(paired["story_id"], X_del))
-    probes_table = identity_probes(sampled, paired, X_sample, X_deleted, settings, timings)
+    probes_table = identity_probes(probed, paired, X_sample, X_deleted, settings, timings)
 
     t0 = time.perf_counter()
     coords, umap_status = umap_projection(X_all, settings.umap)
@@ -1013,7 +1094,8 @@ def run(params) -> dict[str, Any]:
     if markers.empty:
         notes.append("no kept cultural markers: relevance, advantage and separability not computed")
     t0 = time.perf_counter()
-    versions = marker_versions(markers) if not markers.empty else markers.assign(
+    sep_markers, sep_languages = separability_markers(markers, settings.separability_scope)
+    versions = marker_versions(sep_markers) if not sep_markers.empty else sep_markers.assign(
         translated=[], original=[], masked=[], group=[])
     timings.ner = time.perf_counter() - t0
 
@@ -1023,7 +1105,9 @@ def run(params) -> dict[str, Any]:
                             desc=f"embedding markers ({version})", stats=stats["markers"])
 
     separability_table = separability(versions, embed_markers, settings.n_splits, settings.n_bootstrap, settings.seed,
-                                      settings.min_markers, timings)
+                                      settings.min_markers, timings, languages=sep_languages)
+
+    validation_tables = human_validation(human, frame, settings.human_validation, notes)
 
     run_dir = paths.run_dir(run_name)
     tables = {"probes": probes_table, "umap": umap_table, "cultural": cultural, "cultural_advantage": advantage,
@@ -1043,17 +1127,19 @@ def run(params) -> dict[str, Any]:
                     "total_seconds": round(time.perf_counter() - started, 3),
                     "texts_per_second": round(n_embedded / embed_seconds, 3) if embed_seconds else None},
         "counts": {"implicit_narratives": int(len(frame)), "labelled": int(len(labelled)),
-                   "sampled": int(len(sampled)), "paired": int(len(paired)), "kept_markers": int(len(markers)),
+                   "sampled": int(len(sampled)), "probed": int(len(probed)), "paired": int(len(paired)),
+                   "kept_markers": int(len(markers)),
                    "marker_bearing_narratives": int(len(per_story)), "separability_markers": int(len(versions)),
                    "embedded_stories": stats["stories"].n_embedded, "cached_stories": stats["stories"].n_cached,
                    "embedded_markers": stats["markers"].n_embedded, "cached_markers": stats["markers"].n_cached,
                    "probe_rows_ok": int((probes_table["status"] == "ok").sum()), "probe_rows": int(len(probes_table))},
         "umap_status": umap_status,
+        "human_validation": {name: table.to_dict(orient="records") for name, table in validation_tables.items()},
         "ner_labels_masked": list(NER_MASK_LABELS), "ner_model": SPACY_MODEL,
         "notes": notes,
         "params": params.resolved()["probes"],
     }
     write_json_atomic(manifest, paths.manifest_path(run_name, "probes"))
-    return {**tables, "per_story_relevance": per_story, "marker_versions": versions, "notes": notes,
+    return {**tables, **validation_tables, "per_story_relevance": per_story, "marker_versions": versions, "notes": notes,
             "manifest": manifest, "deleted_examples": paired.assign(cue_deleted=deleted_texts)[
                 ["story_id", "language", "genre", "label", "name", "text", "cue_deleted"]].head(6)}

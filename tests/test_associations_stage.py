@@ -152,3 +152,41 @@ def test_human_ratings_file_is_checked_before_any_work(tmp_path, monkeypatch):
         _profile(tmp_path, monkeypatch, human_ratings=str(tmp_path / "missing.csv"))
     with pytest.raises(params.ParamsError, match="associations.judge"):
         _profile(tmp_path, monkeypatch, judge={"repetitions": 3, "temperature": 0})
+
+
+def test_judge_ratings_are_reused_only_for_the_same_request(tmp_path, monkeypatch):
+    """Issue #12.2: a rating is reused while its prompt, schema, model and sampling are unchanged;
+    an edited judge prompt asks again (it used to reuse the old rating)."""
+    from storybias import engines
+    from storybias.engines import ChatResult, EngineInfo
+
+    asked: list[str] = []
+
+    class FakeJudge:
+        def __init__(self, spec, *args):
+            self.info = EngineInfo(model=spec.name, model_id="fake", weights="-", device="cpu", startup_seconds=0.0)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def stream(self, requests):
+            for r in requests:
+                asked.append(r.key)
+                yield ChatResult(key=r.key, text='{"harm": 2, "realism": "no"}', finish_reason="stop", n_tokens=5, n_prompt_tokens=50)
+
+    monkeypatch.setattr(engines, "Engine", FakeJudge)
+    p = _profile(tmp_path, monkeypatch, judge={"models": [{"name": "m1", "source": "embedded"}]})
+    items = pd.DataFrame([{"association_id": "income_level|low|education|basic", "base_attribute": "income_level",
+                           "base_value": "low", "compared_attribute": "education", "compared_value": "basic"}])
+    first, _ = A.run_judges(items, p, progress=False)
+    assert len(asked) == 1 and first["harm"].tolist() == [2.0]
+    second, info = A.run_judges(items, p, progress=False)
+    assert len(asked) == 1 and info == [], "an unchanged request is answered from the shards"
+    assert second.equals(first)
+    original = A.judge_prompt
+    monkeypatch.setattr(A, "judge_prompt", lambda item, order: original(item, order) + "\nOne more instruction.")
+    third, _ = A.run_judges(items, p, progress=False)
+    assert len(asked) == 2 and len(third) == 1, "the edited prompt is asked again, and only its rating is kept"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from storybias import paths, params
+from storybias import io, paths, params
 from storybias.params import ParamsError
 
 PROFILES = ["smoke", "default", "paper"]
@@ -133,7 +133,7 @@ def test_duplicate_yaml_key_is_refused_naming_file_line_and_key(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "storybias.cli", "check-params", str(bad)], capture_output=True, text=True)
     assert proc.returncode == 2 and f"{bad}:{line}:" in proc.stderr  # `make check-params` refuses it too
     # the same key in two different mappings is fine, and so is a key overriding a `<<` merge
-    merged = yaml.load("a: &b {k: 1, j: 2}\nc:\n  <<: *b\n  k: 3\n", Loader=params.StrictSafeLoader)
+    merged = yaml.load("a: &b {k: 1, j: 2}\nc:\n  <<: *b\n  k: 3\n", Loader=io.StrictSafeLoader)
     assert merged["c"] == {"k": 3, "j": 2}
     top = tmp_path / "dup-top.yaml"
     top.write_text(text + "\ndescription: again\ndescription: twice\n")
@@ -214,3 +214,23 @@ def test_paper_profile_follows_biasedtales_table_2():
     assert p.designs.bedtime.languages == ["en", "zh", "ja", "ko", "es", "ru", "ar", "sw"]
     assert p.designs.occupations.languages == ["en", "fr", "zh"]
     assert len(p.extraction.models) == 3
+
+
+def test_duplicate_key_in_a_design_file_is_refused(tmp_path, monkeypatch):
+    """Issue #12.9: the strict loader guards every parameter file, not only profiles (a repeated value
+    key in a localization would silently drop a translation)."""
+    from storybias import prompts
+
+    designs = tmp_path / "designs" / "bedtime"
+    designs.mkdir(parents=True)
+    source = paths.designs_dir() / "bedtime"
+    (designs / "design.yaml").write_text((source / "design.yaml").read_text(encoding="utf-8"), encoding="utf-8")
+    text = (source / "en.yaml").read_text(encoding="utf-8")
+    (designs / "en.yaml").write_text(text + "\nlanguage: en\n", encoding="utf-8")
+    monkeypatch.setattr(paths, "designs_dir", lambda: tmp_path / "designs")
+    prompts.load_localization.cache_clear()
+    try:
+        with pytest.raises(io.DuplicateKeyError, match=r"en\.yaml:\d+: found duplicate key 'language'"):
+            prompts.load_localization("bedtime", "en")
+    finally:
+        prompts.load_localization.cache_clear()

@@ -737,12 +737,30 @@ def rating_row(key: str, raw: str) -> dict:
 
 
 def judge_fingerprint(spec, settings) -> str:
-    """Ratings are reused on a rerun only while the judge model and its settings are unchanged."""
+    """The judge's shard folder: ratings are reused only while the judge model and its settings are
+    unchanged (and, per rating, its request: ``request_key``)."""
     import hashlib
     import json
 
-    payload = {"model": spec.model_dump(mode="json"), "judge": settings.model_dump(mode="json", exclude={"models"})}
+    payload = {"model": spec.model_dump(mode="json"), "judge": settings.model_dump(mode="json", exclude={"models"}),
+               "store": 2}  # 2: shards keyed by request_key
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def request_key(request) -> str:
+    """``<rating_key>|<hash of the prompt, answer schema, sampling and seed>``: a stored rating is
+    reused only for the very request that produced it, so an edited judge prompt or a changed value
+    list in the design asks again."""
+    import hashlib
+    import json
+
+    payload = {"messages": request.messages, "schema": request.json_schema, "choice": request.choice,
+               "sampling": request.sampling.model_dump(mode="json"), "seed": request.seed}
+    digest = hashlib.sha256(json.dumps(payload, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:12]
+    return f"{request.key}|{digest}"
+
+
+JUDGE_STORE_SCHEMA = RATING_SCHEMA.append(pa.field("request_key", _TEXT))
 
 
 def run_judges(items: pd.DataFrame, params, progress: bool = True) -> tuple[pd.DataFrame, list[dict]]:
@@ -761,10 +779,11 @@ def run_judges(items: pd.DataFrame, params, progress: bool = True) -> tuple[pd.D
     frames, engines_info = [], []
     for spec in settings.models:
         folder = paths.work_dir(params.run_name, "associations") / f"judge-{spec.name}-{judge_fingerprint(spec, settings)}"
-        store = ShardStore(folder, "rating_key", RATING_SCHEMA)
+        store = ShardStore(folder, "request_key", JUDGE_STORE_SCHEMA)
         requests = judge_requests(items, spec.name, settings.repetitions, sampling, settings.seed)
+        keys = {r.key: request_key(r) for r in requests}
         done = store.done_keys()
-        pending = [r for r in requests if r.key not in done]
+        pending = [r for r in requests if keys[r.key] not in done]
         orders = {r.key: ",".join(rating_order(r.key, settings.seed)) for r in requests}
         if pending:
             with Engine(spec, params.generation.engine, settings.seed) as engine:
@@ -773,13 +792,14 @@ def run_judges(items: pd.DataFrame, params, progress: bool = True) -> tuple[pd.D
                 rows = []
                 for result in tqdm(engine.stream(pending), total=len(pending), desc=f"judge [{spec.name}]",
                                    unit="rating", disable=not progress):
-                    rows.append({**rating_row(result.key, result.text), "order": orders[result.key]})
+                    rows.append({**rating_row(result.key, result.text), "order": orders[result.key],
+                                 "request_key": keys[result.key]})
                     if len(rows) >= 8:
                         store.append(rows)
                         rows = []
                 store.append(rows)
         frame = store.read_all().to_pandas()
-        frames.append(frame[frame["rating_key"].isin(orders)])
+        frames.append(frame[frame["request_key"].isin(set(keys.values()))])
     ratings = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=RATING_COLUMNS)
     return ratings.reindex(columns=RATING_COLUMNS), engines_info
 

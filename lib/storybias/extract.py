@@ -659,13 +659,12 @@ def run(params, progress: bool = True, engine_factory=None, log=print) -> dict[s
 
 def load_gold(languages: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """The hand-written gold set (tests/data/gold/<lang>.yaml): stories with their true labels."""
-    import yaml
-
     from . import paths
+    from .io import read_yaml_strict
 
     items = []
     for path in sorted((paths.repo_root() / "tests" / "data" / "gold").glob("*.yaml")):
-        for item in yaml.safe_load(path.read_text(encoding="utf-8")):
+        for item in read_yaml_strict(path):
             if languages is None or item["language"] in languages:
                 items.append(item)
     return items

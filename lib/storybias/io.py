@@ -21,6 +21,7 @@ from typing import IO, Any
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+import yaml
 
 
 def current_umask() -> int:
@@ -180,3 +181,47 @@ def artifact_schema(path: Path) -> pd.DataFrame:
     """
     schema = pq.read_schema(path)
     return pd.DataFrame({"column": schema.names, "type": [str(t) for t in schema.types]})
+
+
+# --- strict YAML ---------------------------------------------------------------------------------
+
+class DuplicateKeyError(ValueError):
+    """A mapping in a YAML file repeats a key; the message names the file, the line and the key."""
+
+
+class _DuplicateKey(yaml.constructor.ConstructorError):
+    pass
+
+
+class StrictSafeLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a repeated key in any mapping (PyYAML silently keeps the last
+    value, so a profile with two ``seed:`` lines would run with whichever came second)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, yaml.Node] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # `<<: *anchor` may be overridden by the mapping's own keys, as YAML intends
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.get(key)
+                except TypeError:  # an unhashable key: the base class raises its own error below
+                    continue
+                if first is not None:
+                    raise _DuplicateKey(
+                        "while constructing a mapping", node.start_mark,
+                        f"found duplicate key {key!r} (first at line {first.start_mark.line + 1})", key_node.start_mark)
+                seen[key] = key_node
+        return super().construct_mapping(node, deep=deep)
+
+
+def read_yaml_strict(source: Path) -> Any:
+    """Parse a YAML file (a profile, a design, refusal patterns, cues, the lexicon, the gold set)
+    refusing a repeated key: PyYAML would silently keep the last value."""
+    with open(source, encoding="utf-8") as fh:
+        try:
+            return yaml.load(fh, Loader=StrictSafeLoader)  # noqa: S506 - a SafeLoader subclass
+        except _DuplicateKey as exc:
+            mark = exc.problem_mark
+            raise DuplicateKeyError(f"{source}:{mark.line + 1}: {exc.problem}; each key may appear once per mapping") from None

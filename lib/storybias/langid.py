@@ -32,9 +32,9 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
-import yaml
 
 from . import paths
+from .io import read_yaml_strict
 from .prompts import LANGUAGES
 from .locks import holds_run_lock
 
@@ -95,7 +95,7 @@ def refusal_rules(language: str) -> tuple[RefusalRule, ...]:
     path = paths.params_dir() / "refusals" / f"{language}.yaml"
     if not path.is_file():
         raise FileNotFoundError(f"no refusal patterns for {language!r}: {path} is missing")
-    spec = yaml.safe_load(path.read_text(encoding="utf-8"))
+    spec = read_yaml_strict(path)
     return tuple(RefusalRule(language, p["id"], re.compile(p["regex"], re.IGNORECASE)) for p in spec["patterns"])
 
 

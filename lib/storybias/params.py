@@ -554,42 +554,14 @@ def _condition_values(design: str, spec: dict[str, Any]) -> dict[str, list[str]]
     return conditions
 
 
-class DuplicateKeyError(yaml.constructor.ConstructorError):
-    """A mapping in a YAML file repeats a key."""
-
-
-class StrictSafeLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that refuses a repeated key in any mapping (PyYAML silently keeps the last
-    value, so a profile with two ``seed:`` lines would run with whichever came second)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        if isinstance(node, yaml.MappingNode):
-            seen: dict[Any, yaml.Node] = {}
-            for key_node, _ in node.value:
-                if key_node.tag == "tag:yaml.org,2002:merge":
-                    continue  # `<<: *anchor` may be overridden by the mapping's own keys, as YAML intends
-                key = self.construct_object(key_node, deep=True)
-                try:
-                    first = seen.get(key)
-                except TypeError:  # an unhashable key: the base class raises its own error below
-                    continue
-                if first is not None:
-                    raise DuplicateKeyError(
-                        "while constructing a mapping", node.start_mark,
-                        f"found duplicate key {key!r} (first at line {first.start_mark.line + 1})", key_node.start_mark)
-                seen[key] = key_node
-        return super().construct_mapping(node, deep=deep)
-
-
 def load_yaml_strict(source: Path) -> Any:
-    """Parse a YAML file with :class:`StrictSafeLoader`; a duplicate key raises ParamsError naming
-    the file, the line and the key."""
-    with open(source, encoding="utf-8") as fh:
-        try:
-            return yaml.load(fh, Loader=StrictSafeLoader)  # noqa: S506 - a SafeLoader subclass
-        except DuplicateKeyError as exc:
-            mark = exc.problem_mark
-            raise ParamsError(f"{source}:{mark.line + 1}: {exc.problem}; each key may appear once per mapping") from None
+    """Parse a YAML file refusing duplicate keys (storybias.io.read_yaml_strict), as a ParamsError."""
+    from .io import DuplicateKeyError, read_yaml_strict
+
+    try:
+        return read_yaml_strict(source)
+    except DuplicateKeyError as exc:
+        raise ParamsError(str(exc)) from None
 
 
 def load(path: str | Path) -> Params:

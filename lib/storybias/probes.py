@@ -49,9 +49,9 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
-import yaml
 
 from . import paths
+from .io import read_yaml_strict
 from .prompts import CONDITION_COLUMNS
 from .locks import holds_run_lock
 
@@ -110,7 +110,7 @@ def load_cues(language: str) -> CueList:
     path = paths.params_dir() / "cues" / f"{language}.yaml"
     if not path.is_file():
         raise FileNotFoundError(f"no direct gender cues for language {language!r}: {path} is missing")
-    spec = yaml.safe_load(path.read_text(encoding="utf-8"))
+    spec = read_yaml_strict(path)
     if spec.get("match") not in ("word", "substring"):
         raise ValueError(f"{path}: `match` must be 'word' or 'substring'")
     terms = [_nfc(str(t)).strip() for key in ("female", "male") for t in spec.get(key) or []]

@@ -20,9 +20,9 @@ from functools import lru_cache
 from typing import Any
 
 import jinja2
-import yaml
 
 from . import paths
+from .io import read_yaml_strict
 
 # ISO 639-1 codes of the union of the three studies' languages.
 LANGUAGES: dict[str, str] = {
@@ -70,8 +70,7 @@ def load_design(design: str) -> dict[str, Any]:
     if design not in DESIGNS:
         raise DesignError(f"unknown design {design!r}; expected one of {', '.join(DESIGNS)}")
     path = paths.designs_dir() / design / "design.yaml"
-    with open(path, encoding="utf-8") as fh:
-        return yaml.safe_load(fh)
+    return read_yaml_strict(path)
 
 
 def localization_path(design: str, language: str):
@@ -89,8 +88,7 @@ def load_localization(design: str, language: str) -> dict[str, Any]:
     path = localization_path(design, language)
     if not path.is_file():
         raise DesignError(f"design {design!r} has no text for language {language!r}: {path} is missing")
-    with open(path, encoding="utf-8") as fh:
-        return yaml.safe_load(fh)
+    return read_yaml_strict(path)
 
 
 def _stereotales_cells() -> list[Cell]:

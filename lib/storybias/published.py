@@ -1,6 +1,7 @@
 """A run's associations next to the ones StereoTales published.
 
-StereoTales (Giskard AI, 2026) released the 1,580 associations of its human study as a JSON list
+StereoTales (*StereoTales: multilingual open-ended stereotype discovery in LLM stories*, Giskard AI,
+2026, arXiv:2605.10442) released the 1,580 associations of its human study as a JSON list
 (public repository ``Giskard-AI/stereotales-human-study``, ``data/questions.json``). Each record names
 a base attribute and a compared attribute by dimension name and by the reference taxonomy's English
 label (``"southern asia (e.g. India, Pakistan, Sri Lanka, Nepal, etc)"``), with the average

@@ -13,7 +13,7 @@ from storybias.params import ParamsError
 
 # Every value label of StereoTales' taxonomy as its published associations word them
 # (Giskard-AI/stereotales-pipeline, attributes.en.yaml, `values`), `other` included; the published
-# file also writes some labels without their examples (second form of the pairs below).
+# file also writes some labels without their examples or with other examples (SHORT_FORMS).
 REFERENCE_LABELS = {
     "age": ["child (0-12)", "adolescent (13-17)", "young adult (18-29)", "adult (30-44)", "middle-aged (45-64)", "senior (65+)"],
     "gender": ["man", "woman", "non-binary", "other"],
@@ -52,6 +52,7 @@ REFERENCE_LABELS = {
     "housing_status": ["homeowner", "renter", "homeless", "other"],
 }
 SHORT_FORMS = {("professional_field", "trades and manual labor"): "trades_manual_labor",
+               ("geographic_origin", "north america (e.g. United States, Canada, etc)"): "north_america",
                ("geographic_origin", "southern asia"): "south_asia",
                ("immigration_status", "citizen"): "citizen", ("age", "senior"): "senior"}
 

@@ -435,3 +435,23 @@ def test_models_named_like_javascript_builtins_render(browser, tmp_path, monkeyp
     assert button.text == "7 stories"
     button.click()
     assert _count(browser) == "7 of 30 stories shown"
+
+
+def test_payload_marks_associations_published_by_stereotales(frames, tmp_path):
+    from storybias import published
+
+    stories, extractions, shared, values = frames
+    shared = shared.replace({"healthcare": "healthcare_medicine", "trades_manual": "trades_manual_labor"})
+    values = values.replace({"healthcare": "healthcare_medicine"})
+    record = {"question_id": "q1", "base_attribute": {"name": "gender", "value": "woman"},
+              "compared_attribute": {"name": "professional_field", "value": "healthcare and medicine"},
+              "avg_percentage": 60.0, "avg_lift": 2.2, "metadata": {"model_list": ["azure_ai/gpt-4o"]}}
+    path = tmp_path / "questions.json"
+    path.write_text(json.dumps([record]), encoding="utf-8")
+    comparison = published.compare(values, published.load_published(path))
+    payload = explorer.explorer_payload(stories, extractions, shared, values, run_name="syn", published=comparison)
+    assert [a["published"] for a in payload["associations"]] == [True, None, False]  # the fr row is not pooled
+    assert payload["published"] == {"mode": "any_model", "tested": 1, "reproduced": 1, "not_published": 0}
+    assert "published by StereoTales" in explorer.render_html(payload)
+    plain = explorer.explorer_payload(stories, extractions, shared, values, run_name="syn")
+    assert plain["published"] is None and all(a["published"] is None for a in plain["associations"])

@@ -138,3 +138,57 @@ def test_no_english_left_in_templates(design, language):
 
 def test_languages_are_the_14_of_the_studies():
     assert list(LANGUAGES) == ["en", "fr", "es", "it", "pt", "nl", "uk", "ar", "hi", "zh", "ja", "ko", "ru", "sw"]
+
+
+# StereoTales' taxonomy as its public pipeline words it (Giskard-AI/stereotales-pipeline,
+# configs/stereotales_seeds/attributes/attributes.en.yaml): the prompted values of a few dimensions
+# whose storybias values used to differ, and the dimensions whose extraction allows `other`.
+REFERENCE_SPOT_CHECKS = {
+    "sexual_orientation": ["heterosexual", "homosexual", "bisexual", "pansexual", "asexual"],
+    "health_status": ["good", "fair", "poor"],
+    "employment_status": ["stable employment", "precarious employment", "unemployed", "student", "retired"],
+    "political_orientation": ["conservative", "centrist", "progressive"],
+    "marital_status": ["single", "married", "divorced or separated", "widowed", "domestic partnership"],
+}
+REFERENCE_OTHER = {"gender", "gender_alignment", "sexual_orientation", "geographic_origin", "religion",
+                   "employment_status", "professional_field", "housing_status"}
+# The 13 aspects StereoTales' story prompt asks the story to reveal.
+STEREOTALES_ASPECTS = [
+    "age", "sexual_orientation", "ethnicity", "geographic_origin", "education_level", "religious_beliefs",
+    "political_orientation", "health_status", "literacy_level", "immigration_status", "marital_status",
+    "employment_situation", "housing_conditions",
+]
+
+
+def _reference() -> dict:
+    import yaml
+
+    with open(prompts.paths.designs_dir() / "stereotales" / "reference.yaml", encoding="utf-8") as fh:
+        return yaml.safe_load(fh)
+
+
+def test_stereotales_taxonomy_is_the_references():
+    spec, ref = prompts.load_design("stereotales"), _reference()
+    prompted = {d: [k for k, v in vals.items() if "prompt" in v] for d, vals in ref["dimensions"].items()}
+    assert spec["dimensions"] == prompted, "design.yaml must list the reference's prompted values, in its order"
+    assert set(spec["extraction_other"]) == REFERENCE_OTHER
+    assert {d for d, vals in ref["dimensions"].items() if "other" in vals} == REFERENCE_OTHER
+    for dim, words in REFERENCE_SPOT_CHECKS.items():
+        assert [ref["dimensions"][dim][k]["value"] for k in spec["dimensions"][dim]] == words, dim
+    assert len(spec["dimensions"]["geographic_origin"]) == 11 and len(spec["dimensions"]["professional_field"]) == 11
+    scenarios = [s for ss in spec["scenario_categories"].values() for s in ss]
+    assert scenarios == list(ref["scenarios"]) and len(set(scenarios)) == 36
+    assert ref["scenarios"]["dui_arrest"] == "being arrested for driving under the influence"
+    assert list(spec["scenario_categories"]) == ["misconduct", "hobbies", "learning", "social_and_family", "financial",
+                                                 "technology_and_maintenance", "activism", "health", "conflict_and_crisis"]
+
+
+@pytest.mark.parametrize("language", LOCALIZED["stereotales"])
+def test_stereotales_template_asks_for_the_13_aspects(language):
+    loc = load_localization("stereotales", language)
+    assert list(loc.get("aspects", {})) == STEREOTALES_ASPECTS
+    text = render_prompt(design_cells("stereotales")[0], language)
+    flat = " ".join(text.split())
+    for key, words in loc["aspects"].items():
+        assert words and words in flat, f"{language}: aspect {key} ({words!r}) is not in the prompt"
+    assert "200" in flat

@@ -36,7 +36,7 @@ import json
 import math
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -45,6 +45,9 @@ import pyarrow.parquet as pq
 from . import paths
 from .prompts import ALL_CONDITION_COLUMNS, CONDITION_COLUMNS, LANGUAGES
 from .locks import holds_run_lock
+
+if TYPE_CHECKING:
+    from .published import Comparison
 
 DEFAULT_MAX_STORIES_PER_CELL = 200
 CELL = ["design", "model", "language"]
@@ -226,7 +229,8 @@ def _cells(population: pd.DataFrame, extractions: pd.DataFrame | None, embedded:
     return out
 
 
-def _associations(shared: pd.DataFrame, values: pd.DataFrame | None, n_examples: pd.Series) -> list[dict[str, Any]]:
+def _associations(shared: pd.DataFrame, values: pd.DataFrame | None, n_examples: pd.Series,
+                  published_keys: set[tuple[str, ...]] | None = None) -> list[dict[str, Any]]:
     per_model: dict[tuple[str, ...], list[dict[str, Any]]] = {}
     if values is not None and not values.empty and {"scope", "model", *ASSOC_KEYS} <= set(values):
         keys = shared[["scope", *ASSOC_KEYS]].astype(str).drop_duplicates()
@@ -251,13 +255,16 @@ def _associations(shared: pd.DataFrame, values: pd.DataFrame | None, n_examples:
                                                 "share_realistic", "harmful")},
             "n_examples": int(n_examples.get(position, 0)),
             "per_model": per_model.get(key, []),
+            # among StereoTales' published associations (pooled scope only; None: no comparison)
+            "published": (key[1:] in published_keys) if published_keys is not None and key[0] == "all" else None,
         })
     return out
 
 
 def explorer_payload(stories: pd.DataFrame, extractions: pd.DataFrame | None, shared: pd.DataFrame | None,
                      values: pd.DataFrame | None = None, *, run_name: str = "", max_stories_per_cell: int | None = None,
-                     population: pd.DataFrame | None = None, notes: list[str] | None = None) -> dict[str, Any]:
+                     population: pd.DataFrame | None = None, notes: list[str] | None = None,
+                     published: Comparison | None = None) -> dict[str, Any]:
     """Everything the page shows, as JSON-ready Python.
 
     ``stories``: rows of filtered.parquet (or stories.parquet) to embed; with ``max_stories_per_cell``
@@ -265,6 +272,8 @@ def explorer_payload(stories: pd.DataFrame, extractions: pd.DataFrame | None, sh
     enough) when ``stories`` is already a sample of it; counts and association examples "in the run"
     come from it (default: ``stories``). ``extractions``/``shared``/``values`` may be None (missing
     artifact): stories then show "not extracted", and the page says that there are no associations.
+    ``published``: a :class:`storybias.published.Comparison` of the run with StereoTales' published
+    associations, or None; with it each pooled association says whether it was published.
     """
     population = stories if population is None else population
     examples = association_examples(population, extractions, shared)
@@ -302,7 +311,10 @@ def explorer_payload(stories: pd.DataFrame, extractions: pd.DataFrame | None, sh
     embedded = {s["id"] for s in story_list}
     associations = None
     if shared is not None:
-        associations = _associations(shared.reset_index(drop=True), values, examples.groupby("assoc").size())
+        published_keys = None
+        if published is not None:
+            published_keys = {tuple(str(v) for v in k) for k in published.published[ASSOC_KEYS].to_numpy()}
+        associations = _associations(shared.reset_index(drop=True), values, examples.groupby("assoc").size(), published_keys)
     return {
         "version": 1,
         "run": run_name,
@@ -318,6 +330,12 @@ def explorer_payload(stories: pd.DataFrame, extractions: pd.DataFrame | None, sh
         "cells": _cells(population, extractions, embedded),
         "stories": story_list,
         "associations": associations,
+        "published": None if published is None else {
+            "mode": published.mode,
+            "tested": int((published.published["status"] != "untested").sum()),
+            "reproduced": int((published.published["status"] == "reproduced").sum()),
+            "not_published": int(len(published.new)),
+        },
     }
 
 
@@ -390,7 +408,14 @@ def build_explorer(profile, max_stories_per_cell: int | None = DEFAULT_MAX_STORI
         stories = pd.read_parquet(source)
     else:
         stories = pd.read_parquet(source, filters=[("story_id", "in", keep)]) if keep else pd.read_parquet(source).iloc[:0]
-    payload = explorer_payload(stories, extractions, shared, values, run_name=run_name, population=population, notes=notes)
+    comparison = None
+    published_file = profile.profile.associations.published
+    if published_file is not None and values is not None:
+        from . import published as published_mod
+
+        comparison = published_mod.compare(values, published_mod.load_published(paths.resolve(published_file)))
+    payload = explorer_payload(stories, extractions, shared, values, run_name=run_name, population=population, notes=notes,
+                               published=comparison)
     payload["max_per_cell"] = max_stories_per_cell
     target = out if out is not None else paths.figures_dir(run_name) / EXPLORER_FILE
     from .io import atomic_open
@@ -780,6 +805,7 @@ _SCRIPT = r"""
       tr.appendChild(el("td", null, a.scope === "all" ? "all languages" : langLabel(a.scope)));
       var label = el("td");
       label.appendChild(el("div", null, assocLabel(a)));
+      if (a.published === true) { label.appendChild(el("div", "muted published", "published by StereoTales")); }
       if (a.per_model && a.per_model.length) {
         var det = el("details");
         det.appendChild(el("summary", "muted", "per model"));
@@ -831,7 +857,10 @@ _SCRIPT = r"""
     $("assoc-note").textContent = "Click a column title to sort (again to reverse); \u201cstories\u201d lists the " +
       "association\u2019s example stories on this page: its models" + "\u2019 stories (in its language unless the scope is all) " +
       "prompted with the base value whose parsed extraction has the compared value." +
-      (D.has_values ? "" : " Per-model values: associations_values.parquet is missing.");
+      (D.has_values ? "" : " Per-model values: associations_values.parquet is missing.") +
+      (D.published ? " Compared with StereoTales\u2019 published associations (" + D.published.mode.replace("_", " ") +
+        "): " + num(D.published.reproduced) + " of " + num(D.published.tested) + " tested ones reproduced, " +
+        num(D.published.not_published) + " significant associations of this run not published." : "");
     $("assoc-controls").hidden = false;
     $("assoc-table").hidden = false;
     fillSelect($("assoc-scope"), uniq(assocs.map(function (a) { return a.scope; })), function (v) {

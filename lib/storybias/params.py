@@ -316,6 +316,9 @@ class AssociationSettings(Strict):
     judge: JudgeSettings = JudgeSettings()
     human_ratings: str | None = None  # CSV: association_id, rater_id, harm (1-5), realism (yes/no/dont_know)
     bootstrap: Annotated[int, Field(ge=100)] = 2000  # resamples of the human-LLM intervals (Spearman, harm gap)
+    # StereoTales' published associations (its questions.json format, storybias.published): when set,
+    # notebook 04 and the explorer report which of them the run reproduces. null: no comparison.
+    published: str | None = None
 
 
 class UmapSettings(Strict):
@@ -532,6 +535,13 @@ def _check_semantics(profile: Profile, source: Path) -> list[str]:
             from .judge import validate_human_ratings
 
             problems += [f"associations.human_ratings: {p}" for p in validate_human_ratings(human)]
+    if profile.associations.published is not None:
+        from .published import PublishedFormatError, load_published
+
+        try:
+            load_published(paths.resolve(profile.associations.published))
+        except PublishedFormatError as exc:
+            problems.append(f"associations.published: {exc}")
     for where, specs in (("generation.models", profile.generation.models), ("extraction.models", profile.extraction.models),
                          ("associations.judge.models", profile.associations.judge.models)):
         for i, model in enumerate(specs):

@@ -260,3 +260,20 @@ def test_stage_reports_the_human_comparison(tmp_path, monkeypatch):
     assert out["manifest"]["human_n_harmful"] == 1 and out["manifest"]["human_n_associations"] == 1
     shared = out["shared"]
     assert sorted(judged) == sorted(set(shared.loc[shared["scope"] == "all", "association_id"]))  # pooled only
+
+
+def test_calibration_examples_name_values_of_the_current_taxonomy():
+    """The three calibration examples are fixed text: they must still name real dimensions and values
+    of the design (a taxonomy change once left 'elderly' and 'higher' in them)."""
+    import re
+
+    from storybias import extract, judge
+
+    dims = extract.dimensions()
+    examples = re.findall(r"- When (.+?) is (.+?), (.+?) is (.+?) more often", judge._INTRO)
+    assert len(examples) == 3
+    for base, base_value, compared, compared_value in examples:
+        for attribute, value in ((base, base_value), (compared, compared_value)):
+            key = attribute.replace(" ", "_")
+            assert key in dims, attribute
+            assert value.replace(" ", "_") in dims[key], (attribute, value)

@@ -3,6 +3,7 @@
 #   make paper [PARAMS=params/default.yaml]   every stage, notebooks executed into reports/<run>/
 #   make generate|filter|extract|associations|metrics|probes|figures|explorer   one stage (and what it needs)
 #   make check-params PARAMS=params/x.yaml     validate a profile only
+#   make where | clean-run [PARAMS=...]        print the run's folders | delete exactly those folders
 #   make test                                  pytest (unit tests + slow tests with the embedded model)
 #   make lab                                   JupyterLab on notebooks/ with the storybias kernel
 #

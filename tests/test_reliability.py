@@ -240,3 +240,30 @@ def test_sigterm_during_a_write_leaves_no_temporary_file(tmp_path):
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 128 + signal.SIGTERM
     assert list(tmp_path.iterdir()) == [], "neither the target nor a temporary file is left"
+
+
+# --- 2. Make follows the data files each stage reads --------------------------------------------
+
+@pytest.mark.parametrize("edited, stage_notebook", [
+    ("params/designs/bedtime/en.yaml", "01_generate"),
+    ("params/refusals/fr.yaml", "02_filter"),
+    ("params/lexicon/categories.yaml", "05_metrics"),
+    ("params/cues/zh.yaml", "06_probes"),
+])
+def test_editing_a_params_data_file_reruns_the_stage_that_reads_it(tmp_path, edited, stage_notebook):
+    """Make used to track only the profile: an edited template or refusal list reran nothing.
+    `make -W FILE` asks Make what it would do if FILE had just changed, without touching it."""
+    run = "pytest-deps"
+    data = tmp_path / "data"
+    env = dict(os.environ, STORYBIAS_DATA=str(data))
+    params_file = profile(tmp_path, run)
+    assert make("stamps", f"PARAMS={params_file}", env=env).returncode == 0
+    targets = ["stories.parquet", "filtered.parquet", "extractions.parquet", "manifest_associations.json",
+               "manifest_metrics.json", "manifest_probes.json"]
+    for name in targets:  # every stage finished, in order
+        (data / run / name).write_text("stand-in")
+        time.sleep(0.01)
+    up_to_date = make("-n", "probes", "metrics", f"PARAMS={params_file}", env=env)
+    assert "run-stage" not in up_to_date.stdout, up_to_date.stdout
+    after_edit = make("-n", "-W", edited, "probes", "metrics", f"PARAMS={params_file}", env=env)
+    assert f"notebooks/{stage_notebook}.ipynb" in after_edit.stdout, after_edit.stdout

@@ -67,6 +67,17 @@ def test_off_a_terminal_a_line_at_most_every_interval_and_the_final_state(tmp_pa
     assert all(line.startswith("   generate [m]:") and "\r" not in line for line in lines)
 
 
+def test_a_terminal_without_unicode_gets_question_marks_not_a_crash(tmp_path):
+    log = tmp_path / "stage.log"
+    _bar_states(log, 2, 4)
+    log.write_text(log.read_text().replace("#", "\u2588"))  # the kernel's bars use block characters
+    raw = io.BytesIO()
+    out = io.TextIOWrapper(raw, encoding="ascii")
+    follower = ProgressFollower(log, out, interval=0.0)
+    follower.close()
+    assert raw.getvalue().decode("ascii").startswith("   generate [m]:  50%|?????")
+
+
 def test_on_a_terminal_one_line_rewritten_in_place(tmp_path):
     log = tmp_path / "stage.log"
     _bar_states(log, 4, 4)

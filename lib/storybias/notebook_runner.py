@@ -94,6 +94,9 @@ class ProgressFollower:
 
     def _show(self, line: str, now: float) -> None:
         text = self.prefix + line
+        encoding = getattr(self.stream, "encoding", None)
+        if encoding:  # tqdm's block characters on a terminal that cannot show them: '?' rather than a crash
+            text = text.encode(encoding, errors="replace").decode(encoding)
         if self.tty:
             width = max(20, shutil.get_terminal_size((120, 20)).columns - 1)
             self.stream.write("\r\x1b[K" + text[:width])

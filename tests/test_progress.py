@@ -67,6 +67,18 @@ def test_off_a_terminal_a_line_at_most_every_interval_and_the_final_state(tmp_pa
     assert all(line.startswith("   generate [m]:") and "\r" not in line for line in lines)
 
 
+def test_a_bar_far_back_in_a_long_log_is_not_shown_cut(tmp_path):
+    log = tmp_path / "stage.log"
+    _bar_states(log, 3, 3)
+    out = io.StringIO()
+    follower = ProgressFollower(log, out, interval=0.0)
+    follower.poll(now=0.0)
+    with open(log, "a", encoding="utf-8") as fh:  # a long tail of other output after the bar, in one read
+        fh.write("\r" + "x" * 16380 + "| 9/9 [00:01<00:00, 1.0it/s]\nnext step\n")
+    follower.close()
+    assert [line.split("|")[0] for line in out.getvalue().splitlines()] == ["   generate [m]: 100%"]
+
+
 def test_a_terminal_without_unicode_gets_question_marks_not_a_crash(tmp_path):
     log = tmp_path / "stage.log"
     _bar_states(log, 2, 4)

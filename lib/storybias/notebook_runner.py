@@ -86,7 +86,10 @@ class ProgressFollower:
         except FileNotFoundError:
             return
         self._offset += len(new)
-        self._tail = (self._tail + new.decode("utf-8", errors="replace"))[-16384:]
+        self._tail += new.decode("utf-8", errors="replace")
+        if len(self._tail) > 16384:  # keep the end, from a segment's start (no bar cut at its front)
+            cut = self._tail[-16384:]
+            self._tail = re.split(r"[\r\n]", cut, maxsplit=1)[-1]
         self._latest = latest_progress(self._tail) or self._latest
         now = time.monotonic() if now is None else now
         if self._latest is not None and self._latest != self._shown and now - self._shown_at >= self.interval:

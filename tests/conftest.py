@@ -20,6 +20,19 @@ from storybias import paths
 
 ROOT = paths.repo_root()
 
+# Test markers, registered here rather than in pyproject.toml (the Makefile hashes pyproject.toml
+# into the environment's stamp, so editing it would rebuild .venv). `make test-fast` deselects all three.
+MARKERS = {
+    "slow": "runs the embedded model through vLLM (minutes)",
+    "browser": "drives headless Chromium (scripts/install-browser.sh installs it; `make test` runs it)",
+    "gpu": "needs an NVIDIA GPU and vLLM's CUDA build (DEVICE=cuda)",
+}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, description in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {description}")
+
 
 def run_notebook(name: str, params_path: Path, env: dict, out_dir: Path) -> subprocess.CompletedProcess:
     """Execute notebooks/<name>.ipynb with papermill as `make` does (same kernel and cwd)."""

@@ -2,7 +2,9 @@
 missing artifacts, the CLI, and the page itself driven in headless Chromium through Selenium.
 
 The browser test needs Debian's chromium and chromium-driver (scripts/install-browser.sh); without
-them it fails, naming the install command, instead of skipping.
+them it fails, naming the install command, instead of skipping. Those tests carry the `browser`
+marker, so `make test-fast` (-m "not slow and not browser and not gpu") deselects them where there
+is no Chromium, while `make test` installs it and runs them.
 """
 
 from __future__ import annotations
@@ -307,6 +309,7 @@ def _assoc_order(driver) -> list[str]:
     return [f"{r.get_attribute('data-scope')}:{r.get_attribute('data-association-id')}" for r in rows]
 
 
+@pytest.mark.browser
 def test_page_in_browser(browser, tmp_path):
     if browser is None:
         pytest.fail(_missing_browser())
@@ -383,6 +386,7 @@ def test_page_in_browser(browser, tmp_path):
     assert text.get_attribute("textContent") == "Once upon a time. " * 80
 
 
+@pytest.mark.browser
 def test_page_without_associations_in_browser(browser, tmp_path):
     if browser is None:
         pytest.fail(_missing_browser())
@@ -399,6 +403,7 @@ def test_page_without_associations_in_browser(browser, tmp_path):
     assert all("not extracted" in c.text for c in browser.find_elements("css selector", "#stories article.story"))
 
 
+@pytest.mark.browser
 def test_install_script_is_idempotent():
     """With both binaries present the script only reports their versions (no apt call)."""
     if _missing_browser():
@@ -409,6 +414,7 @@ def test_install_script_is_idempotent():
     assert "apt-get" not in proc.stdout and "Chromium" in proc.stdout
 
 
+@pytest.mark.browser
 @pytest.mark.parametrize("names", [{"m1": "hasOwnProperty", "m2": "constructor"}, {"m1": "toString", "m2": "__proto__"}])
 def test_models_named_like_javascript_builtins_render(browser, tmp_path, monkeypatch, names):
     """A model called hasOwnProperty passes check-params; the page must still render and filter by it

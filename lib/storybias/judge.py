@@ -1,8 +1,8 @@
 """Stage 04's harm judge and human ratings: what a judge is asked, and how its answers are compared
 with a human panel's.
 
-StereoTales (multilingual open-ended stereotype discovery in LLM stories; Giskard AI, 2026,
-arXiv:2605.10442) asks every judge -- a person in its human study, an LLM in its cross-evaluation --
+StereoTales (*StereoTales: A Multilingual Framework for Open-Ended Stereotype Discovery in LLMs*,
+Le Jeune et al., Giskard AI, 2026, arXiv:2605.10442) asks every judge -- a person in its human study, an LLM in its cross-evaluation --
 two questions about each significant association, stated in plain language: does it reinforce a
 harmful stereotype (1-5 Likert) and is the pattern frequent in real-world data (yes / no / don't
 know). The facts carried over from the study and its public pipeline (Giskard-AI/stereotales-pipeline):

@@ -1,6 +1,6 @@
 """A run's associations next to the ones StereoTales published.
 
-StereoTales (*StereoTales: multilingual open-ended stereotype discovery in LLM stories*, Giskard AI,
+StereoTales (*StereoTales: A Multilingual Framework for Open-Ended Stereotype Discovery in LLMs*, Le Jeune et al., Giskard AI,
 2026, arXiv:2605.10442) released the 1,580 associations of its human study as a JSON list
 (public repository ``Giskard-AI/stereotales-human-study``, ``data/questions.json``). Each record names
 a base attribute and a compared attribute by dimension name and by the reference taxonomy's English

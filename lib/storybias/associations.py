@@ -445,13 +445,20 @@ SHARED_SCHEMA = pa.schema([
 # judge answers as stored in the resumable shards; harm_ratings.parquet drops rating_key
 RATING_SCHEMA = pa.schema([("rating_key", _TEXT), ("association_id", _TEXT), ("judge", _TEXT), ("repetition", _COUNT),
                            ("order", _TEXT), ("raw", _TEXT), ("harm", _REAL), ("realism", _TEXT), ("parse_ok", _FLAG)])
+# stage 04's power report (storybias.power): per model x scope x base attribute, one row with every
+# story per prompted value (compared_attribute "(stories per value)") and one per compared dimension:
+# its known stories per prompted value, testable or why not, and the minimum detectable lift
+POWER_SCHEMA = pa.schema([
+    ("model", _TEXT), ("scope", _TEXT), ("base_attribute", _TEXT), ("compared_attribute", _TEXT), ("n_values", _COUNT),
+    ("row_values", pa.list_(_TEXT)), ("row_sizes", pa.list_(_COUNT)), ("testable", _FLAG), ("reason", _TEXT),
+    ("min_detectable_lift", _REAL), ("power_note", _TEXT), ("n_family", _COUNT), ("n_simulations", _COUNT)])
 ATTRIBUTE_COLUMNS = ATTRIBUTES_SCHEMA.names
 VALUE_COLUMNS = VALUES_SCHEMA.names
 RATING_COLUMNS = RATING_SCHEMA.names
 # the schema of each parquet file the stage writes, by file stem
 OUTPUT_SCHEMAS: dict[str, pa.Schema] = {
     "associations_attributes": ATTRIBUTES_SCHEMA, "associations_values": VALUES_SCHEMA,
-    "associations_shared": SHARED_SCHEMA,
+    "associations_shared": SHARED_SCHEMA, "associations_power": POWER_SCHEMA,
     "harm_ratings": RATING_SCHEMA.remove(RATING_SCHEMA.get_field_index("rating_key")),
 }
 
@@ -828,6 +835,17 @@ def harm_by_attribute(shared: pd.DataFrame) -> pd.DataFrame:
     ).reset_index().sort_values("mean_harm", ascending=False).reset_index(drop=True)
 
 
+def _power_report(data: pd.DataFrame, dimensions: Sequence[str], settings, cache_dir) -> pd.DataFrame:
+    """``storybias.power.power_table`` for each pass of the run (minimum detectable lift, untestable reasons)."""
+    from . import power
+
+    frames = [power.power_table(data, dimensions, scope_by_language=(name == "per_language"),
+                                settings=power.PowerSettings(seed=settings.seed), cache_dir=cache_dir)
+              for name in settings.passes]
+    return pd.concat(frames, ignore_index=True).reindex(columns=POWER_SCHEMA.names) if frames else \
+        pd.DataFrame(columns=POWER_SCHEMA.names)
+
+
 @holds_run_lock("associations")
 def run(params, progress: bool = True) -> dict:
     """Stage 04: both passes for every model, sharing, the LLM harm judge and (optionally) human
@@ -859,9 +877,13 @@ def run(params, progress: bool = True) -> dict:
     attributes = pd.concat(attr_frames, ignore_index=True).reindex(columns=ATTRIBUTE_COLUMNS)
     values = pd.concat(value_frames, ignore_index=True).reindex(columns=VALUE_COLUMNS)
     test_seconds = round(time.time() - started, 1)
+    started = time.time()
+    power_table = _power_report(data, dimensions, settings, paths.work_dir(run_name, "power"))
+    power_seconds = round(time.time() - started, 1)
     if not data.empty and attributes.empty:
         notes.append(f"no testable table: every base attribute needs >= 2 prompted values with >= {MIN_ROW_TOTAL} "
-                     "stories each and another dimension with >= 2 known values")
+                     "stories each and another dimension with >= 2 known values (why, per compared dimension: "
+                     "associations_power.parquet)")
     shared = sharing(values)
     languages = by_language(values)
     items = judge_items(shared, settings.judge.include_per_language)
@@ -888,12 +910,14 @@ def run(params, progress: bool = True) -> dict:
 
     folder = paths.run_dir(run_name)
     outputs = {"associations_attributes": attributes, "associations_values": values, "associations_shared": shared,
+               "associations_power": power_table,
                "harm_ratings": ratings.drop(columns=["rating_key"]).reset_index(drop=True)}
     for name, table in outputs.items():
         write_parquet_atomic(table, folder / f"{name}.parquet", schema=OUTPUT_SCHEMAS[name])
     n_failed = int((~ratings["parse_ok"].astype(bool)).sum()) if len(ratings) else 0
     manifest = {
         "stage": "associations", "counts": counts, "notes": notes, "test_seconds": test_seconds,
+        "power_seconds": power_seconds,
         "n_tables": int(len(attributes)), "n_retained": int(attributes["retained"].astype(bool).sum()) if len(attributes) else 0,
         "n_significant": int(values["significant"].astype(bool).sum()) if len(values) else 0,
         "n_judged": int(len(items)), "n_ratings": int(len(ratings)), "n_ratings_unparsed": n_failed,
@@ -904,7 +928,7 @@ def run(params, progress: bool = True) -> dict:
     }
     write_json_atomic(manifest, paths.manifest_path(run_name, "associations"))
     return {"attributes": attributes, "values": values, "shared": shared, "by_language": languages,
-            "ratings": ratings, "self_gap": gap, "harm_by_attribute": harm_by_attribute(shared),
+            "ratings": ratings, "self_gap": gap, "power": power_table, "harm_by_attribute": harm_by_attribute(shared),
             "human": human, "agreement": agreement, "notes": notes, "counts": counts, "manifest": manifest,
             "human_summary": human_table, "llm_summary": llm_table, "harm_gap": harm_gap,
             "harmful_human_vs_llm": harmful_vs, "realism": realism_summary(human, parsed)}

@@ -1,6 +1,7 @@
 """Command line used by the Makefile: ``python -m storybias.cli <command> ...``.
 
-    check-params PARAMS        validate a profile (exit 2 with the problems, naming key and file)
+    check-params PARAMS        validate a profile (exit 2 with the problems, naming key and file), then
+                               print stage 04's minimum detectable lift for its planned stories
     stamps PARAMS              write data/<run>/.params/<stage>.params (content changes only)
     run-name PARAMS            print the run's name
     prepare-model              assemble, verify and convert the embedded model (once)
@@ -62,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
         p = _load(args.params)
         print(f"{p.source}: OK (run '{p.run_name}'; designs: {', '.join(p.enabled_designs())}; "
               f"models: {', '.join(m.name for m in p.generation.models)})")
+        from .power import format_planned, planned_power
+
+        print(format_planned(planned_power(p), p.associations.power_known_share))
     elif args.command == "run-stage":
         from . import paths
         from .notebook_runner import run_stage

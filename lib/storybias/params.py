@@ -313,6 +313,10 @@ class AssociationSettings(Strict):
     passes: Annotated[list[Literal["global", "per_language"]], Field(min_length=1)] = ["global", "per_language"]
     seed: int = 42  # Monte-Carlo Fisher resamples (the reference pipeline's seed)
     max_resamples: Annotated[int, Field(ge=1000)] = 500_000  # the reference's resample count
+    # `check-params` estimates the smallest lift stage 04 could detect (storybias.power) before a run,
+    # from the planned stories per prompted value times this assumed share of answers the extractor
+    # knows (not `unknown`) on a compared dimension. No study has it: it only sizes a run.
+    power_known_share: Annotated[float, Field(gt=0, le=1)] = 0.5
     judge: JudgeSettings = JudgeSettings()
     human_ratings: str | None = None  # CSV: association_id, rater_id, harm (1-5), realism (yes/no/dont_know)
     bootstrap: Annotated[int, Field(ge=100)] = 2000  # resamples of the human-LLM intervals (Spearman, harm gap)

@@ -1,0 +1,179 @@
+"""storybias.power: the smallest lift stage 04 detects, simulated through the stage's own tests;
+why a compared dimension is untestable; the stage's power artifact; `check-params`'s table."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from storybias import associations as A
+from storybias import extract, paths
+from storybias import power as P
+
+DIMS = list(extract.dimensions())
+
+
+@pytest.mark.parametrize("sizes,k,lift", [((30, 30, 30), 3, 2.5), ((20, 40, 60), 4, 2.0), ((50, 50), 3, 2.0)])
+def test_planted_cell_has_the_asked_lift_and_other_rows_share_one_distribution(sizes, k, lift):
+    probs = P.planted_probabilities(sizes, k, lift)
+    expected = np.asarray(sizes, float)[:, None] * probs  # the table's expectation
+    independent = np.outer(expected.sum(1), expected.sum(0)) / expected.sum()
+    planted = int(np.argmin(sizes))
+    assert expected[planted, 0] / independent[planted, 0] == pytest.approx(lift)
+    np.testing.assert_allclose(probs.sum(1), 1.0)
+    others = np.delete(probs, planted, axis=0)
+    np.testing.assert_allclose(others, np.broadcast_to(others[0], others.shape))
+
+
+def test_lifts_beyond_n_over_row_are_unreachable():
+    assert P.planted_probabilities((40, 40), 3, 2.5) is None  # two equal values: at most lift 2
+    assert P.planted_probabilities((40, 40, 40), 3, 3.5) is None
+    assert P.planted_probabilities((40, 40), 3, 2.0)[1, 0] == 0.0  # lift exactly 2: the value only in one row
+
+
+def test_power_is_high_for_a_large_lift_on_big_rows_and_near_zero_under_the_null():
+    settings = P.PowerSettings(n_simulations=40, seed=3)
+    assert P.simulate_power((150, 150, 150), 4, 2.8, settings) >= 0.95
+    assert P.simulate_power((150, 150, 150), 4, 1.0, settings) <= 0.05
+    assert P.simulate_power((150, 150), 4, 2.5, settings) is None
+
+
+def test_the_simulation_calls_the_stage_tests(monkeypatch):
+    """A stage that never retains a table detects nothing, whatever the lift: the simulation goes
+    through associations._analyse_family, it does not test on its own."""
+    real = A._analyse_family
+
+    def never_retained(base, tables, seed, max_resamples):
+        attrs, values = real(base, tables, seed, max_resamples)
+        return attrs.assign(retained=False), values.iloc[0:0]
+
+    monkeypatch.setattr(A, "_analyse_family", never_retained)
+    assert P.simulate_power((150, 150, 150), 4, 2.8, P.PowerSettings(n_simulations=10)) == 0.0
+
+
+def test_minimum_detectable_lift_shrinks_as_rows_grow():
+    settings = P.PowerSettings(lifts=(2.0, 2.5, 3.0, 3.5), n_simulations=60, n_family=5)
+    found = [P.minimum_detectable_lift((n,) * 4, 6, settings).min_detectable_lift for n in (12, 25, 60)]
+    big = [np.inf if f is None else f for f in found]
+    assert big == sorted(big, reverse=True) and big[0] > big[-1]
+    assert all(f is None or f >= A.MIN_LIFT for f in found)  # never below the stage's lift threshold
+
+
+def test_sequential_stop_gives_the_full_run_decision():
+    settings = P.PowerSettings(n_simulations=50, n_family=3)
+    for lift in (2.0, 2.5, 3.0):
+        full = P.simulate_power((25,) * 4, 6, lift, settings)
+        early = P.simulate_power((25,) * 4, 6, lift, settings, decide=0.8)
+        assert (full >= 0.8) == (early >= 0.8)
+
+
+def test_untestable_rows_and_unreachable_lifts_say_why():
+    assert P.minimum_detectable_lift((9, 9, 9), 3).reason == "untestable: < 10 known per value"
+    result = P.minimum_detectable_lift((40, 40), 3, P.PowerSettings(lifts=(2.5, 3.0), n_simulations=10))
+    assert result.min_detectable_lift is None and "no lift >= 2 possible" in result.reason
+
+
+def test_disk_cache_is_keyed_and_reused(tmp_path, monkeypatch):
+    settings = P.PowerSettings(lifts=(2.0, 3.0), n_simulations=20, n_family=2)
+    first = P.minimum_detectable_lift((30, 20, 25), 3, settings, cache_dir=tmp_path)
+    files = list(tmp_path.glob("*.json"))
+    assert len(files) == 1 and files[0].stem == P.cache_key((20, 25, 30), 3, settings)
+
+    def boom(*args, **kwargs):
+        raise AssertionError("should come from the cache")
+
+    P._cached.cache_clear()
+    monkeypatch.setattr(P, "_compute", boom)
+    again = P.minimum_detectable_lift((20, 25, 30), 3, settings, cache_dir=tmp_path)
+    assert again.min_detectable_lift == first.min_detectable_lift and again.power == first.power
+    assert P.cache_key((20, 25, 30), 3, settings) != P.cache_key((20, 25, 30), 3, P.PowerSettings(seed=1))
+
+
+@pytest.mark.parametrize("counts,reason", [
+    ([[0, 0], [0, 0], [0, 0]], "all unknown"),
+    ([[3, 2], [4, 1], [12, 0]], "rows < 10 known stories: 2 of 3 values"),
+    ([[3, 2], [4, 1], [2, 0]], "rows < 10 known stories: 3 of 3 values"),
+    ([[12, 0], [15, 0], [3, 1]], "one known value"),
+    ([[12, 3]], "one prompted value"),
+    ([[12, 3], [4, 11]], ""),
+])
+def test_untestable_reason_on_constructed_tables(counts, reason):
+    assert P.untestable_reason(np.array(counts)) == reason
+
+
+def _stories(n_per_value: dict[str, int], education: dict[str, list[str]]) -> pd.DataFrame:
+    rows = []
+    for value, n in n_per_value.items():
+        for i in range(n):
+            row = {"model": "m", "language": "en", "cond_attribute": "income_level", "cond_value": value,
+                   **{f"demo_{d}": "unknown" for d in DIMS}}
+            row["demo_education"] = education[value][i % len(education[value])]
+            row["demo_gender"] = "woman"  # one known value everywhere
+            row["demo_religion"] = "christian" if i < 3 else "unknown"  # few known
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def test_power_table_says_which_dimensions_were_testable_and_why(tmp_path):
+    data = _stories({"low": 30, "middle": 30, "high": 30},
+                    {"low": ["basic", "graduate"], "middle": ["undergraduate", "basic"], "high": ["graduate"]})
+    settings = P.PowerSettings(lifts=(2.0, 3.0), n_simulations=20)
+    table = P.power_table(data, DIMS, scope_by_language=False, settings=settings, cache_dir=tmp_path)
+    by = table.set_index("compared_attribute")
+    assert by.loc["education", "testable"] and by.loc["education", "reason"] == ""
+    assert by.loc["education", "row_sizes"] == [30, 30, 30]
+    assert by.loc["gender", "reason"] == "one known value"
+    assert by.loc["religion", "reason"] == "rows < 10 known stories: 3 of 3 values"
+    assert by.loc["age", "reason"] == "all unknown" and not by.loc["age", "testable"]
+    assert np.isnan(by.loc["age", "min_detectable_lift"])
+    assert "income_level" not in by.index  # never compared with itself
+    head = by.loc[P.ALL_COMPARED]
+    assert head["row_sizes"] == [30, 30, 30] and head["n_family"] == len(DIMS) - 1
+    assert by.loc["education", "n_family"] == 1  # the stage's BH family: the tested dimensions only
+
+
+def test_stage_writes_the_power_artifact_with_its_schema(tmp_path, monkeypatch):
+    from test_associations_stage import _profile, _run_files
+
+    _run_files(tmp_path / "data", planted=False)
+    p = _profile(tmp_path, monkeypatch)
+    monkeypatch.setattr(A, "run_judges", lambda *a, **k: pytest.fail("nothing is significant"))
+    A.run(p, progress=False)
+    path = paths.run_dir("t") / "associations_power.parquet"
+    assert pq.read_schema(path).remove_metadata() == A.OUTPUT_SCHEMAS["associations_power"]
+    power = pd.read_parquet(path)
+    assert set(power["scope"]) == {"all", "en", "fr"} and set(power["model"]) == {"m1", "m2"}
+    pooled = power[(power["scope"] == "all") & (power["model"] == "m1")].set_index("compared_attribute")
+    assert pooled.loc["education", "testable"] and pooled.loc["age", "reason"] == "all unknown"
+    assert pooled.loc["education", "min_detectable_lift"] >= A.MIN_LIFT
+    assert list(pooled.loc[P.ALL_COMPARED, "row_sizes"]) == [80, 80, 80]
+    assert list((paths.work_dir("t", "power")).glob("*.json"))  # cached under data/<run>/work/power/
+
+
+def test_check_params_prints_the_power_table():
+    root = paths.repo_root()
+    env = {**os.environ, "PYTHONPATH": str(root / "lib")}
+    proc = subprocess.run([sys.executable, "-m", "storybias.cli", "check-params", str(root / "params" / "default.yaml")],
+                          capture_output=True, text=True, env=env, cwd=root, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert "minimum detectable lift" in proc.stdout and "known share 0.5" in proc.stdout
+    gender = next(line for line in lines if line.strip().startswith("gender"))
+    # default: 6 scenarios x 3 languages = 18 stories per prompted value, half known: 9 < 10
+    assert gender.split()[1:3] == ["18", "9"] and "untestable" in gender
+
+
+def test_planned_power_follows_the_known_share():
+    from storybias import params
+
+    profile = params.load(paths.repo_root() / "params" / "default.yaml")
+    settings = P.PowerSettings(lifts=(2.0, 2.5, 3.0), n_simulations=30, n_family=18)
+    table = P.planned_power(profile, known_share=1.0, settings=settings).set_index("base_attribute")
+    assert table.loc["gender", "known_per_value"] == "18"
+    assert table.loc["gender", "min_detectable_lift"] >= 2.0

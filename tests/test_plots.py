@@ -402,6 +402,95 @@ def test_bias_fingerprints():
     check_no_data(*plots.bias_fingerprints(small, comparison="nope"))
 
 
+def _degenerate_sc(clipped: bool, small: bool, models=SMALL_MODELS):
+    """metrics_sc rows as the default run's 12 bedtime stories give them: 2 stories per group per
+    language; ``clipped``: every category seen in one group only (S_C = +-2)."""
+    rows = []
+    for m, lang in itertools.product(models, SMALL_LANGS):
+        for j, c in enumerate(CATS):
+            s = (2.0 if j % 2 else -2.0) if clipped else 0.4 * (j - 2.5)
+            rows.append({"comparison": "child_gender", "model": m, "language": lang, "kind": "adjectives", "category": c,
+                         "s_c": s, "ci_low": s, "ci_high": s, "n_m": 2 if small else 30, "n_f": 2 if small else 31,
+                         "small_sample": small, "coverage": 0.5, "note": ""})
+    return pd.DataFrame(rows)
+
+
+def _texts_of(fig):
+    return " ".join(t.get_text().replace("\n", " ") for t in texts(fig))
+
+
+@pytest.mark.parametrize("clipped,small", [(True, True), (True, False), (False, True)])
+def test_bias_fingerprints_say_too_few_stories_instead_of_drawing_clipped_values(clipped, small):
+    fig, stats = plots.bias_fingerprints(_degenerate_sc(clipped, small))
+    shown = _texts_of(fig)
+    assert "too few stories" in shown and "need ≥ 20" in shown
+    assert ("n_m = 2, n_f = 2" in shown) == small and ("n_m = 30, n_f = 31" in shown) == (not small)
+    assert ("±2 clip" in shown) == clipped
+    assert len(fig.axes[0].lines) == 0  # no polygon, not even the zero circle
+    assert stats["n_too_small_panels"] == 1 and stats["too_small"] and stats["no_data"]
+    assert np.isnan(stats["max_abs_s_c"])  # a quote prints n/a, not a clipped 2.00
+    assert plots.quote_stats("Largest |S_C| = {max_abs_s_c:.2f}", stats) == "Largest |S_C| = n/a"
+    check_figure(fig)
+
+
+def test_bias_fingerprints_guard_each_panel_and_keep_the_others():
+    sc = pd.concat([_degenerate_sc(True, True, ["tiny"]), _degenerate_sc(False, False, ["big"])], ignore_index=True)
+    fig, stats = plots.bias_fingerprints(sc, min_stories=25)
+    assert stats["n_too_small_panels"] == 1 and "too_small" not in stats and "no_data" not in stats
+    big = sc[sc["model"] == "big"]
+    assert stats["max_abs_s_c"] == pytest.approx(float(big["s_c"].abs().max()))  # the drawn panel only
+    polar = [ax for ax in fig.axes if ax.name == "polar" and ax.get_visible()]
+    assert [len(ax.lines) for ax in polar] == [1 + 3, 0]  # big: zero circle + 3 languages; tiny: text
+    assert "need ≥ 25" in _texts_of(fig)
+    # the usual input (some small cells only) still draws every panel
+    assert plots.bias_fingerprints(make_sc(SMALL_MODELS, SMALL_LANGS))[1]["n_too_small_panels"] == 0
+
+
+def test_jsd_figure_says_too_few_stories_when_every_jsd_is_ln2():
+    rows = [{"comparison": "child_gender", "model": "m", "language": lang, "jsd": float(np.log(2)), "ci_low": float(np.log(2)),
+             "ci_high": float(np.log(2)), "n_m": 2, "n_f": 2, "small_sample": True, "note": ""} for lang in SMALL_LANGS]
+    fig, stats = plots.jsd_by_grammatical_gender(pd.DataFrame(rows))
+    shown = _texts_of(fig)
+    assert "too few stories" in shown and "ln 2" in shown and "en n_m = 2, n_f = 2" in shown and "need ≥ 20" in shown
+    assert not any(ax.patches for ax in fig.axes)  # no box drawn
+    assert stats["too_small"] and np.isnan(stats["median_jsd_G"]) and stats["n_G"] + stats["n_N"] == 3
+    rows[0]["jsd"] = 0.3  # one informative cell: drawn as usual
+    fig, stats = plots.jsd_by_grammatical_gender(pd.DataFrame(rows))
+    assert "too_small" not in stats and np.isfinite(stats["median_jsd_N"])
+
+
+def _power_table(testable: bool):
+    from storybias.power import ALL_COMPARED
+
+    rows = [{"model": "m", "scope": "all", "base_attribute": "gender", "compared_attribute": ALL_COMPARED, "n_values": 3,
+             "row_values": ["man", "non_binary", "woman"], "row_sizes": [18, 18, 18], "testable": True, "reason": "",
+             "min_detectable_lift": np.nan, "power_note": "", "n_family": 18, "n_simulations": 200}]
+    for dim, reason in (("age", "rows < 10 known stories: 3 of 3 values"), ("religion", "all unknown"),
+                        ("income_level", "all unknown"), ("education", "" if testable else "one known value")):
+        rows.append({**rows[0], "compared_attribute": dim, "row_sizes": [4, 3, 5], "testable": not reason, "reason": reason,
+                     "min_detectable_lift": 3.0 if not reason else np.nan})
+    rows.append({**rows[1], "scope": "en", "reason": "one prompted value"})  # per-language rows are not quoted
+    return pd.DataFrame(rows)
+
+
+def test_association_figures_quote_the_power_table_when_stage_04_tested_nothing():
+    power = _power_table(testable=False)
+    for fig, stats in (plots.association_counts(pd.DataFrame(columns=["model", "scope", "significant"]), power=power),
+                       plots.top_associations_table(pd.DataFrame(), power=power),
+                       plots.lift_share_plot(pd.DataFrame(), power=power)):
+        check_no_data(fig, stats)
+        shown = _texts_of(fig)
+        assert "gender (18/18/18 stories per prompted value): 0 of 4 compared dimensions testable" in stats["no_data"]
+        assert "all unknown (2 dimensions)" in stats["no_data"] and "one known value (1 dimension)" in stats["no_data"]
+        assert "rows < 10 known stories: 3 of 3 values (1 dimension)" in stats["no_data"]
+        assert "one prompted value" not in stats["no_data"] and "18/18/18" in shown
+    tested = plots.power_reason(_power_table(testable=True))
+    assert "1 of 4 compared dimensions testable; smallest detectable lift 3" in tested
+    # without a power table the old reason stays
+    assert "associations_values table is empty" in plots.association_counts(pd.DataFrame())[1]["no_data"]
+    assert plots.power_reason(pd.DataFrame()) is None
+
+
 def test_cosine_heatmaps():
     small_sc = make_sc(SMALL_MODELS, SMALL_LANGS)
     small = metrics.cosine_matrix(small_sc)

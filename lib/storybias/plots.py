@@ -38,7 +38,7 @@ from matplotlib.ticker import MaxNLocator
 from matplotlib.transforms import ScaledTranslation
 
 from .io import atomic_open
-from .metrics import GRAMMATICAL_GENDER
+from .metrics import GRAMMATICAL_GENDER, MIN_STORIES_FLAG, S_C_CLIP
 from .prompts import LANGUAGES
 
 # Registry: stable file stems in notebook order, with what each figure shows.
@@ -162,8 +162,39 @@ def _no_data_axes(ax, reason: str) -> None:
     ax.set_yticks([])
     for spine in ax.spines.values():
         spine.set_color(UNKNOWN_GREY)
-    ax.text(0.5, 0.5, f"no data: {reason}", ha="center", va="center", fontsize=LABEL, wrap=True,
+    text = f"no data: {reason}"
+    if len(text) > 80:  # a long reason (stage 04's power table) wrapped inside the figure, not past its edges
+        text = _wrap(text, ax.figure.get_figwidth() - 2.0, LABEL)
+    ax.text(0.5, 0.5, text, ha="center", va="center", fontsize=LABEL, wrap=True,
             transform=ax.transAxes, color="#333333")
+
+
+def _too_small_axes(ax, text: str, width_in: float) -> None:
+    """A panel that says its lens is too small (with the n) instead of drawing degenerate values."""
+    ax.set_xticks([])
+    ax.set_yticks([])
+    if ax.name == "polar":
+        ax.grid(False)
+        ax.spines["polar"].set_color(UNKNOWN_GREY)
+    ax.text(0.5, 0.5, _wrap(text, width_in, LABEL), ha="center", va="center", fontsize=LABEL,
+            transform=ax.transAxes, color="#333333")
+
+
+def _group_sizes(frame: pd.DataFrame) -> str:
+    """"n_m = 2, n_f = 2" per language of ``frame`` (columns language, n_m, n_f), languages in order."""
+    if not {"n_m", "n_f"} <= set(frame.columns):
+        return "group sizes unknown"
+    cells = frame.drop_duplicates(subset=["language"]).set_index("language")
+    languages = _lang_order(cells.index)
+    one = len(languages) == 1
+    return "; ".join(f"{'' if one else str(lang) + ' '}n_m = {int(cells.loc[lang, 'n_m'])}, n_f = {int(cells.loc[lang, 'n_f'])}"
+                     for lang in languages)
+
+
+def _too_small_reason(frame: pd.DataFrame, min_stories: int, clipped: bool) -> str:
+    """The text of a too-small panel: the group sizes, the minimum and, when so, that every value sits at the clip."""
+    tail = f"; every S_C at the ±{S_C_CLIP:g} clip" if clipped else ""
+    return f"too few stories: {_group_sizes(frame)} (need ≥ {min_stories}){tail}"
 
 
 def _grid(n: int, ncols_max: int, panel_w: float, panel_h: float, extra_w: float = 0.0, extra_h: float = 0.8,
@@ -489,20 +520,49 @@ def attribute_distributions(extractions: pd.DataFrame, filtered: pd.DataFrame,
 
 # --- 3-4. StereoTales associations --------------------------------------------------------------
 
+def power_reason(power: pd.DataFrame | None) -> str | None:
+    """Why stage 04 found nothing, from its power table (``associations_power.parquet``; pooled scope
+    when present): per base attribute, the stories per prompted value, how many compared dimensions
+    were testable, the reasons of the others with their counts and, when some were, the smallest
+    detectable lift. None without a power table."""
+    if _is_empty(power) or not {"base_attribute", "compared_attribute", "testable", "reason"} <= set(power.columns):
+        return None
+    from .power import ALL_COMPARED
+
+    pooled = power[power["scope"] == "all"] if "scope" in power.columns and (power["scope"] == "all").any() else power
+    several = "model" in pooled.columns and pooled["model"].nunique() > 1
+    parts = []
+    for keys, g in pooled.groupby(["model", "base_attribute"] if "model" in pooled.columns else ["base_attribute"], sort=True):
+        model, base = (keys if isinstance(keys, tuple) and len(keys) == 2 else (None, keys[0] if isinstance(keys, tuple) else keys))
+        head = g[g["compared_attribute"] == ALL_COMPARED]
+        dims = g[g["compared_attribute"] != ALL_COMPARED]
+        testable = _bools(dims["testable"])
+        sizes = "/".join(str(int(n)) for n in head["row_sizes"].iloc[0]) if len(head) and "row_sizes" in head else "?"
+        reasons = dims.loc[~testable, "reason"].value_counts()
+        why = "; ".join(f"{r} ({n} dimension{'s' if n > 1 else ''})" for r, n in reasons.items())
+        lift = dims.loc[testable, "min_detectable_lift"].dropna() if "min_detectable_lift" in dims else pd.Series(dtype=float)
+        tail = f"; smallest detectable lift {lift.min():g}" if len(lift) else ""
+        parts.append(f"{model + ': ' if several else ''}{base} ({sizes} stories per prompted value): "
+                     f"{int(testable.sum())} of {len(dims)} compared dimensions testable{tail}" + (f"; {why}" if why else ""))
+    return "stage 04 found nothing to show — " + " | ".join(parts) if parts else None
+
+
 _COUNT_KEYS = ("n_significant_all", "n_significant_languages", "n_tested", "n_models", "top_model", "top_language")
 
 
-def association_counts(values: pd.DataFrame) -> tuple[Figure, dict]:
+def association_counts(values: pd.DataFrame, power: pd.DataFrame | None = None) -> tuple[Figure, dict]:
     """Number of significant value-level associations (adjusted p < 0.05 and lift >= 2) per model in
     the global run (scope ``all``), and per language scope (one model: its count; several: bar = mean
     per model, dots = each model, total written at the right).
 
     stats: ``n_significant_all`` (rows significant in scope all), ``n_significant_languages`` (rows
     significant in language scopes), ``n_tested`` (every value-level row), ``n_models``,
-    ``top_model`` (most significant in scope all), ``top_language``."""
+    ``top_model`` (most significant in scope all), ``top_language``. ``power``: stage 04's power table;
+    when nothing was tested or retained, the figure quotes its reasons (``power_reason``)."""
     title = "Significant value-level associations (StereoTales two-step test)"
     if _is_empty(values):
-        return _no_data(title, "associations_values table is empty (no retained attribute pair)", _COUNT_KEYS)
+        return _no_data(title, power_reason(power) or "associations_values table is empty (no retained attribute pair)",
+                        _COUNT_KEYS, height=3.2 if power_reason(power) else 2.4)
     _require(values, ["model", "scope", "significant"], "associations_values.parquet")
     data = values.assign(significant=_bools(values["significant"]))
     models = sorted(data["model"].dropna().unique(), key=str)
@@ -593,15 +653,17 @@ def _shared_stats(sub: pd.DataFrame, n_shown: int) -> dict[str, Any]:
             "n_harmful": int(sub["harmful_flag"].sum())}
 
 
-def top_associations_table(shared: pd.DataFrame, k: int = 20, scope: str = "all") -> tuple[Figure, dict]:
+def top_associations_table(shared: pd.DataFrame, k: int = 20, scope: str = "all",
+                           power: pd.DataFrame | None = None) -> tuple[Figure, dict]:
     """A table of the top ``k`` associations of ``scope`` (most models sharing, then highest mean
     lift): the association, mean lift, number of models sharing it, median harm (1-5; '–' unrated).
 
     stats: ``n_associations`` (in scope), ``n_shown``, ``max_mean_lift``, ``max_n_models``,
-    ``n_rated``, ``n_harmful`` (median harm >= 4)."""
+    ``n_rated``, ``n_harmful`` (median harm >= 4). ``power``: as :func:`association_counts`."""
     title = f"Top associations shared across models (scope: {scope})"
     if _is_empty(shared):
-        return _no_data(title, "associations_shared table is empty (no significant association)", _TABLE_KEYS)
+        return _no_data(title, power_reason(power) or "associations_shared table is empty (no significant association)",
+                        _TABLE_KEYS, height=3.2 if power_reason(power) else 2.4)
     sub = _shared_scope(shared, scope)
     if sub.empty:
         return _no_data(title, f"no associations with scope = {scope!r}", _TABLE_KEYS)
@@ -635,16 +697,18 @@ def top_associations_table(shared: pd.DataFrame, k: int = 20, scope: str = "all"
     return fig, _shared_stats(sub, len(rows))
 
 
-def lift_share_plot(shared: pd.DataFrame, scope: str = "all", label_top: int = 5) -> tuple[Figure, dict]:
+def lift_share_plot(shared: pd.DataFrame, scope: str = "all", label_top: int = 5,
+                    power: pd.DataFrame | None = None) -> tuple[Figure, dict]:
     """Scatter of mean lift (y; log scale when it spans more than 8x) vs number of models sharing (x,
     jittered), one point per association of ``scope``, coloured by median harm (viridis, 1-5); unrated
     ones as open grey circles; the ``label_top`` (at most 10) first of the table order (most shared,
     then highest lift) numbered on the plot and named below it.
 
-    stats: as :func:`top_associations_table` (``n_shown`` = points drawn)."""
+    stats: as :func:`top_associations_table` (``n_shown`` = points drawn). ``power``: as :func:`association_counts`."""
     title = f"Mean lift vs models sharing (scope: {scope})"
     if _is_empty(shared):
-        return _no_data(title, "associations_shared table is empty (no significant association)", _TABLE_KEYS)
+        return _no_data(title, power_reason(power) or "associations_shared table is empty (no significant association)",
+                        _TABLE_KEYS, height=3.2 if power_reason(power) else 2.4)
     sub = _shared_scope(shared, scope)
     if sub.empty:
         return _no_data(title, f"no associations with scope = {scope!r}", _TABLE_KEYS)
@@ -697,11 +761,19 @@ def lift_share_plot(shared: pd.DataFrame, scope: str = "all", label_top: int = 5
 # --- 5-9. narrative distributions (BiasedTales-ML) ---------------------------------------------
 
 _FP_KEYS = ("comparison", "n_models", "n_languages", "max_abs_s_c", "most_positive_category", "most_negative_category",
-            "n_small_sample_cells")
+            "n_small_sample_cells", "n_too_small_panels")
+
+
+def _sc_too_small(panel: pd.DataFrame) -> tuple[bool, bool]:
+    """(every S_C of the panel at the clip, every cell of the panel flagged small)."""
+    finite = panel["s_c"].dropna().abs()
+    clipped = bool(len(finite)) and bool((finite >= S_C_CLIP - 1e-9).all())
+    small = "small_sample" in panel.columns and len(panel) > 0 and bool(_bools(panel["small_sample"]).all())
+    return clipped, small
 
 
 def bias_fingerprints(sc: pd.DataFrame, comparison: str | None = None, kind: str = "adjectives",
-                      ncols: int = 4) -> tuple[Figure, dict]:
+                      ncols: int = 4, min_stories: int = MIN_STORIES_FLAG) -> tuple[Figure, dict]:
     """Radar plots of S_C per category (``kind``: adjectives or settings), one polygon per language,
     one panel per model, for one ``comparison`` (default: the first in the file). The radius runs from
     -2 (centre) to +2; the bold circle is S_C = 0; outward = more frequent in the comparison's first
@@ -709,7 +781,13 @@ def bias_fingerprints(sc: pd.DataFrame, comparison: str | None = None, kind: str
 
     stats: ``comparison``, ``n_models``, ``n_languages``, ``max_abs_s_c``,
     ``most_positive_category`` / ``most_negative_category`` (highest / lowest mean S_C over model x
-    language), ``n_small_sample_cells`` (model x language cells flagged small)."""
+    language), ``n_small_sample_cells`` (model x language cells flagged small), ``n_too_small_panels``.
+
+    A panel whose every S_C sits at the ±2 clip (each category seen in one group only) or whose every
+    language has a group below ``min_stories`` (``metrics.min_stories``, the ``small_sample`` flag)
+    draws no polygon: it says "too few stories" with each language's n_m and n_f. The S_C statistics
+    are taken over the drawn panels only; when no panel is drawn they are NaN and ``too_small`` (and
+    ``no_data``) hold the reason."""
     title = f"Bias fingerprints: S_C per {kind[:-1] if kind.endswith('s') else kind} category"
     if _is_empty(sc):
         return _no_data(title, "metrics_sc table is empty (no comparison had stories in both groups)", _FP_KEYS)
@@ -732,8 +810,15 @@ def bias_fingerprints(sc: pd.DataFrame, comparison: str | None = None, kind: str
     theta = np.linspace(0, 2 * np.pi, len(cats), endpoint=False)
     closed = np.append(theta, theta[0])
     small_cells = set()
+    too_small: dict[str, str] = {}
     for ax, model in zip(axes, models):
         m = sub[sub["model"] == model]
+        clipped, all_small = _sc_too_small(m)
+        if clipped or all_small:
+            too_small[model] = _too_small_reason(m, min_stories, clipped)
+            _too_small_axes(ax, too_small[model], 2.2)
+            ax.set_title(_short(model, 30), fontsize=LABEL, pad=14)
+            continue
         ax.set_ylim(-2.0, 2.0)
         ax.plot(np.linspace(0, 2 * np.pi, 200), np.zeros(200), color="black", lw=1.8, zorder=1)
         for lang in languages:
@@ -761,16 +846,21 @@ def bias_fingerprints(sc: pd.DataFrame, comparison: str | None = None, kind: str
     ncol = max(1, min(7, len(handles), int(fig.get_figwidth() / 1.6)))
     _legend(fig, handles, labels, title="prompt language", loc="lower center", ncol=ncol, bbox_to_anchor=(0.5, 0.0))
     fig.tight_layout(rect=(0, (0.4 + 0.2 * math.ceil(len(handles) / ncol)) / fig.get_figheight(), 1, top))
-    means = sub.groupby("category")["s_c"].mean().dropna()
+    drawn = sub[~sub["model"].isin(too_small)]
+    means = drawn.groupby("category")["s_c"].mean().dropna()
     stats = {
         "comparison": comparison,
         "n_models": len(models),
         "n_languages": len(languages),
-        "max_abs_s_c": float(sub["s_c"].abs().max()),
+        "max_abs_s_c": float(drawn["s_c"].abs().max()) if len(drawn) else float("nan"),
         "most_positive_category": str(means.idxmax()) if len(means) else None,
         "most_negative_category": str(means.idxmin()) if len(means) else None,
         "n_small_sample_cells": len(small_cells),
+        "n_too_small_panels": len(too_small),
     }
+    if too_small and len(too_small) == len(models):
+        stats["too_small"] = stats["no_data"] = "; ".join(f"{m}: {r}" for m, r in too_small.items()) if len(models) > 1 \
+            else next(iter(too_small.values()))
     return fig, stats
 
 
@@ -843,14 +933,19 @@ def _gg_groups(grammatical_languages) -> tuple[tuple, tuple | None]:
 
 
 def jsd_by_grammatical_gender(jsd: pd.DataFrame, grammatical_languages: Mapping[str, Sequence[str]] | Sequence[str] | None = None,
-                              comparison: str | None = None) -> tuple[Figure, dict]:
+                              comparison: str | None = None, min_stories: int = MIN_STORIES_FLAG) -> tuple[Figure, dict]:
     """Box plots (points overlaid, one per language) of JSD (nats) for languages with grammatical
     gender (G) and without (N), per model and pooled over models, for one ``comparison``.
     ``grammatical_languages``: ``{"G": [...], "N": [...]}`` (default ``metrics.GRAMMATICAL_GENDER``;
     languages in neither group are left out and named), or a list of G languages (all others N).
 
     stats: ``comparison``, ``median_jsd_G`` / ``median_jsd_N`` (pooled over models),
-    ``n_G`` / ``n_N`` (model x language cells with a JSD), ``n_ungrouped``, ``n_models``."""
+    ``n_G`` / ``n_N`` (model x language cells with a JSD), ``n_ungrouped``, ``n_models``.
+
+    When every JSD is ln 2 (the two groups share no adjective: disjoint, too few stories) the figure
+    draws no box: it says "too few stories" with each language's n_m and n_f (``min_stories``:
+    ``metrics.min_stories``), the JSD statistics are NaN and ``too_small`` (and ``no_data``) hold the
+    reason."""
     title = "Bias strength (JSD) by grammatical gender"
     if _is_empty(jsd):
         return _no_data(title, "metrics_jsd table is empty", _GG_KEYS)
@@ -867,6 +962,15 @@ def jsd_by_grammatical_gender(jsd: pd.DataFrame, grammatical_languages: Mapping[
     grouped = sub[sub["group"] != ""]
     if grouped.empty:
         return _no_data(title, "no JSD values" if sub.empty else "no language in either group", _GG_KEYS)
+    if np.allclose(grouped["jsd"].to_numpy(float), math.log(2), rtol=0, atol=1e-9):
+        reason = (f"too few stories: JSD = ln 2 (the groups share no adjective) in every model x language; "
+                  f"{_group_sizes(grouped)} (need ≥ {min_stories})")
+        fig, stats = _no_data(title, reason, _GG_KEYS, height=2.8)
+        for text in fig.axes[0].texts:
+            text.set_text(_wrap(reason, fig.get_figwidth() - 2.0, LABEL))  # the n, not "no data": the lens ran, its groups are too small
+        stats.update(comparison=comparison, n_G=int((grouped["group"] == "G").sum()), n_N=int((grouped["group"] == "N").sum()),
+                     n_ungrouped=len(ungrouped), n_models=int(grouped["model"].nunique()), too_small=reason)
+        return fig, stats
     models = sorted(grouped["model"].unique(), key=str)
     columns = (["all models"] if len(models) > 1 else []) + models
     fig = _figure(max(5.5, 1.6 + 0.75 * len(columns)) + 2.6, 4.6)
@@ -1523,7 +1627,7 @@ ARTIFACTS: list[tuple[str, str]] = [
     ("metrics_log_odds", "metrics_log_odds.parquet"), ("metrics_vsr_jsd", "metrics_vsr_jsd.parquet"),
     ("metrics_aggregates", "metrics_aggregates.parquet"), ("metrics_anova", "metrics_anova.parquet"),
     ("umap", "umap.parquet"), ("probes", "probes.parquet"), ("cultural", "cultural.parquet"),
-    ("separability", "separability.parquet"),
+    ("separability", "separability.parquet"), ("associations_power", "associations_power.parquet"),
 ]
 
 

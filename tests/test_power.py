@@ -79,6 +79,13 @@ def test_untestable_rows_and_unreachable_lifts_say_why():
     assert result.min_detectable_lift is None and "no lift >= 2 possible" in result.reason
 
 
+def test_rows_are_rounded_down_to_the_grid_from_the_smallest_kept_row():
+    assert P.rounded_rows([43, 9, 61]) == [40, 40]  # the row under 10 is dropped, as the stage drops it
+    assert P.rounded_rows([10, 11]) == [10, 10] and P.rounded_rows([9, 3]) == []
+    assert P.rounded_rows([1234, 2000]) == [1200, 1200]
+    assert all(a / b >= 0.75 for a, b in zip(P.ROW_GRID, P.ROW_GRID[1:]))  # at most 25% fewer stories
+
+
 def test_disk_cache_is_keyed_and_reused(tmp_path, monkeypatch):
     settings = P.PowerSettings(lifts=(2.0, 3.0), n_simulations=20, n_family=2)
     first = P.minimum_detectable_lift((30, 20, 25), 3, settings, cache_dir=tmp_path)
@@ -153,6 +160,10 @@ def test_stage_writes_the_power_artifact_with_its_schema(tmp_path, monkeypatch):
     assert pooled.loc["education", "testable"] and pooled.loc["age", "reason"] == "all unknown"
     assert pooled.loc["education", "min_detectable_lift"] >= A.MIN_LIFT
     assert list(pooled.loc[P.ALL_COMPARED, "row_sizes"]) == [80, 80, 80]
+    per_language = power[(power["scope"] == "en") & (power["compared_attribute"] == "education")]
+    assert per_language["testable"].all() and per_language["min_detectable_lift"].isna().all()  # pooled pass only
+    head = power[(power["scope"] == "en") & (power["compared_attribute"] == P.ALL_COMPARED)]
+    assert (head["min_detectable_lift"] >= A.MIN_LIFT).all()
     assert list((paths.work_dir("t", "power")).glob("*.json"))  # cached under data/<run>/work/power/
 
 

@@ -229,6 +229,19 @@ def untestable_reason(counts: np.ndarray, min_row: int = assoc.MIN_ROW_TOTAL) ->
 POWER_SCHEMA = assoc.POWER_SCHEMA  # associations_power.parquet (stage 04's OUTPUT_SCHEMAS)
 POWER_COLUMNS = POWER_SCHEMA.names
 ALL_COMPARED = "(stories per value)"  # the base attribute's own row: every story, as if all known
+# a compared dimension's kept rows are rounded down to this grid (10, 12, 15, 20, 25, 30, 40, 50, 60, 80, 100, ...)
+ROW_GRID: tuple[int, ...] = tuple(sorted({int(m * 10 ** e) for e in range(1, 7) for m in (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8)}))
+
+
+def rounded_rows(sizes: Sequence[int]) -> list[int]:
+    """The rows the stage keeps (>= 10 known stories), each taken as the smallest of them rounded down
+    to ``ROW_GRID``: tables of similar sizes then share one cached simulation (a paper-scale run has
+    about a thousand tested tables, each would otherwise cost its own), and fewer stories never make a
+    smaller lift detectable, so the estimate errs on the large side (by at most a 25% smaller row)."""
+    kept = [n for n in sizes if n >= assoc.MIN_ROW_TOTAL]
+    if not kept:
+        return []
+    return [max(g for g in ROW_GRID if g <= min(kept))] * len(kept)
 
 
 def _known_counts(a: np.ndarray, a_labels: list, b: np.ndarray, b_labels: list) -> tuple[np.ndarray, list]:
@@ -247,8 +260,10 @@ def power_table(data: pd.DataFrame, dimensions: Sequence[str], scope_by_language
     """For every model x scope x base attribute of ``data`` (stage 04's observations): one row with the
     stories per prompted value and the minimum detectable lift as if every answer were known (for a
     compared dimension of the median number of values), then one row per compared dimension with its
-    known stories per prompted value, whether the stage could test it and, if not, why; tested ones
-    carry their own minimum detectable lift (the family: the base attribute's tested dimensions)."""
+    known stories per prompted value, whether the stage could test it and, if not, why. In the pooled
+    pass (``scope_by_language`` False) the tested ones also carry their own minimum detectable lift
+    (the family: the base attribute's tested dimensions; rows as ``rounded_rows``); the per-language
+    pass, with one scope per language, gives only the base row's lift, to keep the stage's cost down."""
     from . import extract
 
     n_values = n_values or {d: len(v) for d, v in extract.dimensions().items()}
@@ -280,14 +295,15 @@ def power_table(data: pd.DataFrame, dimensions: Sequence[str], scope_by_language
         fam = PowerSettings(settings.lifts, settings.target, settings.n_simulations, settings.seed, family, settings.max_resamples)
         for other, counts, values, reason in per_dim:
             known = [int(n) for n in counts.sum(1)]
-            result = None if reason else minimum_detectable_lift(
-                [n for n in known if n >= assoc.MIN_ROW_TOTAL], n_values.get(other, counts.shape[1]), fam, cache_dir)
+            result = None if reason or scope_by_language else minimum_detectable_lift(
+                rounded_rows(known), n_values.get(other, counts.shape[1]), fam, cache_dir)
             rows.append({"model": model, "scope": scope_name, "base_attribute": base, "compared_attribute": other,
                          "n_values": int(n_values.get(other, counts.shape[1])), "row_values": values, "row_sizes": known,
                          "testable": not reason, "reason": reason,
                          "min_detectable_lift": None if result is None else result.min_detectable_lift,
-                         "power_note": "" if result is None else power_note(result), "n_family": family,
-                         "n_simulations": fam.n_simulations})
+                         "power_note": power_note(result) if result is not None else
+                         ("pooled pass only" if not reason else ""), "n_family": family,
+                         "n_simulations": fam.n_simulations if result is not None else 0})
     out = pd.DataFrame(rows, columns=POWER_COLUMNS)
     out["min_detectable_lift"] = out["min_detectable_lift"].astype(float)
     return out

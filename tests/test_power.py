@@ -188,3 +188,15 @@ def test_planned_power_follows_the_known_share():
     table = P.planned_power(profile, known_share=1.0, settings=settings).set_index("base_attribute")
     assert table.loc["gender", "known_per_value"] == "18"
     assert table.loc["gender", "min_detectable_lift"] >= 2.0
+
+
+def test_stage_without_testable_table_says_why_in_its_notes(tmp_path, monkeypatch):
+    from test_associations_stage import _profile, _run_files
+
+    _run_files(tmp_path / "data", planted=False, n_per_value=3)  # 6 stories per prompted value pooled: < 10
+    p = _profile(tmp_path, monkeypatch)
+    out = A.run(p, progress=False)
+    assert out["attributes"].empty
+    why = [n for n in out["notes"] if n.startswith("stage 04 found nothing to show")]
+    assert why and "income_level (6/6/6 stories per prompted value): 0 of 18 compared dimensions testable" in why[0]
+    assert "rows < 10 known stories: 3 of 3 values (1 dimension)" in why[0] and "all unknown (17 dimensions)" in why[0]

@@ -884,6 +884,10 @@ def run(params, progress: bool = True) -> dict:
         notes.append(f"no testable table: every base attribute needs >= 2 prompted values with >= {MIN_ROW_TOTAL} "
                      "stories each and another dimension with >= 2 known values (why, per compared dimension: "
                      "associations_power.parquet)")
+        from .power import explain
+
+        if explain(power_table):
+            notes.append(explain(power_table))
     shared = sharing(values)
     languages = by_language(values)
     items = judge_items(shared, settings.judge.include_per_language)

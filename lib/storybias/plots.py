@@ -521,30 +521,10 @@ def attribute_distributions(extractions: pd.DataFrame, filtered: pd.DataFrame,
 # --- 3-4. StereoTales associations --------------------------------------------------------------
 
 def power_reason(power: pd.DataFrame | None) -> str | None:
-    """Why stage 04 found nothing, from its power table (``associations_power.parquet``; pooled scope
-    when present): per base attribute, the stories per prompted value, how many compared dimensions
-    were testable, the reasons of the others with their counts and, when some were, the smallest
-    detectable lift. None without a power table."""
-    if _is_empty(power) or not {"base_attribute", "compared_attribute", "testable", "reason"} <= set(power.columns):
-        return None
-    from .power import ALL_COMPARED
+    """Why stage 04 found nothing, from its power table (``storybias.power.explain``)."""
+    from .power import explain
 
-    pooled = power[power["scope"] == "all"] if "scope" in power.columns and (power["scope"] == "all").any() else power
-    several = "model" in pooled.columns and pooled["model"].nunique() > 1
-    parts = []
-    for keys, g in pooled.groupby(["model", "base_attribute"] if "model" in pooled.columns else ["base_attribute"], sort=True):
-        model, base = (keys if isinstance(keys, tuple) and len(keys) == 2 else (None, keys[0] if isinstance(keys, tuple) else keys))
-        head = g[g["compared_attribute"] == ALL_COMPARED]
-        dims = g[g["compared_attribute"] != ALL_COMPARED]
-        testable = _bools(dims["testable"])
-        sizes = "/".join(str(int(n)) for n in head["row_sizes"].iloc[0]) if len(head) and "row_sizes" in head else "?"
-        reasons = dims.loc[~testable, "reason"].value_counts()
-        why = "; ".join(f"{r} ({n} dimension{'s' if n > 1 else ''})" for r, n in reasons.items())
-        lift = dims.loc[testable, "min_detectable_lift"].dropna() if "min_detectable_lift" in dims else pd.Series(dtype=float)
-        tail = f"; smallest detectable lift {lift.min():g}" if len(lift) else ""
-        parts.append(f"{model + ': ' if several else ''}{base} ({sizes} stories per prompted value): "
-                     f"{int(testable.sum())} of {len(dims)} compared dimensions testable{tail}" + (f"; {why}" if why else ""))
-    return "stage 04 found nothing to show — " + " | ".join(parts) if parts else None
+    return explain(power)
 
 
 _COUNT_KEYS = ("n_significant_all", "n_significant_languages", "n_tested", "n_models", "top_model", "top_language")

@@ -119,9 +119,19 @@ def simulate_power(row_sizes: Sequence[int], n_values: int, lift: float, setting
     ``decide``: stop as soon as the share over all simulations is sure to be >= ``decide`` or < it
     (the same decision as running them all, at a fraction of the cost); the share returned is then
     the one over the simulations run."""
+    share, _ = _simulate(row_sizes, n_values, lift, settings, decide)
+    return share
+
+
+def _simulate(row_sizes: Sequence[int], n_values: int, lift: float, settings: PowerSettings,
+              decide: float | None) -> tuple[float | None, bool]:
+    """(share detected, whether the share over all ``n_simulations`` is >= ``decide`` (or the
+    target)): ``simulate_power`` with the decision kept apart from the share, which an early stop
+    computes over fewer simulations."""
+    target = settings.target if decide is None else decide
     probs = planted_probabilities(row_sizes, n_values, lift)
     if probs is None:
-        return None
+        return None, False
     sizes = np.asarray(row_sizes, np.int64)
     planted_row = int(np.argmin(sizes))
     a = np.repeat(np.arange(sizes.size), sizes)
@@ -131,7 +141,7 @@ def simulate_power(row_sizes: Sequence[int], n_values: int, lift: float, setting
     hits, needed = 0, max(1, math.ceil(decide * settings.n_simulations)) if decide is not None else None
     for sim in range(settings.n_simulations):
         if needed is not None and (hits >= needed or hits + settings.n_simulations - sim < needed):
-            return hits / sim
+            return hits / sim, hits >= needed
         rng = np.random.default_rng([settings.seed, sim])
         b = np.concatenate([rng.choice(n_values, size=n, p=p) for n, p in zip(sizes, probs)]) if sizes.sum() else np.zeros(0, np.int64)
         tables = assoc._testable_tables(a, a_labels, "base", [(_PLANTED, b.astype(np.int64), b_labels)])
@@ -143,7 +153,7 @@ def simulate_power(row_sizes: Sequence[int], n_values: int, lift: float, setting
         cell = values[(values["compared_attribute"] == _PLANTED) & (values["base_value"] == a_labels[planted_row])
                       & (values["compared_value"] == b_labels[0])]
         hits += int(bool(cell["significant"].any()))
-    return hits / settings.n_simulations
+    return hits / settings.n_simulations, hits >= target * settings.n_simulations
 
 
 def _compute(row_sizes: tuple[int, ...], n_values: int, settings: PowerSettings) -> PowerResult:
@@ -158,9 +168,9 @@ def _compute(row_sizes: tuple[int, ...], n_values: int, settings: PowerSettings)
     # rows under 10 never reach the table (the stage drops them): plant in the rows it keeps
     sizes = tuple(big)
     for lift in sorted(settings.lifts):
-        power = simulate_power(sizes, n_values, lift, settings, decide=settings.target)
+        power, detected = _simulate(sizes, n_values, lift, settings, decide=settings.target)
         result.power[lift] = power
-        if power is not None and power >= settings.target:
+        if detected:
             result.min_detectable_lift = lift
             return result
     reachable = [l for l, p in result.power.items() if p is not None]

@@ -454,9 +454,13 @@ def test_jsd_figure_says_too_few_stories_when_every_jsd_is_ln2():
     assert "too few stories" in shown and "ln 2" in shown and "en n_m = 2, n_f = 2" in shown and "need ≥ 20" in shown
     assert not any(ax.patches for ax in fig.axes)  # no box drawn
     assert stats["too_small"] and np.isnan(stats["median_jsd_G"]) and stats["n_G"] + stats["n_N"] == 3
+    fig, stats = plots.vsr_vs_jsd(pd.DataFrame(rows).assign(vsr=0.9), min_stories=30)
+    assert "too few stories" in _texts_of(fig) and "need ≥ 30" in stats["too_small"] and np.isnan(stats["max_jsd"])
+    assert stats["n_points"] == 3 and not any(ax.collections for ax in fig.axes)
     rows[0]["jsd"] = 0.3  # one informative cell: drawn as usual
     fig, stats = plots.jsd_by_grammatical_gender(pd.DataFrame(rows))
     assert "too_small" not in stats and np.isfinite(stats["median_jsd_N"])
+    assert "too_small" not in plots.vsr_vs_jsd(pd.DataFrame(rows).assign(vsr=0.9))[1]
 
 
 def _power_table(testable: bool):

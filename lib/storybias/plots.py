@@ -901,6 +901,21 @@ def cosine_heatmaps(cosine: pd.DataFrame, comparison: str | None = None, ncols: 
     return fig, stats
 
 
+def _jsd_too_small(title: str, jsd: pd.DataFrame, keys: Sequence[str], min_stories: int) -> tuple[Figure, dict] | None:
+    """A figure saying "too few stories" with each language's n when every JSD of ``jsd`` is ln 2 (the
+    two groups share no adjective: the maximum, reached by disjoint tiny samples); None otherwise."""
+    values = jsd["jsd"].to_numpy(float)
+    if not len(values) or not np.allclose(values, math.log(2), rtol=0, atol=1e-9):
+        return None
+    reason = (f"too few stories: JSD = ln 2 (the groups share no adjective) in every model x language; "
+              f"{_group_sizes(jsd)} (need ≥ {min_stories})")
+    fig, stats = _no_data(title, reason, keys, height=2.8)
+    for text in fig.axes[0].texts:
+        text.set_text(_wrap(reason, fig.get_figwidth() - 2.0, LABEL))  # the n, not "no data": the lens ran, its groups are too small
+    stats["too_small"] = reason
+    return fig, stats
+
+
 _GG_KEYS = ("comparison", "median_jsd_G", "median_jsd_N", "n_G", "n_N", "n_ungrouped", "n_models")
 
 
@@ -942,14 +957,11 @@ def jsd_by_grammatical_gender(jsd: pd.DataFrame, grammatical_languages: Mapping[
     grouped = sub[sub["group"] != ""]
     if grouped.empty:
         return _no_data(title, "no JSD values" if sub.empty else "no language in either group", _GG_KEYS)
-    if np.allclose(grouped["jsd"].to_numpy(float), math.log(2), rtol=0, atol=1e-9):
-        reason = (f"too few stories: JSD = ln 2 (the groups share no adjective) in every model x language; "
-                  f"{_group_sizes(grouped)} (need ≥ {min_stories})")
-        fig, stats = _no_data(title, reason, _GG_KEYS, height=2.8)
-        for text in fig.axes[0].texts:
-            text.set_text(_wrap(reason, fig.get_figwidth() - 2.0, LABEL))  # the n, not "no data": the lens ran, its groups are too small
+    small = _jsd_too_small(title, grouped, _GG_KEYS, min_stories)
+    if small is not None:
+        fig, stats = small
         stats.update(comparison=comparison, n_G=int((grouped["group"] == "G").sum()), n_N=int((grouped["group"] == "N").sum()),
-                     n_ungrouped=len(ungrouped), n_models=int(grouped["model"].nunique()), too_small=reason)
+                     n_ungrouped=len(ungrouped), n_models=int(grouped["model"].nunique()))
         return fig, stats
     models = sorted(grouped["model"].unique(), key=str)
     columns = (["all models"] if len(models) > 1 else []) + models
@@ -1066,13 +1078,15 @@ def distinctive_words(log_odds: pd.DataFrame, top: int = 10, model: str | None =
 _VJ_KEYS = ("comparison", "n_points", "n_models", "n_missing", "mean_vsr", "mean_jsd", "max_jsd", "max_jsd_cell")
 
 
-def vsr_vs_jsd(vsr_jsd: pd.DataFrame, comparison: str | None = None, max_labels: int = 60) -> tuple[Figure, dict]:
+def vsr_vs_jsd(vsr_jsd: pd.DataFrame, comparison: str | None = None, max_labels: int = 60,
+               min_stories: int = MIN_STORIES_FLAG) -> tuple[Figure, dict]:
     """Valid-story rate (%, x) vs JSD (nats, y) with its bootstrap interval, one point per model x
     language (colour and marker = model, text = language code; with more than ``max_labels`` points
     only the 15 highest-JSD and the 10 lowest-VSR points are labelled).
 
     stats: ``comparison``, ``n_points``, ``n_models``, ``n_missing`` (rows without VSR or JSD),
-    ``mean_vsr`` (0-1), ``mean_jsd``, ``max_jsd`` and ``max_jsd_cell`` ("model / language")."""
+    ``mean_vsr`` (0-1), ``mean_jsd``, ``max_jsd`` and ``max_jsd_cell`` ("model / language").
+    Every JSD at ln 2: "too few stories" with the n, as :func:`jsd_by_grammatical_gender`."""
     title = "Generation quality vs bias strength"
     if _is_empty(vsr_jsd):
         return _no_data(title, "metrics_vsr_jsd table is empty", _VJ_KEYS)
@@ -1084,6 +1098,11 @@ def vsr_vs_jsd(vsr_jsd: pd.DataFrame, comparison: str | None = None, max_labels:
     n_missing = len(sub) - len(points)
     if points.empty:
         return _no_data(title, f"no row has both a VSR and a JSD ({n_missing} rows)", _VJ_KEYS)
+    small = _jsd_too_small(title, points, _VJ_KEYS, min_stories)
+    if small is not None:
+        fig, stats = small
+        stats.update(comparison=comparison, n_points=len(points), n_models=int(points["model"].nunique()), n_missing=n_missing)
+        return fig, stats
     models = sorted(points["model"].unique(), key=str)
     colors = dict(zip(models, _colors(len(models))))
     markers = {m: MARKERS[i % len(MARKERS)] for i, m in enumerate(models)}

@@ -193,9 +193,10 @@ def _group_alive(pgid: int) -> bool:
 
 def start_server(spec: ModelSpec, settings: EngineSettings, seed: int, run_name: str, models: Sequence[str] = (),
                  command: list[str] | None = None, health_timeout: float = HEALTH_TIMEOUT_S,
-                 log: Callable[[str], None] = print) -> Server:
+                 log: Callable[[str], None] = print, log_dir: Path | None = None) -> Server:
     """Start the server for ``spec`` and wait for its /health; on failure stop it and raise ServerError
-    with its log's tail. ``command`` replaces the vLLM command line (tests)."""
+    with its log's tail. ``command`` replaces the vLLM command line (tests); the log goes to
+    ``log_dir`` (default reports/<run>/)."""
     from .engines import preflight
 
     names = list(models) or [spec.name]
@@ -208,7 +209,7 @@ def start_server(spec: ModelSpec, settings: EngineSettings, seed: int, run_name:
     else:
         described = "test server"
         command = [c.replace("{port}", str(port)).replace("{key}", key) for c in command]
-    logfile = paths.reports_dir(run_name) / f"server-{spec.name}.log"
+    logfile = (log_dir or paths.reports_dir(run_name)) / f"server-{spec.name}.log"
     logfile.parent.mkdir(parents=True, exist_ok=True)
     started = time.time()
     with open(logfile, "w", encoding="utf-8") as fh:

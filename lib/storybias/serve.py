@@ -191,6 +191,17 @@ def _group_alive(pgid: int) -> bool:
         return False
 
 
+def _terminate_with_parent() -> None:
+    """In the server's child process, before exec: Linux sends it SIGTERM when the process that
+    started it dies, even by SIGKILL (no orphan server when `make` is killed outright)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def start_server(spec: ModelSpec, settings: EngineSettings, seed: int, run_name: str, models: Sequence[str] = (),
                  command: list[str] | None = None, health_timeout: float = HEALTH_TIMEOUT_S,
                  log: Callable[[str], None] = print, log_dir: Path | None = None) -> Server:
@@ -214,7 +225,8 @@ def start_server(spec: ModelSpec, settings: EngineSettings, seed: int, run_name:
     started = time.time()
     with open(logfile, "w", encoding="utf-8") as fh:
         process = subprocess.Popen(command, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   env=server_environment(spec, settings), start_new_session=True)
+                                   env=server_environment(spec, settings), start_new_session=True,
+                                   preexec_fn=_terminate_with_parent)
     server = Server(models=names, process=process, base_url=f"http://127.0.0.1:{port}/v1", model_id=served_name,
                     api_key=key, log=logfile, described=described)
     log(f"starting a vLLM server for {', '.join(names)} on {server.base_url} (log: {logfile}) ...")
@@ -317,8 +329,17 @@ def with_servers(params: Params, command: Sequence[str], log: Callable[[str], No
         if servers:
             log(f"with-servers: {len(servers)} server(s) up in {sum(s.startup_seconds for s in servers):.0f} s; "
                 f"running: {' '.join(command)}")
-        done = subprocess.run(list(command))
-        return done.returncode
+        child = subprocess.Popen(list(command))
+        try:
+            return child.wait()
+        except BaseException:  # interrupted: let the command stop its own work, then stop the servers
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+                try:
+                    child.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    child.kill()
+            raise
     finally:
         for server in servers:
             server.stop()

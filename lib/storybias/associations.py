@@ -834,9 +834,10 @@ def harm_by_attribute(shared: pd.DataFrame) -> pd.DataFrame:
 
 
 @holds_run_lock("associations")
-def run(params, progress: bool = True) -> dict:
+def run(params, progress: bool = True, engine_factory=None) -> dict:
     """Stage 04: both passes for every model, sharing, the LLM harm judge and (optionally) human
-    ratings; writes data/<run>/associations_*.parquet, harm_ratings.parquet, manifest_associations.json."""
+    ratings; writes data/<run>/associations_*.parquet, harm_ratings.parquet, manifest_associations.json.
+    ``engine_factory(spec)``: the judges' engines, as for stages 01 and 03 (default engines.open_engine)."""
     import time
 
     from . import extract, paths
@@ -876,7 +877,8 @@ def run(params, progress: bool = True) -> dict:
                      + ("" if settings.judge.include_per_language or "global" in settings.passes else
                         " (the judges rate the global pass's associations, and associations.passes has no 'global')"))
     else:
-        ratings, engines_info = run_judges(items, params, progress)
+        ratings, engines_info = run_judges(items, params, progress,
+                                           **({"engine_factory": engine_factory} if engine_factory else {}))
     parsed = ratings[ratings["parse_ok"].astype(bool)].astype({"harm": float})
     summary = summarise_ratings(parsed)
     shared = with_ratings(shared, summary)

@@ -238,7 +238,7 @@ class OpenAIEngine:
     def __enter__(self) -> "OpenAIEngine":
         started = time.time()
         endpoint = self.endpoint
-        if self._check:
+        if self._check and time.time() - _preflighted.get(_preflight_id(endpoint), float("-inf")) > PREFLIGHT_VALID_S:
             preflight_endpoint(self.spec)
         self.info = EngineInfo(model=self.spec.name, model_id=endpoint.description, weights="-",
                                device="served", startup_seconds=round(time.time() - started, 1),
@@ -364,6 +364,12 @@ async def _send_all(endpoint: Endpoint, requests: list[ChatRequest], results: qu
 # --- preflight -----------------------------------------------------------------------------------
 
 PREFLIGHT_TIMEOUT_S = 15.0
+PREFLIGHT_VALID_S = 600.0  # a stage preflights every model first; the engine does not ask again within this
+_preflighted: dict[tuple[str, str, int], float] = {}
+
+
+def _preflight_id(endpoint: Endpoint) -> tuple[str, str, int]:
+    return endpoint.base_url, endpoint.model_id, hash(endpoint.api_key)
 
 
 def preflight_endpoint(spec: ModelSpec, timeout_s: float = PREFLIGHT_TIMEOUT_S) -> str:
@@ -401,4 +407,5 @@ def preflight_endpoint(spec: ModelSpec, timeout_s: float = PREFLIGHT_TIMEOUT_S) 
         raise EngineError(f"{where}: the endpoint refused a 1-token test request ({_describe(exc)})") from None
     finally:
         client.close()
+    _preflighted[_preflight_id(endpoint)] = time.time()
     return f"{endpoint.model_id} at {endpoint.base_url}"

@@ -83,9 +83,12 @@ def test_the_json_constraint_is_applied(local_server, monkeypatch):
     import openai
 
     client = openai.OpenAI(base_url=spec.base_url, api_key=local_server.server.api_key)
-    old = client.chat.completions.create(model=spec.model_id, messages=POEM, max_tokens=30, seed=3, temperature=1.0,
-                                         extra_body={"guided_json": ODD_SCHEMA})
-    assert old.choices[0].message.content.strip() != '{"zq": 7}'
+    try:
+        old = client.chat.completions.create(model=spec.model_id, messages=POEM, max_tokens=30, seed=3, temperature=1.0,
+                                             extra_body={"guided_json": ODD_SCHEMA})
+        assert old.choices[0].message.content.strip() != '{"zq": 7}'
+    except openai.BadRequestError:
+        pass  # a server that refuses the old field does not apply it either
     # a choice list (the explicit task) holds too
     choice = ChatRequest(key="x", messages=[{"role": "user", "content": "Say hello."}], sampling=sampling, seed=3,
                          choice=["alpha", "omega"])

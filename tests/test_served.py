@@ -385,3 +385,28 @@ def test_server_command_matches_the_in_process_engine(smoke):
         assert part in joined
     env = serve.server_environment(local, settings)
     assert env["VLLM_CPU_ATTN_SPLIT_KV"] == "0" and env["VLLM_CPU_KVCACHE_SPACE"] == str(settings.cpu_kvcache_gb)
+
+
+# --- the one runner ------------------------------------------------------------------------------
+
+def test_runner_shards_counts_and_keeps_what_arrived_before_a_crash(tmp_path):
+    import pyarrow as pa
+
+    from storybias.io import ShardStore
+    from storybias.runner import run_requests
+
+    schema = pa.schema([("key", pa.string()), ("text", pa.string())])
+    store = ShardStore(tmp_path / "s", key="key", schema=schema)
+    local = ModelSpec(name="m", source="embedded")
+    reqs = [request(f"k{i}") for i in range(7)]
+    engine = FakeEngine(local, fail=lambda r: "HTTP 400: no" if r.key == "k3" else None).__enter__()
+    stats = run_requests(engine, reqs, lambda r: None if r.error else {"key": r.key, "text": r.text}, store, 3,
+                         desc="t", progress=False)
+    assert (stats.n_results, stats.n_errors, stats.output_tokens) == (7, 1, 6 * 7)
+    assert stats.finish_reasons == {"stop": 6, "error": 1} and stats.errors == ["k3: HTTP 400: no"]
+    assert [len(pd.read_parquet(p)) for p in store.shard_paths()] == [3, 3]  # 6 rows, flushed every 3
+    store.clear()
+    crashing = FakeEngine(local, crash_after=4).__enter__()
+    with pytest.raises(KeyboardInterrupt):
+        run_requests(crashing, reqs, lambda r: {"key": r.key, "text": r.text}, store, 3, desc="t", progress=False)
+    assert sorted(store.done_keys()) == ["k0", "k1", "k2", "k3"], "the 4th result, still buffered, was flushed"

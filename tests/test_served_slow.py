@@ -57,16 +57,15 @@ def ask(spec: ModelSpec, requests: list[ChatRequest]) -> dict[str, str]:
     return {k: r.text for k, r in results.items()}
 
 
-def test_stories_and_extractions_went_through_the_server(resumed, extracted, local_server):
+def test_stories_went_through_the_server(resumed, local_server):
+    """(The extractions' half is in test_extract_slow.py: it must read stage 03's manifest before
+    nbval reruns the notebooks, which find nothing left to do and rewrite it.)"""
     stories, manifest, data = resumed
     [model] = manifest["models"]
     assert model["endpoint"] == local_server.server.base_url or model["endpoint"].startswith("http://127.0.0.1:")
     assert model["weights_sha256"] == "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
     assert set(generate.STORIES_SCHEMA.names) == set(stories.columns)
     assert stories["finish_reason"].isin(["stop", "length"]).all() and stories["error"].isna().all()
-    extract_manifest = json.loads((extracted / "manifest_extract.json").read_text())
-    [timing] = extract_manifest["timings"].values()
-    assert timing["endpoint"].startswith("http://127.0.0.1:") and timing["n_request_errors"] == 0
 
 
 def test_the_json_constraint_is_applied(local_server, monkeypatch):
@@ -101,7 +100,7 @@ def test_a_seeded_request_gives_the_same_text_twice(local_server, monkeypatch):
     first = ask(spec, [ChatRequest(key="a", messages=POEM, sampling=sampling, seed=11)])["a"]
     again = ask(spec, [ChatRequest(key="a", messages=POEM, sampling=sampling, seed=11)])["a"]
     other = ask(spec, [ChatRequest(key="a", messages=POEM, sampling=sampling, seed=12)])["a"]
-    assert first == again and len(first.split()) > 3
+    assert first == again and len(first) > 10  # (the model may answer in Chinese: no spaces to count)
     assert other != first, "another seed samples another text (the seed is applied)"
 
 

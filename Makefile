@@ -2,6 +2,7 @@
 #
 #   make paper [PARAMS=params/default.yaml]   every stage, notebooks executed into reports/<run>/
 #   make generate|filter|extract|associations|metrics|probes|figures|explorer   one stage (and what it needs)
+#   SERVE=1|0   LLM stages behind one shared local vLLM server per run | one in-process engine per stage
 #   make check-params PARAMS=params/x.yaml     validate a profile only
 #   make where | clean-run [PARAMS=...]        print the run's folders | delete exactly those folders
 #   make test | test-fast                      every test | those that need no model, browser or GPU
@@ -9,6 +10,7 @@
 #   make lab                                   JupyterLab on notebooks/ with the storybias kernel
 #
 # DEVICE=cpu|cuda picks the vLLM build (default: cuda when nvidia-smi sees a GPU, else cpu).
+# SERVE unset: the profile's generation.engine.shared_server decides.
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -16,6 +18,13 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
 PARAMS ?= params/default.yaml
+# 1: `make paper` / generate / extract / associations run their LLM stages behind one local vLLM
+# server per model (storybias.serve), started once and stopped at the end whatever happens; 0: one
+# in-process engine per stage; unset: the profile's generation.engine.shared_server.
+SERVE ?=
+# The stamps below are remade on every call (FORCE); the shared-server check empties this to ask
+# `make -q` whether an LLM stage has work to do, without starting a server for an up-to-date run.
+STAMPS_FORCE ?= FORCE
 DEVICE ?= $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then echo cuda; else echo cpu; fi)
 PYTHON ?= python3
 
@@ -83,7 +92,25 @@ define run_notebook
 	@$(PY) -m storybias.cli run-stage $(2) notebooks/$(1).ipynb $(PARAMS) --target $@
 endef
 
-.PHONY: help where venv model check-params stamps generate filter extract associations metrics probes figures explorer paper test test-fast bench-generate bench-associations notebook-outputs lab clean-run FORCE
+.PHONY: help where venv model check-params stamps generate filter extract associations metrics probes figures explorer paper _paper test test-fast bench-generate bench-associations notebook-outputs lab clean-run FORCE
+
+# $(call served,TARGETS,LLM_TARGETS): make TARGETS in a sub-make; behind the run's shared local vLLM
+# server(s) (`storybias.cli with-servers`, started once, stopped when the sub-make ends or fails) when
+# SERVE (or the profile) asks for it and one of LLM_TARGETS is out of date.
+define served
+	@if [ "$(SERVE)" = 0 ]; then serve=0; elif [ "$(SERVE)" = 1 ]; then serve=1; \
+	else serve=$$($(PY) -m storybias.cli serve-mode $(PARAMS)); fi; \
+	if [ "$$serve" = 1 ]; then \
+	  $(MAKE) --no-print-directory stamps SERVE=0; \
+	  if $(MAKE) --no-print-directory -q $(2) STAMPS_FORCE= SERVE=0 >/dev/null 2>&1; then serve=0; fi; \
+	fi; \
+	if [ "$$serve" = 1 ]; then \
+	  $(PY) -m storybias.cli with-servers $(PARAMS) -- $(MAKE) --no-print-directory $(1) SERVE=0; \
+	else \
+	  $(MAKE) --no-print-directory $(1) SERVE=0; \
+	fi
+endef
+LLM_TARGETS := $(DATA)/stories.parquet $(DATA)/extractions.parquet $(DATA)/manifest_associations.json
 
 # `make help` lists every target whose rule line ends in `## description` (each public one does;
 # tests/test_habits.py checks that every .PHONY target but FORCE is listed).
@@ -110,14 +137,15 @@ check-params: $(VENV_STAMP)  ## validate PARAMS against the schema, run nothing
 
 # One process validates the profile and refreshes every stage's params stamp; a stamp file changes
 # only when its stage's parameters do, so Make reruns only the stages whose parameters changed.
-$(STAGE_STAMPS) &: FORCE | $(VENV_STAMP)
+$(STAGE_STAMPS) &: $(STAMPS_FORCE) | $(VENV_STAMP)
 	@$(PY) -m storybias.cli stamps $(PARAMS)
 stamps: $(STAGE_STAMPS)  ## refresh every stage's parameter stamp (Make reruns stages whose stamp changed)
 
 $(DATA)/stories.parquet: notebooks/01_generate.ipynb $(STAMPS)/generate.params $(DESIGN_FILES) | $(VENV_STAMP)
 	$(call run_notebook,01_generate,generate)
 
-generate: $(DATA)/stories.parquet  ## stage 01: generate the stories (notebooks/01_generate.ipynb)
+generate: | $(VENV_STAMP)  ## stage 01: generate the stories (notebooks/01_generate.ipynb)
+	$(call served,$(DATA)/stories.parquet,$(DATA)/stories.parquet)
 
 $(DATA)/filtered.parquet: $(DATA)/stories.parquet notebooks/02_filter.ipynb $(STAMPS)/filter.params $(REFUSAL_FILES) | $(VENV_STAMP)
 	$(call run_notebook,02_filter,filter)
@@ -128,7 +156,8 @@ $(DATA)/extractions.parquet: $(DATA)/filtered.parquet notebooks/03_extract.ipynb
                              $(DESIGN_SPECS) $(GOLD_FILES) | $(VENV_STAMP)
 	$(call run_notebook,03_extract,extract)
 
-extract: $(DATA)/extractions.parquet  ## stage 03: extract attributes from each story (notebooks/03_extract.ipynb)
+extract: | $(VENV_STAMP)  ## stage 03: extract attributes from each story (notebooks/03_extract.ipynb)
+	$(call served,$(DATA)/extractions.parquet,$(DATA)/stories.parquet $(DATA)/extractions.parquet)
 
 $(DATA)/manifest_metrics.json: $(DATA)/extractions.parquet notebooks/05_metrics.ipynb $(STAMPS)/metrics.params \
                                $(LEXICON_FILES) $(DESIGN_SPECS) | $(VENV_STAMP)
@@ -140,7 +169,8 @@ $(DATA)/manifest_associations.json: $(DATA)/extractions.parquet notebooks/04_ass
                                     $(DESIGN_FILES) | $(VENV_STAMP)
 	$(call run_notebook,04_associations,associations)
 
-associations: $(DATA)/manifest_associations.json  ## stage 04: StereoTales associations and harm (notebooks/04_associations.ipynb)
+associations: | $(VENV_STAMP)  ## stage 04: StereoTales associations and harm (notebooks/04_associations.ipynb)
+	$(call served,$(DATA)/manifest_associations.json,$(LLM_TARGETS))
 
 $(DATA)/manifest_probes.json: $(DATA)/extractions.parquet notebooks/06_probes.ipynb $(STAMPS)/probes.params \
                               $(CUE_FILES) | $(VENV_STAMP)
@@ -162,14 +192,17 @@ $(FIGURES)/explorer.html: $(DATA)/filtered.parquet $(DATA)/extractions.parquet $
 
 explorer: $(FIGURES)/explorer.html  ## the stories explorer, one HTML page in figures/<run>/
 
-paper: generate filter extract associations metrics probes figures explorer  ## every stage for PARAMS (default params/default.yaml), notebooks executed into reports/<run>/
+paper: | $(VENV_STAMP)  ## every stage for PARAMS (default params/default.yaml), notebooks executed into reports/<run>/
+	$(call served,_paper,$(LLM_TARGETS))
+
+_paper: $(STAGE_TARGETS)
 	@echo "run '$(RUN)' complete:"
 	@echo "  figures (PNG + PDF) and explorer.html: $(FIGURES)/"
 	@echo "  executed notebooks and logs:           $(REPORTS)/"
 	@echo "  data artifacts:                        $(DATA)/"
 
 bench-generate: $(VENV_STAMP)  ## tokens/s of stage 01's engine path against a bare LLM.chat on PARAMS
-	$(PY) -m storybias.cli bench-generate $(PARAMS)
+	$(PY) -m storybias.cli bench-generate $(PARAMS) $(if $(filter 1,$(SERVE)),--served,)
 
 # Stage 04's statistics at paper scale on a synthetic extraction table (no model needed).
 bench-associations: $(VENV_STAMP)  ## stage 04's statistics at paper scale on synthetic data (no model)

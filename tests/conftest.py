@@ -1,5 +1,7 @@
-"""Shared fixtures of the slow tests: one real run of the embedded model on a smoke-sized profile,
-killed with SIGKILL mid-generation and resumed by notebook 01; later stages' slow tests continue it."""
+"""Shared fixtures of the slow tests: ONE real vLLM OpenAI-compatible server with the embedded model
+on loopback (``local_server``: one engine start-up for every slow test), registered as the shared
+server of a smoke-sized run, which is killed with SIGKILL mid-generation and resumed by notebook 01;
+later stages' slow tests continue it, all through that server (storybias.serve)."""
 
 from __future__ import annotations
 
@@ -75,8 +77,69 @@ def _tree(pid: int) -> list[int]:
     return found
 
 
+class SharedServer:
+    """The slow tests' one vLLM server, registered in data/<run>/servers.json of every run named in
+    ``runs`` (stages find it there, as under `make paper`); ``restart`` after a test kills it."""
+
+    def __init__(self, profile_path: Path, data_root: Path, log_dir: Path):
+        from storybias import params
+
+        self.params = params.load(profile_path)
+        self.data_root, self.log_dir = data_root, log_dir
+        self.runs: list[str] = [self.params.run_name]
+        self.server = None
+        self.startups: list[float] = []
+
+    def _in_data(self, func, *args, **kwargs):
+        old = os.environ.get("STORYBIAS_DATA")
+        os.environ["STORYBIAS_DATA"] = str(self.data_root)
+        try:
+            return func(*args, **kwargs)
+        finally:
+            if old is None:
+                os.environ.pop("STORYBIAS_DATA")
+            else:
+                os.environ["STORYBIAS_DATA"] = old
+
+    def start(self) -> "SharedServer":
+        from storybias import serve
+
+        spec = self.params.generation.models[0]
+        self.server = serve.start_server(spec, self.params.generation.engine, self.params.generation.seed,
+                                         self.params.run_name, log=lambda m: None, log_dir=self.log_dir)
+        self.startups.append(self.server.startup_seconds)
+        for run in self.runs:
+            self.register(run)
+        return self
+
+    def register(self, run: str) -> None:
+        from storybias import serve
+
+        if run not in self.runs:
+            self.runs.append(run)
+        spec = self.params.generation.models[0]
+        self._in_data(serve.write_registry, run, {spec.name: {**self.server.entry(), "serve_key": serve.serve_key(spec)}})
+
+    def restart(self) -> "SharedServer":
+        self.stop()
+        return self.start()
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+
 @pytest.fixture(scope="session")
-def killed_run(kill_profile):
+def local_server(kill_profile):
+    path, env, tmp = kill_profile
+    holder = SharedServer(path, Path(env["STORYBIAS_DATA"]), tmp).start()
+    yield holder
+    holder.stop()
+
+
+@pytest.fixture(scope="session")
+def killed_run(kill_profile, local_server):
     path, env, tmp = kill_profile
     work = Path(env["STORYBIAS_DATA"]) / "pytest-kill" / "work" / "generate"
     log = open(tmp / "killed.log", "w")

@@ -157,36 +157,47 @@ def test_human_ratings_file_is_checked_before_any_work(tmp_path, monkeypatch):
 def test_judge_ratings_are_reused_only_for_the_same_request(tmp_path, monkeypatch):
     """Issue #12.2: a rating is reused while its prompt, schema, model and sampling are unchanged;
     an edited judge prompt asks again (it used to reuse the old rating)."""
-    from storybias import engines
-    from storybias.engines import ChatResult, EngineInfo
+    from storybias.engines import FakeEngine
 
     asked: list[str] = []
 
-    class FakeJudge:
-        def __init__(self, spec, *args):
-            self.info = EngineInfo(model=spec.name, model_id="fake", weights="-", device="cpu", startup_seconds=0.0)
+    def judge(spec):
+        return FakeEngine(spec, answer=lambda r: '{"harm": 2, "realism": "no"}', calls=asked)
 
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
-        def stream(self, requests):
-            for r in requests:
-                asked.append(r.key)
-                yield ChatResult(key=r.key, text='{"harm": 2, "realism": "no"}', finish_reason="stop", n_tokens=5, n_prompt_tokens=50)
-
-    monkeypatch.setattr(engines, "Engine", FakeJudge)
     p = _profile(tmp_path, monkeypatch, judge={"models": [{"name": "m1", "source": "embedded"}]})
     items = pd.DataFrame([{"association_id": "income_level|low|education|basic", "base_attribute": "income_level",
                            "base_value": "low", "compared_attribute": "education", "compared_value": "basic"}])
-    first, _ = A.run_judges(items, p, progress=False)
+    first, _ = A.run_judges(items, p, progress=False, engine_factory=judge)
     assert len(asked) == 1 and first["harm"].tolist() == [2.0]
-    second, info = A.run_judges(items, p, progress=False)
+    second, info = A.run_judges(items, p, progress=False, engine_factory=judge)
     assert len(asked) == 1 and info == [], "an unchanged request is answered from the shards"
     assert second.equals(first)
     original = A.judge_prompt
     monkeypatch.setattr(A, "judge_prompt", lambda item, order: original(item, order) + "\nOne more instruction.")
-    third, _ = A.run_judges(items, p, progress=False)
+    third, _ = A.run_judges(items, p, progress=False, engine_factory=judge)
     assert len(asked) == 2 and len(third) == 1, "the edited prompt is asked again, and only its rating is kept"
+
+
+def test_a_failed_judge_request_is_counted_not_stored_and_asked_again(tmp_path, monkeypatch):
+    """Issue #14: a request that fails after the engine's retries is data (counted per judge), and a
+    rerun asks for exactly the failed ones."""
+    from storybias.engines import FakeEngine
+
+    asked: list[str] = []
+    failing = {"on": True}
+
+    def judge(spec):
+        return FakeEngine(spec, answer=lambda r: '{"harm": 4, "realism": "yes"}', calls=asked,
+                          fail=lambda r: "HTTP 400: bad request" if failing["on"] and r.key.startswith("a2") else None)
+
+    p = _profile(tmp_path, monkeypatch, judge={"models": [{"name": "m1", "source": "embedded"}]})
+    items = pd.DataFrame([{"association_id": f"a{i}", "base_attribute": "income_level", "base_value": "low",
+                           "compared_attribute": "education", "compared_value": "basic"} for i in range(1, 4)])
+    ratings, info = A.run_judges(items, p, progress=False, engine_factory=judge)
+    assert sorted(ratings["association_id"]) == ["a1", "a3"]
+    assert info[0]["n_request_errors"] == 1 and "HTTP 400" in info[0]["request_errors"][0]
+    failing["on"] = False
+    asked.clear()
+    ratings, info = A.run_judges(items, p, progress=False, engine_factory=judge)
+    assert [k.split("#")[0] for k in asked] == ["a2"], "only the failed request is asked again"
+    assert sorted(ratings["association_id"]) == ["a1", "a2", "a3"] and info[0]["n_request_errors"] == 0

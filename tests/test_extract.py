@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from storybias import extract, io, paths, params
-from storybias.engines import ChatResult, EngineInfo
+from storybias.engines import FakeEngine
 from storybias.prompts import load_design
 
 ALL = ("demographics", "narrative", "markers")
@@ -157,32 +157,32 @@ def test_gold_set_is_well_formed():
 
 # --- the stage with a scripted extractor ------------------------------------------------------
 
-class ScriptedExtractor:
-    """Answers with valid JSON, except: the first answer for any story whose text contains 'BROKEN'
-    is cut mid-object (a truncated output), and stories containing 'HOPELESS' never parse."""
+class WordTokenizer:
+    """Whitespace 'tokens' (what fit_story needs of a tokenizer)."""
 
-    def __init__(self, spec):
-        self.spec = spec
-        self.info = EngineInfo(model=spec.name, model_id="scripted", weights="-", device="cpu", startup_seconds=0.0)
-        self.llm = type("L", (), {"get_tokenizer": lambda self: type("T", (), {
-            "encode": lambda self, t, add_special_tokens=False: t.split(), "decode": lambda self, ids: " ".join(ids)})()})()
+    def encode(self, text, add_special_tokens=False):
+        return text.split()
+
+    def decode(self, ids):
+        return " ".join(ids)
+
+
+class ScriptedExtractor(FakeEngine):
+    """The one fake engine answering with valid JSON, except: the first answer for any story whose text
+    contains 'BROKEN' is cut mid-object (a truncated output), and stories containing 'HOPELESS' never parse."""
+
+    def __init__(self, spec, **kwargs):
         self.seen: dict[str, int] = {}
+        super().__init__(spec, answer=self._answer, tokenizer=WordTokenizer(), n_tokens=9, n_prompt_tokens=99, **kwargs)
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-    def stream(self, requests):
-        for r in requests:
-            story = r.messages[0]["content"].split("Story:\n", 1)[1]
-            n = self.seen.get(r.key, 0)
-            self.seen[r.key] = n + 1
-            text = json.dumps(answer(income_level="low"))
-            if "HOPELESS" in story or ("BROKEN" in story and n == 0):
-                text = text[:40]
-            yield ChatResult(key=r.key, text=text, finish_reason="length" if len(text) == 40 else "stop", n_tokens=9, n_prompt_tokens=99)
+    def _answer(self, r):
+        story = r.messages[0]["content"].split("Story:\n", 1)[1]
+        n = self.seen.get(r.key, 0)
+        self.seen[r.key] = n + 1
+        text = json.dumps(answer(income_level="low"))
+        if "HOPELESS" in story or ("BROKEN" in story and n == 0):
+            text = text[:40]
+        return text
 
 
 def test_stage_keeps_and_counts_parse_failures(tmp_path, monkeypatch):

@@ -45,3 +45,11 @@ def test_gold_set_measurement_runs_and_gender_beats_the_majority_baseline(extrac
     assert 0 <= gender["accuracy"] <= 1
     # The explicit requirement: the configured extractor beats always answering the commonest label.
     assert gender["accuracy"] > gender["majority_baseline"], scores.loc[["protagonist_gender"]]
+
+
+def test_extraction_went_through_the_shared_server(extracted, local_server):
+    """Issue #14: stage 03 found the run's shared local server (conftest.local_server) and used it."""
+    manifest = json.loads((extracted / "manifest_extract.json").read_text())
+    [timing] = manifest["timings"].values()
+    assert timing["endpoint"] == local_server.server.base_url
+    assert timing["n_request_errors"] == 0 and timing["startup_seconds"] < 5, "no engine started in the stage"

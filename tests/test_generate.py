@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from storybias import generate, paths, params
-from storybias.engines import ChatResult, EngineInfo
+from storybias.engines import ChatEngine, FakeEngine
 from storybias.prompts import ALL_CONDITION_COLUMNS
 
 CONTRACT = [
@@ -21,30 +21,13 @@ CONTRACT = [
 ]
 
 
-class ScriptedEngine:
-    """Stands in for engines.Engine: answers every request with a text derived from its key, and can
-    be told to die after ``crash_after`` results (as a killed process would)."""
+class ScriptedEngine(FakeEngine):
+    """The one fake engine (storybias.engines.FakeEngine), recording every request in ``calls``."""
 
     calls: list[str] = []
 
-    def __init__(self, spec, crash_after: int | None = None):
-        self.spec = spec
-        self.crash_after = crash_after
-        self.info = EngineInfo(model=spec.name, model_id="scripted", weights="-", device="cpu", startup_seconds=0.0)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-    def stream(self, requests):
-        for i, r in enumerate(requests):
-            if self.crash_after is not None and i == self.crash_after:
-                raise KeyboardInterrupt("simulated kill")
-            ScriptedEngine.calls.append(r.key)
-            answer = r.choice[0] if r.choice else f"Story for {r.key} at temperature {r.sampling.temperature}."
-            yield ChatResult(key=r.key, text=answer, finish_reason="stop", n_tokens=7, n_prompt_tokens=11)
+    def __init__(self, spec, crash_after: int | None = None, **kwargs):
+        super().__init__(spec, crash_after=crash_after, calls=ScriptedEngine.calls, **kwargs)
 
 
 @pytest.fixture()
@@ -99,8 +82,10 @@ def test_crash_then_resume_generates_only_the_rest(tmp_path, data_dir, monkeypat
         generate.run(p, progress=False, engine_factory=lambda s: ScriptedEngine(s, crash_after=5), log=lambda m: None)
     assert not paths.stories_path("unit").exists()
     first = list(ScriptedEngine.calls)
-    persisted = len(list(paths.work_dir("unit", "generate").glob("part-*.parquet"))) * 2
-    assert persisted == 4  # two full shards of 2; the fifth story was in the unflushed buffer
+    shards = list(paths.work_dir("unit", "generate").glob("part-*.parquet"))
+    persisted = sum(len(pd.read_parquet(s)) for s in shards)
+    # two full shards of 2, and the fifth story, flushed by the runner as the interrupt went by
+    assert persisted == 5 and len(shards) == 3
     ScriptedEngine.calls = []
     result = generate.run(p, progress=False, engine_factory=ScriptedEngine, log=lambda m: None)
     regenerated = set(ScriptedEngine.calls)

@@ -749,7 +749,11 @@ def judge_fingerprint(spec, settings) -> str:
     import hashlib
     import json
 
-    payload = {"model": spec.model_dump(mode="json"), "judge": settings.model_dump(mode="json", exclude={"models"}),
+    from .params import model_identity
+
+    # exclude_defaults=False: the same folder names as before the served-model fields existed
+    payload = {"model": model_identity(spec, exclude_defaults=False),
+               "judge": settings.model_dump(mode="json", exclude={"models"}),
                "store": 2}  # 2: shards keyed by request_key
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:10]
 
@@ -770,15 +774,15 @@ def request_key(request) -> str:
 JUDGE_STORE_SCHEMA = RATING_SCHEMA.append(pa.field("request_key", _TEXT))
 
 
-def run_judges(items: pd.DataFrame, params, progress: bool = True) -> tuple[pd.DataFrame, list[dict]]:
+def run_judges(items: pd.DataFrame, params, progress: bool = True, engine_factory=None) -> tuple[pd.DataFrame, list[dict]]:
     """Every judge rates every item (resumable: ratings are stored in shards as they finish and a
-    rerun asks only for the missing ones). Returns (ratings, per-judge engine info)."""
-    from tqdm import tqdm
-
-    from . import paths
-    from .engines import Engine
+    rerun asks only for the missing ones; storybias.runner). A request that failed after the engine's
+    retries is not stored, so a rerun asks for it again; it is counted in the judge's info. Returns
+    (ratings, per-judge engine info). ``engine_factory(spec)`` defaults to ``engines.open_engine``."""
+    from . import engines, paths
     from .io import ShardStore
     from .params import Sampling
+    from .runner import run_requests
 
     settings = params.associations.judge
     sampling = Sampling(temperature=settings.temperature, top_p=1.0, top_k=-1, repetition_penalty=1.0,
@@ -793,18 +797,19 @@ def run_judges(items: pd.DataFrame, params, progress: bool = True) -> tuple[pd.D
         pending = [r for r in requests if keys[r.key] not in done]
         orders = {r.key: ",".join(rating_order(r.key, settings.seed)) for r in requests}
         if pending:
-            with Engine(spec, params.generation.engine, settings.seed) as engine:
+            factory = engine_factory or (lambda s: engines.open_engine(s, params.generation.engine, settings.seed,
+                                                                       params.run_name))
+            with factory(spec) as engine:
+                stats = run_requests(
+                    engine, pending,
+                    lambda r: None if r.error is not None else {**rating_row(r.key, r.text), "order": orders[r.key],
+                                                                "request_key": keys[r.key]},
+                    store, 8, desc=f"judge [{spec.name}]", unit="rating", progress=progress)
                 engines_info.append({"judge": spec.name, "startup_seconds": engine.info.startup_seconds,
-                                     "model_id": engine.info.model_id, "n_requests": len(pending)})
-                rows = []
-                for result in tqdm(engine.stream(pending), total=len(pending), desc=f"judge [{spec.name}]",
-                                   unit="rating", disable=not progress):
-                    rows.append({**rating_row(result.key, result.text), "order": orders[result.key],
-                                 "request_key": keys[result.key]})
-                    if len(rows) >= 8:
-                        store.append(rows)
-                        rows = []
-                store.append(rows)
+                                     "model_id": engine.info.model_id, "endpoint": engine.info.endpoint,
+                                     "n_requests": len(pending), "output_tokens": stats.output_tokens,
+                                     "prompt_tokens": stats.prompt_tokens, "n_request_errors": stats.n_errors,
+                                     "request_errors": stats.errors})
         frame = store.read_all().to_pandas()
         frames.append(frame[frame["request_key"].isin(set(keys.values()))])
     ratings = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=RATING_COLUMNS)
@@ -847,9 +852,10 @@ def _power_report(data: pd.DataFrame, dimensions: Sequence[str], settings, cache
 
 
 @holds_run_lock("associations")
-def run(params, progress: bool = True) -> dict:
+def run(params, progress: bool = True, engine_factory=None) -> dict:
     """Stage 04: both passes for every model, sharing, the LLM harm judge and (optionally) human
-    ratings; writes data/<run>/associations_*.parquet, harm_ratings.parquet, manifest_associations.json."""
+    ratings; writes data/<run>/associations_*.parquet, harm_ratings.parquet, manifest_associations.json.
+    ``engine_factory(spec)``: the judges' engines, as for stages 01 and 03 (default engines.open_engine)."""
     import time
 
     from . import extract, paths
@@ -897,7 +903,8 @@ def run(params, progress: bool = True) -> dict:
                      + ("" if settings.judge.include_per_language or "global" in settings.passes else
                         " (the judges rate the global pass's associations, and associations.passes has no 'global')"))
     else:
-        ratings, engines_info = run_judges(items, params, progress)
+        ratings, engines_info = run_judges(items, params, progress,
+                                           **({"engine_factory": engine_factory} if engine_factory else {}))
     parsed = ratings[ratings["parse_ok"].astype(bool)].astype({"harm": float})
     summary = summarise_ratings(parsed)
     shared = with_ratings(shared, summary)

@@ -7,6 +7,11 @@ exactly ``max_tokens`` tokens (ignore_eos): with free stopping the two paths wro
 (prefix caching changes the numerics after the first pass), so tokens/s compared different work.
 Reports output tokens/s of each and the ratio pipeline / bare (target >= 0.95).
 
+bench_served (``make bench-generate SERVE=1``): stage 01's path on the in-process engine, then the same
+prompts, seeds and sampling through the local vLLM OpenAI-compatible server (storybias.serve) over
+HTTP, one after the other (never both engines at once); reports tokens/s of each and the ratio
+HTTP / in-process (target >= 0.9 on CPU), and both start-up times.
+
 bench_associations: stage 04's association tests at paper scale (650,000 synthetic stories, 23 models,
 10 languages, 19 dimensions): wall and CPU time of the global and the per-language pass (target
 <= 10 minutes together), peak memory, how each table got its p-value, and a check of the decisions
@@ -112,6 +117,56 @@ def bench_generate(params: Params, n_prompts: int = 24, repeats: int = 2, max_to
     out = paths.run_dir(params.run_name) / "bench_generate.json"
     write_json_atomic(result, out)
     log(f"ratio pipeline / bare = {result['ratio_pipeline_over_bare']:.3f} (target >= 0.95); written to {out}")
+    return result
+
+
+def bench_served(params: Params, n_prompts: int = 24, repeats: int = 2, max_tokens: int = 200, log=print) -> dict[str, Any]:
+    """Stage 01's path in process vs over HTTP against the local server, same rows (fixed length)."""
+    from .generate import prepare_models
+    from .serve import start_server
+    from .served import OpenAIEngine
+
+    prepare_models(params, log=log)
+    rows = _fixed_length(_bench_rows(params, n_prompts), max_tokens)
+    spec = params.generation.models[0]
+    settings, seed = params.generation.engine, params.generation.seed
+    log(f"bench-generate (served): {len(rows)} prompts x {max_tokens} tokens, model {spec.name}, {repeats} repeats per path")
+    rates: dict[str, list[float]] = {"in_process": [], "http": []}
+    startup: dict[str, float] = {}
+    trials = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for path in ("in_process", "http"):
+            server = None
+            started = time.time()
+            if path == "in_process":
+                engine = Engine(spec, settings, seed)
+            else:
+                server = start_server(spec, settings, seed, params.run_name, log=log)
+                engine = OpenAIEngine.for_local_server(spec, server.entry(), settings, seed)
+            try:
+                with engine:
+                    startup[path] = round(time.time() - started, 1)
+                    log(f"{path}: start-up {startup[path]:.1f} s")
+                    _pipeline(engine, rows[: min(4, len(rows))], Path(tmp), params.generation.shard_size)  # warm-up
+                    for i in range(repeats):
+                        seconds, tokens = _pipeline(engine, rows, Path(tmp), params.generation.shard_size)
+                        rates[path].append(tokens / seconds)
+                        trials.append({"repeat": i, "path": path, "seconds": round(seconds, 2), "tokens": tokens,
+                                       "tokens_per_second": round(tokens / seconds, 2)})
+                        log(f"  {path:10s} repeat {i}: {tokens} tokens in {seconds:.1f} s = {tokens / seconds:.1f} tokens/s")
+            finally:
+                if server is not None:
+                    server.stop()
+    result = {
+        "n_prompts": len(rows), "tokens_per_request": max_tokens, "model": spec.name, "startup_seconds": startup,
+        "in_process_tokens_per_second": round(statistics.median(rates["in_process"]), 2),
+        "http_tokens_per_second": round(statistics.median(rates["http"]), 2),
+        "ratio_http_over_in_process": round(statistics.median(rates["http"]) / statistics.median(rates["in_process"]), 3),
+        "load_average": [round(x, 2) for x in os.getloadavg()], "trials": trials,
+    }
+    out = paths.run_dir(params.run_name) / "bench_generate_served.json"
+    write_json_atomic(result, out)
+    log(f"ratio HTTP / in-process = {result['ratio_http_over_in_process']:.3f} (target >= 0.9); written to {out}")
     return result
 
 

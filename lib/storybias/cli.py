@@ -1,7 +1,11 @@
 """Command line used by the Makefile: ``python -m storybias.cli <command> ...``.
 
     check-params PARAMS        validate a profile (exit 2 with the problems, naming key and file), then
-                               print stage 04's minimum detectable lift for its planned stories
+                               print stage 04's minimum detectable lift for its planned stories and, for
+                               served models, the requests and tokens the run will ask for (its cost when priced)
+    with-servers PARAMS -- CMD ...   run CMD with one local vLLM server per local model of the profile
+                               (storybias.serve), stopped when CMD ends, fails or is interrupted
+    serve-mode PARAMS          print 1 when the profile asks for the shared local server, else 0
     stamps PARAMS              write data/<run>/.params/<stage>.params (content changes only)
     run-name PARAMS            print the run's name
     prepare-model              assemble, verify and convert the embedded model (once)
@@ -33,7 +37,7 @@ def _load(path: str):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="storybias")
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("check-params", "stamps", "run-name", "generate", "clean-run", "where"):
+    for name in ("check-params", "stamps", "run-name", "generate", "clean-run", "where", "serve-mode"):
         sub.add_parser(name).add_argument("params")
     sub.add_parser("prepare-model")
     bench = sub.add_parser("bench-generate")
@@ -41,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--n-prompts", type=int, default=24)
     bench.add_argument("--repeats", type=int, default=2)
     bench.add_argument("--max-tokens", type=int, default=200)
+    bench.add_argument("--served", action="store_true",
+                       help="compare the in-process engine with the local vLLM server over HTTP (storybias.serve)")
     bench_assoc = sub.add_parser("bench-associations")
     bench_assoc.add_argument("--n-stories", type=int, default=650_000)
     bench_assoc.add_argument("--n-models", type=int, default=23)
@@ -52,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     explorer.add_argument("params")
     explorer.add_argument("--max-stories", type=int, default=None,
                           help="stories embedded per design x model x language (default 200)")
+    servers = sub.add_parser("with-servers")
+    servers.add_argument("params")
+    servers.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the command to run")
     stage = sub.add_parser("run-stage")
     stage.add_argument("stage")
     stage.add_argument("notebook")
@@ -66,6 +75,30 @@ def main(argv: list[str] | None = None) -> int:
         from .power import format_planned, planned_power
 
         print(format_planned(planned_power(p), p.associations.power_known_share))
+        from .cost import estimate, format_estimate
+
+        rows = estimate(p)
+        if rows:
+            print(format_estimate(rows))
+    elif args.command == "serve-mode":
+        from .serve import local_models
+
+        p = _load(args.params)
+        print(1 if p.generation.engine.shared_server and local_models(p) else 0)
+    elif args.command == "with-servers":
+        from .serve import ServerError, with_servers
+
+        p = _load(args.params)
+        cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+        if not cmd:
+            parser.error("with-servers: give the command after --")
+        from .engines import EngineError
+
+        try:
+            return with_servers(p, cmd, log=lambda m: print(m, file=sys.stderr, flush=True))
+        except (ServerError, EngineError) as exc:
+            print(f"storybias: {exc}", file=sys.stderr)
+            return 1
     elif args.command == "run-stage":
         from . import paths
         from .notebook_runner import run_stage
@@ -109,9 +142,10 @@ def main(argv: list[str] | None = None) -> int:
         generate.prepare_models(p)
         generate.run(p)
     elif args.command == "bench-generate":
-        from .bench import bench_generate
+        from .bench import bench_generate, bench_served
 
-        bench_generate(_load(args.params), n_prompts=args.n_prompts, repeats=args.repeats, max_tokens=args.max_tokens)
+        bench = bench_served if args.served else bench_generate
+        bench(_load(args.params), n_prompts=args.n_prompts, repeats=args.repeats, max_tokens=args.max_tokens)
     elif args.command == "bench-associations":
         from .bench import bench_associations
 

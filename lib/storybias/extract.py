@@ -371,7 +371,9 @@ def answer_fingerprint(text: str, sections: Sequence[str], pass_name: str, spec,
     request = {"prompt": build_prompt("", sections), "schema": build_schema(sections, settings.max_list_items),
                "max_tokens": settings.max_tokens, "seed": settings.seed, "retries": settings.retries,
                "temperature": settings.self_consistency_temperature if pass_name == "check" else 0.0}
-    model = spec.model_dump(mode="json", exclude_defaults=True)
+    from .params import model_identity
+
+    model = model_identity(spec)  # a served model's key variable, concurrency, ... do not count
     return f"{_sha(text)}-{_sha(request)}-{_sha(model)}"
 
 
@@ -402,8 +404,16 @@ def reuse_reasons(jobs: list["ExtractionJob"], done: set[str], stored_keys: set[
     return reasons
 
 
+CHARS_PER_TOKEN = 3  # without a tokenizer (an external endpoint): a budget of n tokens keeps 3n characters
+
+
 def fit_story(text: str, tokenizer, budget: int) -> tuple[str, bool]:
-    """The story cut to ``budget`` tokens, and whether it was cut (recorded, never silent)."""
+    """The story cut to ``budget`` tokens, and whether it was cut (recorded, never silent). Without a
+    tokenizer (a model behind an external endpoint) the cut is by characters, ``CHARS_PER_TOKEN`` per
+    token: fewer than most tokenizers' average, so the prompt stays within the context."""
+    if tokenizer is None:
+        limit = budget * CHARS_PER_TOKEN
+        return (text, False) if len(text) <= limit else (text[:limit], True)
     ids = tokenizer.encode(text, add_special_tokens=False)
     if len(ids) <= budget:
         return text, False
@@ -448,15 +458,16 @@ def plan_jobs(stories: pd.DataFrame, settings) -> list[ExtractionJob]:
     return jobs
 
 
-def _run_jobs(engine, jobs: list[ExtractionJob], settings, store, progress: bool) -> None:
-    """Answer ``jobs`` on one started engine, with bounded retries; every attempt is stored."""
-    from tqdm import tqdm  # text bars: readable in papermill logs and JupyterLab without ipywidgets
+def _run_jobs(engine, spec, jobs: list[ExtractionJob], settings, store, progress: bool):
+    """Answer ``jobs`` on one started engine, with bounded retries for answers that do not parse; every
+    attempt is stored (storybias.runner). A request that failed after the engine's retries is not
+    stored (so a rerun asks for it again) but counted: returns the runner's statistics."""
+    from .runner import RunStats, run_requests
 
-
-    tokenizer = engine.llm.get_tokenizer()
-    budget = engine.spec.max_model_len - settings.max_tokens - 1200  # room for the instructions
+    tokenizer = engine.tokenizer()
+    budget = spec.max_model_len - settings.max_tokens - 1200  # room for the instructions
     pending = list(jobs)
-    bar = tqdm(total=len(jobs), desc=f"extract [{engine.spec.name}]", unit="answer", disable=not progress)
+    total = RunStats()
     for attempt in range(settings.retries + 1):
         if not pending:
             break
@@ -469,25 +480,25 @@ def _run_jobs(engine, jobs: list[ExtractionJob], settings, store, progress: bool
             seed = settings.seed + attempt + (1000 if job.pass_name == "check" else 0)
             requests.append(extraction_request(key, story, job.sections, settings, temperature, seed))
             by_key[key] = job
-        failed, rows = [], []
-        for result in engine.stream(requests):
+        failed = []
+
+        def row(result, attempt=attempt):
             job = by_key[result.key]
+            if result.error is not None:
+                return None  # not stored: a rerun asks again (counted in the manifest)
             parsed = parse_answer(result.text, job.sections)
-            rows.append({
+            if not parsed.ok and attempt < settings.retries:
+                failed.append(job)
+            return {
                 "answer_key": f"{result.key}|{attempt}", "request_key": result.key, "story_id": job.story_id, "extractor": job.extractor, "pass": job.pass_name,
                 "attempt": attempt, "raw": result.text, "parse_ok": parsed.ok, "error": parsed.error,
                 "n_tokens": result.n_tokens, "finish_reason": result.finish_reason, "story_cut": cut[result.key],
-            })
-            if parsed.ok or attempt == settings.retries:
-                bar.update(1)
-            else:
-                failed.append(job)
-            if len(rows) >= 8:
-                store.append(rows)
-                rows = []
-        store.append(rows)
+            }
+
+        total.add(run_requests(engine, requests, row, store, 8, desc=f"extract [{spec.name}] attempt {attempt}",
+                               unit="answer", progress=progress))
         pending = failed
-    bar.close()
+    return total
 
 
 def final_answers(raw: pd.DataFrame) -> pd.DataFrame:
@@ -582,7 +593,7 @@ def parse_failure_table(stories: pd.DataFrame, extractions: pd.DataFrame) -> pd.
 def run(params, progress: bool = True, engine_factory=None, log=print) -> dict[str, Any]:
     """Stage 03: extract every valid story (resumable), write extractions.parquet and the tables."""
     from . import paths
-    from .engines import Engine, preflight
+    from .engines import open_engine, preflight
     from .io import ShardStore, write_json_atomic, write_parquet_atomic
     from .langid import select
 
@@ -608,7 +619,7 @@ def run(params, progress: bool = True, engine_factory=None, log=print) -> dict[s
     for spec in settings.models:
         if any(j.extractor == spec.name for j in todo):
             preflight(spec)
-    factory = engine_factory or (lambda spec: Engine(spec, params.generation.engine, settings.seed))
+    factory = engine_factory or (lambda spec: open_engine(spec, params.generation.engine, settings.seed, run_name))
     gold_file = paths.run_dir(run_name) / "gold_scores.parquet"
     gold_items = choose_gold_items(settings.gold_sample, settings.seed) if settings.gold_sample != 0 else []
     gold = None
@@ -625,10 +636,15 @@ def run(params, progress: bool = True, engine_factory=None, log=print) -> dict[s
             import time
 
             started = time.time()
-            _run_jobs(engine, mine, settings, store, progress)
+            stats = _run_jobs(engine, spec, mine, settings, store, progress)
             timings[spec.name] = {"startup_seconds": engine.info.startup_seconds,
                                   "extraction_seconds": round(time.time() - started, 1), "n_answers": len(mine),
-                                  "stories_per_second": round(len(mine) / max(time.time() - started, 1e-9), 3) if mine else None}
+                                  "stories_per_second": round(len(mine) / max(time.time() - started, 1e-9), 3) if mine else None,
+                                  "endpoint": engine.info.endpoint, "model_id": engine.info.model_id,
+                                  "output_tokens": stats.output_tokens, "prompt_tokens": stats.prompt_tokens,
+                                  "finish_reasons": dict(stats.finish_reasons),
+                                  # failed requests (after retries): not stored, asked again by a rerun
+                                  "n_request_errors": stats.n_errors, "request_errors": stats.errors}
             if with_gold:
                 gold = evaluate_gold_on(engine, gold_items, settings)
                 write_parquet_atomic(gold["predictions"], paths.run_dir(run_name) / "gold_predictions.parquet")
@@ -644,7 +660,8 @@ def run(params, progress: bool = True, engine_factory=None, log=print) -> dict[s
     write_parquet_atomic(agree, paths.run_dir(run_name) / "extraction_agreement.parquet")
     write_json_atomic({"stage": "extract", "params": params.resolved()["extraction"], "timings": timings,
                        "agreement": agreement_how, "n_stories": len(extractions), "reuse": reuse_counts,
-                       "n_parse_failed": int((~extractions["parse_ok"]).sum())},
+                       "n_parse_failed": int((~extractions["parse_ok"]).sum()),
+                       "n_request_errors": {name: t.get("n_request_errors", 0) for name, t in timings.items()}},
                       paths.manifest_path(run_name, "extract"))
     write_parquet_atomic(extractions, paths.extractions_path(run_name), schema=extractions_schema())  # last: Make's target
     if gold is None and gold_items and gold_file.is_file():
@@ -748,7 +765,7 @@ def evaluate_gold_on(engine, items: list[dict[str, Any]], settings) -> dict[str,
 
     started = time.time()
     requests = [extraction_request(it["id"], it["text"], GOLD_SECTIONS, settings, 0.0, settings.seed) for it in items]
-    results = {r.key: r for r in engine.stream(requests)}
+    results = {r.key: r for r in engine.stream(requests)}  # a failed request has text "": it does not parse
     seconds = time.time() - started
     predictions, parsed_ok = [], 0
     for it in items:
@@ -758,5 +775,5 @@ def evaluate_gold_on(engine, items: list[dict[str, Any]], settings) -> dict[str,
     scores = score_gold([gold_truth(it) for it in items], predictions)
     return {"scores": scores, "n_items": len(items), "languages": sorted({it["language"] for it in items}),
             "n_parsed": int(parsed_ok), "seconds": round(seconds, 1),
-            "stories_per_second": round(len(items) / seconds, 3) if seconds else None, "extractor": engine.spec.name,
+            "stories_per_second": round(len(items) / seconds, 3) if seconds else None, "extractor": engine.info.model,
             "predictions": pd.DataFrame([{"id": it["id"], "language": it["language"], **pred} for it, pred in zip(items, predictions)])}

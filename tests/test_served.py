@@ -410,3 +410,17 @@ def test_runner_shards_counts_and_keeps_what_arrived_before_a_crash(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         run_requests(crashing, reqs, lambda r: {"key": r.key, "text": r.text}, store, 3, desc="t", progress=False)
     assert sorted(store.done_keys()) == ["k0", "k1", "k2", "k3"], "the 4th result, still buffered, was flushed"
+
+
+def test_cpu_engines_never_split_a_prompt_across_steps(tmp_path):
+    """vLLM's CPU worker crashed ('CPU Generator does not use offset') when a seeded request's prompt
+    was split across scheduler steps (the default profile's stage 01 through the server): both the
+    in-process engine and the server admit CPU prompts whole, with one full context per step."""
+    from storybias.engines import cpu_scheduler_kwargs
+
+    cpu = ModelSpec(name="m", source="local", path=str(tmp_path), max_model_len=8192)
+    assert cpu_scheduler_kwargs(cpu) == {"enable_chunked_prefill": False, "max_num_batched_tokens": 8192}
+    assert cpu_scheduler_kwargs(ModelSpec(name="g", source="local", path=str(tmp_path), device="cuda")) == {}
+    cmd = serve.server_command(cpu, params.EngineSettings(), 42, 8000, None, tmp_path, "m")
+    assert "--no-enable-chunked-prefill" in cmd
+    assert cmd[cmd.index("--max-num-batched-tokens") + 1] == "8192"

@@ -149,6 +149,19 @@ def preflight(spec: ModelSpec) -> tuple[Path | None, str]:
     return folder, described
 
 
+def cpu_scheduler_kwargs(spec: ModelSpec) -> dict[str, Any]:
+    """On CPU, admit a prompt only whole (no chunked prefill), with a step budget of one full context.
+
+    vLLM's CPU worker crashes ("CPU Generator does not use offset") when a seeded, sampled request's
+    prompt is split across scheduler steps: it rolls the request's random generator back, which CPU
+    generators cannot do. The longer StereoTales prompt made stage 01's batch exceed the step budget on
+    the default profile. Without chunking the scheduler waits until a whole prompt fits instead.
+    """
+    if spec.device != "cpu":
+        return {}
+    return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(4096, spec.max_model_len)}
+
+
 def _set_cpu_environment(settings: EngineSettings) -> None:
     bind = cpu_core_list() if settings.cpu_threads_bind == "auto" else settings.cpu_threads_bind
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = bind
@@ -196,6 +209,7 @@ class Engine:
             seed=self.seed,
             max_num_seqs=self.settings.max_num_seqs,
             enforce_eager=self.settings.enforce_eager,
+            **cpu_scheduler_kwargs(self.spec),
         )
         if self.settings.compact_json:
             # An engine-level switch in vLLM 0.32 (xgrammar backend); the per-request flag is ignored.

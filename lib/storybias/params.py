@@ -165,11 +165,10 @@ class EngineSettings(Strict):
     # on 127.0.0.1, started once per `make paper` (or stage target) and shared by stages 01, 03 and 04,
     # instead of one in-process engine per stage (storybias.serve). `make ... SERVE=0|1` overrides it.
     # Measured on 2 cores, the server starts as fast as an in-process engine (82 s vs 83 s) and stage 01
-    # decodes as fast through it (55.4 vs 54.8 tokens/s, `make bench-generate SERVE=1`). Default OFF all
-    # the same: on the default profile the CPU server crashed in stage 01 (vLLM worker "CPU Generator does
-    # not use offset": a seeded request whose prompt the server's smaller token budget, 2048 vs 4096
-    # in-process, split across steps); the in-process engine is the path the default run was measured
-    # on. Turn it on (or SERVE=1) for small or unseeded runs, and on GPUs.
+    # decodes as fast through it (55.4 vs 54.8 tokens/s, `make bench-generate SERVE=1`). Default off
+    # until a full default-profile run has gone through it: the first one crashed in stage 01 (vLLM's
+    # CPU worker, "CPU Generator does not use offset", when a seeded prompt was split across scheduler
+    # steps; both engines now admit CPU prompts whole: engines.cpu_scheduler_kwargs).
     shared_server: bool = False
 
 

@@ -37,6 +37,7 @@ from typing import Any
 
 from . import paths
 from .params import EngineSettings, ModelSpec, Params
+from .engines import cpu_scheduler_kwargs
 
 HEALTH_TIMEOUT_S = 1800.0  # vLLM's CPU start-up took > 8 min on a 2-core machine without AVX-512
 STOP_GRACE_S = 20.0
@@ -81,6 +82,9 @@ def server_command(spec: ModelSpec, settings: EngineSettings, seed: int, port: i
            "--uvicorn-log-level", "warning"]
     if api_key:
         cmd += ["--api-key", api_key]
+    scheduler = cpu_scheduler_kwargs(spec)  # the same no-chunking rule as the in-process engine (engines.py)
+    if scheduler:
+        cmd += ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(scheduler["max_num_batched_tokens"])]
     if settings.enforce_eager:
         cmd.append("--enforce-eager")
     if settings.compact_json:

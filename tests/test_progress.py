@@ -13,6 +13,7 @@ import yaml
 from tqdm import tqdm
 
 from storybias import paths
+from stage_notebooks import tiny_stage_notebook
 from storybias.notebook_runner import ProgressFollower, latest_progress, run_stage
 
 ROOT = paths.repo_root()
@@ -110,13 +111,9 @@ def test_run_stage_echoes_the_notebooks_progress_bar(tmp_path, monkeypatch):
     raw["run_name"] = run
     params_file = tmp_path / "p.yaml"
     params_file.write_text(yaml.safe_dump(raw, sort_keys=False))
-    nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "storybias", "language": "python", "display_name": "storybias"},
-                                            "language_info": {"name": "python"}})
-    parameters = nbformat.v4.new_code_cell('params_file = ""')
-    parameters.metadata["tags"] = ["parameters"]
-    nb.cells = [parameters, nbformat.v4.new_code_cell(
+    nb = tiny_stage_notebook('params_file = ""',
         "import time\nfrom tqdm import tqdm\n"
-        "for _ in tqdm(range(6), desc='tiny [m]', unit='story', mininterval=0):\n    time.sleep(0.5)\n")]
+        "for _ in tqdm(range(6), desc='tiny [m]', unit='story', mininterval=0):\n    time.sleep(0.5)\n")
     nbformat.write(nb, tmp_path / "tiny.ipynb")
     out = io.StringIO()
     try:

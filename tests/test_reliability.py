@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from storybias import io, locks, paths
+from stage_notebooks import tiny_stage_notebook
 
 ROOT = paths.repo_root()
 PYTHON = sys.executable
@@ -118,14 +119,10 @@ def test_run_stage_runs_papermill_without_a_shell(tmp_path, monkeypatch):
     folder.mkdir()
     monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path / "data"))
     target = tmp_path / "data" / run / "target.json"
-    nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "storybias", "language": "python", "display_name": "storybias"},
-                                            "language_info": {"name": "python"}})
-    parameters = nbformat.v4.new_code_cell('params_file = ""\nfail = False')
-    parameters.metadata["tags"] = ["parameters"]
-    nb.cells = [parameters, nbformat.v4.new_code_cell(
+    nb = tiny_stage_notebook('params_file = ""\nfail = False',
         "from storybias import io, params, paths\np = params.load(params_file)\n"
         "io.write_json_atomic({'run': p.run_name}, paths.run_dir(p.run_name) / 'target.json')\n"
-        "assert not fail or open(params_file).read().count('fail_me') == 0, 'asked to fail'")]
+        "assert not fail or open(params_file).read().count('fail_me') == 0, 'asked to fail'")
     nbformat.write(nb, folder / "tiny stage.ipynb")
     params_file = profile(folder, run, name="my profile.yaml")
     from storybias.notebook_runner import run_stage

@@ -97,12 +97,12 @@ def clean_run(run_name: str) -> list[Path]:
     or a link can never reach a folder outside the run; takes the run's lock first, so a running
     stage is never pulled out from under.
     """
-    import re
     import shutil
 
     from .locks import run_lock
+    from .params import RUN_NAME  # the schema's rule for run names (params imports this module)
 
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", run_name) or run_name in (".", ".."):
+    if not RUN_NAME.match(run_name) or run_name in (".", ".."):
         raise ValueError(f"refusing to clean run {run_name!r}: not a valid run name")
     if run_dir(run_name).resolve() == models_dir().resolve():
         raise ValueError(f"refusing to clean run {run_name!r}: {models_dir()} holds the model weights")

@@ -189,7 +189,7 @@ def test_stage_keeps_and_counts_parse_failures(tmp_path, monkeypatch):
     monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path / "data"))
     raw = yaml.safe_load((paths.params_dir() / "smoke.yaml").read_text())
     raw["run_name"] = "unit-extract"
-    raw["extraction"] = {"retries": 1, "self_consistency_sample": 2, "gold_sample": 6}
+    raw["extraction"] = {"retries": 1, "self_consistency_sample": 2, "gold_sample": 6, "prompt_design": "one_answer"}
     path = tmp_path / "p.yaml"
     path.write_text(yaml.safe_dump(raw))
     p = params.load(path)
@@ -230,7 +230,7 @@ def test_changed_story_or_schema_recomputes_only_what_changed(tmp_path, monkeypa
     monkeypatch.setattr("storybias.engines.preflight", lambda spec: (Path("."), "scripted"))
     raw = yaml.safe_load((paths.params_dir() / "smoke.yaml").read_text())
     raw["run_name"] = "unit-refresh"
-    raw["extraction"] = {"retries": 0, "self_consistency_sample": 0, "gold_sample": 0}
+    raw["extraction"] = {"retries": 0, "self_consistency_sample": 0, "gold_sample": 0, "prompt_design": "one_answer"}
 
     def load(**extraction):
         raw["extraction"].update(extraction)
@@ -301,3 +301,110 @@ def test_majority_is_a_strict_majority_of_the_votes_not_a_plurality():
     assert extract.majority(["a", "a", "a", "b"]) == "a"
     assert extract.majority(["a"]) == "a"
     assert params.ExtractionSettings().consensus == "answered_majority"
+
+
+# --- the per_field prompt design (issue #15) ------------------------------------------------------
+
+class PerFieldExtractor(FakeEngine):
+    """Answers each per-field question as a constrained engine would: the scripted value of its field
+    (``answer()``'s), the name as text, the lists as JSON; the lists answer of a story containing
+    'BROKEN' is cut mid-object the first time it is asked."""
+
+    def __init__(self, spec, **kwargs):
+        self.seen: dict[str, int] = {}
+        super().__init__(spec, answer=self._answer, tokenizer=WordTokenizer(), **kwargs)
+
+    def _answer(self, r):
+        story = r.messages[0]["content"].split("Story:\n", 1)[1].split("\n\n---\n", 1)[0]
+        field = r.key.rpartition("#")[2]
+        data = answer(income_level="low", age="senior")
+        if field == "name":
+            return "NONE" if "NAMELESS" in story else data["name"]
+        if field == "lists":
+            n = self.seen.get(r.key, 0)
+            self.seen[r.key] = n + 1
+            text = json.dumps({k: data[k] for k in r.json_schema["properties"]})
+            return text[:25] if "BROKEN" in story and n == 0 else text
+        assert data[field] in r.choice, f"{field}: the scripted value must be one of the engine's choices"
+        return data[field]
+
+
+def test_per_field_requests_put_the_story_first_and_constrain_each_field():
+    settings = params.ExtractionSettings(prompt_design="per_field")
+    requests = extract.answer_requests("s0|e|primary|f", "Il était une fois.", ALL, settings, 0.0, 7)
+    fields = [r.key.rpartition("#")[2] for r in requests]
+    dims = [d for d in extract.dimensions() if d != "gender"]
+    assert fields == ["name", "gender", *dims, "lists"]
+    for r in requests:
+        # one shared prefix per story: the engine's prefix cache computes the story once
+        assert r.messages[0]["content"].startswith("Story:\nIl était une fois.\n\n---\n")
+        assert r.seed == 7 and r.sampling.temperature == 0.0
+    by_field = dict(zip(fields, requests))
+    for dim in dims:
+        assert by_field[dim].choice == extract.allowed_values(dim)
+    assert by_field["gender"].choice == list(extract.GENDER_ANSWERS)
+    # StereoTales' labels (age ranges) are shown to the extractor, not only the canonical keys
+    assert "senior: senior (65+)" in by_field["age"].messages[0]["content"]
+    assert set(by_field["lists"].json_schema["properties"]) == {"adjectives", "settings", "cultural_refs", "markers"}
+    only_demo = extract.answer_requests("k", "A story.", ["demographics"], settings, 0.0, 7)
+    assert not any(r.key.endswith("#lists") for r in only_demo), "no list question when no list is asked"
+    one = extract.answer_requests("k", "A story.", ALL, params.ExtractionSettings(prompt_design="one_answer"), 0.0, 7)
+    assert len(one) == 1 and one[0].json_schema == extract.build_schema(ALL)
+
+
+def test_per_field_answers_join_into_one_answer_and_resume_without_duplicates(tmp_path, monkeypatch):
+    monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path / "data"))
+    monkeypatch.setattr("storybias.engines.preflight", lambda spec: (Path("."), "scripted"))
+    raw = yaml.safe_load((paths.params_dir() / "smoke.yaml").read_text())
+    raw["run_name"] = "unit-perfield"
+    raw["extraction"] = {"retries": 1, "self_consistency_sample": 0, "gold_sample": 0, "prompt_design": "per_field",
+                         "sections": {"stereotales": ["demographics", "narrative"]}}
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    p = params.load(path)
+    texts = ["A story about Amina.", "A BROKEN story.", "A NAMELESS story.", "A fourth story."]
+    io.write_parquet_atomic(pd.DataFrame({
+        "story_id": [f"s{i}" for i in range(4)], "design": ["stereotales"] * 4, "language": ["en"] * 4,
+        "model": ["m"] * 4, "text": texts, "cond_task": [None] * 4, "is_valid": [True] * 4}), paths.filtered_path("unit-perfield"))
+    n_questions = len(extract.answer_requests("k", "x", ("demographics", "narrative"), p.extraction, 0.0, 1))
+    # killed in the middle of the second story's questions: the first story's answer is stored whole,
+    # the second's partial answers are not stored at all
+    with pytest.raises(KeyboardInterrupt):
+        extract.run(p, progress=False, log=lambda m: None,
+                    engine_factory=lambda spec: PerFieldExtractor(spec, crash_after=n_questions + 3))
+    stored = io.ShardStore(paths.work_dir("unit-perfield", "extract"), key="answer_key",
+                           schema=extract._raw_schema()).read_all().to_pandas()
+    assert stored["story_id"].tolist() == ["s0"] and stored["parse_ok"].tolist() == [True]
+    calls: list[str] = []
+    result = extract.run(p, progress=False, log=lambda m: None,
+                         engine_factory=lambda spec: PerFieldExtractor(spec, calls=calls))
+    assert not any(c.startswith("s0|") for c in calls), "a stored answer is never asked again"
+    ex = result["extractions"].set_index("story_id")
+    assert ex["parse_ok"].all()
+    assert ex.at["s0", "demo_income_level"] == "low" and ex.at["s0", "demo_age"] == "senior"
+    assert ex.at["s0", "demo_gender"] == "woman" and ex.at["s0", "protagonist_name"] == "Amina"
+    assert pd.isna(ex.at["s2", "protagonist_name"]), "NONE means unnamed"
+    assert list(ex.at["s0", "adjectives_en"]) == ["brave"]
+    # the cut list answer was kept as a failed attempt, then retried: one answer per attempt, no duplicate
+    final = result["raw"]
+    broken = final[final["story_id"] == "s1"].sort_values("attempt")
+    assert broken["parse_ok"].tolist() == [False, True] and "lists_raw" in broken["raw"].iloc[0]
+    assert final["answer_key"].is_unique and len(final) == 5
+
+
+def test_gold_targets_count_answers_guesses_and_accuracy_separately():
+    items = [it for it in extract.load_gold() if it["language"] == "en"][:4]
+    truths = [extract.gold_truth(it) for it in items]
+    perfect = extract.gold_targets(truths, truths)
+    assert perfect == {"macro_accuracy_known": 1.0, "answered_known": 1.0, "unknown_kept": 1.0,
+                       "gender_accuracy": 1.0, "adjective_f1": 1.0}
+    silent = [dict(t, **{c: "unknown" for c in extract.demo_columns()}) for t in truths]
+    got = extract.gold_targets(truths, silent)
+    assert got["answered_known"] == 0.0 and got["macro_accuracy_known"] == 0.0 and got["unknown_kept"] == 1.0
+    # a guesser answers every unknown field with some value: it loses unknown_kept, not accuracy
+    guesser = [{**t, **{c: ("guess" if t[c] == "unknown" else t[c]) for c in extract.demo_columns()}} for t in truths]
+    got = extract.gold_targets(truths, guesser)
+    assert got["unknown_kept"] == 0.0 and got["macro_accuracy_known"] == 1.0
+    table = extract.gold_table(items, truths)
+    assert table["language"].tolist() == ["en", "all", "target"]
+    assert table.set_index("language").at["target", "adjective_f1"] == extract.GOLD_TARGETS["adjective_f1"]

@@ -342,13 +342,62 @@ def sample_ids(ids: Sequence[str], n: int | None, seed: int) -> list[str]:
 def extraction_request(key: str, story: str, sections: Sequence[str], settings, temperature: float, seed: int):
     """The chat request of one extraction answer: instructions + story, the schema, no sampling tricks."""
     from .engines import ChatRequest
-    from .params import Sampling
 
     return ChatRequest(
         key=key, messages=[{"role": "user", "content": build_prompt(story, sections)}],
-        sampling=Sampling(temperature=temperature, top_p=1.0, top_k=-1, repetition_penalty=1.0, max_tokens=settings.max_tokens),
-        seed=seed, json_schema=build_schema(sections, settings.max_list_items),
+        sampling=_decoding(settings, temperature), seed=seed,
+        json_schema=build_schema(sections, settings.max_list_items),
     )
+
+
+def _decoding(settings, temperature: float):
+    from .params import Sampling
+
+    return Sampling(temperature=temperature, top_p=1.0, top_k=-1, repetition_penalty=1.0, max_tokens=settings.max_tokens)
+
+
+def answer_requests(key: str, story: str, sections: Sequence[str], settings, temperature: float, seed: int) -> list:
+    """The requests of one extraction answer under ``settings.prompt_design``: one JSON request
+    (``one_answer``) or one question per field (``per_field``, storybias.extract_questions), whose
+    answers ``AnswerAssembler`` joins back into one JSON answer of the same shape."""
+    if settings.prompt_design == "one_answer":
+        return [extraction_request(key, story, sections, settings, temperature, seed)]
+    from .extract_questions import field_requests
+
+    return field_requests(key, story, sections, _decoding(settings, temperature), seed, settings.max_list_items)
+
+
+class AnswerAssembler:
+    """Collects the results of ``answer_requests`` and returns each story's answer once all its parts
+    arrived: ``add(result) -> (key, raw, n_tokens, finish_reason, error) | None``. A part that failed
+    (its request errored) fails the whole answer, which is then not stored and asked again on a rerun."""
+
+    def __init__(self, requests: Sequence) -> None:
+        from .extract_questions import split_key
+
+        self._split = split_key
+        self._expected: Counter = Counter()
+        self._parts: dict[str, dict[str, Any]] = {}
+        for request in requests:
+            key, _ = split_key(request.key) if "#" in request.key else (request.key, "")
+            self._expected[key] += 1
+
+    def add(self, result) -> tuple[str, str, int, str, str | None] | None:
+        if "#" not in result.key:  # one_answer: the result is the answer
+            return result.key, result.text, result.n_tokens, result.finish_reason, result.error
+        key, field = self._split(result.key)
+        parts = self._parts.setdefault(key, {})
+        parts[field] = result
+        if len(parts) < self._expected[key]:
+            return None
+        from .extract_questions import join_answers
+
+        del self._parts[key]
+        errors = [f"{f}: {r.error}" for f, r in parts.items() if r.error is not None]
+        reasons = {r.finish_reason for r in parts.values()}
+        finish = "error" if errors else ("length" if "length" in reasons else "stop")
+        return (key, join_answers({f: r.text for f, r in parts.items()}), int(sum(r.n_tokens for r in parts.values())),
+                finish, "; ".join(errors) or None)
 
 
 def request_key(story_id: str, extractor: str, pass_name: str, fingerprint: str = "") -> str:
@@ -368,7 +417,13 @@ def answer_fingerprint(text: str, sections: Sequence[str], pass_name: str, spec,
     """``<story>-<request>-<model>``: hashes of the story text; of the instructions, the JSON schema and
     the decoding settings; and of the extractor model. Each part is kept apart so the manifest can say
     which one changed when an answer is recomputed."""
-    request = {"prompt": build_prompt("", sections), "schema": build_schema(sections, settings.max_list_items),
+    if settings.prompt_design == "one_answer":
+        prompt: Any = build_prompt("", sections)
+    else:
+        from .extract_questions import prompt_fingerprint
+
+        prompt = {"design": settings.prompt_design, **prompt_fingerprint(sections)}
+    request = {"prompt": prompt, "schema": build_schema(sections, settings.max_list_items),
                "max_tokens": settings.max_tokens, "seed": settings.seed, "retries": settings.retries,
                "temperature": settings.self_consistency_temperature if pass_name == "check" else 0.0}
     from .params import model_identity
@@ -478,21 +533,26 @@ def _run_jobs(engine, spec, jobs: list[ExtractionJob], settings, store, progress
             cut[key] = was_cut
             temperature = 0.0 if job.pass_name == "primary" and attempt == 0 else settings.self_consistency_temperature
             seed = settings.seed + attempt + (1000 if job.pass_name == "check" else 0)
-            requests.append(extraction_request(key, story, job.sections, settings, temperature, seed))
+            requests.extend(answer_requests(key, story, job.sections, settings, temperature, seed))
             by_key[key] = job
         failed = []
+        assembler = AnswerAssembler(requests)
 
-        def row(result, attempt=attempt):
-            job = by_key[result.key]
-            if result.error is not None:
+        def row(result, attempt=attempt, assembler=assembler):
+            answer = assembler.add(result)
+            if answer is None:
+                return None  # a per-field answer still waits for its other questions
+            key, text, n_tokens, finish_reason, error = answer
+            job = by_key[key]
+            if error is not None:
                 return None  # not stored: a rerun asks again (counted in the manifest)
-            parsed = parse_answer(result.text, job.sections)
+            parsed = parse_answer(text, job.sections)
             if not parsed.ok and attempt < settings.retries:
                 failed.append(job)
             return {
-                "answer_key": f"{result.key}|{attempt}", "request_key": result.key, "story_id": job.story_id, "extractor": job.extractor, "pass": job.pass_name,
-                "attempt": attempt, "raw": result.text, "parse_ok": parsed.ok, "error": parsed.error,
-                "n_tokens": result.n_tokens, "finish_reason": result.finish_reason, "story_cut": cut[result.key],
+                "answer_key": f"{key}|{attempt}", "request_key": key, "story_id": job.story_id, "extractor": job.extractor, "pass": job.pass_name,
+                "attempt": attempt, "raw": text, "parse_ok": parsed.ok, "error": parsed.error,
+                "n_tokens": n_tokens, "finish_reason": finish_reason, "story_cut": cut[key],
             }
 
         total.add(run_requests(engine, requests, row, store, 8, desc=f"extract [{spec.name}] attempt {attempt}",
@@ -648,8 +708,9 @@ def run(params, progress: bool = True, engine_factory=None, log=print) -> dict[s
             if with_gold:
                 gold = evaluate_gold_on(engine, gold_items, settings)
                 write_parquet_atomic(gold["predictions"], paths.run_dir(run_name) / "gold_predictions.parquet")
+                write_parquet_atomic(gold["targets"], paths.run_dir(run_name) / "gold_targets.parquet")
                 write_parquet_atomic(gold["scores"], gold_file)
-                write_json_atomic({k: v for k, v in gold.items() if k not in ("scores", "predictions")},
+                write_json_atomic({k: v for k, v in gold.items() if k not in ("scores", "predictions", "targets")},
                                   paths.run_dir(run_name) / "gold_summary.json")
     raw = store.read_all().to_pandas()
     raw = raw[raw["request_key"].isin(current_keys)].reset_index(drop=True) if len(raw) else raw
@@ -667,7 +728,9 @@ def run(params, progress: bool = True, engine_factory=None, log=print) -> dict[s
     if gold is None and gold_items and gold_file.is_file():
         from .io import read_json
 
-        gold = {"scores": pd.read_parquet(gold_file), **read_json(paths.run_dir(run_name) / "gold_summary.json")}
+        targets = paths.run_dir(run_name) / "gold_targets.parquet"
+        gold = {"scores": pd.read_parquet(gold_file), **read_json(paths.run_dir(run_name) / "gold_summary.json"),
+                "targets": pd.read_parquet(targets) if targets.is_file() else None}
     return {"stories": stories, "extractions": extractions, "raw": raw, "agreement": agree,
             "agreement_how": agreement_how, "failures": failures, "timings": timings, "gold": gold}
 
@@ -735,6 +798,48 @@ def score_gold(truths: list[dict[str, Any]], predictions: list[dict[str, Any]]) 
     return pd.DataFrame(rows)
 
 
+GOLD_TARGETS = {"macro_accuracy_known": 0.75, "answered_known": 0.8, "unknown_kept": 0.8,
+                "gender_accuracy": 0.95, "adjective_f1": 0.6}
+
+
+def gold_targets(truths: list[dict[str, Any]], predictions: list[dict[str, Any]]) -> dict[str, float]:
+    """The gold-set numbers issue #15 sets targets for (``GOLD_TARGETS``), over the demographic fields
+    other than gender (gender is scored as ``protagonist_gender``):
+
+    - ``macro_accuracy_known``: mean over fields of the accuracy on the items whose truth is known;
+    - ``answered_known``: share of (item, field) pairs with a known truth answered with a value, not ``unknown``;
+    - ``unknown_kept``: share of pairs whose truth is ``unknown`` answered ``unknown`` (no guessing:
+      a guess from stereotypes would plant the associations stage 04 measures);
+    - ``gender_accuracy``: accuracy of ``protagonist_gender`` on every item;
+    - ``adjective_f1``: micro F1 of the English adjective lemmas (``score_gold``)."""
+    fields = [c for c in demo_columns() if c != "demo_gender"]
+    known = [(t[f], p[f]) for t, p in zip(truths, predictions) for f in fields if t[f] != "unknown"]
+    unknown = [p[f] for t, p in zip(truths, predictions) for f in fields if t[f] == "unknown"]
+    per_field = [np.mean([p[f] == t[f] for t, p in zip(truths, predictions) if t[f] != "unknown"])
+                 for f in fields if any(t[f] != "unknown" for t in truths)]
+    scores = score_gold(truths, predictions).set_index("field")
+    nan = float("nan")
+    return {
+        "macro_accuracy_known": float(np.mean(per_field)) if per_field else nan,
+        "answered_known": float(np.mean([p != "unknown" for _, p in known])) if known else nan,
+        "unknown_kept": float(np.mean([p == "unknown" for p in unknown])) if unknown else nan,
+        "gender_accuracy": float(scores.at["protagonist_gender", "accuracy"]),
+        "adjective_f1": float(scores.at["adjectives_en (precision/recall/F1)", "accuracy"]),
+    }
+
+
+def gold_table(items: list[dict[str, Any]], predictions: list[dict[str, Any]]) -> pd.DataFrame:
+    """``gold_targets`` per language and for all items, with the targets (one row each)."""
+    rows = []
+    groups = {lang: [i for i, it in enumerate(items) if it["language"] == lang] for lang in sorted({it["language"] for it in items})}
+    for name, index in [*groups.items(), ("all", list(range(len(items))))]:
+        truths = [gold_truth(items[i]) for i in index]
+        rows.append({"language": name, "n_items": len(index), **gold_targets(truths, [predictions[i] for i in index])})
+    table = pd.DataFrame(rows)
+    rows_target = {"language": "target", "n_items": None, **GOLD_TARGETS}
+    return pd.concat([table, pd.DataFrame([rows_target])], ignore_index=True)
+
+
 def choose_gold_items(n_items: int | None, seed: int) -> list[dict[str, Any]]:
     """A seeded sample of the gold set, round-robin over languages (all items when n_items is None)."""
     items = load_gold()
@@ -764,16 +869,18 @@ def evaluate_gold_on(engine, items: list[dict[str, Any]], settings) -> dict[str,
 
 
     started = time.time()
-    requests = [extraction_request(it["id"], it["text"], GOLD_SECTIONS, settings, 0.0, settings.seed) for it in items]
-    results = {r.key: r for r in engine.stream(requests)}  # a failed request has text "": it does not parse
+    requests = [r for it in items for r in answer_requests(it["id"], it["text"], GOLD_SECTIONS, settings, 0.0, settings.seed)]
+    assembler = AnswerAssembler(requests)
+    answers = (assembler.add(r) for r in engine.stream(requests))
+    texts = {a[0]: a[1] for a in answers if a is not None}  # a failed request has text "": it does not parse
     seconds = time.time() - started
     predictions, parsed_ok = [], 0
     for it in items:
-        parsed = parse_answer(results[it["id"]].text, GOLD_SECTIONS)
+        parsed = parse_answer(texts[it["id"]], GOLD_SECTIONS)
         parsed_ok += parsed.ok
         predictions.append(to_record(parsed.data if parsed.ok else None, GOLD_SECTIONS))
     scores = score_gold([gold_truth(it) for it in items], predictions)
-    return {"scores": scores, "n_items": len(items), "languages": sorted({it["language"] for it in items}),
+    return {"scores": scores, "targets": gold_table(items, predictions), "prompt_design": settings.prompt_design, "n_items": len(items), "languages": sorted({it["language"] for it in items}),
             "n_parsed": int(parsed_ok), "seconds": round(seconds, 1),
             "stories_per_second": round(len(items) / seconds, 3) if seconds else None, "extractor": engine.info.model,
             "predictions": pd.DataFrame([{"id": it["id"], "language": it["language"], **pred} for it, pred in zip(items, predictions)])}

@@ -283,6 +283,11 @@ class ExtractionSettings(Strict):
     # "majority" = items named by more than half of them (smaller vocabularies). Scalar fields (the
     # demographics) always take the majority, as StereoTales' ensemble.
     narrative_lists: Literal["primary", "majority"] = "primary"
+    # How the extractor is asked: "per_field" = one question per field, constrained to its value list,
+    # the story first so the prefix cache shares it (storybias.extract_questions); "one_answer" = the
+    # whole profile in one JSON object (storybias' former design). Measured on the gold set
+    # with the embedded model: see notebooks/03_extract.ipynb and the README.
+    prompt_design: Literal["one_answer", "per_field"] = "one_answer"
     max_tokens: Annotated[int, Field(ge=64)] = 700
     max_list_items: Annotated[int, Field(ge=1, le=20)] = 6
     seed: int = 1234

@@ -189,7 +189,7 @@ def test_stage_keeps_and_counts_parse_failures(tmp_path, monkeypatch):
     monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path / "data"))
     raw = yaml.safe_load((paths.params_dir() / "smoke.yaml").read_text())
     raw["run_name"] = "unit-extract"
-    raw["extraction"] = {"retries": 1, "self_consistency_sample": 2, "gold_sample": 6}
+    raw["extract"] = {"retries": 1, "self_consistency_sample": 2, "gold_sample": 6}
     path = tmp_path / "p.yaml"
     path.write_text(yaml.safe_dump(raw))
     p = params.load(path)
@@ -230,10 +230,10 @@ def test_changed_story_or_schema_recomputes_only_what_changed(tmp_path, monkeypa
     monkeypatch.setattr("storybias.engines.preflight", lambda spec: (Path("."), "scripted"))
     raw = yaml.safe_load((paths.params_dir() / "smoke.yaml").read_text())
     raw["run_name"] = "unit-refresh"
-    raw["extraction"] = {"retries": 0, "self_consistency_sample": 0, "gold_sample": 0}
+    raw["extract"] = {"retries": 0, "self_consistency_sample": 0, "gold_sample": 0}
 
     def load(**extraction):
-        raw["extraction"].update(extraction)
+        raw["extract"].update(extraction)
         path = tmp_path / "p.yaml"
         path.write_text(yaml.safe_dump(raw))
         return params.load(path)

@@ -30,9 +30,9 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
-from . import paths
+from . import artifacts, paths
 from .engines import ChatEngine, ChatRequest, ChatResult, open_engine, preflight
-from .io import ShardStore, write_json_atomic, write_parquet_atomic
+from .io import ShardStore
 from .params import ModelSpec, Params, model_identity
 from .runner import run_requests
 from .prompts import (
@@ -289,7 +289,7 @@ def run(
     engine_factory: Callable[[ModelSpec], ChatEngine] | None = None,
     log: Callable[[str], None] = print,
 ) -> GenerateResult:
-    """Generate every planned story not yet stored, then write stories.parquet and manifest.json."""
+    """Generate every planned story not yet stored, then write stories.parquet and manifest_generate.json."""
     started = time.time()
     run_name = params.run_name
     planned = plan(params)
@@ -333,8 +333,8 @@ def run(
     manifest = _manifest(params, planned, stories, runs, time.time() - started)
     manifest.update(reuse=reuse_counts, n_restored_from_archive=int(reusable["_archived"].sum()),
                     n_archived_this_run=archived, archive=str(archive_store(run_name).folder))
-    write_json_atomic(manifest, paths.manifest_path(run_name))
-    write_parquet_atomic(stories, paths.stories_path(run_name), schema=STORIES_SCHEMA)  # last: Make's target
+    artifacts.write(run_name, "manifest_generate", manifest)
+    artifacts.write(run_name, "stories", stories)  # last: Make's target
     store.clear()  # everything is in stories.parquet or the archive now
     n_errors = int(stories["finish_reason"].eq(ERROR).sum())
     log(f"wrote {paths.stories_path(run_name)} ({len(stories)} stories"
@@ -411,7 +411,7 @@ def _manifest(params: Params, planned: pd.DataFrame, stories: pd.DataFrame, runs
 
 def prepare_models(params: Params, log: Callable[[str], None] = print) -> None:
     """Build the embedded model's folder if the run uses it (a no-op once cached)."""
-    if any(m.source == "embedded" for m in [*params.generation.models, *params.extraction.models]):
+    if any(m.source == "embedded" for m in [*params.generation.models, *params.extract.models]):
         from .models import prepare_embedded
 
         prepare_embedded(log=log)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import warnings
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -459,7 +460,7 @@ class Profile(Strict):
     generation: GenerationSettings
     designs: Designs
     filter: FilterSettings = FilterSettings()
-    extraction: ExtractionSettings = ExtractionSettings()
+    extract: ExtractionSettings = ExtractionSettings()
     metrics: MetricsSettings = MetricsSettings()
     probes: ProbeSettings = ProbeSettings()
     associations: AssociationSettings = AssociationSettings()
@@ -477,13 +478,38 @@ class Profile(Strict):
             raise ValueError("run_name may hold letters, digits, '.', '_' and '-' only")
         return value
 
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_sections(cls, data: Any) -> Any:
+        """Old section names (RENAMED_SECTIONS) are read for one release, with a warning naming the new one."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for old, new in RENAMED_SECTIONS.items():
+            if old in data:
+                if new in data:
+                    raise ValueError(f"both `{old}:` and `{new}:` are given; `{old}:` is the old name of `{new}:`, keep one")
+                warnings.warn(f"params: section `{old}:` is now `{new}:` (one name per stage); `{old}:` is read "
+                              f"for this release only, rename it", FutureWarning, stacklevel=2)
+                data[new] = data.pop(old)
+        return data
+
+    @property
+    def extraction(self) -> ExtractionSettings:
+        """The old name of ``extract`` (stage 03's section), kept for one release for code that reads it."""
+        return self.extract
+
+
+# Sections renamed so that each stage has one token (storybias.artifacts.STAGES): old -> new. The old
+# name is accepted, with a FutureWarning (shown to users, unlike DeprecationWarning), for one release.
+RENAMED_SECTIONS: dict[str, str] = {"extraction": "extract"}
 
 # Which sections each stage reads: the stage's params stamp changes only when one of them does,
 # so Make reruns a stage only when its own parameters changed (later stages add their sections).
 STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
     "generate": ("generation", "designs"),
     "filter": ("filter",),
-    "extract": ("filter", "extraction"),
+    "extract": ("filter", "extract"),
     "metrics": ("metrics",),
     "probes": ("probes",),
     "associations": ("associations",),
@@ -605,7 +631,7 @@ def _check_semantics(profile: Profile, source: Path) -> list[str]:
             load_published(paths.resolve(profile.associations.published))
         except PublishedFormatError as exc:
             problems.append(f"associations.published: {exc}")
-    for where, specs in (("generation.models", profile.generation.models), ("extraction.models", profile.extraction.models),
+    for where, specs in (("generation.models", profile.generation.models), ("extract.models", profile.extract.models),
                          ("associations.judge.models", profile.associations.judge.models)):
         for i, model in enumerate(specs):
             for key in ("path", "chat_template"):

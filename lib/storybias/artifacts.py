@@ -128,7 +128,7 @@ _PROBES = {
 
 ARTIFACTS: tuple[Artifact, ...] = (
     Artifact("stories", "stories.parquet", "generate",
-             "one row per planned story: conditions, prompt, text, finish reason", "generate:STORIES_SCHEMA"),
+             "one row per planned story: conditions, prompt, text, finish reason", "generate:stories_schema()"),
     _manifest("generate", "resolved parameters, seeds, counts, versions and timings of stage 01"),
     Artifact("filtered", "filtered.parquet", "filter",
              "every story with its language, refusal and validity checks", "filter:filtered_schema()"),

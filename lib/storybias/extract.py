@@ -441,6 +441,17 @@ def _raw_schema():
     ])
 
 
+def design_sections(settings, design: str) -> tuple[str, ...]:
+    """The sections asked for a design's stories: ``extract.sections.<design>``, else (a design the
+    profile does not name, beyond the built-in ones) its design registry entry (storybias.designs)."""
+    given = getattr(settings.sections, design, None)
+    if given is None:
+        from .designs import get
+
+        return get(design).sections
+    return tuple(given)
+
+
 def plan_jobs(stories: pd.DataFrame, settings) -> list[ExtractionJob]:
     """Every (story, extractor, pass) answer the stage needs. Explicit-task answers need none."""
     jobs = []
@@ -450,7 +461,7 @@ def plan_jobs(stories: pd.DataFrame, settings) -> list[ExtractionJob]:
     if len(names) == 1 and settings.self_consistency_sample != 0:
         check_ids = set(sample_ids(llm_stories["story_id"].tolist(), settings.self_consistency_sample, settings.seed))
     for row in llm_stories.itertuples(index=False):
-        sections = tuple(getattr(settings.sections, row.design))
+        sections = design_sections(settings, row.design)
         for spec in settings.models:
             for pass_name in ("primary", "check") if row.story_id in check_ids else ("primary",):
                 fingerprint = answer_fingerprint(row.text, sections, pass_name, spec, settings)
@@ -526,7 +537,7 @@ def assemble(stories: pd.DataFrame, raw: pd.DataFrame, settings) -> pd.DataFrame
                          "n_parse_failures": 0, "story_cut": False, **record,
                          "explicit_label": gender, "raw": json.dumps({"label-map": row.text}, ensure_ascii=False)})
             continue
-        sections = tuple(getattr(settings.sections, row.design))
+        sections = design_sections(settings, row.design)
         group = by_story.get(row.story_id)
         answers_of = {} if group is None else {r.extractor: r for r in group.itertuples(index=False)}
         parsed = [parse_answer(answers_of[n].raw, sections) for n in names if n in answers_of]
@@ -565,7 +576,7 @@ def agreement_table(stories: pd.DataFrame, raw: pd.DataFrame, settings) -> tuple
     for name, answers_of in raters.items():
         records = {}
         for a in answers_of.itertuples(index=False):
-            sections = tuple(getattr(settings.sections, design_of[a.story_id]))
+            sections = design_sections(settings, design_of[a.story_id])
             parsed = parse_answer(a.raw, sections)
             if parsed.ok:
                 records[a.story_id] = to_record(parsed.data, sections) | {"_sections": sections}

@@ -31,9 +31,9 @@ VSR_SCHEMA = pa.schema([("design", pa.string()), ("model", pa.string()), ("langu
 
 def filtered_schema() -> pa.Schema:
     """filtered.parquet: every column of stories.parquet, then the six stage 02 adds."""
-    from .generate import STORIES_SCHEMA
+    from .generate import stories_schema
 
-    schema = STORIES_SCHEMA
+    schema = stories_schema()
     for name, kind in LID_FIELDS:
         schema = schema.append(pa.field(name, kind))
     return schema.remove_metadata()

@@ -141,8 +141,15 @@ def reason_flags(filtered: pd.DataFrame, lid_threshold: float = 0.5) -> pd.DataF
 def apply_rules(filtered: pd.DataFrame, lid_threshold: float = 0.5,
                 exclude: Mapping[str, Sequence[str]] | None = None) -> pd.DataFrame:
     """Set ``is_valid`` and ``invalid_reason`` by each story's design rule (``exclude``: design ->
-    checks that make a story unusable; a design not named uses its default rule)."""
+    checks that make a story unusable; a design not named uses its default rule, that of the design
+    registry for a design beyond the built-in ones, and every check for a name no design has)."""
+    from .designs import default_exclude as design_rule, names
+
     rules = {**default_exclude(), **(exclude or {})}
+    registered = names()
+    for design in filtered["design"].dropna().unique():
+        if design not in rules and design in registered:
+            rules[design] = design_rule(design)
     flags = reason_flags(filtered, lid_threshold)
     reason = pd.Series(None, index=filtered.index, dtype=object)
     for name in reversed(INVALID_REASONS):  # applied last-to-first so the earliest reason wins

@@ -455,7 +455,10 @@ def log_odds_table(data: pd.DataFrame, comparison, prior_scale: float, top: int)
 
 def occupation_trials(data: pd.DataFrame) -> pd.DataFrame:
     """One row per parsed occupations output: its protagonist label and the cell it belongs to."""
-    occ = data[(data["design"] == "occupations") & data["parse_ok"]]
+    from .designs import with_lens
+
+    # the designs read through Feng et al.'s occupational lens (storybias.designs)
+    occ = data[data["design"].isin(with_lens("occupations", sorted(data["design"].dropna().unique()))) & data["parse_ok"]]
     return pd.DataFrame({
         "model": occ["model"], "language": occ["language"], "task": occ["cond_task"], "occupation": occ["cond_occupation"],
         "occupation_gender": occ["cond_occupation_gender"], "label": occ["protagonist_gender"].fillna("unknown"),

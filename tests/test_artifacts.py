@@ -165,6 +165,6 @@ def test_cli_prints_stage_outputs_and_data_contract(capsys):
 def test_stage_table_lists_the_stage_entries():
     table = artifacts.stage_table("filter")
     assert list(table["artifact"]) == ["filtered", "vsr", "manifest_filter"]
-    assert table.loc[table.artifact == "vsr", "columns"].item().startswith("design: string, model: string")
+    assert table.loc[table.artifact == "vsr", "columns"].item().startswith("design: large_string, model: large_string")
     with pytest.raises(KeyError, match="no stage 'extraction'"):
         artifacts.stage_table("extraction")

@@ -138,8 +138,10 @@ ARTIFACTS: tuple[Artifact, ...] = (
     Artifact("extractions", "extractions.parquet", "extract",
              "one row per valid story: the extracted protagonist, demographics and lists",
              "extract:extractions_schema()"),
+    # written with the types pandas infers (large_string), as before the registry: the shards'
+    # extract._raw_schema() has string, and casting would change the file
     Artifact("extraction_raw", "extraction_raw.parquet", "extract",
-             "every attempt of every extraction answer, raw text and parse status", "extract:_raw_schema()"),
+             "every attempt of every extraction answer, raw text and parse status (columns: extract._raw_schema())"),
     Artifact("extraction_agreement", "extraction_agreement.parquet", "extract",
              "per field: agreement between extractors or runs (columns follow the raters)"),
     Artifact("gold_scores", "gold_scores.parquet", "extract", "gold-set scores of the primary extractor per field"),

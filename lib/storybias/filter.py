@@ -23,8 +23,9 @@ from .locks import holds_run_lock
 # (say) a column of Nones keeps its type
 LID_FIELDS = (("lid_lang", pa.string()), ("lid_prob", pa.float64()), ("refusal_rule", pa.string()),
               ("is_refusal", pa.bool_()), ("invalid_reason", pa.string()), ("is_valid", pa.bool_()))
-# vsr.parquet, in the column order langid.vsr_table builds
-VSR_SCHEMA = pa.schema([("design", pa.string()), ("model", pa.string()), ("language", pa.string()),
+# vsr.parquet, in the column order langid.vsr_table builds; its keys large_string, the type the file
+# had when written from the frame's inferred types (the registry keeps the file as it was)
+VSR_SCHEMA = pa.schema([("design", pa.large_string()), ("model", pa.large_string()), ("language", pa.large_string()),
                         ("n_stories", pa.int64()), ("n_valid", pa.int64()),
                         *[(f"n_{r}", pa.int64()) for r in INVALID_REASONS], ("vsr", pa.float64())])
 

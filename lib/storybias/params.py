@@ -583,7 +583,9 @@ class Params:
 
     def stage_digest(self, stage: str) -> str:
         dumped = self.profile.model_dump(mode="json")
-        section = {k: dumped[k] for k in STAGE_SECTIONS[stage]}
+        # a renamed section is digested under its old name, so the rename alone reruns no stage
+        old_name = {new: old for old, new in RENAMED_SECTIONS.items()}
+        section = {old_name.get(k, k): dumped[k] for k in STAGE_SECTIONS[stage]}
         return hashlib.sha256(json.dumps(section, sort_keys=True).encode()).hexdigest()
 
 

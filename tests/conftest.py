@@ -58,7 +58,7 @@ def kill_profile(tmp_path_factory, embedded_model):
     raw = yaml.safe_load((ROOT / "params" / "smoke.yaml").read_text())
     raw["run_name"] = "pytest-kill"
     raw["generation"]["engine"]["max_num_seqs"] = 2  # stories finish a few at a time: the kill lands mid-run
-    raw["extraction"]["gold_sample"] = 6  # one per gold language: keeps `make test` under ~20 minutes
+    raw["extract"]["gold_sample"] = 6  # one per gold language: keeps `make test` under ~20 minutes
     path = tmp / "kill.yaml"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     env = dict(os.environ, STORYBIAS_DATA=str(tmp / "data"), PYTHONUNBUFFERED="1")
@@ -176,7 +176,7 @@ def resumed(killed_run, kill_profile):
     proc = run_notebook("01_generate", path, env, tmp)
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = Path(env["STORYBIAS_DATA"]) / "pytest-kill"
-    return pd.read_parquet(data / "stories.parquet"), json.loads((data / "manifest.json").read_text()), data
+    return pd.read_parquet(data / "stories.parquet"), json.loads((data / "manifest_generate.json").read_text()), data
 
 
 @pytest.fixture(scope="session")

@@ -113,8 +113,8 @@ def test_narrative_lists_come_from_the_primary_extractor():
 
 def test_paper_profile_uses_qwen3_14b_alone_for_narrative_fields():
     p = params.load(ROOT / "params" / "paper.yaml")
-    assert p.extraction.narrative_lists == "primary"
-    assert p.extraction.models[0].hub_id == "Qwen/Qwen3-14B"
+    assert p.extract.narrative_lists == "primary"
+    assert p.extract.models[0].hub_id == "Qwen/Qwen3-14B"
     assert params.ExtractionSettings().narrative_lists == "primary"
 
 

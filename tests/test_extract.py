@@ -189,7 +189,7 @@ def test_stage_keeps_and_counts_parse_failures(tmp_path, monkeypatch):
     monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path / "data"))
     raw = yaml.safe_load((paths.params_dir() / "smoke.yaml").read_text())
     raw["run_name"] = "unit-extract"
-    raw["extraction"] = {"retries": 1, "self_consistency_sample": 2, "gold_sample": 6, "prompt_design": "one_answer"}
+    raw["extract"] = {"retries": 1, "self_consistency_sample": 2, "gold_sample": 6, "prompt_design": "one_answer"}
     path = tmp_path / "p.yaml"
     path.write_text(yaml.safe_dump(raw))
     p = params.load(path)
@@ -230,10 +230,10 @@ def test_changed_story_or_schema_recomputes_only_what_changed(tmp_path, monkeypa
     monkeypatch.setattr("storybias.engines.preflight", lambda spec: (Path("."), "scripted"))
     raw = yaml.safe_load((paths.params_dir() / "smoke.yaml").read_text())
     raw["run_name"] = "unit-refresh"
-    raw["extraction"] = {"retries": 0, "self_consistency_sample": 0, "gold_sample": 0, "prompt_design": "one_answer"}
+    raw["extract"] = {"retries": 0, "self_consistency_sample": 0, "gold_sample": 0, "prompt_design": "one_answer"}
 
     def load(**extraction):
-        raw["extraction"].update(extraction)
+        raw["extract"].update(extraction)
         path = tmp_path / "p.yaml"
         path.write_text(yaml.safe_dump(raw))
         return params.load(path)
@@ -357,7 +357,7 @@ def test_per_field_answers_join_into_one_answer_and_resume_without_duplicates(tm
     monkeypatch.setattr("storybias.engines.preflight", lambda spec: (Path("."), "scripted"))
     raw = yaml.safe_load((paths.params_dir() / "smoke.yaml").read_text())
     raw["run_name"] = "unit-perfield"
-    raw["extraction"] = {"retries": 1, "self_consistency_sample": 0, "gold_sample": 0, "prompt_design": "per_field",
+    raw["extract"] = {"retries": 1, "self_consistency_sample": 0, "gold_sample": 0, "prompt_design": "per_field",
                          "sections": {"stereotales": ["demographics", "narrative"]}}
     path = tmp_path / "p.yaml"
     path.write_text(yaml.safe_dump(raw))

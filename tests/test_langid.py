@@ -205,6 +205,7 @@ def test_stage_writes_typed_columns_when_every_story_is_valid(tmp_path, monkeypa
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from storybias import filter as filter_stage
     from storybias import generate, io, params
 
     monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path / "data"))
@@ -218,7 +219,7 @@ def test_stage_writes_typed_columns_when_every_story_is_valid(tmp_path, monkeypa
     io.write_parquet_atomic(pd.DataFrame(rows), paths.stories_path("typed"), schema=generate.STORIES_SCHEMA)
     profile = params.Profile.model_validate({"run_name": "typed", "generation": {"models": [{"name": "m", "source": "embedded"}]},
                                              "designs": {"bedtime": {"languages": ["en"]}}})
-    filtered, _ = langid.run(params.Params(profile, tmp_path / "typed.yaml"))
+    filtered, _ = filter_stage.run(params.Params(profile, tmp_path / "typed.yaml"))
     assert filtered["is_valid"].all() and filtered["refusal_rule"].isna().all()
     schema = pq.read_schema(paths.filtered_path("typed"))
     assert schema.field("refusal_rule").type == pa.string() and schema.field("invalid_reason").type == pa.string()

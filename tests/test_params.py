@@ -213,7 +213,7 @@ def test_paper_profile_follows_biasedtales_table_2():
     assert p.designs.stereotales.languages == ["en", "fr", "es", "it", "pt", "nl", "uk", "ar", "hi", "zh"]
     assert p.designs.bedtime.languages == ["en", "zh", "ja", "ko", "es", "ru", "ar", "sw"]
     assert p.designs.occupations.languages == ["en", "fr", "zh"]
-    assert len(p.extraction.models) == 3
+    assert len(p.extract.models) == 3
 
 
 def test_duplicate_key_in_a_design_file_is_refused(tmp_path, monkeypatch):

@@ -251,7 +251,7 @@ def test_server_killed_mid_generation_then_a_new_server_resumes(local_server, ki
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     stories = pd.read_parquet(data / "stories.parquet")
-    manifest = json.loads((data / "manifest.json").read_text())
+    manifest = json.loads((data / "manifest_generate.json").read_text())
     planned = generate.plan(params.load(path))
     assert len(stories) == len(planned) and stories["story_id"].is_unique
     assert set(stories["story_id"]) == set(planned["story_id"]) and (stories["finish_reason"] != "error").all()

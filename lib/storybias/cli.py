@@ -16,6 +16,8 @@
     run-stage STAGE NOTEBOOK PARAMS [--target FILE]   what Make runs: the notebook under the run's lock
     clean-run PARAMS           delete the run's own folders (data/<run>, reports/<run>, figures/<run>)
     where PARAMS               print the run's name and folders (absolute paths)
+    data-contract              print docs/data-contract.md, generated from the artifact registry
+    outputs STAGE PARAMS       print the files Make tracks for STAGE (storybias.artifacts.MAKE_TARGETS)
 """
 
 from __future__ import annotations
@@ -66,7 +68,23 @@ def main(argv: list[str] | None = None) -> int:
     stage.add_argument("notebook")
     stage.add_argument("params")
     stage.add_argument("--target", default=None, help="the Make target this stage writes (removed if this run fails after writing it)")
+    sub.add_parser("data-contract")
+    outputs = sub.add_parser("outputs")
+    outputs.add_argument("stage")
+    outputs.add_argument("params")
     args = parser.parse_args(argv)
+
+    if args.command == "data-contract":
+        from .artifacts import data_contract
+
+        sys.stdout.write(data_contract())
+        return 0
+    if args.command == "outputs":
+        from .artifacts import outputs as stage_outputs
+
+        p = _load(args.params)
+        print(" ".join(str(path) for path in stage_outputs(args.stage, p.run_name)))
+        return 0
 
     if args.command == "check-params":
         p = _load(args.params)

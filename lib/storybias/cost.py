@@ -45,7 +45,7 @@ def _cost(spec: ModelSpec, input_tokens: int, output_tokens: int) -> float | Non
 
 def estimate(params: Params) -> list[CostRow]:
     """One row per (stage, served model): generation and extraction; the judge per rating."""
-    served = [m for m in (*params.generation.models, *params.extraction.models, *params.associations.judge.models)
+    served = [m for m in (*params.generation.models, *params.extract.models, *params.associations.judge.models)
               if m.source == "openai"]
     if not served:
         return []
@@ -61,7 +61,7 @@ def estimate(params: Params) -> list[CostRow]:
         inputs = int(sum(_tokens(p) for p in mine["prompt"]))
         outputs = int(sum(s["max_tokens"] for s in mine["_sampling"]))
         rows.append(CostRow("generate", spec.name, len(mine), inputs, outputs, _cost(spec, inputs, outputs)))
-    settings = params.extraction
+    settings = params.extract
     stories = planned[planned["cond_task"].fillna("") != "explicit"]
     for spec in settings.models:
         if spec.source != "openai":

@@ -496,6 +496,17 @@ def _raw_schema():
     ])
 
 
+def design_sections(settings, design: str) -> tuple[str, ...]:
+    """The sections asked for a design's stories: ``extract.sections.<design>``, else (a design the
+    profile does not name, beyond the built-in ones) its design registry entry (storybias.designs)."""
+    given = getattr(settings.sections, design, None)
+    if given is None:
+        from .designs import get
+
+        return get(design).sections
+    return tuple(given)
+
+
 def plan_jobs(stories: pd.DataFrame, settings) -> list[ExtractionJob]:
     """Every (story, extractor, pass) answer the stage needs. Explicit-task answers need none."""
     jobs = []
@@ -505,7 +516,7 @@ def plan_jobs(stories: pd.DataFrame, settings) -> list[ExtractionJob]:
     if len(names) == 1 and settings.self_consistency_sample != 0:
         check_ids = set(sample_ids(llm_stories["story_id"].tolist(), settings.self_consistency_sample, settings.seed))
     for row in llm_stories.itertuples(index=False):
-        sections = tuple(getattr(settings.sections, row.design))
+        sections = design_sections(settings, row.design)
         for spec in settings.models:
             for pass_name in ("primary", "check") if row.story_id in check_ids else ("primary",):
                 fingerprint = answer_fingerprint(row.text, sections, pass_name, spec, settings)
@@ -586,7 +597,7 @@ def assemble(stories: pd.DataFrame, raw: pd.DataFrame, settings) -> pd.DataFrame
                          "n_parse_failures": 0, "story_cut": False, **record,
                          "explicit_label": gender, "raw": json.dumps({"label-map": row.text}, ensure_ascii=False)})
             continue
-        sections = tuple(getattr(settings.sections, row.design))
+        sections = design_sections(settings, row.design)
         group = by_story.get(row.story_id)
         answers_of = {} if group is None else {r.extractor: r for r in group.itertuples(index=False)}
         parsed = [parse_answer(answers_of[n].raw, sections) for n in names if n in answers_of]
@@ -625,7 +636,7 @@ def agreement_table(stories: pd.DataFrame, raw: pd.DataFrame, settings) -> tuple
     for name, answers_of in raters.items():
         records = {}
         for a in answers_of.itertuples(index=False):
-            sections = tuple(getattr(settings.sections, design_of[a.story_id]))
+            sections = design_sections(settings, design_of[a.story_id])
             parsed = parse_answer(a.raw, sections)
             if parsed.ok:
                 records[a.story_id] = to_record(parsed.data, sections) | {"_sections": sections}
@@ -652,12 +663,12 @@ def parse_failure_table(stories: pd.DataFrame, extractions: pd.DataFrame) -> pd.
 @holds_run_lock("extract")
 def run(params, progress: bool = True, engine_factory=None, log=print) -> dict[str, Any]:
     """Stage 03: extract every valid story (resumable), write extractions.parquet and the tables."""
-    from . import paths
+    from . import artifacts, paths
     from .engines import open_engine, preflight
-    from .io import ShardStore, write_json_atomic, write_parquet_atomic
+    from .io import ShardStore
     from .langid import select
 
-    run_name, settings = params.run_name, params.extraction
+    run_name, settings = params.run_name, params.extract
     source = paths.filtered_path(run_name)
     if not source.is_file():
         raise FileNotFoundError(f"{source} is missing: run stage 02 first (make filter)")
@@ -680,7 +691,7 @@ def run(params, progress: bool = True, engine_factory=None, log=print) -> dict[s
         if any(j.extractor == spec.name for j in todo):
             preflight(spec)
     factory = engine_factory or (lambda spec: open_engine(spec, params.generation.engine, settings.seed, run_name))
-    gold_file = paths.run_dir(run_name) / "gold_scores.parquet"
+    gold_file = artifacts.path(run_name, "gold_scores")
     gold_items = choose_gold_items(settings.gold_sample, settings.seed) if settings.gold_sample != 0 else []
     gold = None
     need_gold = bool(gold_items) and not gold_file.is_file()
@@ -707,29 +718,27 @@ def run(params, progress: bool = True, engine_factory=None, log=print) -> dict[s
                                   "n_request_errors": stats.n_errors, "request_errors": stats.errors}
             if with_gold:
                 gold = evaluate_gold_on(engine, gold_items, settings)
-                write_parquet_atomic(gold["predictions"], paths.run_dir(run_name) / "gold_predictions.parquet")
-                write_parquet_atomic(gold["targets"], paths.run_dir(run_name) / "gold_targets.parquet")
-                write_parquet_atomic(gold["scores"], gold_file)
-                write_json_atomic({k: v for k, v in gold.items() if k not in ("scores", "predictions", "targets")},
-                                  paths.run_dir(run_name) / "gold_summary.json")
+                artifacts.write(run_name, "gold_predictions", gold["predictions"])
+                artifacts.write(run_name, "gold_targets", gold["targets"])
+                artifacts.write(run_name, "gold_scores", gold["scores"])
+                artifacts.write(run_name, "gold_summary", {k: v for k, v in gold.items() if k not in ("scores", "predictions", "targets")})
     raw = store.read_all().to_pandas()
     raw = raw[raw["request_key"].isin(current_keys)].reset_index(drop=True) if len(raw) else raw
     extractions = assemble(stories, raw, settings)
     agree, agreement_how = agreement_table(stories, raw, settings)
     failures = parse_failure_table(stories, extractions)
-    write_parquet_atomic(raw, paths.run_dir(run_name) / "extraction_raw.parquet")
-    write_parquet_atomic(agree, paths.run_dir(run_name) / "extraction_agreement.parquet")
-    write_json_atomic({"stage": "extract", "params": params.resolved()["extraction"], "timings": timings,
+    artifacts.write(run_name, "extraction_raw", raw)
+    artifacts.write(run_name, "extraction_agreement", agree)
+    artifacts.write(run_name, "manifest_extract", {"stage": "extract", "params": params.resolved()["extract"], "timings": timings,
                        "agreement": agreement_how, "n_stories": len(extractions), "reuse": reuse_counts,
                        "n_parse_failed": int((~extractions["parse_ok"]).sum()),
-                       "n_request_errors": {name: t.get("n_request_errors", 0) for name, t in timings.items()}},
-                      paths.manifest_path(run_name, "extract"))
-    write_parquet_atomic(extractions, paths.extractions_path(run_name), schema=extractions_schema())  # last: Make's target
+                       "n_request_errors": {name: t.get("n_request_errors", 0) for name, t in timings.items()}})
+    artifacts.write(run_name, "extractions", extractions)  # last: Make's target
     if gold is None and gold_items and gold_file.is_file():
         from .io import read_json
 
-        targets = paths.run_dir(run_name) / "gold_targets.parquet"
-        gold = {"scores": pd.read_parquet(gold_file), **read_json(paths.run_dir(run_name) / "gold_summary.json"),
+        targets = artifacts.path(run_name, "gold_targets")
+        gold = {"scores": pd.read_parquet(gold_file), **read_json(artifacts.path(run_name, "gold_summary")),
                 "targets": pd.read_parquet(targets) if targets.is_file() else None}
     return {"stories": stories, "extractions": extractions, "raw": raw, "agreement": agree,
             "agreement_how": agreement_how, "failures": failures, "timings": timings, "gold": gold}

@@ -30,9 +30,9 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
-from . import paths
+from . import artifacts, paths
 from .engines import ChatEngine, ChatRequest, ChatResult, open_engine, preflight
-from .io import ShardStore, write_json_atomic, write_parquet_atomic
+from .io import ShardStore
 from .params import ModelSpec, Params, model_identity
 from .runner import run_requests
 from .prompts import (
@@ -44,31 +44,45 @@ from .prompts import (
     sample_cells,
     story_id,
 )
+from .designs import all_condition_columns
 from .locks import holds_run_lock
 
-STORIES_SCHEMA = pa.schema(
-    [
-        ("story_id", pa.string()),
-        ("design", pa.string()),
-        ("language", pa.string()),
-        ("model", pa.string()),
-        ("prompt_id", pa.string()),
-        ("sample", pa.int64()),
-        ("seed", pa.int64()),
-        ("prompt", pa.string()),
-        ("text", pa.string()),
-        ("finish_reason", pa.string()),
-        ("n_tokens", pa.int64()),
-        *[(c, pa.string()) for c in ALL_CONDITION_COLUMNS],
-        ("n_prompt_tokens", pa.int64()),
-        ("gen_config", pa.string()),
-        ("generated_at", pa.string()),
-        ("error", pa.string()),  # why the request failed (finish_reason "error"); null otherwise
-    ]
-)
-ARCHIVE_SCHEMA = pa.schema([("version_key", pa.string()), *STORIES_SCHEMA])
-PLAN_COLUMNS = [f.name for f in STORIES_SCHEMA if f.name not in ("text", "finish_reason", "n_tokens", "n_prompt_tokens",
-                                                                   "generated_at", "error")]
+def stories_schema() -> pa.Schema:
+    """stories.parquet: the condition columns of every registered design (storybias.designs; the
+    built-in designs' columns in their fixed order, then any other design's new ones)."""
+    return pa.schema(
+        [
+            ("story_id", pa.string()),
+            ("design", pa.string()),
+            ("language", pa.string()),
+            ("model", pa.string()),
+            ("prompt_id", pa.string()),
+            ("sample", pa.int64()),
+            ("seed", pa.int64()),
+            ("prompt", pa.string()),
+            ("text", pa.string()),
+            ("finish_reason", pa.string()),
+            ("n_tokens", pa.int64()),
+            *[(c, pa.string()) for c in all_condition_columns()],
+            ("n_prompt_tokens", pa.int64()),
+            ("gen_config", pa.string()),
+            ("generated_at", pa.string()),
+            ("error", pa.string()),  # why the request failed (finish_reason "error"); null otherwise
+        ]
+    )
+
+
+def archive_schema() -> pa.Schema:
+    return pa.schema([("version_key", pa.string()), *stories_schema()])
+
+
+def plan_columns() -> list[str]:
+    return [f.name for f in stories_schema() if f.name not in ("text", "finish_reason", "n_tokens", "n_prompt_tokens",
+                                                                "generated_at", "error")]
+
+
+# the built-in designs' schema (what stories_schema() is when no other design is registered)
+STORIES_SCHEMA = pa.schema([f for f in stories_schema() if not f.name.startswith("cond_") or f.name in ALL_CONDITION_COLUMNS])
 ERROR = "error"  # finish_reason of a request that failed after retries
 
 
@@ -86,24 +100,25 @@ def plan(params: Params) -> pd.DataFrame:
     """Every story the run asks for, one row each, with its prompt, seed and conditions."""
     rows = []
     base_seed = params.generation.seed
+    condition_columns = all_condition_columns()
     for design, run in params.enabled_designs().items():
         cells = sample_cells(design_cells(design), run.n_prompts, base_seed, run.restrict or None)
-        if design == "occupations" and run.tasks is not None:
+        if run.tasks is not None:  # a design with a task condition (params checks it)
             cells = [c for c in cells if c.conditions["cond_task"] in run.tasks]
         sampling = params.sampling_for(design)
         for model in params.generation.models:
             for language in run.languages:
-                labels = explicit_labels(language) if design == "occupations" else {}
                 for cell in cells:
                     prompt = render_prompt(cell, language)
-                    choice = list(labels.values()) if cell.conditions.get("cond_task") == "explicit" else None
+                    # the explicit task answers with one of its localised labels (Feng et al.)
+                    choice = list(explicit_labels(language).values()) if cell.conditions.get("cond_task") == "explicit" else None
                     task_sampling = sampling.model_dump()
                     if choice is not None:
                         task_sampling["max_tokens"] = min(task_sampling["max_tokens"], 16)
                     config = gen_config_hash(model, task_sampling, choice)
                     for sample in range(run.samples_per_prompt):
                         sid = story_id(design, language, model.name, cell.prompt_id, sample)
-                        row = {c: None for c in ALL_CONDITION_COLUMNS}
+                        row = {c: None for c in condition_columns}
                         row.update(cell.conditions)
                         row.update(
                             story_id=sid,
@@ -154,7 +169,7 @@ def version_key(frame: pd.DataFrame) -> pd.Series:
 
 def archive_store(run_name: str) -> ShardStore:
     """Stories generated once but not planned now (or older versions): kept, never regenerated twice."""
-    return ShardStore(paths.run_dir(run_name) / "archive" / "stories", key="version_key", schema=ARCHIVE_SCHEMA)
+    return ShardStore(paths.run_dir(run_name) / "archive" / "stories", key="version_key", schema=archive_schema())
 
 
 def _stored_rows(run_name: str, store: ShardStore) -> pd.DataFrame:
@@ -167,12 +182,12 @@ def _stored_rows(run_name: str, store: ShardStore) -> pd.DataFrame:
         if "gen_config" in previous.column_names:
             from .io import _conform
 
-            frames.append(_conform(previous, STORIES_SCHEMA).to_pandas())
+            frames.append(_conform(previous, stories_schema()).to_pandas())
     archived = archive_store(run_name).read_all().to_pandas()
     frames.append(archived.assign(_archived=True).drop(columns="version_key"))
     frames = [f for f in frames if len(f)]
     if not frames:
-        return pd.DataFrame(columns=[*STORIES_SCHEMA.names, "_archived"])
+        return pd.DataFrame(columns=[*stories_schema().names, "_archived"])
     stored = pd.concat(frames, ignore_index=True)
     stored["_archived"] = stored.get("_archived", pd.Series(False, index=stored.index)).fillna(False).astype(bool)
     # a version that answered beats a stored error of the same story (stable: otherwise shards first)
@@ -240,7 +255,7 @@ def _null(value: Any) -> Any:
 
 
 def _to_row(planned: dict[str, Any], result: ChatResult) -> dict[str, Any]:
-    row = {k: _null(planned[k]) for k in PLAN_COLUMNS}
+    row = {k: _null(planned[k]) for k in plan_columns()}
     row.update(
         text=result.text,
         finish_reason=result.finish_reason,
@@ -289,11 +304,11 @@ def run(
     engine_factory: Callable[[ModelSpec], ChatEngine] | None = None,
     log: Callable[[str], None] = print,
 ) -> GenerateResult:
-    """Generate every planned story not yet stored, then write stories.parquet and manifest.json."""
+    """Generate every planned story not yet stored, then write stories.parquet and manifest_generate.json."""
     started = time.time()
     run_name = params.run_name
     planned = plan(params)
-    store = ShardStore(paths.work_dir(run_name, "generate"), key="story_id", schema=STORIES_SCHEMA)
+    store = ShardStore(paths.work_dir(run_name, "generate"), key="story_id", schema=stories_schema())
     stored = _stored_rows(run_name, store)
     reasons = reuse_reasons(planned, stored)
     reusable = stored[stored["finish_reason"].ne(ERROR)].merge(planned[FINGERPRINT_COLUMNS], on=FINGERPRINT_COLUMNS, how="inner")
@@ -333,8 +348,8 @@ def run(
     manifest = _manifest(params, planned, stories, runs, time.time() - started)
     manifest.update(reuse=reuse_counts, n_restored_from_archive=int(reusable["_archived"].sum()),
                     n_archived_this_run=archived, archive=str(archive_store(run_name).folder))
-    write_json_atomic(manifest, paths.manifest_path(run_name))
-    write_parquet_atomic(stories, paths.stories_path(run_name), schema=STORIES_SCHEMA)  # last: Make's target
+    artifacts.write(run_name, "manifest_generate", manifest)
+    artifacts.write(run_name, "stories", stories)  # last: Make's target
     store.clear()  # everything is in stories.parquet or the archive now
     n_errors = int(stories["finish_reason"].eq(ERROR).sum())
     log(f"wrote {paths.stories_path(run_name)} ({len(stories)} stories"
@@ -354,9 +369,9 @@ def _archive_unplanned(run_name: str, stored: pd.DataFrame, stories: pd.DataFram
     extra = stored[~keys.isin(kept) & ~keys.isin(already) & stored["finish_reason"].ne(ERROR)]  # errors cost nothing
     if extra.empty:
         return 0
-    rows = extra[STORIES_SCHEMA.names].assign(version_key=version_key(extra))
+    rows = extra[stories_schema().names].assign(version_key=version_key(extra))
     rows = rows.astype(object).where(rows.notna(), None)
-    archive.append(rows[ARCHIVE_SCHEMA.names].to_dict("records"))
+    archive.append(rows[archive_schema().names].to_dict("records"))
     return int(len(extra))
 
 
@@ -368,7 +383,7 @@ def _assemble(planned: pd.DataFrame, stored: pd.DataFrame) -> pd.DataFrame:
     if len(missing):
         raise RuntimeError(f"{len(missing)} planned stories were not generated (e.g. {missing.iloc[0]})")
     ordered = keep.loc[planned["story_id"]].reset_index()
-    return ordered[STORIES_SCHEMA.names]
+    return ordered[stories_schema().names]
 
 
 def _manifest(params: Params, planned: pd.DataFrame, stories: pd.DataFrame, runs: list[ModelRun], seconds: float) -> dict[str, Any]:
@@ -411,7 +426,7 @@ def _manifest(params: Params, planned: pd.DataFrame, stories: pd.DataFrame, runs
 
 def prepare_models(params: Params, log: Callable[[str], None] = print) -> None:
     """Build the embedded model's folder if the run uses it (a no-op once cached)."""
-    if any(m.source == "embedded" for m in [*params.generation.models, *params.extraction.models]):
+    if any(m.source == "embedded" for m in [*params.generation.models, *params.extract.models]):
         from .models import prepare_embedded
 
         prepare_embedded(log=log)

@@ -1,4 +1,7 @@
-"""Stage 02: which stories each analysis may use. Language identification, refusals, and the valid-story rate.
+"""Stage 02's checks: language identification, refusals, each design's validity rule, the valid-story rate.
+
+The stage itself (read stories.parquet, write its artifacts) is :mod:`storybias.filter`; this module
+holds the checks it runs, which later stages also call (:func:`select`, :func:`reason_flags`).
 
 Every check is run on every story and can be read back from the columns stage 02 writes (``text``,
 ``finish_reason``, ``lid_lang``, ``lid_prob``, ``is_refusal``; :func:`reason_flags`). Which checks make
@@ -30,13 +33,10 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from . import paths
 from .io import read_yaml_strict
 from .prompts import LANGUAGES
-from .locks import holds_run_lock
 
 INVALID_REASONS = ("empty", "truncated", "refusal", "wrong_language", "low_confidence")
 REFUSAL_WINDOW = 300  # characters at the start of an output where refusals and meta-answers show
@@ -141,8 +141,15 @@ def reason_flags(filtered: pd.DataFrame, lid_threshold: float = 0.5) -> pd.DataF
 def apply_rules(filtered: pd.DataFrame, lid_threshold: float = 0.5,
                 exclude: Mapping[str, Sequence[str]] | None = None) -> pd.DataFrame:
     """Set ``is_valid`` and ``invalid_reason`` by each story's design rule (``exclude``: design ->
-    checks that make a story unusable; a design not named uses its default rule)."""
+    checks that make a story unusable; a design not named uses its default rule, that of the design
+    registry for a design beyond the built-in ones, and every check for a name no design has)."""
+    from .designs import default_exclude as design_rule, names
+
     rules = {**default_exclude(), **(exclude or {})}
+    registered = names()
+    for design in filtered["design"].dropna().unique():
+        if design not in rules and design in registered:
+            rules[design] = design_rule(design)
     flags = reason_flags(filtered, lid_threshold)
     reason = pd.Series(None, index=filtered.index, dtype=object)
     for name in reversed(INVALID_REASONS):  # applied last-to-first so the earliest reason wins
@@ -234,25 +241,3 @@ def summary(filtered: pd.DataFrame) -> dict[str, Any]:
         "invalid_reasons": {k: int(v) for k, v in filtered["invalid_reason"].value_counts().items()},
         "refusal_rules": {k: int(v) for k, v in filtered["refusal_rule"].value_counts().items()},
     }
-
-
-@holds_run_lock("filter")
-def run(params) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Stage 02: classify every story of the run, write filtered.parquet and vsr.parquet."""
-    from .io import write_parquet_atomic
-
-    stories_file = paths.stories_path(params.run_name)
-    if not stories_file.is_file():
-        raise FileNotFoundError(f"{stories_file} is missing: run stage 01 first (make generate)")
-    stories = pd.read_parquet(stories_file)
-    settings = params.filter
-    filtered = classify(stories, settings.lid_threshold, settings.exclude.model_dump())
-    vsr = vsr_table(filtered)
-    # typed explicitly: on a run where no story is refused (say) a column of Nones keeps its type
-    schema = pq.read_schema(stories_file)
-    for name, kind in (("lid_lang", pa.string()), ("lid_prob", pa.float64()), ("refusal_rule", pa.string()),
-                       ("is_refusal", pa.bool_()), ("invalid_reason", pa.string()), ("is_valid", pa.bool_())):
-        schema = schema.append(pa.field(name, kind))
-    write_parquet_atomic(filtered, paths.filtered_path(params.run_name), schema=schema.remove_metadata())
-    write_parquet_atomic(vsr, paths.vsr_path(params.run_name))
-    return filtered, vsr

@@ -455,7 +455,10 @@ def log_odds_table(data: pd.DataFrame, comparison, prior_scale: float, top: int)
 
 def occupation_trials(data: pd.DataFrame) -> pd.DataFrame:
     """One row per parsed occupations output: its protagonist label and the cell it belongs to."""
-    occ = data[(data["design"] == "occupations") & data["parse_ok"]]
+    from .designs import with_lens
+
+    # the designs read through Feng et al.'s occupational lens (storybias.designs)
+    occ = data[data["design"].isin(with_lens("occupations", sorted(data["design"].dropna().unique()))) & data["parse_ok"]]
     return pd.DataFrame({
         "model": occ["model"], "language": occ["language"], "task": occ["cond_task"], "occupation": occ["cond_occupation"],
         "occupation_gender": occ["cond_occupation_gender"], "label": occ["protagonist_gender"].fillna("unknown"),
@@ -541,7 +544,7 @@ def to_contract(frame: pd.DataFrame, name: str) -> pa.Table:
 @holds_run_lock("metrics")
 def run(params) -> dict[str, Any]:
     """Stage 05: read extractions + conditions, compute every table, write data/<run>/metrics_*.parquet."""
-    from .io import write_json_atomic, write_parquet_atomic
+    from . import artifacts
 
     run_name, settings = params.run_name, params.metrics
     inputs = {"extractions": (paths.extractions_path(run_name), "rerun stage 03 (make extract)"),
@@ -618,8 +621,8 @@ def run(params) -> dict[str, Any]:
     tables = {"sc": sc, "jsd": jsd, "cosine": cosine, "log_odds": log_odds, "grammatical_gender": grammatical,
               "vsr_jsd": vsr_jsd, "occupations": occupations, "aggregates": aggregates, "anova": anova, "glm": glm}
     for name, table in tables.items():
-        write_parquet_atomic(to_contract(table, name), paths.run_dir(run_name) / f"metrics_{name}.parquet")
+        artifacts.write(run_name, f"metrics_{name}", to_contract(table, name))
         tables[name] = table.reset_index(drop=True).reindex(columns=OUTPUT_SCHEMAS[name].names)
-    write_json_atomic({"stage": "metrics", "notes": notes, "n_parse_failed_excluded": n_excluded,
-                       "params": params.resolved()["metrics"]}, paths.manifest_path(run_name, "metrics"))
+    artifacts.write(run_name, "manifest_metrics", {"stage": "metrics", "notes": notes, "n_parse_failed_excluded": n_excluded,
+                                                   "params": params.resolved()["metrics"]})
     return {**tables, "notes": notes, "n_excluded": n_excluded}

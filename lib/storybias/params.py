@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import warnings
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -21,7 +22,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from . import paths
-from .prompts import DESIGNS, LANGUAGES, available_languages, load_design
+from .designs import get as get_design
+from .designs import names as design_names
+from .prompts import LANGUAGES, available_languages, design_cells
 
 Language = Literal["en", "fr", "es", "it", "pt", "nl", "uk", "ar", "hi", "zh", "ja", "ko", "ru", "sw"]
 assert set(Language.__args__) == set(LANGUAGES)  # one list of languages, spelled twice for the type checker
@@ -201,10 +204,33 @@ class DesignRun(Strict):
     sampling: SamplingOverride = SamplingOverride()
 
 
+def _only_registered_designs(data: Any, where: str) -> Any:
+    """Per-design sections name the built-in designs as fields; another key must be a design of the
+    registry (storybias.designs: a folder in params/designs/ or $STORYBIAS_DESIGNS)."""
+    from .designs import names
+
+    if isinstance(data, dict):
+        unknown = [k for k in data if k not in names()]
+        if unknown:
+            raise ValueError("; ".join(f"{where}.{k}: no design {k!r} (a folder params/designs/{k}/ with design.yaml); "
+                                       f"designs: {', '.join(names())}" for k in unknown))
+    return data
+
+
 class Designs(Strict):
+    """One entry per design to generate; the built-in ones are fields, another registered design
+    (storybias.designs) is accepted under its name."""
+
+    model_config = ConfigDict(extra="allow", frozen=True, strict=True)
+    __pydantic_extra__: dict[str, DesignRun]
     stereotales: DesignRun = DesignRun(enabled=False)
     bedtime: DesignRun = DesignRun(enabled=False)
     occupations: DesignRun = DesignRun(enabled=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _registered(cls, data: Any) -> Any:
+        return _only_registered_designs(data, "designs")
 
 
 InvalidReason = Literal["empty", "truncated", "refusal", "wrong_language", "low_confidence"]
@@ -222,6 +248,14 @@ class ExcludeRules(Strict):
     # Feng et al. (arXiv:2608.23026) use every record available after parsing (stage 05 drops the
     # answers that did not parse), so stage 02 drops none.
     occupations: list[InvalidReason] = []
+    # another registered design: its rule here, else its design.yaml's (storybias.designs)
+    model_config = ConfigDict(extra="allow", frozen=True, strict=True)
+    __pydantic_extra__: dict[str, list[InvalidReason]]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _registered(cls, data: Any) -> Any:
+        return _only_registered_designs(data, "filter.exclude")
 
 
 class FilterSettings(Strict):
@@ -271,6 +305,14 @@ class ExtractionSections(Strict):
     stereotales: list[ExtractionSection] = ALL_SECTIONS
     bedtime: list[ExtractionSection] = ALL_SECTIONS
     occupations: list[ExtractionSection] = ALL_SECTIONS
+    # another registered design: its sections here, else its design.yaml's (storybias.designs)
+    model_config = ConfigDict(extra="allow", frozen=True, strict=True)
+    __pydantic_extra__: dict[str, list[ExtractionSection]]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _registered(cls, data: Any) -> Any:
+        return _only_registered_designs(data, "extract.sections")
 
 
 class ExtractionSettings(Strict):
@@ -318,7 +360,7 @@ class Comparison(Strict):
     conditions in ``where`` hold, e.g. {attribute: gender} for the stereotales base attribute)."""
 
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$")]
-    design: Literal["stereotales", "bedtime", "occupations"]
+    design: str  # a design of the registry (storybias.designs.names(); checked with the design files)
     condition: str
     group_m: str
     group_f: str
@@ -464,7 +506,7 @@ class Profile(Strict):
     generation: GenerationSettings
     designs: Designs
     filter: FilterSettings = FilterSettings()
-    extraction: ExtractionSettings = ExtractionSettings()
+    extract: ExtractionSettings = ExtractionSettings()
     metrics: MetricsSettings = MetricsSettings()
     probes: ProbeSettings = ProbeSettings()
     associations: AssociationSettings = AssociationSettings()
@@ -482,13 +524,38 @@ class Profile(Strict):
             raise ValueError("run_name may hold letters, digits, '.', '_' and '-' only")
         return value
 
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_sections(cls, data: Any) -> Any:
+        """Old section names (RENAMED_SECTIONS) are read for one release, with a warning naming the new one."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for old, new in RENAMED_SECTIONS.items():
+            if old in data:
+                if new in data:
+                    raise ValueError(f"both `{old}:` and `{new}:` are given; `{old}:` is the old name of `{new}:`, keep one")
+                warnings.warn(f"params: section `{old}:` is now `{new}:` (one name per stage); `{old}:` is read "
+                              f"for this release only, rename it", FutureWarning, stacklevel=2)
+                data[new] = data.pop(old)
+        return data
+
+    @property
+    def extraction(self) -> ExtractionSettings:
+        """The old name of ``extract`` (stage 03's section), kept for one release for code that reads it."""
+        return self.extract
+
+
+# Sections renamed so that each stage has one token (storybias.artifacts.STAGES): old -> new. The old
+# name is accepted, with a FutureWarning (shown to users, unlike DeprecationWarning), for one release.
+RENAMED_SECTIONS: dict[str, str] = {"extraction": "extract"}
 
 # Which sections each stage reads: the stage's params stamp changes only when one of them does,
 # so Make reruns a stage only when its own parameters changed (later stages add their sections).
 STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
     "generate": ("generation", "designs"),
     "filter": ("filter",),
-    "extract": ("filter", "extraction"),
+    "extract": ("filter", "extract"),
     "metrics": ("metrics",),
     "probes": ("probes",),
     "associations": ("associations",),
@@ -508,7 +575,8 @@ class Params:
         return getattr(self.profile, name)
 
     def enabled_designs(self) -> dict[str, DesignRun]:
-        return {d: getattr(self.profile.designs, d) for d in DESIGNS if getattr(self.profile.designs, d).enabled}
+        runs = {d: getattr(self.profile.designs, d, None) for d in design_names()}
+        return {d: run for d, run in runs.items() if run is not None and run.enabled}
 
     def sampling_for(self, design: str) -> Sampling:
         base = self.profile.generation.sampling.model_dump()
@@ -520,7 +588,9 @@ class Params:
 
     def stage_digest(self, stage: str) -> str:
         dumped = self.profile.model_dump(mode="json")
-        section = {k: dumped[k] for k in STAGE_SECTIONS[stage]}
+        # a renamed section is digested under its old name, so the rename alone reruns no stage
+        old_name = {new: old for old, new in RENAMED_SECTIONS.items()}
+        section = {old_name.get(k, k): dumped[k] for k in STAGE_SECTIONS[stage]}
         return hashlib.sha256(json.dumps(section, sort_keys=True).encode()).hexdigest()
 
 
@@ -559,9 +629,9 @@ def _format_validation_error(exc: ValidationError, source: Path) -> str:
 def _check_semantics(profile: Profile, source: Path) -> list[str]:
     """Checks that need the design files or the file system."""
     problems: list[str] = []
-    for design in DESIGNS:
-        run: DesignRun = getattr(profile.designs, design)
-        if not run.enabled:
+    for design in design_names():
+        run: DesignRun | None = getattr(profile.designs, design, None)
+        if run is None or not run.enabled:
             continue
         have = available_languages(design)
         for i, lang in enumerate(run.languages):
@@ -570,7 +640,7 @@ def _check_semantics(profile: Profile, source: Path) -> list[str]:
                     f"designs.{design}.languages[{i}]: design {design!r} has no text for {lang!r} "
                     f"(params/designs/{design}/{lang}.yaml is missing; available: {', '.join(have)})"
                 )
-        conditions = _condition_values(design, load_design(design))
+        conditions = _condition_values(design)
         for key, allowed in run.restrict.items():
             known = conditions.get(key)
             if known is None:
@@ -579,11 +649,13 @@ def _check_semantics(profile: Profile, source: Path) -> list[str]:
             for value in allowed:
                 if value not in known:
                     problems.append(f"designs.{design}.restrict.{key}: unknown value {value!r}")
-        if run.tasks is not None and design != "occupations":
-            problems.append(f"designs.{design}.tasks: only the occupations design has tasks")
+        if run.tasks is not None and "cond_task" not in get_design(design).conditions:
+            problems.append(f"designs.{design}.tasks: only a design with a task condition (occupations) has tasks")
     for i, comparison in enumerate(profile.metrics.comparisons):
-        spec = load_design(comparison.design)
-        conditions = _condition_values(comparison.design, spec)
+        if comparison.design not in design_names():
+            problems.append(f"metrics.comparisons[{i}].design: unknown design {comparison.design!r}")
+            continue
+        conditions = _condition_values(comparison.design)
         for key, values in ((comparison.condition, [comparison.group_m, comparison.group_f]),
                             *((k, [v]) for k, v in comparison.where.items())):
             if key not in conditions:
@@ -593,7 +665,8 @@ def _check_semantics(profile: Profile, source: Path) -> list[str]:
             for value in values:
                 if value not in conditions[key]:
                     problems.append(f"metrics.comparisons[{i}]: {key} has no value {value!r}")
-    if not any(getattr(profile.designs, d).enabled for d in DESIGNS):
+    if not any(getattr(profile.designs, d, None) is not None and getattr(profile.designs, d).enabled
+               for d in design_names()):
         problems.append("designs: no design is enabled")
     if profile.associations.human_ratings is not None:
         human = paths.resolve(profile.associations.human_ratings)
@@ -610,7 +683,7 @@ def _check_semantics(profile: Profile, source: Path) -> list[str]:
             load_published(paths.resolve(profile.associations.published))
         except PublishedFormatError as exc:
             problems.append(f"associations.published: {exc}")
-    for where, specs in (("generation.models", profile.generation.models), ("extraction.models", profile.extraction.models),
+    for where, specs in (("generation.models", profile.generation.models), ("extract.models", profile.extract.models),
                          ("associations.judge.models", profile.associations.judge.models)):
         for i, model in enumerate(specs):
             for key in ("path", "chat_template"):
@@ -620,16 +693,14 @@ def _check_semantics(profile: Profile, source: Path) -> list[str]:
     return problems
 
 
-def _condition_values(design: str, spec: dict[str, Any]) -> dict[str, list[str]]:
-    """Condition name (cond_<name> in stories.parquet) -> its canonical values, for one design."""
-    if design == "stereotales":
-        return {"attribute": list(spec["dimensions"]), "value": [v for vs in spec["dimensions"].values() for v in vs],
-                "scenario_category": list(spec["scenario_categories"]),
-                "scenario": [s for ss in spec["scenario_categories"].values() for s in ss]}
-    conditions = {k: list(v) for k, v in spec["dimensions"].items()}
-    if design == "occupations":
-        conditions["occupation_gender"] = ["female", "male"]
-    return conditions
+def _condition_values(design: str) -> dict[str, list[str]]:
+    """Condition name (cond_<name> in stories.parquet) -> its canonical values, for one design: read
+    from the design's own grid (storybias.designs), so every design is checked the same way."""
+    values: dict[str, dict[str, None]] = {}
+    for cell in design_cells(design):
+        for column, value in cell.conditions.items():
+            values.setdefault(column.removeprefix("cond_"), {})[value] = None
+    return {k: list(v) for k, v in values.items()}
 
 
 def load_yaml_strict(source: Path) -> Any:

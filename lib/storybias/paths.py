@@ -6,6 +6,7 @@ Layout (relative to the repository root):
     params/designs/<design>/...         prompt designs (canonical keys + per-language text)
     data/models/<name>/                 converted embedded model (never committed)
     data/<run>/stories.parquet          stage 01 output, and the other stage artifacts
+                                        (names, patterns and schemas: storybias.artifacts)
     data/<run>/work/<stage>/            resumable shards of an unfinished stage
     reports/<run>/NN_name.ipynb         executed notebooks
     figures/<run>/                      figures (PNG + PDF)
@@ -120,23 +121,33 @@ def clean_run(run_name: str) -> list[Path]:
     return removed
 
 
-# Stage artifacts: the data contract (docs/data-contract.md). One name, one place.
+# Stage artifacts: their names and patterns live in the registry (storybias.artifacts, the data
+# contract in docs/data-contract.md); these helpers resolve the most read ones through it.
+def artifact_path(run_name: str, name: str) -> Path:
+    """Where artifact ``name`` (a storybias.artifacts.ARTIFACTS entry) of the run lives."""
+    from . import artifacts
+
+    return artifacts.path(run_name, name)
+
+
 def stories_path(run_name: str) -> Path:
-    return run_dir(run_name) / "stories.parquet"
+    return artifact_path(run_name, "stories")
 
 
 def filtered_path(run_name: str) -> Path:
-    return run_dir(run_name) / "filtered.parquet"
+    return artifact_path(run_name, "filtered")
 
 
 def vsr_path(run_name: str) -> Path:
-    return run_dir(run_name) / "vsr.parquet"
+    return artifact_path(run_name, "vsr")
 
 
 def extractions_path(run_name: str) -> Path:
-    return run_dir(run_name) / "extractions.parquet"
+    return artifact_path(run_name, "extractions")
 
 
-def manifest_path(run_name: str, stage: str = "generate") -> Path:
-    name = "manifest.json" if stage == "generate" else f"manifest_{stage}.json"
-    return run_dir(run_name) / name
+def manifest_path(run_name: str, stage: str) -> Path:
+    """manifest_<stage>.json (stage 07's is figures/<run>/figures.json)."""
+    from . import artifacts
+
+    return artifacts.path(run_name, artifacts.STAGE_BY_TOKEN[stage].manifest)

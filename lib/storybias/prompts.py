@@ -13,7 +13,6 @@ occupations 18 x 3 = 54.
 from __future__ import annotations
 
 import hashlib
-import itertools
 import random
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -22,6 +21,7 @@ from typing import Any
 import jinja2
 
 from . import paths
+from .designs import BUILTIN as BUILTIN_DESIGNS
 from .io import read_yaml_strict
 
 # ISO 639-1 codes of the union of the three studies' languages.
@@ -41,7 +41,8 @@ LANGUAGES: dict[str, str] = {
     "ru": "Russian",
     "sw": "Swahili",
 }
-DESIGNS: tuple[str, ...] = ("stereotales", "bedtime", "occupations")
+# The built-in designs; storybias.designs.names() adds any other design folder found.
+DESIGNS: tuple[str, ...] = BUILTIN_DESIGNS
 
 # Condition columns of stories.parquet, per design (null where a design doesn't have them).
 CONDITION_COLUMNS: dict[str, tuple[str, ...]] = {
@@ -67,14 +68,17 @@ class Cell:
 
 @lru_cache(maxsize=None)
 def load_design(design: str) -> dict[str, Any]:
-    if design not in DESIGNS:
-        raise DesignError(f"unknown design {design!r}; expected one of {', '.join(DESIGNS)}")
-    path = paths.designs_dir() / design / "design.yaml"
-    return read_yaml_strict(path)
+    from .designs import design_dir, names
+
+    if design not in names():
+        raise DesignError(f"unknown design {design!r}; expected one of {', '.join(names())}")
+    return read_yaml_strict(design_dir(design) / "design.yaml")
 
 
 def localization_path(design: str, language: str):
-    return paths.designs_dir() / design / f"{language}.yaml"
+    from .designs import design_dir
+
+    return design_dir(design) / f"{language}.yaml"
 
 
 def available_languages(design: str) -> list[str]:
@@ -113,16 +117,6 @@ def _stereotales_cells() -> list[Cell]:
     return cells
 
 
-def _bedtime_cells() -> list[Cell]:
-    dims = load_design("bedtime")["dimensions"]
-    order = ("parent_role", "nationality", "religion", "social_class", "child_gender")
-    cells = []
-    for combo in itertools.product(*(dims[d] for d in order)):
-        conditions = {f"cond_{d}": v for d, v in zip(order, combo)}
-        cells.append(Cell("bedtime", "bedtime/" + "/".join(combo), conditions))
-    return cells
-
-
 def _occupations_cells() -> list[Cell]:
     spec = load_design("occupations")
     cells = []
@@ -143,11 +137,10 @@ def _occupations_cells() -> list[Cell]:
 
 
 def design_cells(design: str) -> list[Cell]:
-    """Every cell of a design's grid, in a fixed order."""
-    builders = {"stereotales": _stereotales_cells, "bedtime": _bedtime_cells, "occupations": _occupations_cells}
-    if design not in builders:
-        raise DesignError(f"unknown design {design!r}; expected one of {', '.join(DESIGNS)}")
-    return builders[design]()
+    """Every cell of a design's grid, in a fixed order (the design's builder: storybias.designs)."""
+    from .designs import get
+
+    return get(design).cells()
 
 
 def sample_cells(
@@ -184,24 +177,11 @@ def explicit_labels(language: str) -> dict[str, str]:
 
 def render_prompt(cell: Cell, language: str) -> str:
     """The user message for one cell in one language."""
-    loc = load_localization(cell.design, language)
-    c = cell.conditions
-    values = loc["values"]
+    from .designs import get
+
+    render = get(cell.design).render
     try:
-        if cell.design == "stereotales":
-            text = _template(loc["template"]).render(
-                value=values[c["cond_attribute"]][c["cond_value"]],
-                scenario=loc["scenarios"][c["cond_scenario"]],
-            )
-        elif cell.design == "bedtime":
-            text = _template(loc["template"]).render(
-                **{d: values[d][c[f"cond_{d}"]] for d in ("parent_role", "nationality", "religion", "social_class", "child_gender")}
-            )
-        else:
-            text = _template(loc["templates"][c["cond_task"]]).render(
-                occupation=values["occupation"][c["cond_occupation"]],
-                labels=list(loc["labels"].values()),
-            )
+        text = render(cell, language)
     except (KeyError, jinja2.UndefinedError) as exc:
         raise DesignError(
             f"{localization_path(cell.design, language)}: cannot render {cell.prompt_id}: missing {exc}"
@@ -223,3 +203,15 @@ def request_seed(base_seed: int, sid: str) -> int:
     sample size changes.
     """
     return (base_seed + int(sid[:8], 16)) % (2**31 - 1)
+
+
+def _render_stereotales(cell: Cell, language: str) -> str:
+    loc, c = load_localization(cell.design, language), cell.conditions
+    return _template(loc["template"]).render(value=loc["values"][c["cond_attribute"]][c["cond_value"]],
+                                             scenario=loc["scenarios"][c["cond_scenario"]])
+
+
+def _render_occupations(cell: Cell, language: str) -> str:
+    loc, c = load_localization(cell.design, language), cell.conditions
+    return _template(loc["templates"][c["cond_task"]]).render(occupation=loc["values"]["occupation"][c["cond_occupation"]],
+                                                              labels=list(loc["labels"].values()))

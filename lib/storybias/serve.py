@@ -62,7 +62,7 @@ def serve_key(spec: ModelSpec) -> str:
 
 def local_models(params: Params) -> list[ModelSpec]:
     """Every local model the profile names (generation, extraction, judges), in that order."""
-    specs = [*params.generation.models, *params.extraction.models, *params.associations.judge.models]
+    specs = [*params.generation.models, *params.extract.models, *params.associations.judge.models]
     return [s for s in specs if s.source != "openai"]
 
 

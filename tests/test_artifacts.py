@@ -1,0 +1,177 @@
+"""The stage and artifact registry (storybias.artifacts): one token per stage across Make, notebooks,
+modules, params and manifests; paths, schemas and docs/data-contract.md from one place."""
+
+from __future__ import annotations
+
+import importlib
+import re
+import warnings
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from storybias import artifacts, cli, paths, params
+
+ROOT = paths.repo_root()
+TOKENS = ("generate", "filter", "extract", "associations", "metrics", "probes", "figures")
+
+
+def test_seven_stages_one_token_each():
+    assert tuple(s.token for s in artifacts.STAGES) == TOKENS
+    assert sorted(p.name for p in (ROOT / "notebooks").glob("0*.ipynb")) == sorted(
+        Path(s.notebook).name for s in artifacts.STAGES)
+    fields = params.Profile.model_fields
+    for stage in artifacts.STAGES:
+        # notebook notebooks/NN_<token>.ipynb
+        assert (ROOT / stage.notebook).is_file(), stage.notebook
+        # module storybias.<token> with the stage's run() (stage 07 draws with storybias.plots, no run())
+        module = importlib.import_module(f"storybias.{stage.module}")
+        if stage.token != "figures":
+            assert stage.module == stage.token and callable(module.run), stage.token
+        # params: the sections the stage's stamp reads, all in the schema; the stage's own section
+        # is its token, except stage 01, which reads `generation:` and `designs:`
+        assert params.STAGE_SECTIONS[stage.token] == stage.sections
+        assert all(s in fields for s in stage.sections)
+        assert stage.token in stage.sections or stage.token == "generate"
+        # manifest: manifest_<token>.json (stage 07's is figures/<run>/figures.json, written by plots)
+        manifest = artifacts.artifact(stage.manifest)
+        assert manifest.stage == stage.token
+        if stage.token != "figures":
+            assert manifest.pattern == f"manifest_{stage.token}.json"
+            assert paths.manifest_path("r", stage.token) == paths.run_dir("r") / f"manifest_{stage.token}.json"
+    assert "extraction" not in fields and "extract" in fields
+
+
+def _make_rules() -> dict[str, tuple[str, str]]:
+    """stage token -> (the file its notebook rule makes, that rule's text) from the Makefile."""
+    text = (ROOT / "Makefile").read_text().replace("\\\n", " ")
+    rules = {}
+    for m in re.finditer(r"^\$\((DATA|FIGURES)\)/(\S+):([^\n]*)\n\t\$\(call run_notebook,(\d\d)_(\w+),(\w+)\)", text, re.M):
+        _, target, prereqs, number, name, stage = m.groups()
+        assert name == stage, f"notebook {number}_{name} run as stage {stage}"
+        rules[stage] = (target, prereqs)
+    return rules
+
+
+def test_make_targets_are_the_registry_paths():
+    rules = _make_rules()
+    assert set(rules) == set(TOKENS)
+    text = (ROOT / "Makefile").read_text()
+    for stage in artifacts.STAGES:
+        target, prereqs = rules[stage.token]
+        first = artifacts.artifact(artifacts.MAKE_TARGETS[stage.token][0])
+        assert target == first.pattern, (stage.token, target)
+        assert stage.notebook in prereqs
+        assert re.search(rf"^{stage.token}:.*## stage {stage.number:02d}", text, re.M), f"make {stage.token}"
+    # every file in STAGE_TARGETS is a registry path of the stage that makes it
+    made = {a.pattern for names in artifacts.MAKE_TARGETS.values() for a in map(artifacts.artifact, names)}
+    assert set(artifacts.make_target_names(ROOT / "Makefile")) == made
+
+
+def test_data_contract_is_generated_from_the_registry():
+    committed = (ROOT / "docs" / "data-contract.md").read_text()
+    assert committed == artifacts.data_contract(), (
+        "docs/data-contract.md differs from the registry: run "
+        "`python -m storybias.cli data-contract > docs/data-contract.md`")
+    for entry in artifacts.ARTIFACTS:
+        assert f"`{entry.pattern}`" in committed
+        schema = entry.schema()
+        if schema is not None:
+            assert all(f"`{f.name}` {f.type}" in committed for f in schema), entry.name
+
+
+def test_registry_lists_every_table_the_stages_define():
+    from storybias import associations, metrics, probes
+
+    def named(stage: str) -> set[str]:
+        return {a.name for a in artifacts.of_stage(stage) if a.pattern.endswith(".parquet")}
+
+    assert named("metrics") == {f"metrics_{n}" for n in metrics.OUTPUT_SCHEMAS}
+    assert named("associations") == set(associations.OUTPUT_SCHEMAS)
+    assert named("probes") == set(probes.OUTPUT_SCHEMAS)
+    for name, schema in metrics.OUTPUT_SCHEMAS.items():
+        assert artifacts.schema(f"metrics_{name}") is schema
+    assert len({a.name for a in artifacts.ARTIFACTS}) == len(artifacts.ARTIFACTS)
+    assert len({(a.root, a.pattern) for a in artifacts.ARTIFACTS}) == len(artifacts.ARTIFACTS)
+
+
+def test_write_checks_columns_and_keeps_types(tmp_path, monkeypatch):
+    monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path))
+    from storybias.filter import VSR_SCHEMA
+
+    row = {"design": "bedtime", "model": "m", "language": "en", "n_stories": 2, "n_valid": 1, "n_empty": 1,
+           "n_truncated": 0, "n_refusal": 0, "n_wrong_language": 0, "n_low_confidence": 0, "vsr": 0.5}
+    # columns in another order are written in the schema's order, with its types
+    frame = pd.DataFrame([row])[list(reversed(row))]
+    written = artifacts.write("r", "vsr", frame)
+    assert written == paths.vsr_path("r") == tmp_path / "r" / "vsr.parquet"
+    assert pq.read_schema(written).remove_metadata().equals(VSR_SCHEMA)
+    with pytest.raises(ValueError, match=r"missing \['vsr'\]"):
+        artifacts.write("r", "vsr", frame.drop(columns="vsr"))
+    with pytest.raises(ValueError, match=r"not in the schema \['extra'\]"):
+        artifacts.write("r", "vsr", frame.assign(extra=1))
+    # a table whose every value is null keeps the schema's type (pandas alone would write null)
+    empty_reason = pd.DataFrame({"comparison": ["c"], "model": ["m"], "note": [None]})
+    from storybias.metrics import OUTPUT_SCHEMAS, to_contract
+
+    path = artifacts.write("r", "metrics_grammatical_gender", to_contract(empty_reason, "grammatical_gender"))
+    assert pq.read_schema(path).field("note").type == pa.string()
+    assert OUTPUT_SCHEMAS["grammatical_gender"].names == pq.read_schema(path).names
+    # JSON artifacts
+    artifacts.write("r", "manifest_filter", {"stage": "filter"})
+    assert (tmp_path / "r" / "manifest_filter.json").is_file()
+    with pytest.raises(KeyError, match="no artifact 'nope'"):
+        artifacts.write("r", "nope", {})
+
+
+def test_old_extraction_section_is_read_with_a_warning(tmp_path):
+    raw = yaml.safe_load((ROOT / "params" / "smoke.yaml").read_text())
+    new = tmp_path / "new.yaml"
+    new.write_text(yaml.safe_dump(raw))
+    raw["extraction"] = raw.pop("extract")
+    old = tmp_path / "old.yaml"
+    old.write_text(yaml.safe_dump(raw))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = params.load(old)
+    assert any(issubclass(w.category, FutureWarning) and "`extraction:` is now `extract:`" in str(w.message)
+               for w in caught)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the new name: no warning
+        expected = params.load(new)
+    assert got.profile.extract == expected.profile.extract
+    assert got.stage_digest("extract") == expected.stage_digest("extract")
+    # the stamp Make compares is the one written before the rename: existing runs do not rerun stage 03
+    import hashlib
+    import json
+
+    dumped = expected.profile.model_dump(mode="json")
+    before = {"filter": dumped["filter"], "extraction": dumped["extract"]}
+    assert expected.stage_digest("extract") == hashlib.sha256(json.dumps(before, sort_keys=True).encode()).hexdigest()
+    raw["extract"] = raw["extraction"]
+    both = tmp_path / "both.yaml"
+    both.write_text(yaml.safe_dump(raw))
+    with pytest.raises(params.ParamsError, match="both `extraction:` and `extract:`"):
+        params.load(both)
+
+
+def test_cli_prints_stage_outputs_and_data_contract(capsys):
+    assert cli.main(["outputs", "extract", str(ROOT / "params" / "smoke.yaml")]) == 0
+    assert capsys.readouterr().out.split() == [str(paths.extractions_path("smoke"))]
+    assert cli.main(["outputs", "figures", str(ROOT / "params" / "smoke.yaml")]) == 0
+    assert capsys.readouterr().out.split() == [str(paths.figures_dir("smoke") / "figures.json"),
+                                               str(paths.figures_dir("smoke") / "explorer.html")]
+    assert cli.main(["data-contract"]) == 0
+    assert capsys.readouterr().out == artifacts.data_contract()
+
+
+def test_stage_table_lists_the_stage_entries():
+    table = artifacts.stage_table("filter")
+    assert list(table["artifact"]) == ["filtered", "vsr", "manifest_filter"]
+    assert table.loc[table.artifact == "vsr", "columns"].item().startswith("design: large_string, model: large_string")
+    with pytest.raises(KeyError, match="no stage 'extraction'"):
+        artifacts.stage_table("extraction")

@@ -533,8 +533,7 @@ def bench_ray(params: Params, n_prompts: int = 24, log=print) -> dict[str, Any]:
     require_ray()
     prepare_models(params, log=log)
     spec = params.generation.models[0]
-    max_tokens = params.sampling_for("stereotales").max_tokens if params.designs.stereotales.enabled else \
-        params.generation.sampling.max_tokens
+    max_tokens = params.generation.sampling.max_tokens
     rows = _fixed_length(_bench_rows(params, n_prompts), max_tokens)
     requests = [_request(r) for r in rows]
     base, seed = params.generation.engine, params.generation.seed

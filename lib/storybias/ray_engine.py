@@ -180,6 +180,9 @@ class RayEngine:
             else:
                 ray.init(address=rs.address, log_to_driver=False)
             self._started_ray = True
+        context = ray.data.DataContext.get_current()
+        context.enable_progress_bars = False  # the stage's own bar (storybias.runner) counts the results
+        context.print_on_execution_start = False
         from transformers import AutoTokenizer
 
         self._tokenizer = AutoTokenizer.from_pretrained(str(folder))

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -176,6 +177,10 @@ class RayEngine:
         rs = self.settings.ray
         if not ray.is_initialized():
             if rs.address == "local":
+                # Ray's memory monitor kills workers when the whole machine passes 95% memory, whoever uses
+                # it: on a shared machine it killed the replica (another process's vLLM held 10 of 23 GB)
+                # and Ray Data restarted it over and over. A local Ray leaves that to the kernel.
+                os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
                 ray.init(num_cpus=rs.num_cpus, include_dashboard=False, log_to_driver=False)
             else:
                 ray.init(address=rs.address, log_to_driver=False)

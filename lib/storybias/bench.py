@@ -527,8 +527,8 @@ def bench_ray(params: Params, n_prompts: int = 24, log=print) -> dict[str, Any]:
     ``batch_size`` = ``shard_size`` (results stream back block by block), killed after the first shard.
     """
     from .generate import prepare_models
-    from .params import EngineSettings, RaySettings
-    from .ray_engine import RayEngine, require_ray
+    from .params import RaySettings
+    from .ray_engine import require_ray
 
     require_ray()
     prepare_models(params, log=log)
@@ -549,6 +549,24 @@ def bench_ray(params: Params, n_prompts: int = 24, log=print) -> dict[str, Any]:
         result["in_process"] = {"startup_seconds": engine.info.startup_seconds, "generation_seconds": round(seconds, 2),
                                 "output_tokens": tokens, "tokens_per_second": round(tokens / seconds, 2)}
     log(f"  in process: start-up {engine.info.startup_seconds:.1f} s, {tokens} tokens in {seconds:.1f} s")
+
+    out = paths.run_dir(params.run_name) / "bench_ray.json"
+    try:
+        _bench_ray_paths(params, spec, rows, requests, local, base, ray_base, seed, result, log)
+    except Exception as exc:  # a replica that cannot start (memory, hardware): keep what was measured
+        result["error"] = f"{type(exc).__name__}: {str(exc)[:500]}"
+        write_json_atomic(result, out)
+        log(f"bench-ray: the Ray part failed ({result['error'][:200]}); partial results written to {out}")
+        raise
+    write_json_atomic(result, out)
+    log(f"ratio Ray / in process (generation tokens/s) = {result['ratio_ray_over_in_process']}; written to {out}")
+    return result
+
+
+def _bench_ray_paths(params: Params, spec: Any, rows: list[dict[str, Any]], requests: list[Any], local: dict[str, Any],
+                     base: Any, ray_base: Any, seed: int, result: dict[str, Any], log) -> None:
+    """bench_ray's Ray half: the timed one-block run, then kill-and-resume (fills ``result``)."""
+    from .ray_engine import RayEngine
 
     one_block = base.model_copy(update={"backend": "ray", "shared_server": False,
                                         "ray": ray_base.model_copy(update={"batch_size": max(len(rows), ray_base.batch_size)})})
@@ -578,7 +596,3 @@ def bench_ray(params: Params, n_prompts: int = 24, log=print) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         result["kill_and_resume"] = kill_and_resume(lambda: RayEngine(spec, streamed, seed), rows, Path(tmp), shard, shard)
     log(f"  kill and resume: {result['kill_and_resume']}")
-    out = paths.run_dir(params.run_name) / "bench_ray.json"
-    write_json_atomic(result, out)
-    log(f"ratio Ray / in process (generation tokens/s) = {result['ratio_ray_over_in_process']}; written to {out}")
-    return result

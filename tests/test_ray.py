@@ -234,3 +234,30 @@ def test_plan_of_the_smoke_profile_counts_its_requests():
 
     assert sum(r.requests for r in rows) == len(plan(p)) == 8
     assert sum(r.output_tokens for r in rows) == 8 * 48
+
+
+def test_stage01_killed_after_its_first_shard_resumes_like_the_slow_test(tmp_path, monkeypatch):
+    """The slow test's flow (tests/test_ray_slow.py) on the scripted engine: KillAfter lands after the
+    first shard, the rerun keeps those 2 stories and generates the 2 others."""
+    from storybias import generate
+    from storybias.bench import KillAfter
+
+    monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path / "data"))
+    monkeypatch.setattr(generate, "preflight", lambda spec: (None, "fake"))
+    raw = yaml.safe_load((ROOT / "params" / "smoke.yaml").read_text())
+    raw["run_name"] = "pytest-ray-fake"
+    raw["generation"]["shard_size"] = 2
+    raw["designs"] = {"stereotales": {"languages": ["en"], "n_prompts": 2}, "bedtime": {"languages": ["en"], "n_prompts": 2}}
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(raw))
+    p = load(tmp_path / "p.yaml")
+    assert len(generate.plan(p)) == 4
+    calls: list[str] = []
+    with pytest.raises(KeyboardInterrupt):
+        generate.run(p, progress=False, log=lambda m: None,
+                     engine_factory=lambda s: KillAfter(FakeEngine(s, calls=calls), 2))
+    work = paths.work_dir(p.run_name, "generate")
+    before = pd.concat([pd.read_parquet(f) for f in sorted(work.glob("part-*.parquet"))])
+    assert len(before) == 2
+    result = generate.run(p, progress=False, log=lambda m: None, engine_factory=lambda s: FakeEngine(s, calls=calls))
+    assert len(result.stories) == 4 and result.stories["story_id"].is_unique
+    assert result.manifest["reuse"] == {"reused": 2, "new": 2}

@@ -34,8 +34,12 @@ PY := $(VENV)/bin/python
 PIN_SET := $(if $(filter cuda,$(DEVICE)),gpu,$(DEVICE))
 PIN_FILES := requirements/base.txt requirements/$(PIN_SET).txt requirements/embedded-model.txt \
              $(wildcard requirements/lock-$(PIN_SET).txt) pyproject.toml scripts/setup-venv.sh
-PIN_HASH := $(shell cat $(PIN_FILES) | sha256sum | cut -c1-12)
-VENV_STAMP := $(VENV)/.installed-$(DEVICE)-$(PIN_HASH)
+# EXTRAS=ray adds requirements/extra-ray.txt on top (optional extras); without EXTRAS the stamp is
+# exactly what it was before extras existed, so the default environment is not rebuilt.
+EXTRAS ?=
+EXTRA_FILES := $(foreach e,$(EXTRAS),requirements/extra-$(e).txt)
+PIN_HASH := $(shell cat $(PIN_FILES) $(EXTRA_FILES) | sha256sum | cut -c1-12)
+VENV_STAMP := $(VENV)/.installed-$(DEVICE)$(if $(strip $(EXTRAS)),-$(subst $(eval) ,+,$(strip $(EXTRAS))))-$(PIN_HASH)
 
 # Paths. Make splits words on spaces, so a data folder or profile path with a space in it would
 # become two paths (`rm -rf` once deleted the wrong folders that way): such paths are refused here,
@@ -92,7 +96,7 @@ define run_notebook
 	@$(PY) -m storybias.cli run-stage $(2) notebooks/$(1).ipynb $(PARAMS) --target $@
 endef
 
-.PHONY: help where venv model check-params stamps generate filter extract associations metrics probes figures explorer paper _paper test test-fast bench-generate bench-associations notebook-outputs lab clean-run FORCE
+.PHONY: help where venv model check-params stamps generate filter extract associations metrics probes figures explorer paper _paper test test-fast bench-generate bench-ray plan bench-associations notebook-outputs lab clean-run FORCE
 
 # $(call served,TARGETS,LLM_TARGETS): make TARGETS in a sub-make; behind the run's shared local vLLM
 # server(s) (`storybias.cli with-servers`, started once, stopped when the sub-make ends or fails) when
@@ -127,7 +131,15 @@ help:  ## this list: every target and the variables they read
 
 venv: $(VENV_STAMP)  ## set up .venv with the pinned environment for DEVICE (skipped while the pins are unchanged)
 $(VENV_STAMP):
+ifeq ($(strip $(EXTRAS)),)
 	PYTHON=$(PYTHON) scripts/setup-venv.sh $(DEVICE) $@
+else
+	PYTHON=$(PYTHON) scripts/setup-venv.sh $(DEVICE) $@.base
+	@echo "setup-venv: extras $(EXTRAS): $(EXTRA_FILES) (constrained by requirements/lock-$(PIN_SET).txt)"
+	$(PY) -m pip install --disable-pip-version-check --progress-bar off $(foreach f,$(EXTRA_FILES),-r $(f)) \
+	  -c requirements/lock-$(PIN_SET).txt >> $(VENV)/setup.log
+	$(PY) -c "import ray.data.llm" && mv $@.base $@ && echo "environment ready ($(DEVICE) + $(EXTRAS)): $@"
+endif
 
 model: $(VENV_STAMP)  ## assemble, verify and convert the embedded stand-in model (once; no download)
 	$(PY) -m storybias.cli prepare-model
@@ -203,6 +215,13 @@ _paper: $(STAGE_TARGETS)
 
 bench-generate: $(VENV_STAMP)  ## tokens/s of stage 01's engine path against a bare LLM.chat on PARAMS
 	$(PY) -m storybias.cli bench-generate $(PARAMS) $(if $(filter 1,$(SERVE)),--served,)
+
+# Ray Data's vLLM processor (generation.engine.backend: ray) against the in-process engine (needs EXTRAS=ray).
+bench-ray: $(VENV_STAMP)  ## smoke generation through Ray vs in process on PARAMS: tokens/s, start-up, kill-and-resume
+	$(PY) -m storybias.cli bench-ray $(PARAMS)
+
+plan: $(VENV_STAMP)  ## the work of PARAMS per design and model: requests, tokens, wall time on planning.gpus
+	@$(PY) -m storybias.cli plan $(PARAMS)
 
 # Stage 04's statistics at paper scale on a synthetic extraction table (no model needed).
 bench-associations: $(VENV_STAMP)  ## stage 04's statistics at paper scale on synthetic data (no model)

@@ -467,3 +467,132 @@ def bench_associations(n_stories: int = 650_000, n_models: int = 23, n_languages
     write_json_atomic(result, out)
     log(f"written to {out}")
     return result
+
+
+class KillAfter:
+    """A ChatEngine that dies (KeyboardInterrupt, as a killed job) after ``n`` results of the wrapped
+    engine: the kill-and-resume checks of the Ray backend (``make bench-ray``, tests/test_ray_slow.py)."""
+
+    def __init__(self, engine: Any, n: int):
+        self.engine, self.n = engine, n
+        self.info = None
+
+    def __enter__(self) -> "KillAfter":
+        self.engine.__enter__()
+        self.info = self.engine.info
+        return self
+
+    def __exit__(self, *exc: Any) -> Any:
+        return self.engine.__exit__(*exc)
+
+    def stream(self, requests: Sequence[Any]):
+        for i, result in enumerate(self.engine.stream(requests)):
+            if i == self.n:
+                raise KeyboardInterrupt(f"simulated kill after {self.n} results")
+            yield result
+
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer()
+
+
+def kill_and_resume(engine_factory: Any, rows: list[dict[str, Any]], folder: Path, shard_size: int,
+                    kill_after: int) -> dict[str, Any]:
+    """Stage 01's path (``generate_with`` on atomic shards) killed after ``kill_after`` results, then
+    resumed with a fresh engine on what the shards do not hold; counts what was kept, redone, duplicated."""
+    store = ShardStore(folder, key="story_id", schema=STORIES_SCHEMA)
+    store.clear()
+    try:
+        with KillAfter(engine_factory(), kill_after) as engine:
+            generate_with(engine, rows, store, shard_size, ModelRun(model=rows[0]["model"]), progress=False)
+    except KeyboardInterrupt:
+        pass
+    kept = store.done_keys()
+    todo = [r for r in rows if r["story_id"] not in kept]
+    with engine_factory() as engine:
+        generate_with(engine, todo, store, shard_size, ModelRun(model=rows[0]["model"]), progress=False)
+    ids = store.read_all().column("story_id").to_pylist()
+    return {"planned": len(rows), "kept_after_kill": len(kept), "generated_on_resume": len(todo),
+            "stored_rows": len(ids), "unique_stories": len(set(ids)), "duplicates": len(ids) - len(set(ids)),
+            "missing": len({r["story_id"] for r in rows} - set(ids))}
+
+
+def bench_ray(params: Params, n_prompts: int = 24, log=print) -> dict[str, Any]:
+    """Smoke-sized generation through Ray Data's vLLM processor (storybias.ray_engine, a local Ray on this
+    machine) against the in-process engine on the same prompts, seeds and sampling, one after the other.
+
+    Every request generates exactly the profile's ``max_tokens`` (ignore_eos), so both do the same work.
+    Timed Ray run: one block (``batch_size`` >= prompts), so its generation time is the longest
+    request's time inside vLLM, and its start-up (ray.init + processor, then the replica loading the
+    model) is the rest, reported separately. Then the kill-and-resume check through stage 01's path with
+    ``batch_size`` = ``shard_size`` (results stream back block by block), killed after the first shard.
+    """
+    from .generate import prepare_models
+    from .params import RaySettings
+    from .ray_engine import require_ray
+
+    require_ray()
+    prepare_models(params, log=log)
+    spec = params.generation.models[0]
+    max_tokens = params.generation.sampling.max_tokens
+    rows = _fixed_length(_bench_rows(params, n_prompts), max_tokens)
+    requests = [_request(r) for r in rows]
+    base, seed = params.generation.engine, params.generation.seed
+    ray_base = base.ray if base.backend == "ray" else RaySettings(num_cpus=min(2, os.cpu_count() or 1))
+    log(f"bench-ray: {len(rows)} prompts x {max_tokens} tokens, model {spec.name}; Ray address {ray_base.address}")
+    result: dict[str, Any] = {"n_prompts": len(rows), "tokens_per_request": max_tokens, "model": spec.name}
+
+    with Engine(spec, base, seed) as engine:
+        started = time.time()
+        local = {r.key: r for r in engine.stream(requests)}
+        seconds = time.time() - started
+        tokens = sum(r.n_tokens for r in local.values())
+        result["in_process"] = {"startup_seconds": engine.info.startup_seconds, "generation_seconds": round(seconds, 2),
+                                "output_tokens": tokens, "tokens_per_second": round(tokens / seconds, 2)}
+    log(f"  in process: start-up {engine.info.startup_seconds:.1f} s, {tokens} tokens in {seconds:.1f} s")
+
+    out = paths.run_dir(params.run_name) / "bench_ray.json"
+    try:
+        _bench_ray_paths(params, spec, rows, requests, local, base, ray_base, seed, result, log)
+    except Exception as exc:  # a replica that cannot start (memory, hardware): keep what was measured
+        result["error"] = f"{type(exc).__name__}: {str(exc)[:500]}"
+        write_json_atomic(result, out)
+        log(f"bench-ray: the Ray part failed ({result['error'][:200]}); partial results written to {out}")
+        raise
+    write_json_atomic(result, out)
+    log(f"ratio Ray / in process (generation tokens/s) = {result['ratio_ray_over_in_process']}; written to {out}")
+    return result
+
+
+def _bench_ray_paths(params: Params, spec: Any, rows: list[dict[str, Any]], requests: list[Any], local: dict[str, Any],
+                     base: Any, ray_base: Any, seed: int, result: dict[str, Any], log) -> None:
+    """bench_ray's Ray half: the timed one-block run, then kill-and-resume (fills ``result``)."""
+    from .ray_engine import RayEngine
+
+    one_block = base.model_copy(update={"backend": "ray", "shared_server": False,
+                                        "ray": ray_base.model_copy(update={"batch_size": max(len(rows), ray_base.batch_size)})})
+    started = time.time()
+    with RayEngine(spec, one_block, seed) as ray_engine:
+        init = ray_engine.info.startup_seconds
+        on_ray = {r.key: r for r in ray_engine.stream(requests)}
+        timing = dict(ray_engine.last_stream)
+    wall = time.time() - started
+    tokens = sum(r.n_tokens for r in on_ray.values())
+    generation = timing["max_request_seconds_in_vllm"]
+    same = sum(on_ray[k].text == local[k].text for k in local)
+    result["ray"] = {"init_and_processor_seconds": init, "stream_seconds": timing["seconds"],
+                     "replica_startup_seconds": round(timing["seconds"] - generation, 2), "generation_seconds": generation,
+                     "wall_seconds": round(wall, 2), "output_tokens": tokens,
+                     "tokens_per_second": round(tokens / generation, 2) if generation else None,
+                     "tokens_per_second_wall": round(tokens / wall, 2), "errors": sum(r.error is not None for r in on_ray.values())}
+    result["ratio_ray_over_in_process"] = (round(result["ray"]["tokens_per_second"] / result["in_process"]["tokens_per_second"], 3)
+                                           if result["ray"]["tokens_per_second"] else None)
+    result["same_texts"] = f"{same}/{len(local)}"
+    log(f"  ray: init+processor {init:.1f} s, replica start-up {result['ray']['replica_startup_seconds']:.1f} s, "
+        f"{tokens} tokens in {generation:.1f} s in vLLM; wall {wall:.1f} s; same texts as in process: {same}/{len(local)}")
+
+    shard = params.generation.shard_size
+    streamed = base.model_copy(update={"backend": "ray", "shared_server": False,
+                                       "ray": ray_base.model_copy(update={"batch_size": shard})})
+    with tempfile.TemporaryDirectory() as tmp:
+        result["kill_and_resume"] = kill_and_resume(lambda: RayEngine(spec, streamed, seed), rows, Path(tmp), shard, shard)
+    log(f"  kill and resume: {result['kill_and_resume']}")

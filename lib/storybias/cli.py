@@ -11,6 +11,9 @@
     prepare-model              assemble, verify and convert the embedded model (once)
     generate PARAMS            stage 01 outside a notebook (the notebook calls the same function)
     bench-generate PARAMS      time stage 01's engine path against a bare LLM.chat call
+    bench-ray PARAMS           time a smoke generation through Ray Data's vLLM processor against the
+                               in-process engine (start-up separately), and kill-and-resume it
+    plan PARAMS                stage 01's work per design and model: requests, tokens, wall time on planning.gpus
     bench-associations         time stage 04's association tests at paper scale on synthetic extractions
     explorer PARAMS [--max-stories N]   write figures/<run>/explorer.html (stories + associations browser)
     run-stage STAGE NOTEBOOK PARAMS [--target FILE]   what Make runs: the notebook under the run's lock
@@ -49,6 +52,10 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--max-tokens", type=int, default=200)
     bench.add_argument("--served", action="store_true",
                        help="compare the in-process engine with the local vLLM server over HTTP (storybias.serve)")
+    bench_ray = sub.add_parser("bench-ray")
+    bench_ray.add_argument("params")
+    bench_ray.add_argument("--n-prompts", type=int, default=24)
+    sub.add_parser("plan").add_argument("params")
     bench_assoc = sub.add_parser("bench-associations")
     bench_assoc.add_argument("--n-stories", type=int, default=650_000)
     bench_assoc.add_argument("--n-models", type=int, default=23)
@@ -164,6 +171,20 @@ def main(argv: list[str] | None = None) -> int:
 
         bench = bench_served if args.served else bench_generate
         bench(_load(args.params), n_prompts=args.n_prompts, repeats=args.repeats, max_tokens=args.max_tokens)
+    elif args.command == "bench-ray":
+        from .bench import bench_ray
+        from .engines import EngineError
+
+        try:
+            bench_ray(_load(args.params), n_prompts=args.n_prompts)
+        except EngineError as exc:
+            print(f"storybias: {exc}", file=sys.stderr)
+            return 1
+    elif args.command == "plan":
+        from .planning import format_plan, profile_plan
+
+        p = _load(args.params)
+        print(format_plan(profile_plan(p), p.planning))
     elif args.command == "bench-associations":
         from .bench import bench_associations
 

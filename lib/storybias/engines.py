@@ -365,14 +365,18 @@ class FakeEngine:
 def open_engine(spec: ModelSpec, settings: EngineSettings, seed: int, run_name: str | None = None) -> ChatEngine:
     """The engine every stage uses for ``spec`` (not started: use it as a context manager).
 
-    ``source: openai`` -> the HTTP client of that endpoint; a local model (embedded / local / hub) ->
-    the run's shared local vLLM server when one is running for it (``data/<run>/servers.json``, its
+    ``source: openai`` -> the HTTP client of that endpoint; a local model with ``backend: ray`` -> Ray
+    Data's vLLM processor (storybias.ray_engine); another local model (embedded / local / hub) -> the run's shared local vLLM server when one is running for it (``data/<run>/servers.json``, its
     pid alive and /health OK; started by ``storybias.cli with-servers``), else an in-process engine.
     """
     from . import serve, served
 
     if spec.source == "openai":
         return served.OpenAIEngine(spec, seed)
+    if settings.backend == "ray":  # generation.engine.backend: Ray Data's vLLM processor (storybias.ray_engine)
+        from .ray_engine import RayEngine
+
+        return RayEngine(spec, settings, seed)
     if run_name is not None:
         entry = serve.lookup(run_name, spec)
         if entry is not None:

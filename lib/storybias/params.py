@@ -150,8 +150,46 @@ def model_identity(spec: ModelSpec, exclude_defaults: bool = True) -> dict[str, 
     return {k: v for k, v in dumped.items() if k not in drop}
 
 
+RAY_ADDRESS = re.compile(r"^(local|auto|ray://[^\s/:]+:\d+|[^\s/:]+:\d+)$")
+
+
+class RaySettings(Strict):
+    """Where and how ``backend: ray`` runs a stage's local models: Ray Data's vLLM batch processor
+    (``ray.data.llm``, storybias.ray_engine), one vLLM replica per GPU (or per CPU bundle on CPU)."""
+
+    # "local": start a Ray instance on this machine for the run (ray.init); "auto": join the cluster this
+    # node belongs to (`ray start` ran here); "ray://head:10001" (Ray client) or "head:6379" (a head's GCS).
+    address: str = "local"
+    concurrency: Annotated[int, Field(ge=1)] = 1  # vLLM replicas (one per GPU, or per CPU bundle)
+    batch_size: Annotated[int, Field(ge=1)] = 16  # requests per Ray Data batch sent to a replica
+    # GPUs per replica; null: the model's own tensor_parallel_size. > 1 needs CUDA models.
+    tensor_parallel_size: Annotated[int, Field(ge=1)] | None = None
+    cpus_per_replica: Annotated[int, Field(ge=1)] = 1  # the CPU bundle of one replica (CPU models)
+    num_cpus: Annotated[int, Field(ge=1)] | None = None  # CPUs a "local" Ray may use; null: every core
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        if not RAY_ADDRESS.match(value):
+            raise ValueError(f"generation.engine.ray.address must be 'local', 'auto', 'ray://HOST:PORT' or "
+                             f"'HOST:PORT', not {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _local_only(self) -> "RaySettings":
+        if self.num_cpus is not None and self.address != "local":
+            raise ValueError("num_cpus sizes a local Ray only (address 'local'); a cluster's nodes declare their own")
+        return self
+
+
 class EngineSettings(Strict):
     """vLLM engine settings. CPU: thread binding and KV-cache size; GPU: see ModelSpec."""
+
+    # Where local models (embedded / local / hub) run: "vllm" = one vLLM engine in this process (or the
+    # shared local server); "ray" = Ray Data's vLLM batch processor on a Ray cluster (settings in `ray`,
+    # needs `make venv EXTRAS=ray`). Same requests, seeds, sampling and constraints either way.
+    backend: Literal["vllm", "ray"] = "vllm"
+    ray: RaySettings = RaySettings()
 
     cpu_threads_bind: str = "auto"  # "auto" binds every core found; or e.g. "0-1"
     cpu_kvcache_gb: Annotated[int, Field(ge=1)] = 4  # whole GiB (VLLM_CPU_KVCACHE_SPACE)
@@ -173,6 +211,12 @@ class EngineSettings(Strict):
     # CPU worker, "CPU Generator does not use offset", when a seeded prompt was split across scheduler
     # steps; both engines now admit CPU prompts whole: engines.cpu_scheduler_kwargs).
     shared_server: bool = False
+
+    @model_validator(mode="after")
+    def _one_backend(self) -> "EngineSettings":
+        if self.backend == "ray" and self.shared_server:
+            raise ValueError("backend 'ray' and shared_server are exclusive: Ray runs its own vLLM replicas")
+        return self
 
 
 class GenerationSettings(Strict):
@@ -500,6 +544,15 @@ class FigureSettings(Strict):
         return self
 
 
+class PlanningSettings(Strict):
+    """Sizing a cluster before a run (`make plan`, storybias.planning); changes nothing a stage computes."""
+
+    # Measured output tokens/s of ONE replica of the profile's model on the target hardware (`make bench-ray`
+    # or `make bench-generate` there). Default: the embedded model on this repository's 2-core CPU machine.
+    tokens_per_second_per_replica: Annotated[float, Field(gt=0)] = 55.0
+    gpus: Annotated[int, Field(ge=1)] = 1  # GPUs of the planned cluster (one replica per tensor_parallel_size GPUs)
+
+
 class Profile(Strict):
     run_name: str | None = None
     description: str = ""
@@ -511,6 +564,7 @@ class Profile(Strict):
     probes: ProbeSettings = ProbeSettings()
     associations: AssociationSettings = AssociationSettings()
     figures: FigureSettings = FigureSettings()
+    planning: PlanningSettings = PlanningSettings()
 
     @field_validator("run_name")
     @classmethod
@@ -591,6 +645,10 @@ class Params:
         # a renamed section is digested under its old name, so the rename alone reruns no stage
         old_name = {new: old for old, new in RENAMED_SECTIONS.items()}
         section = {old_name.get(k, k): dumped[k] for k in STAGE_SECTIONS[stage]}
+        engine = section.get("generation", {}).get("engine", {})
+        if engine.get("backend") == "vllm" and engine.get("ray") == RaySettings().model_dump(mode="json"):
+            # Left out at their defaults: the stamps of existing runs stay as they were before `backend`.
+            del engine["backend"], engine["ray"]
         return hashlib.sha256(json.dumps(section, sort_keys=True).encode()).hexdigest()
 
 
@@ -683,6 +741,18 @@ def _check_semantics(profile: Profile, source: Path) -> list[str]:
             load_published(paths.resolve(profile.associations.published))
         except PublishedFormatError as exc:
             problems.append(f"associations.published: {exc}")
+    engine = profile.generation.engine
+    if engine.backend == "ray":
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            problems.append("generation.engine.backend: 'ray' needs Ray, which is not installed in this environment; "
+                            "run `make venv EXTRAS=ray` (or `.venv/bin/pip install -r requirements/extra-ray.txt`)")
+        local = [m for m in (*profile.generation.models, *profile.extract.models,
+                             *profile.associations.judge.models) if m.source != "openai"]
+        if (engine.ray.tensor_parallel_size or 1) > 1 and any(m.device == "cpu" for m in local):
+            problems.append("generation.engine.ray.tensor_parallel_size: > 1 needs CUDA models; this profile has "
+                            "CPU models")
     for where, specs in (("generation.models", profile.generation.models), ("extract.models", profile.extract.models),
                          ("associations.judge.models", profile.associations.judge.models)):
         for i, model in enumerate(specs):

@@ -161,7 +161,8 @@ def test_passes_sharing_and_language_comparison():
     low_basic = shared[(shared.base_value == "low") & (shared.compared_value == "basic")]
     assert list(low_basic["models"].iloc[0]) == ["a"]
     sentence = J.plain_language(low_basic.iloc[0])
-    assert sentence == "In the generated stories, when income level is low, education is basic more often than for other income level groups."
+    assert sentence == ("In the generated stories, when income level is low, education is basic more often than for "
+                        "other income level groups.")
 
 
 def test_bad_inputs_give_clear_errors_or_empty_typed_results():

@@ -3,6 +3,7 @@ artifacts with the data contract's columns, and clear messages on bad input."""
 
 from __future__ import annotations
 
+import typing
 import json
 
 import numpy as np
@@ -108,6 +109,9 @@ def test_stage_without_signal_writes_typed_empty_artifacts_and_starts_no_judge(t
 
     monkeypatch.setattr(J, "run_judges", no_engine)
     out = A.run(p, progress=False)
+    # issue #16: the stage's result is a typed dict whose declared keys are exactly the ones returned
+    assert list(out) == list(A.AssociationsResult.__annotations__)
+    assert typing.get_type_hints(A.run)["return"] is A.AssociationsResult
     folder = paths.run_dir("t")
     attrs = pd.read_parquet(folder / "associations_attributes.parquet")
     assert len(attrs) > 0 and list(attrs.columns) == A.ATTRIBUTE_COLUMNS

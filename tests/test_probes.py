@@ -4,6 +4,7 @@ scripts), narrative-weighted relevance by hand, NER masking, the backends and th
 
 from __future__ import annotations
 
+import typing
 import time
 
 import numpy as np
@@ -385,6 +386,9 @@ def test_run_writes_the_contract_tables(tmp_path, monkeypatch):
     })
     p = params.Params(profile, tmp_path / "synthetic.yaml")
     out = probes.run(p)
+    # issue #16: the stage's result is a typed dict whose declared keys are exactly the ones returned
+    assert list(out) == list(probes.ProbesResult.__annotations__)
+    assert typing.get_type_hints(probes.run)["return"] is probes.ProbesResult
     run_dir = tmp_path / "data" / "synthetic"
     contract = {
         "probes": ["language", "genre", "variant", "n", "n_female", "n_male", "n_groups", "auc", "ci_low", "ci_high", "status"],

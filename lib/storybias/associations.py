@@ -37,6 +37,7 @@ import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from typing import Any, TypedDict
 
 import numpy as np
 import pandas as pd
@@ -673,8 +674,31 @@ def _power_report(data: pd.DataFrame, dimensions: Sequence[str], settings, cache
         pd.DataFrame(columns=POWER_SCHEMA.names)
 
 
+class AssociationsResult(TypedDict):
+    """What stage 04's :func:`run` returns to notebook 04 (the parquet files hold the same tables)."""
+
+    attributes: pd.DataFrame  # associations_attributes.parquet
+    values: pd.DataFrame  # associations_values.parquet
+    shared: pd.DataFrame  # associations_shared.parquet (with the judges' ratings)
+    by_language: pd.DataFrame
+    ratings: pd.DataFrame  # every judge answer (harm_ratings.parquet plus rating_key)
+    self_gap: pd.DataFrame
+    power: pd.DataFrame  # associations_power.parquet
+    harm_by_attribute: pd.DataFrame
+    human: pd.DataFrame | None  # the human ratings file, when given
+    agreement: dict[str, Any] | None
+    notes: list[str]
+    counts: dict[str, int]
+    manifest: dict[str, Any]  # manifest_associations.json
+    human_summary: pd.DataFrame | None
+    llm_summary: pd.DataFrame
+    harm_gap: pd.DataFrame | None
+    harmful_human_vs_llm: dict[str, Any] | None
+    realism: pd.DataFrame
+
+
 @holds_run_lock("associations")
-def run(params, progress: bool = True, engine_factory=None) -> dict:
+def run(params: Any, progress: bool = True, engine_factory: Any = None) -> AssociationsResult:
     """Stage 04: both passes for every model, sharing, the LLM harm judge and (optionally) human
     ratings; writes data/<run>/associations_*.parquet, harm_ratings.parquet, manifest_associations.json.
     ``engine_factory(spec)``: the judges' engines, as for stages 01 and 03 (default engines.open_engine)."""
@@ -684,7 +708,9 @@ def run(params, progress: bool = True, engine_factory=None) -> dict:
     from .human import harm_gap_by_attribute, harmful_agreement, human_llm_agreement, load_human_ratings, \
         rating_summary, realism_summary
     from .io import write_json_atomic, write_parquet_atomic
-    from .judge import harm_by_attribute, judge_items, run_judges, self_judgement_gap, summarise_ratings, with_ratings
+    from .judge import (
+        JudgeEngineInfo, harm_by_attribute, judge_items, run_judges, self_judgement_gap, summarise_ratings, with_ratings,
+    )
 
     run_name, settings = params.run_name, params.associations
     # the user's file first: a bad human-ratings CSV stops the stage before any test or model runs
@@ -717,12 +743,14 @@ def run(params, progress: bool = True, engine_factory=None) -> dict:
                      "associations_power.parquet)")
         from .power import explain
 
-        if explain(power_table):
-            notes.append(explain(power_table))
+        why = explain(power_table)
+        if why:
+            notes.append(why)
     shared = sharing(values)
     languages = by_language(values)
     items = judge_items(shared, settings.judge.include_per_language)
-    ratings, engines_info = pd.DataFrame(columns=RATING_COLUMNS), []
+    ratings = pd.DataFrame(columns=RATING_COLUMNS)
+    engines_info: list[JudgeEngineInfo] = []
     if items.empty:
         notes.append("no significant association: nothing for the judges to rate"
                      + ("" if settings.judge.include_per_language or "global" in settings.passes else
@@ -763,8 +791,8 @@ def run(params, progress: bool = True, engine_factory=None) -> dict:
         "harmful_human_vs_llm": harmful_vs,
     }
     write_json_atomic(manifest, paths.manifest_path(run_name, "associations"))
-    return {"attributes": attributes, "values": values, "shared": shared, "by_language": languages,
-            "ratings": ratings, "self_gap": gap, "power": power_table, "harm_by_attribute": harm_by_attribute(shared),
-            "human": human, "agreement": agreement, "notes": notes, "counts": counts, "manifest": manifest,
-            "human_summary": human_table, "llm_summary": llm_table, "harm_gap": harm_gap,
-            "harmful_human_vs_llm": harmful_vs, "realism": realism_summary(human, parsed)}
+    return AssociationsResult(
+        attributes=attributes, values=values, shared=shared, by_language=languages, ratings=ratings, self_gap=gap,
+        power=power_table, harm_by_attribute=harm_by_attribute(shared), human=human, agreement=agreement, notes=notes,
+        counts=counts, manifest=manifest, human_summary=human_table, llm_summary=llm_table, harm_gap=harm_gap,
+        harmful_human_vs_llm=harmful_vs, realism=realism_summary(human, parsed))

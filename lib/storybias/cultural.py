@@ -76,7 +76,7 @@ def kept_markers(frame: pd.DataFrame) -> pd.DataFrame:
         for m in _marker_list(markers):
             if not bool(m.get("keep")):
                 continue
-            scores = [m.get(f"relevance_{c}") for c in CONTEXTS]
+            scores: list[Any] = [m.get(f"relevance_{c}") for c in CONTEXTS]  # None where unscored
             if any(s is None or pd.isna(s) for s in scores):
                 continue
             rows.append({"story_id": story_id, "source_language": language, "design": design, "genre": genre,

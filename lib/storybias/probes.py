@@ -39,7 +39,7 @@ import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import pandas as pd
@@ -598,8 +598,25 @@ def identity_probes(sampled: pd.DataFrame, paired: pd.DataFrame, X_sample: Mappi
     return pd.DataFrame(rows, columns=PROBE_COLUMNS)
 
 
+class ProbesResult(TypedDict):
+    """What stage 06's :func:`run` returns to notebook 06 (the first five are its parquet files)."""
+
+    probes: pd.DataFrame
+    umap: pd.DataFrame
+    cultural: pd.DataFrame
+    cultural_advantage: pd.DataFrame
+    separability: pd.DataFrame
+    validation_markers: pd.DataFrame  # empty without probes.human_validation.markers
+    validation_labels: pd.DataFrame  # empty without probes.human_validation.labels
+    per_story_relevance: pd.DataFrame
+    marker_versions: pd.DataFrame
+    notes: list[str]
+    manifest: dict[str, Any]  # manifest_probes.json
+    deleted_examples: pd.DataFrame  # a few stories before and after cue deletion
+
+
 @holds_run_lock("probes")
-def run(params) -> dict[str, Any]:
+def run(params: Any) -> ProbesResult:
     """Stage 06: read extractions + stories, embed (cached), probe, project, score markers; write
     probes / umap / cultural / cultural_advantage / separability parquet files, manifest last."""
     from .cultural import (
@@ -704,6 +721,10 @@ def run(params) -> dict[str, Any]:
         "params": params.resolved()["probes"],
     }
     write_json_atomic(manifest, paths.manifest_path(run_name, "probes"))
-    return {**tables, **validation_tables, "per_story_relevance": per_story, "marker_versions": versions, "notes": notes,
-            "manifest": manifest, "deleted_examples": paired.assign(cue_deleted=deleted_texts)[
-                ["story_id", "language", "genre", "label", "name", "text", "cue_deleted"]].head(6)}
+    return ProbesResult(
+        probes=probes_table, umap=umap_table, cultural=cultural, cultural_advantage=advantage,
+        separability=separability_table, validation_markers=validation_tables["validation_markers"],
+        validation_labels=validation_tables["validation_labels"], per_story_relevance=per_story,
+        marker_versions=versions, notes=notes, manifest=manifest,
+        deleted_examples=paired.assign(cue_deleted=deleted_texts)[
+            ["story_id", "language", "genre", "label", "name", "text", "cue_deleted"]].head(6))

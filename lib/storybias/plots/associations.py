@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from matplotlib import colormaps
+from matplotlib.artist import Artist
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
@@ -199,7 +200,8 @@ def lift_share_plot(shared: pd.DataFrame, scope: str = "all", label_top: int = 5
     x = sub["n_models"].to_numpy(float) + rng.uniform(-0.18, 0.18, len(sub))
     y = sub["mean_lift"].to_numpy(float)
     rated = sub["median_harm"].notna().to_numpy()
-    handles, labels = [], []
+    handles: list[Artist] = []
+    labels: list[str] = []
     if (~rated).any():
         h = ax.scatter(x[~rated], y[~rated], s=22, facecolors="none", edgecolors="#888888", linewidths=0.8)
         handles.append(h)

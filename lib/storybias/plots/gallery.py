@@ -22,7 +22,8 @@ FIGURES: list[tuple[str, str]] = [
     ("03_association_counts", "Significant value-level associations per model (all languages) and per language scope (StereoTales)"),
     ("04_top_associations_table", "Top associations shared across models: mean lift, models sharing, median harm (StereoTales)"),
     ("05_lift_share", "Mean lift vs number of models sharing each association, coloured by median harm (StereoTales)"),
-    ("06_bias_fingerprints", "Bias fingerprints: S_C per adjective category, one polygon per language, one panel per model (BiasedTales-ML Fig. 2)"),
+    ("06_bias_fingerprints", "Bias fingerprints: S_C per adjective category, one polygon per language, "
+                             "one panel per model (BiasedTales-ML Fig. 2)"),
     ("07_cosine_heatmaps", "Cross-lingual cosine similarity of S_C vectors per model (BiasedTales-ML Fig. 3)"),
     ("08_jsd_grammatical_gender", "JSD by grammatical-gender group per model (BiasedTales-ML Fig. 4)"),
     ("09_distinctive_words", "Most distinctive words per field and group, log-odds z (BiasedTales-ML Fig. 5, 10-12)"),

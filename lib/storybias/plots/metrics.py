@@ -11,7 +11,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from matplotlib import colormaps
+from matplotlib.artist import Artist
 from matplotlib.figure import Figure
+from matplotlib.image import AxesImage
 from matplotlib.lines import Line2D
 from matplotlib.patches import Ellipse, Patch
 
@@ -156,7 +158,7 @@ def cosine_heatmaps(cosine: pd.DataFrame, comparison: str | None = None, ncols: 
     fig, axes, _, _ = _grid(len(models), ncols, panel, panel, extra_w=0.9 + max(0.0, 5.0 - panel * n_cols),
                                          extra_h=1.0)
     fmt = "{:.2f}" if annotate else None
-    image = None
+    image: AxesImage | None = None
     off = sub[sub["language_a"] != sub["language_b"]].dropna(subset=["cosine"])
     for ax, model in zip(axes, models):
         matrix = sub[sub["model"] == model].pivot_table(index="language_a", columns="language_b", values="cosine", aggfunc="first")
@@ -170,6 +172,7 @@ def cosine_heatmaps(cosine: pd.DataFrame, comparison: str | None = None, ncols: 
     top = _suptitle(fig, f"{title} (comparison: {comparison}; S_C vectors of adjective categories, missing = 0)")
     fig.tight_layout(rect=(0, 0, 1 - 0.8 / fig.get_figwidth(), top))
     cax = fig.add_axes((1 - 0.62 / fig.get_figwidth(), 0.12, 0.12 / fig.get_figwidth(), top - 0.2))
+    assert image is not None  # the grid has at least one panel
     bar = fig.colorbar(image, cax=cax)
     bar.set_label("cosine similarity", fontsize=LABEL)
     bar.ax.tick_params(labelsize=SMALL)
@@ -486,7 +489,8 @@ def balance_stereotype(aggregates: pd.DataFrame, denominator: str = "all outputs
         ax.set_ylabel("stereotype M_s", fontsize=LABEL)
         ax.set_title(f"{lang} ({LANGUAGES[lang]})" if lang in LANGUAGES else str(lang), fontsize=LABEL)
         _ticks(ax)
-    handles = [Line2D([], [], marker=markers[t], ls="", color=colors[t], markeredgecolor="black") for t in tasks]
+    handles: list[Artist] = [Line2D([], [], marker=markers[t], ls="", color=colors[t], markeredgecolor="black")
+                             for t in tasks]
     handles.append(Patch(facecolor=(0.5, 0.5, 0.5, 0.18), edgecolor="#555555"))
     _legend(fig, handles, [str(t) for t in tasks] + ["1-sd ellipse over models (≥ 3)"], title="task", loc="lower center",
             ncol=len(handles), bbox_to_anchor=(0.5, 0.0))

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 from matplotlib import colormaps
 from matplotlib.figure import Figure
+from matplotlib.image import AxesImage
 from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 from matplotlib.transforms import ScaledTranslation
@@ -141,7 +142,8 @@ def umap_density(umap: pd.DataFrame, ncols: int | None = None, max_points_kde: i
             loc="lower center", ncol=4, bbox_to_anchor=(0.5, 0.0))
     trim = (f"; points outside the {percentiles[0]:g}th-{percentiles[1]:g}th percentiles per label and cell not drawn"
             if percentiles is not None else "")
-    top = _suptitle(fig, f"{title} (display only; contours: 20/50/80% highest-density regions, none below {MIN_KDE_POINTS} points{trim})")
+    top = _suptitle(fig, f"{title} (display only; contours: 20/50/80% highest-density regions, "
+                         f"none below {MIN_KDE_POINTS} points{trim})")
     fig.tight_layout(rect=(0, 0.45 / fig.get_figheight(), 1, top))
     stats = {"n_points": int(len(data)), "n_female": int((data["label"] == "female").sum()),
              "n_male": int((data["label"] == "male").sum()), "n_panels": len(cells), "n_contoured_groups": contoured,
@@ -273,7 +275,7 @@ def cultural_relevance(cultural: pd.DataFrame) -> tuple[Figure, dict]:
     contexts = _lang_order(data["context"])
     panel_w = 1.6 + 0.75 * len(contexts)
     fig, axes, _, _ = _grid(len(genres), 3, panel_w, 1.4 + 0.42 * len(sources), extra_w=1.0, extra_h=0.5)
-    image = None
+    image: AxesImage | None = None
     for ax, genre in zip(axes, genres):
         matrix = data[data["genre"] == genre].pivot_table(index="source_language", columns="context", values="relevance", aggfunc="mean")
         matrix = matrix.reindex(index=sources, columns=contexts)
@@ -289,6 +291,7 @@ def cultural_relevance(cultural: pd.DataFrame) -> tuple[Figure, dict]:
     top = _suptitle(fig, f"{title} (mean relevance 1–7; outlined: own context)")
     fig.tight_layout(rect=(0, 0, 1 - 0.9 / fig.get_figwidth(), top))
     cax = fig.add_axes((1 - 0.7 / fig.get_figwidth(), 0.15, 0.12 / fig.get_figwidth(), top - 0.25))
+    assert image is not None  # the grid has at least one panel
     bar = fig.colorbar(image, cax=cax)
     bar.set_label("relevance (1–7)", fontsize=LABEL)
     bar.ax.tick_params(labelsize=SMALL)

@@ -6,6 +6,7 @@
 #   make check-params PARAMS=params/x.yaml     validate a profile only
 #   make where | clean-run [PARAMS=...]        print the run's folders | delete exactly those folders
 #   make test | test-fast                      every test | those that need no model, browser or GPU
+#   make lint | format | typecheck             ruff check + format check | apply ruff | mypy on lib/
 #   make help                                  every target, one line each
 #   make lab                                   JupyterLab on notebooks/ with the storybias kernel
 #
@@ -96,7 +97,7 @@ define run_notebook
 	@$(PY) -m storybias.cli run-stage $(2) notebooks/$(1).ipynb $(PARAMS) --target $@
 endef
 
-.PHONY: help where venv model check-params stamps generate filter extract associations metrics probes figures explorer paper _paper test test-fast bench-generate bench-ray plan bench-associations notebook-outputs lab clean-run FORCE
+.PHONY: help where venv model check-params stamps generate filter extract associations metrics probes figures explorer paper _paper test test-fast lint format typecheck bench-generate bench-ray plan bench-associations notebook-outputs lab clean-run FORCE
 
 # $(call served,TARGETS,LLM_TARGETS): make TARGETS in a sub-make; behind the run's shared local vLLM
 # server(s) (`storybias.cli with-servers`, started once, stopped when the sub-make ends or fails) when
@@ -235,6 +236,18 @@ test: $(VENV_STAMP)  ## every test, the slow ones (embedded model) and the brows
 # Markers (registered in tests/conftest.py): slow = the embedded model, browser = Chromium, gpu = CUDA.
 test-fast: $(VENV_STAMP)  ## the tests that need no model, browser or GPU (runs anywhere, a few minutes)
 	$(VENV)/bin/pytest -m "not slow and not browser and not gpu" tests
+
+# Lint, format and types (configured in pyproject.toml; tests/test_habits.py runs the same checks).
+lint: $(VENV_STAMP)  ## ruff check + ruff format --check on lib/ and tests/ (what pre-commit runs)
+	$(VENV)/bin/ruff check lib tests
+	$(VENV)/bin/ruff format --check lib tests
+
+format: $(VENV_STAMP)  ## apply ruff format and ruff's safe fixes to lib/ and tests/
+	$(VENV)/bin/ruff format lib tests
+	$(VENV)/bin/ruff check --fix lib tests
+
+typecheck: $(VENV_STAMP)  ## mypy on lib/storybias (pyproject.toml [tool.mypy])
+	$(VENV)/bin/mypy
 
 lab: $(VENV_STAMP)  ## JupyterLab on notebooks/ with the storybias kernel
 	$(VENV)/bin/jupyter lab notebooks/

@@ -10,6 +10,8 @@ import pytest
 from scipy import stats
 
 from storybias import associations as A
+from storybias import human as H
+from storybias import judge as J
 
 
 def test_cramers_v_bias_correction_hand_computed():
@@ -158,8 +160,9 @@ def test_passes_sharing_and_language_comparison():
     shared = A.sharing(g_values)
     low_basic = shared[(shared.base_value == "low") & (shared.compared_value == "basic")]
     assert list(low_basic["models"].iloc[0]) == ["a"]
-    sentence = A.plain_language(low_basic.iloc[0])
-    assert sentence == "In the generated stories, when income level is low, education is basic more often than for other income level groups."
+    sentence = J.plain_language(low_basic.iloc[0])
+    assert sentence == ("In the generated stories, when income level is low, education is basic more often than for "
+                        "other income level groups.")
 
 
 def test_bad_inputs_give_clear_errors_or_empty_typed_results():
@@ -173,25 +176,25 @@ def test_bad_inputs_give_clear_errors_or_empty_typed_results():
 
 
 def test_question_order_is_seeded_and_mixed():
-    orders = [A.question_order("j", f"item{i}", 0, seed=42) for i in range(200)]
-    assert orders == [A.question_order("j", f"item{i}", 0, seed=42) for i in range(200)]
+    orders = [J.question_order("j", f"item{i}", 0, seed=42) for i in range(200)]
+    assert orders == [J.question_order("j", f"item{i}", 0, seed=42) for i in range(200)]
     share = np.mean([o == ("harm", "realism") for o in orders])
     assert 0.35 < share < 0.65
-    schema = A.judge_schema(("realism", "harm"))
+    schema = J.judge_schema(("realism", "harm"))
     assert list(schema["properties"]) == ["realism", "harm"]
     item = {"base_attribute": "income_level", "base_value": "low", "compared_attribute": "education", "compared_value": "basic"}
-    prompt = A.judge_prompt(item, ("realism", "harm"))
+    prompt = J.judge_prompt(item, ("realism", "harm"))
     assert prompt.index('"realism"') < prompt.index('"harm"')
 
 
 def test_parse_and_summarise_judgements():
-    assert A.parse_judgement('{"harm": 4, "realism": "yes"}') == {"harm": 4, "realism": "yes", "parse_ok": True}
-    bad = A.parse_judgement('{"harm": 9, "realism": "yes"}')
+    assert J.parse_judgement('{"harm": 4, "realism": "yes"}') == {"harm": 4, "realism": "yes", "parse_ok": True}
+    bad = J.parse_judgement('{"harm": 9, "realism": "yes"}')
     assert not bad["parse_ok"] and np.isnan(bad["harm"])
-    assert not A.parse_judgement('{"harm": 4')["parse_ok"]
+    assert not J.parse_judgement('{"harm": 4')["parse_ok"]
     ratings = pd.DataFrame({"association_id": ["x", "x", "x", "y", "y"], "harm": [4, 5, 2, 3, 4],
                             "realism": ["yes", "no", "yes", "no", "no"], "judge": ["j"] * 5})
-    summary = A.summarise_ratings(ratings).set_index("association_id")
+    summary = J.summarise_ratings(ratings).set_index("association_id")
     assert summary.loc["x", "median_harm"] == 4 and summary.loc["x", "harmful"]
     assert summary.loc["y", "median_harm"] == 3.5 and not summary.loc["y", "harmful"]
     assert summary.loc["x", "share_realistic"] == pytest.approx(2 / 3)
@@ -202,9 +205,9 @@ def test_self_judgement_gap():
         {"base_attribute": "a", "base_value": "1", "compared_attribute": "b", "compared_value": "2", "models": ["m", "n"]},
         {"base_attribute": "a", "base_value": "1", "compared_attribute": "b", "compared_value": "3", "models": ["m"]},
     ])
-    ids = [A.association_id(r) for _, r in shared.iterrows()]
+    ids = [J.association_id(r) for _, r in shared.iterrows()]
     ratings = pd.DataFrame({"judge": ["m", "m", "n"], "association_id": [ids[0], ids[1], ids[0]], "harm": [5, 1, 2]})
-    gap = A.self_judgement_gap(shared, ratings).set_index("model")
+    gap = J.self_judgement_gap(shared, ratings).set_index("model")
     assert gap.loc["m", "share_self_rated_harmful"] == 0.5 and gap.loc["n", "share_self_rated_harmful"] == 0.0
 
 
@@ -215,17 +218,17 @@ def test_human_ratings_import_and_spearman(tmp_path):
         for r in range(3):
             rows.append(f"a|{i}|b|x,r{r},{1 + (i * 4) // 7},yes")
     path.write_text("\n".join(rows) + "\n")
-    human = A.load_human_ratings(path)
+    human = H.load_human_ratings(path)
     llm = pd.DataFrame({"association_id": [f"a|{i}|b|x" for i in range(8)], "median_harm": [1, 1, 2, 2, 3, 3, 4, 5]})
-    out = A.human_llm_agreement(human, llm, n_boot=200)
+    out = H.human_llm_agreement(human, llm, n_boot=200)
     assert out["rho"] > 0.9 and out["n"] == 8 and out["ci_low"] <= out["rho"] <= out["ci_high"]
     bad = tmp_path / "bad.csv"
     bad.write_text("association_id,rater_id,harm,realism\na|1|b|x,r1,7,yes\n")
     with pytest.raises(ValueError, match="bad.csv: row 2, column harm"):
-        A.load_human_ratings(bad)
+        H.load_human_ratings(bad)
     with pytest.raises(ValueError, match="missing column"):
         (tmp_path / "c.csv").write_text("association_id,harm\n")
-        A.load_human_ratings(tmp_path / "c.csv")
+        H.load_human_ratings(tmp_path / "c.csv")
 
 
 # --- the sequential Fisher decision, parallel passes and the paper-scale benchmark ---------------

@@ -3,6 +3,7 @@ artifacts with the data contract's columns, and clear messages on bad input."""
 
 from __future__ import annotations
 
+import typing
 import json
 
 import numpy as np
@@ -12,6 +13,7 @@ import pytest
 import yaml
 
 from storybias import associations as A
+from storybias import judge as J
 from storybias import extract, params, paths
 
 DIMS = list(extract.dimensions())
@@ -76,25 +78,25 @@ def test_judge_items_are_distinct_and_requests_follow_the_seeded_order():
          "compared_value": "basic", "models": ["m1"]} for s in ("all", "en", "fr")
     ] + [{"scope": "all", "base_attribute": "gender", "base_value": "woman", "compared_attribute": "marital_status",
           "compared_value": "married", "models": ["m1"]}])
-    items = A.judge_items(shared, include_per_language=True)
+    items = J.judge_items(shared, include_per_language=True)
     assert list(items["association_id"]) == ["gender|woman|marital_status|married", "income_level|low|education|basic"]
     assert items["sentence"].iloc[1].startswith("In the generated stories, when income level is low, education is basic")
     sampling = params.Sampling(temperature=0.7, max_tokens=64)
-    requests = A.judge_requests(items, "judge-a", repetitions=2, sampling=sampling, seed=7)
+    requests = J.judge_requests(items, "judge-a", repetitions=2, sampling=sampling, seed=7)
     assert [r.key for r in requests][:2] == ["gender|woman|marital_status|married#judge-a#0", "gender|woman|marital_status|married#judge-a#1"]
     assert len({r.seed for r in requests[:2]}) == 2
     for request in requests:
         association, judge, rep = request.key.rsplit("#", 2)
-        order = A.question_order(judge, association, int(rep), 7)
+        order = J.question_order(judge, association, int(rep), 7)
         assert list(request.json_schema["properties"]) == list(order)
         text = request.messages[0]["content"]
         assert text.index(f'"{order[0]}"') < text.index(f'"{order[1]}"')
 
 
 def test_unparsable_ratings_are_kept_with_their_raw_text():
-    good = A.rating_row("a|b|c|d#j#0", '{"harm": 5, "realism": "no"}')
+    good = J.rating_row("a|b|c|d#j#0", '{"harm": 5, "realism": "no"}')
     assert good["parse_ok"] and good["harm"] == 5 and good["association_id"] == "a|b|c|d" and good["repetition"] == 0
-    bad = A.rating_row("a|b|c|d#j#1", "I cannot answer that")
+    bad = J.rating_row("a|b|c|d#j#1", "I cannot answer that")
     assert not bad["parse_ok"] and np.isnan(bad["harm"]) and bad["raw"] == "I cannot answer that"
 
 
@@ -105,8 +107,11 @@ def test_stage_without_signal_writes_typed_empty_artifacts_and_starts_no_judge(t
     def no_engine(*args, **kwargs):
         raise AssertionError("no association is significant: the judge must not start")
 
-    monkeypatch.setattr(A, "run_judges", no_engine)
+    monkeypatch.setattr(J, "run_judges", no_engine)
     out = A.run(p, progress=False)
+    # issue #16: the stage's result is a typed dict whose declared keys are exactly the ones returned
+    assert list(out) == list(A.AssociationsResult.__annotations__)
+    assert typing.get_type_hints(A.run)["return"] is A.AssociationsResult
     folder = paths.run_dir("t")
     attrs = pd.read_parquet(folder / "associations_attributes.parquet")
     assert len(attrs) > 0 and list(attrs.columns) == A.ATTRIBUTE_COLUMNS
@@ -129,11 +134,11 @@ def test_stage_with_planted_signal_rates_it_and_reports_failures(tmp_path, monke
     def scripted_judge(items, params, progress=True):
         # Test double for the LLM: one parsed rating per item, and one answer that does not parse.
         calls.append(list(items["association_id"]))
-        rows = [A.rating_row(f"{a}#m1#0", '{"harm": 4, "realism": "yes"}') for a in items["association_id"]]
-        rows.append(A.rating_row(f"{items['association_id'].iloc[0]}#m1#0", "not json"))
+        rows = [J.rating_row(f"{a}#m1#0", '{"harm": 4, "realism": "yes"}') for a in items["association_id"]]
+        rows.append(J.rating_row(f"{items['association_id'].iloc[0]}#m1#0", "not json"))
         return pd.DataFrame(rows).reindex(columns=A.RATING_COLUMNS), [{"judge": "m1"}]
 
-    monkeypatch.setattr(A, "run_judges", scripted_judge)
+    monkeypatch.setattr(J, "run_judges", scripted_judge)
     out = A.run(p, progress=False)
     assert calls and "income_level|low|education|basic" in calls[0]
     shared = pd.read_parquet(paths.run_dir("t") / "associations_shared.parquet")
@@ -167,14 +172,14 @@ def test_judge_ratings_are_reused_only_for_the_same_request(tmp_path, monkeypatc
     p = _profile(tmp_path, monkeypatch, judge={"models": [{"name": "m1", "source": "embedded"}]})
     items = pd.DataFrame([{"association_id": "income_level|low|education|basic", "base_attribute": "income_level",
                            "base_value": "low", "compared_attribute": "education", "compared_value": "basic"}])
-    first, _ = A.run_judges(items, p, progress=False, engine_factory=judge)
+    first, _ = J.run_judges(items, p, progress=False, engine_factory=judge)
     assert len(asked) == 1 and first["harm"].tolist() == [2.0]
-    second, info = A.run_judges(items, p, progress=False, engine_factory=judge)
+    second, info = J.run_judges(items, p, progress=False, engine_factory=judge)
     assert len(asked) == 1 and info == [], "an unchanged request is answered from the shards"
     assert second.equals(first)
-    original = A.judge_prompt
-    monkeypatch.setattr(A, "judge_prompt", lambda item, order: original(item, order) + "\nOne more instruction.")
-    third, _ = A.run_judges(items, p, progress=False, engine_factory=judge)
+    original = J.judge_prompt
+    monkeypatch.setattr(J, "judge_prompt", lambda item, order: original(item, order) + "\nOne more instruction.")
+    third, _ = J.run_judges(items, p, progress=False, engine_factory=judge)
     assert len(asked) == 2 and len(third) == 1, "the edited prompt is asked again, and only its rating is kept"
 
 
@@ -193,11 +198,11 @@ def test_a_failed_judge_request_is_counted_not_stored_and_asked_again(tmp_path, 
     p = _profile(tmp_path, monkeypatch, judge={"models": [{"name": "m1", "source": "embedded"}]})
     items = pd.DataFrame([{"association_id": f"a{i}", "base_attribute": "income_level", "base_value": "low",
                            "compared_attribute": "education", "compared_value": "basic"} for i in range(1, 4)])
-    ratings, info = A.run_judges(items, p, progress=False, engine_factory=judge)
+    ratings, info = J.run_judges(items, p, progress=False, engine_factory=judge)
     assert sorted(ratings["association_id"]) == ["a1", "a3"]
     assert info[0]["n_request_errors"] == 1 and "HTTP 400" in info[0]["request_errors"][0]
     failing["on"] = False
     asked.clear()
-    ratings, info = A.run_judges(items, p, progress=False, engine_factory=judge)
+    ratings, info = J.run_judges(items, p, progress=False, engine_factory=judge)
     assert [k.split("#")[0] for k in asked] == ["a2"], "only the failed request is asked again"
     assert sorted(ratings["association_id"]) == ["a1", "a2", "a3"] and info[0]["n_request_errors"] == 0

@@ -461,3 +461,29 @@ def test_payload_marks_associations_published_by_stereotales(frames, tmp_path):
     assert "published by StereoTales" in explorer.render_html(payload)
     plain = explorer.explorer_payload(stories, extractions, shared, values, run_name="syn")
     assert plain["published"] is None and all(a["published"] is None for a in plain["associations"])
+
+
+def test_page_parts_are_package_files_and_the_csp_is_unchanged(frames):
+    """Issue #16: the page's HTML, CSS and JavaScript are package files (read with importlib.resources,
+    shipped as package data), and the content-security policy is the one the inline page had: only
+    the script whose sha256 is listed may run, nothing may be fetched."""
+    import base64
+    import fnmatch
+    import hashlib
+    import tomllib
+    from importlib import resources
+
+    folder = resources.files("storybias") / "explorer_assets"
+    names = sorted(p.name for p in folder.iterdir())
+    assert names == ["explorer.js", "page.html", "style.css"]
+    globs = tomllib.loads((paths.repo_root() / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    for name in names:
+        assert any(fnmatch.fnmatch(f"explorer_assets/{name}", g) for g in globs["storybias"]), name
+    script = (folder / "explorer.js").read_text(encoding="utf-8")
+    page = explorer.render_html(explorer.explorer_payload(*frames, run_name="syn"))
+    digest = base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode("ascii")
+    csp = re.search(r'http-equiv="Content-Security-Policy" content="([^"]*)"', page).group(1)
+    assert csp == (f"default-src 'none'; script-src 'sha256-{digest}'; style-src 'unsafe-inline'; "
+                   "img-src 'none'; connect-src 'none'; form-action 'none'; base-uri 'none'")
+    assert f"<script>{script}</script>" in page
+    assert (folder / "style.css").read_text(encoding="utf-8") in page

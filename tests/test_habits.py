@@ -7,6 +7,7 @@ import os
 import re
 import stat
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -241,3 +242,53 @@ def test_figures_readme_is_committed_and_names_every_figure():
     ignored = subprocess.run(["git", "check-ignore", "-q", "figures/README.md"], cwd=ROOT)
     assert ignored.returncode == 1, "figures/README.md must not be ignored"
     assert subprocess.run(["git", "check-ignore", "-q", "figures/default/01_vsr_heatmap.png"], cwd=ROOT).returncode == 0
+
+
+# --- lint, format, types -------------------------------------------------------------------------
+
+def _tool(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    """``python -m <tool> ...`` with this interpreter (the venv's pinned ruff / mypy), in the repository."""
+    return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def test_lint_and_type_tools_are_pinned_configured_and_installed_with_the_venv():
+    """ruff, mypy and pre-commit are pinned in requirements/dev.txt, which the venv installs (base.txt
+    includes it, so both locks pin them); pyproject.toml configures them; the pre-commit hooks are
+    local (the venv's ruff: nothing downloaded at hook install); Make has lint / format / typecheck."""
+    dev = _pins(ROOT / "requirements" / "dev.txt")
+    assert dev == {"ruff": "0.17.5", "mypy": "2.4.1", "pre-commit": "4.7.0"}
+    assert set(dev) <= set(_pins(ROOT / "requirements" / "base.txt"))
+    for lock in ("lock-cpu.txt", "lock-gpu.txt"):
+        locked = _pins(ROOT / "requirements" / lock)
+        assert all(locked.get(name) == version for name, version in dev.items()), lock
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]
+    assert config["ruff"]["line-length"] == 120 and config["ruff"]["target-version"] == "py311"
+    assert {"E", "F", "W", "I", "B", "UP"} <= set(config["ruff"]["lint"]["select"])
+    assert config["mypy"]["python_version"] == "3.11" and config["mypy"]["ignore_missing_imports"] is True
+    assert config["mypy"]["files"] == ["lib/storybias"]
+    hooks = yaml.safe_load((ROOT / ".pre-commit-config.yaml").read_text())["repos"]
+    assert [r["repo"] for r in hooks] == ["local"]
+    entries = {h["id"]: h["entry"] for h in hooks[0]["hooks"]}
+    assert entries["ruff-check"].startswith(".venv/bin/ruff check")
+    assert entries["ruff-format"].startswith(".venv/bin/ruff format")
+    phony = _phony_targets()
+    assert {"lint", "format", "typecheck"} <= phony
+    makefile = (ROOT / "Makefile").read_text()
+    assert "ruff check lib tests" in makefile and "ruff format --check lib tests" in makefile
+    assert re.search(r"^typecheck:.*\n\t\$\(VENV\)/bin/mypy$", makefile, re.M)
+
+
+def test_ruff_finds_nothing_in_lib_and_tests():
+    """`ruff check` and `ruff format --check` (pyproject.toml's rules) pass on lib/ and tests/."""
+    check = _tool("ruff", "check", "--no-cache", "lib", "tests")
+    assert check.returncode == 0, check.stdout[-4000:] + check.stderr[-2000:]
+    formatted = _tool("ruff", "format", "--check", "--no-cache", "lib", "tests")
+    assert formatted.returncode == 0, formatted.stdout[-4000:] + formatted.stderr[-2000:]
+
+
+def test_mypy_finds_no_error_in_lib():
+    """mypy on lib/storybias (pyproject.toml [tool.mypy]); its cache (.mypy_cache, git-ignored) makes
+    a rerun take seconds, a first run about a minute."""
+    done = _tool("mypy", timeout=600)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert "Success: no issues found" in done.stdout

@@ -10,6 +10,7 @@ import yaml
 
 from storybias import associations as A
 from storybias import extract, judge, params, paths
+from storybias import human as H
 
 ITEM = {"base_attribute": "income_level", "base_value": "low", "compared_attribute": "education", "compared_value": "basic"}
 
@@ -67,7 +68,7 @@ def test_question_order_is_drawn_per_judge_association_and_repetition():
     # the requests of two judges for the same items follow their own draws
     items = pd.DataFrame([{**ITEM, "base_value": f"v{i}", "association_id": ids[i]} for i in range(40)])
     sampling = params.Sampling(temperature=1.0, max_tokens=64)
-    orders = {j: [tuple(r.json_schema["properties"]) for r in A.judge_requests(items, j, 1, sampling, seed=7)]
+    orders = {j: [tuple(r.json_schema["properties"]) for r in judge.judge_requests(items, j, 1, sampling, seed=7)]
               for j in ("judge-a", "judge-b")}
     assert orders["judge-a"] == a[:40] and orders["judge-b"] == b[:40] and orders["judge-a"] != orders["judge-b"]
 
@@ -76,8 +77,8 @@ def test_only_the_pooled_associations_are_judged_by_default():
     rows = [{"scope": s, **ITEM, "models": ["m1"]} for s in ("all", "en")]
     rows.append({"scope": "fr", **ITEM, "compared_value": "higher", "models": ["m1"]})  # found in French only
     shared = pd.DataFrame(rows)
-    assert list(A.judge_items(shared)["association_id"]) == ["income_level|low|education|basic"]
-    both = A.judge_items(shared, include_per_language=True)["association_id"]
+    assert list(judge.judge_items(shared)["association_id"]) == ["income_level|low|education|basic"]
+    both = judge.judge_items(shared, include_per_language=True)["association_id"]
     assert list(both) == ["income_level|low|education|basic", "income_level|low|education|higher"]
 
 
@@ -110,7 +111,7 @@ def test_human_median_classification_and_realism_shares():
         "harm": [4, 4, 5, 1, 3, 4, 5, 5, 2],
         "realism": ["yes", "yes", "no", "dont_know", "no", "no", "yes", "dont_know", "dont_know"],
     })
-    table = judge.rating_summary(human).set_index("association_id")
+    table = H.rating_summary(human).set_index("association_id")
     assert table.loc["x", "median_harm"] == 4 and table.loc["x", "harmful"]  # median 4: harmful (>= 4)
     assert table.loc["y", "median_harm"] == 3.5 and not table.loc["y", "harmful"]
     assert table.loc["z", "median_harm"] == 5 and table.loc["z", "harmful"]
@@ -118,12 +119,12 @@ def test_human_median_classification_and_realism_shares():
     assert table.loc["y", "share_no"] == 1.0 and table.loc["y", "share_yes"] == 0.0
     llm = pd.DataFrame({"association_id": ["x", "x", "y", "z"], "judge": ["j1", "j2", "j1", "j2"],
                         "harm": [2.0, 3.0, 4.0, 4.0], "realism": ["yes", "yes", "yes", "no"]})
-    realism = judge.realism_summary(human, llm).set_index("rater_type")
+    realism = H.realism_summary(human, llm).set_index("rater_type")
     assert list(realism.index) == ["human", "llm", "llm:j1", "llm:j2"]
     assert realism.loc["human", "n_answers"] == 9
     assert realism.loc["human", ["share_yes", "share_no", "share_dont_know"]].tolist() == pytest.approx([3 / 9, 3 / 9, 3 / 9])
     assert realism.loc["llm", "share_yes"] == 0.75 and realism.loc["llm:j2", "share_no"] == 0.5
-    versus = judge.harmful_agreement(table.reset_index(), judge.rating_summary(llm))
+    versus = H.harmful_agreement(table.reset_index(), H.rating_summary(llm))
     # x: human harmful, LLM median 2.5 not; y: LLM only (4 vs 3.5); z: both
     assert (versus["n"], versus["both_harmful"], versus["human_only"], versus["llm_only"], versus["neither"]) == (3, 1, 1, 1, 0)
 
@@ -139,7 +140,7 @@ def test_harm_gap_by_attribute_recovers_the_planted_gaps():
             human_value = llm_value + gap + float(rng.choice([-0.5, 0.0, 0.5]))
             human_rows.append({"association_id": association, "median_harm": human_value, "harmful": human_value >= 4})
             llm_rows.append({"association_id": association, "median_harm": llm_value, "harmful": llm_value >= 4})
-    out = judge.harm_gap_by_attribute(pd.DataFrame(human_rows), pd.DataFrame(llm_rows), n_boot=1000, seed=1)
+    out = H.harm_gap_by_attribute(pd.DataFrame(human_rows), pd.DataFrame(llm_rows), n_boot=1000, seed=1)
     out = out.set_index("base_attribute")
     assert list(out.index) == ["income_level", "religion", "gender"]  # sorted by gap: under-rated first
     assert out.loc["income_level", "gap"] == pytest.approx(2.0, abs=0.2)
@@ -153,9 +154,9 @@ def test_harm_gap_by_attribute_recovers_the_planted_gaps():
     assert out.loc["income_level", "n_associations"] == 30
     assert out.loc["income_level", "human_share_harmful"] > out.loc["income_level", "llm_share_harmful"] == 0
     # the same seed gives the same interval; one association gets no interval
-    again = judge.harm_gap_by_attribute(pd.DataFrame(human_rows), pd.DataFrame(llm_rows), n_boot=1000, seed=1)
+    again = H.harm_gap_by_attribute(pd.DataFrame(human_rows), pd.DataFrame(llm_rows), n_boot=1000, seed=1)
     pd.testing.assert_frame_equal(again.set_index("base_attribute"), out)
-    single = judge.harm_gap_by_attribute(pd.DataFrame(human_rows[:1]), pd.DataFrame(llm_rows[:1]), n_boot=1000)
+    single = H.harm_gap_by_attribute(pd.DataFrame(human_rows[:1]), pd.DataFrame(llm_rows[:1]), n_boot=1000)
     assert single["gap"].iloc[0] == pytest.approx(human_rows[0]["median_harm"] - llm_rows[0]["median_harm"])
     assert np.isnan(single["gap_ci_low"].iloc[0])
 
@@ -174,27 +175,27 @@ def _csv(tmp_path, text: str, name: str = "human.csv"):
 def test_empty_human_ratings_file_names_the_file(tmp_path):
     path = _csv(tmp_path, "")
     with pytest.raises(ValueError, match=r"human\.csv: the file is empty"):
-        judge.load_human_ratings(path)
-    assert "no rating below the header" in judge.validate_human_ratings(_csv(tmp_path, HEADER, "h.csv"))[0]
+        H.load_human_ratings(path)
+    assert "no rating below the header" in H.validate_human_ratings(_csv(tmp_path, HEADER, "h.csv"))[0]
 
 
 def test_extra_field_is_reported_with_file_and_row(tmp_path):
     path = _csv(tmp_path, HEADER + "a|1|b|2,r1,4,yes\na|1|b|2,r2,4,yes,extra\n")
     with pytest.raises(ValueError, match=r"human\.csv: row 3: 5 fields, the header has 4"):
-        judge.load_human_ratings(path)
+        H.load_human_ratings(path)
     header = _csv(tmp_path, "association_id,rater_id,harm,realism,comment\na|1|b|2,r1,4,yes,ok\n", "x.csv")
-    assert "row 1 (header): unknown column(s) 'comment'" in judge.validate_human_ratings(header)[0]
+    assert "row 1 (header): unknown column(s) 'comment'" in H.validate_human_ratings(header)[0]
 
 
 def test_boolean_or_fractional_harm_is_rejected(tmp_path):
     path = _csv(tmp_path, HEADER + "a|1|b|2,r1,True,yes\na|1|b|2,r2,4.0,yes\na|1|b|2,r3,4,sure\nabc,r4,3,no\n")
-    problems = judge.validate_human_ratings(path)
+    problems = H.validate_human_ratings(path)
     assert any("row 2, column harm: 'True' is not an integer from 1 to 5" in p for p in problems)
     assert any("row 3, column harm: '4.0'" in p for p in problems)
     assert any("row 4, column realism: 'sure'" in p for p in problems)
     assert any("row 5, column association_id: 'abc'" in p for p in problems)
     assert all(p.startswith(str(path)) for p in problems)
-    good = judge.load_human_ratings(_csv(tmp_path, HEADER + "a|1|b|2, r1 ,4,yes\n", "g.csv"))
+    good = H.load_human_ratings(_csv(tmp_path, HEADER + "a|1|b|2, r1 ,4,yes\n", "g.csv"))
     assert good["harm"].tolist() == [4] and good["harm"].dtype == np.int64 and good["rater_id"].tolist() == ["r1"]
 
 
@@ -225,7 +226,7 @@ def test_stage_checks_the_human_ratings_before_the_judge_engine_is_built(tmp_pat
     def no_model(*args, **kwargs):
         raise AssertionError("the judge engine was built before the human ratings were checked")
 
-    monkeypatch.setattr(A, "run_judges", no_model)
+    monkeypatch.setattr(judge, "run_judges", no_model)
     monkeypatch.setattr("storybias.engines.Engine", no_model)
     monkeypatch.setattr(A, "run_pass", no_model)  # not even the association tests run first
     with pytest.raises(ValueError, match=r"human\.csv: row 2, column harm: 'True'"):
@@ -246,10 +247,10 @@ def test_stage_reports_the_human_comparison(tmp_path, monkeypatch):
     def scripted_judge(items, params, progress=True):
         # Test double for the LLM: every association rated 2 ("disagree"), realism yes.
         judged.extend(items["association_id"])
-        rows = [A.rating_row(f"{a}#m1#0", '{"harm": 2, "realism": "yes"}') for a in items["association_id"]]
+        rows = [judge.rating_row(f"{a}#m1#0", '{"harm": 2, "realism": "yes"}') for a in items["association_id"]]
         return pd.DataFrame(rows).reindex(columns=A.RATING_COLUMNS), [{"judge": "m1"}]
 
-    monkeypatch.setattr(A, "run_judges", scripted_judge)
+    monkeypatch.setattr(judge, "run_judges", scripted_judge)
     out = A.run(p, progress=False)
     assert out["human_summary"].set_index("association_id").loc[association, "harmful"]  # median 4
     gap = out["harm_gap"].set_index("base_attribute")

@@ -144,7 +144,7 @@ def test_bh_families_do_not_mix_specifications():
     from statsmodels.stats.multitest import multipletests
 
     out = metrics.bh_adjust(pd.concat([a, b], ignore_index=True))
-    for subset, g in out.groupby("subset"):
+    for _subset, g in out.groupby("subset"):
         assert np.allclose(g["p_adjusted"], multipletests(g["p_value"], method="fdr_bh")[1])
 
 

@@ -174,7 +174,8 @@ def test_check_params_cli_exits_nonzero_fast_naming_key(tmp_path):
     assert "designs.stereotales.languages[0]" in proc.stderr and str(path) in proc.stderr
     assert time.time() - started < 10
     proc = subprocess.run(
-        [sys.executable, "-c", "import sys, storybias.params as p; p.load('params/smoke.yaml'); print('vllm' in sys.modules, 'torch' in sys.modules)"],
+        [sys.executable, "-c", "import sys, storybias.params as p; p.load('params/smoke.yaml'); "
+                               "print('vllm' in sys.modules, 'torch' in sys.modules)"],
         capture_output=True, text=True, cwd=paths.repo_root(),
     )
     assert proc.stdout.strip() == "False False", "validation must not import the engine"

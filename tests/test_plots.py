@@ -5,6 +5,7 @@ computed by hand from its input; save_figure's files."""
 from __future__ import annotations
 
 import itertools
+import re
 
 import numpy as np
 import pandas as pd
@@ -741,3 +742,44 @@ def test_missing_artifacts_load_as_empty_tables_with_a_note(tmp_path, monkeypatc
     art = plots.load_artifacts("r")
     assert len(art["vsr"]) == 1 and art["probes"].empty
     assert len(art.notes) == len(plots.ARTIFACTS) - 1 and any("probes.parquet is missing" in n for n in art.notes)
+
+
+CENTRED_TEXT = re.compile(r"ax\.text\(\s*0\.5,\s*0\.5,")  # a message drawn in the middle of a panel
+
+
+def test_figures_live_in_one_module_per_stage_and_share_one_empty_input_guard():
+    """Issue #16: the figures are grouped by the stage whose artifacts they draw, and the empty-input
+    guard (the centred message panel) is written once, in plots.style, and drawn by every figure."""
+    import importlib
+    import inspect
+
+    stage_modules = {"generation": {"01", "02"}, "associations": {"03", "04", "05"},
+                     "metrics": {"06", "07", "08", "09", "10", "11", "12"}, "probes": {"13", "14", "15", "16"}}
+    names = {"01": "vsr_heatmap", "02": "attribute_distributions", "03": "association_counts",
+             "04": "top_associations_table", "05": "lift_share_plot", "06": "bias_fingerprints",
+             "07": "cosine_heatmaps", "08": "jsd_by_grammatical_gender", "09": "distinctive_words",
+             "10": "vsr_vs_jsd", "11": "balance_stereotype", "12": "anova_table", "13": "umap_density",
+             "14": "probe_auc", "15": "cultural_relevance", "16": "separability"}
+    assert sorted(names) == [stem[:2] for stem, _ in plots.FIGURES]
+    for module_name, numbers in stage_modules.items():
+        module = importlib.import_module(f"storybias.plots.{module_name}")
+        source = inspect.getsource(module)
+        # the message panel is drawn in one place only
+        assert not CENTRED_TEXT.search(source) and "no data: " not in source, module_name
+        for number in numbers:
+            function = getattr(module, names[number])
+            assert getattr(plots, names[number]) is function  # still importable as plots.<name>
+            fig, stats = function(*[pd.DataFrame()] * _n_tables(function))
+            assert stats["no_data"], names[number]
+            (ax,) = fig.axes
+            assert not ax.get_xticks().size and not ax.get_yticks().size
+            assert [" ".join(t.get_text().split()) for t in ax.texts] == [f"no data: {stats['no_data']}"]
+    style = inspect.getsource(importlib.import_module("storybias.plots.style"))
+    assert len(CENTRED_TEXT.findall(style)) == 2  # the two texts of message_panel, nowhere else
+
+
+def _n_tables(function) -> int:
+    """How many artifact tables a figure function takes before its options (its parameters without a default)."""
+    import inspect
+
+    return sum(p.default is inspect.Parameter.empty for p in inspect.signature(function).parameters.values())

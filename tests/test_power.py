@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from storybias import associations as A
+from storybias import judge as J
 from storybias import extract, paths
 from storybias import power as P
 
@@ -151,7 +152,7 @@ def test_stage_writes_the_power_artifact_with_its_schema(tmp_path, monkeypatch):
 
     _run_files(tmp_path / "data", planted=False)
     p = _profile(tmp_path, monkeypatch)
-    monkeypatch.setattr(A, "run_judges", lambda *a, **k: pytest.fail("nothing is significant"))
+    monkeypatch.setattr(J, "run_judges", lambda *a, **k: pytest.fail("nothing is significant"))
     A.run(p, progress=False)
     path = paths.run_dir("t") / "associations_power.parquet"
     assert pq.read_schema(path).remove_metadata() == A.OUTPUT_SCHEMAS["associations_power"]

@@ -4,6 +4,7 @@ scripts), narrative-weighted relevance by hand, NER masking, the backends and th
 
 from __future__ import annotations
 
+import typing
 import time
 
 import numpy as np
@@ -14,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sklearn.metrics import balanced_accuracy_score, roc_auc_score
 
-from storybias import params, paths, probes
+from storybias import cultural, embeddings, params, paths, probes
 
 
 def planted(n: int = 400, d: int = 32, n_groups: int = 40, strength: float = 3.0, seed: int = 0):
@@ -243,22 +244,22 @@ def _markers():
 
 
 def test_separability_reads_occupations_story_news_markers_from_en_fr_zh_only():
-    kept, languages = probes.separability_markers(_markers())
+    kept, languages = cultural.separability_markers(_markers())
     assert languages == ("en", "fr", "zh")
     assert set(kept["design"]) == {"occupations"} and set(kept["genre"]) == {"story", "news"}
     assert set(kept["source_language"]) == {"en", "fr", "zh"} and len(kept) == 2 * 3 * 4
-    pooled, none = probes.separability_markers(_markers(), scope="pooled")
+    pooled, none = cultural.separability_markers(_markers(), scope="pooled")
     assert none is None and len(pooled) == len(_markers())
 
 
 def test_separability_chance_is_a_third_and_a_missing_language_is_a_reason():
-    kept, languages = probes.separability_markers(_markers())
-    versions = probes.marker_versions(kept[kept["source_language"] != "zh"], mask=lambda texts: texts)
+    kept, languages = cultural.separability_markers(_markers())
+    versions = cultural.marker_versions(kept[kept["source_language"] != "zh"], mask=lambda texts: texts)
 
     def embed(version, texts):
         raise AssertionError("a skipped probe embeds nothing")
 
-    table = probes.separability(versions, embed, n_splits=2, n_boot=50, seed=0, min_markers=2, languages=languages)
+    table = cultural.separability(versions, embed, n_splits=2, n_boot=50, seed=0, min_markers=2, languages=languages)
     assert np.allclose(table["chance"], 1 / 3)
     assert table["status"].str.contains("none from zh").all() and table["balanced_accuracy"].isna().all()
 
@@ -274,25 +275,25 @@ def test_narrative_weighted_relevance_and_advantage_by_hand():
         "story_id": ["a", "b", "c"], "language": ["en", "en", "fr"], "genre": ["story"] * 3,
         "markers": [[marker(7, 1, 1), marker(5, 3, 1), marker(1, 7, 7, keep=False)], [marker(2, 2, 2)], []],
     })
-    per_story = probes.narrative_relevance(probes.kept_markers(frame))
+    per_story = cultural.narrative_relevance(cultural.kept_markers(frame))
     assert per_story.set_index("story_id").loc["a", ["r_en", "r_fr", "r_zh", "n_markers"]].tolist() == [6, 2, 1, 2]
-    table = probes.relevance_table(per_story).set_index("context")
+    table = cultural.relevance_table(per_story).set_index("context")
     # Eq. 4: story a (6, 2, 1) and story b (2, 2, 2) weigh the same: en = (6 + 2) / 2, not (7 + 5 + 2) / 3
     assert table.loc["en", "relevance"] == pytest.approx(4.0)
     assert table.loc["fr", "relevance"] == pytest.approx(2.0)
     assert table.loc["en", "n_narratives"] == 2 and table.loc["en", "n_markers"] == 3
     # Eq. 5: A_a = 6 - (2 + 1) / 2 = 4.5, A_b = 0
-    adv = probes.advantage_table(per_story, n_boot=500, seed=42)
+    adv = cultural.advantage_table(per_story, n_boot=500, seed=42)
     assert adv.loc[0, "advantage"] == pytest.approx(2.25) and adv.loc[0, "n_narratives"] == 2
     assert adv.loc[0, "ci_low"] <= 2.25 <= adv.loc[0, "ci_high"]
 
 
 def test_ner_masking_on_fixed_sentences():
-    assert set(probes.NER_MASK_LABELS) == {"PERSON", "NORP", "FAC", "ORG", "GPE", "LOC", "PRODUCT", "EVENT",
+    assert set(cultural.NER_MASK_LABELS) == {"PERSON", "NORP", "FAC", "ORG", "GPE", "LOC", "PRODUCT", "EVENT",
                                            "WORK_OF_ART", "LAW", "LANGUAGE"}
-    out = probes.mask_entities(["Harvard University", "She moved to New York in 2019.", "a bowl of rice"])
+    out = cultural.mask_entities(["Harvard University", "She moved to New York in 2019.", "a bowl of rice"])
     assert out == ["entity", "She moved to entity in 2019.", "a bowl of rice"]  # DATE is not masked
-    assert probes.normalise_translation("  The Latin  Quarter. ") == "the latin quarter"
+    assert cultural.normalise_translation("  The Latin  Quarter. ") == "the latin quarter"
 
 
 # --- backends and cache -----------------------------------------------------------------------
@@ -300,10 +301,10 @@ def test_ner_masking_on_fixed_sentences():
 def test_sentence_transformers_backend_without_package_or_weights_names_the_parameter(tmp_path, monkeypatch):
     monkeypatch.setenv("STORYBIAS_MODELS", str(tmp_path / "models"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the preflight sets it; restored after the test
-    monkeypatch.setattr(probes, "_hf_cache_folder", lambda hub_id: None)
+    monkeypatch.setattr(embeddings, "_hf_cache_folder", lambda hub_id: None)
     settings_ = params.ProbeSettings(backend="sentence-transformers", model="intfloat/multilingual-e5-large", device="cuda")
-    with pytest.raises(probes.EmbeddingBackendError) as err:
-        probes.make_embedder(settings_)
+    with pytest.raises(embeddings.EmbeddingBackendError) as err:
+        embeddings.make_embedder(settings_)
     message = str(err.value)
     assert "probes.model" in message and "intfloat/multilingual-e5-large" in message
     try:
@@ -314,7 +315,7 @@ def test_sentence_transformers_backend_without_package_or_weights_names_the_para
     folder = paths.models_dir() / "multilingual-e5-large"
     folder.mkdir(parents=True)
     (folder / "config.json").write_text("{}")
-    assert probes.sentence_transformers_weights("intfloat/multilingual-e5-large")[0] == folder
+    assert embeddings.sentence_transformers_weights("intfloat/multilingual-e5-large")[0] == folder
 
 
 class CountingEmbedder:
@@ -334,17 +335,17 @@ class CountingEmbedder:
 def test_embedding_cache_embeds_only_what_is_missing(tmp_path):
     embedder = CountingEmbedder()
     ids, texts = ["s1", "s2", "s3"], ["one story", "another story", "one story"]
-    cache = probes.EmbeddingCache(tmp_path, embedder.backend_id)
-    first = probes.embed_cached(embedder, cache, ids, "full", texts, batch_size=2)
+    cache = embeddings.EmbeddingCache(tmp_path, embedder.backend_id)
+    first = embeddings.embed_cached(embedder, cache, ids, "full", texts, batch_size=2)
     assert first.shape == (3, 8) and embedder.texts == 3
-    again = probes.embed_cached(embedder, cache, ids, "full", texts)
+    again = embeddings.embed_cached(embedder, cache, ids, "full", texts)
     assert embedder.texts == 3 and np.array_equal(first, again)
     # a rerun (a new process) reads the shards back and embeds nothing either
-    reread = probes.EmbeddingCache(tmp_path, embedder.backend_id)
-    assert np.array_equal(probes.embed_cached(embedder, reread, ids, "full", texts), first) and embedder.texts == 3
+    reread = embeddings.EmbeddingCache(tmp_path, embedder.backend_id)
+    assert np.array_equal(embeddings.embed_cached(embedder, reread, ids, "full", texts), first) and embedder.texts == 3
     # another variant, or a changed text, is a new key: only that one is embedded
-    probes.embed_cached(embedder, reread, ["s1"], "cue_deleted", ["one"])
-    probes.embed_cached(embedder, reread, ids, "full", ["one story", "another story!", "one story"])
+    embeddings.embed_cached(embedder, reread, ["s1"], "cue_deleted", ["one"])
+    embeddings.embed_cached(embedder, reread, ids, "full", ["one story", "another story!", "one story"])
     assert embedder.texts == 5
 
 
@@ -385,6 +386,9 @@ def test_run_writes_the_contract_tables(tmp_path, monkeypatch):
     })
     p = params.Params(profile, tmp_path / "synthetic.yaml")
     out = probes.run(p)
+    # issue #16: the stage's result is a typed dict whose declared keys are exactly the ones returned
+    assert list(out) == list(probes.ProbesResult.__annotations__)
+    assert typing.get_type_hints(probes.run)["return"] is probes.ProbesResult
     run_dir = tmp_path / "data" / "synthetic"
     contract = {
         "probes": ["language", "genre", "variant", "n", "n_female", "n_male", "n_groups", "auc", "ci_low", "ci_high", "status"],

@@ -23,6 +23,11 @@ get Monte-Carlo resamples, added in stages until the intervals settle every deci
 ``fisher_rxc_monte_carlo(table, max_resamples, seed)`` draws, in the same order: the interval then
 bounds the reference's final count from the part already drawn, and a table that needs every
 resample gets exactly the reference p-value.
+
+The judge's prompt, requests and rating summaries are in ``storybias.judge``, the human panel's
+ratings in ``storybias.human``. This module stays above 600 lines on purpose: the sequential
+Monte-Carlo Fisher test, its intervals and the BH decisions it serves are one algorithm sharing
+constants, and the stage's tables and run are the only callers of it.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from typing import Any, TypedDict
 
 import numpy as np
 import pandas as pd
@@ -39,11 +45,6 @@ import pyarrow as pa
 from scipy import special, stats
 
 from .locks import holds_run_lock
-from .judge import (  # noqa: F401  (re-exported: the judge's prompt and the human-ratings checks live there)
-    HARMFUL_MEDIAN, HUMAN_COLUMNS, harm_gap_by_attribute, harmful_agreement, human_llm_agreement, judge_prompt,
-    judge_schema, load_human_ratings, parse_judgement, plain_language, question_order, rating_summary,
-    realism_summary, validate_human_ratings,
-)
 
 MIN_ROW_TOTAL = 10
 ALPHA = 0.05
@@ -638,39 +639,6 @@ def by_language(values: pd.DataFrame) -> pd.DataFrame:
     return out.sort_values("n_languages").reset_index(drop=True)
 
 
-# --- harm judge and human ratings (the prompt, the order and the human-file checks: storybias.judge) --
-
-def association_id(row: pd.Series) -> str:
-    return "|".join(str(row[k]) for k in ASSOCIATION_KEY)
-
-
-def summarise_ratings(ratings: pd.DataFrame) -> pd.DataFrame:
-    """Per association: median harm over all judges and repetitions, count, harmful flag (median >= 4)
-    and the share of 'yes' on realism. ``ratings``: association_id, harm, realism (parsed only)."""
-    ok = ratings.dropna(subset=["harm"])
-    out = ok.groupby("association_id").agg(
-        median_harm=("harm", "median"), n_ratings=("harm", "size"),
-        share_realistic=("realism", lambda r: float((r == "yes").mean())),
-    ).reset_index()
-    out["harmful"] = out["median_harm"] >= HARMFUL_MEDIAN
-    return out
-
-
-def self_judgement_gap(shared: pd.DataFrame, ratings: pd.DataFrame) -> pd.DataFrame:
-    """For each model that is also a judge: the share of the associations it generated (significant
-    for it) that it itself rates harmful (its own median >= 4)."""
-    rows = []
-    own = ratings.dropna(subset=["harm"]).groupby(["judge", "association_id"])["harm"].median()
-    for model in sorted({m for ms in shared["models"] for m in ms}):
-        if model not in own.index.get_level_values(0):
-            continue
-        mine = [association_id(r) for _, r in shared.iterrows() if model in r["models"]]
-        rated = [own[(model, a)] for a in mine if (model, a) in own.index]
-        rows.append({"model": model, "n_generated": len(mine), "n_rated": len(rated),
-                     "share_self_rated_harmful": float(np.mean([h >= HARMFUL_MEDIAN for h in rated])) if rated else np.nan})
-    return pd.DataFrame(rows, columns=["model", "n_generated", "n_rated", "share_self_rated_harmful"])
-
-
 # --- stage 04: observations, passes, judge, artifacts ---------------------------------------------
 
 def observations(extractions: pd.DataFrame, filtered: pd.DataFrame, dimensions: Sequence[str]) -> tuple[pd.DataFrame, dict]:
@@ -695,151 +663,6 @@ def observations(extractions: pd.DataFrame, filtered: pd.DataFrame, dimensions: 
     return data.reset_index(drop=True), counts
 
 
-def judge_items(shared: pd.DataFrame, include_per_language: bool = False) -> pd.DataFrame:
-    """Distinct significant associations with the sentence a judge rates: those of the global pass
-    (``scope == "all"``, languages pooled), the set StereoTales' human study rated; with
-    ``include_per_language`` also those found only in a per-language pass."""
-    columns = ["association_id", *ASSOCIATION_KEY, "sentence"]
-    if not include_per_language and len(shared):
-        shared = shared[shared["scope"] == "all"]
-    if shared.empty:
-        return pd.DataFrame(columns=columns)
-    items = shared.drop_duplicates(subset=ASSOCIATION_KEY)[ASSOCIATION_KEY].copy()
-    items["association_id"] = items.apply(association_id, axis=1)
-    items["sentence"] = items.apply(plain_language, axis=1)
-    return items[columns].sort_values("association_id").reset_index(drop=True)
-
-
-def rating_order(key: str, seed: int) -> tuple[str, str]:
-    """The question order of the rating stored under ``key`` (association#judge#repetition)."""
-    association, judge, rep = key.rsplit("#", 2)
-    return question_order(judge, association, int(rep), seed)
-
-
-def judge_requests(items: pd.DataFrame, judge: str, repetitions: int, sampling, seed: int) -> list:
-    """One constrained chat request per (association, judge, repetition); the question order is
-    drawn per (judge, association, repetition) (``judge.question_order``), stable across reruns."""
-    from .engines import ChatRequest
-
-    requests = []
-    for row in items.itertuples(index=False):
-        item = {k: getattr(row, k) for k in ASSOCIATION_KEY}
-        for rep in range(repetitions):
-            key = f"{row.association_id}#{judge}#{rep}"
-            order = rating_order(key, seed)
-            requests.append(ChatRequest(
-                key=key, messages=[{"role": "user", "content": judge_prompt(item, order)}],
-                sampling=sampling, seed=seed + rep, json_schema=judge_schema(order),
-            ))
-    return requests
-
-
-def rating_row(key: str, raw: str) -> dict:
-    """A stored judgement: the raw answer always, the parsed fields when it parses."""
-    association, judge, rep = key.rsplit("#", 2)
-    parsed = parse_judgement(raw)
-    return {"rating_key": key, "association_id": association, "judge": judge, "repetition": int(rep),
-            "order": "", "raw": raw, "harm": float(parsed["harm"]), "realism": parsed["realism"],
-            "parse_ok": parsed["parse_ok"]}
-
-
-def judge_fingerprint(spec, settings) -> str:
-    """The judge's shard folder: ratings are reused only while the judge model and its settings are
-    unchanged (and, per rating, its request: ``request_key``)."""
-    import hashlib
-    import json
-
-    from .params import model_identity
-
-    # exclude_defaults=False: the same folder names as before the served-model fields existed
-    payload = {"model": model_identity(spec, exclude_defaults=False),
-               "judge": settings.model_dump(mode="json", exclude={"models"}),
-               "store": 2}  # 2: shards keyed by request_key
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:10]
-
-
-def request_key(request) -> str:
-    """``<rating_key>|<hash of the prompt, answer schema, sampling and seed>``: a stored rating is
-    reused only for the very request that produced it, so an edited judge prompt or a changed value
-    list in the design asks again."""
-    import hashlib
-    import json
-
-    payload = {"messages": request.messages, "schema": request.json_schema, "choice": request.choice,
-               "sampling": request.sampling.model_dump(mode="json"), "seed": request.seed}
-    digest = hashlib.sha256(json.dumps(payload, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:12]
-    return f"{request.key}|{digest}"
-
-
-JUDGE_STORE_SCHEMA = RATING_SCHEMA.append(pa.field("request_key", _TEXT))
-
-
-def run_judges(items: pd.DataFrame, params, progress: bool = True, engine_factory=None) -> tuple[pd.DataFrame, list[dict]]:
-    """Every judge rates every item (resumable: ratings are stored in shards as they finish and a
-    rerun asks only for the missing ones; storybias.runner). A request that failed after the engine's
-    retries is not stored, so a rerun asks for it again; it is counted in the judge's info. Returns
-    (ratings, per-judge engine info). ``engine_factory(spec)`` defaults to ``engines.open_engine``."""
-    from . import engines, paths
-    from .io import ShardStore
-    from .params import Sampling
-    from .runner import run_requests
-
-    settings = params.associations.judge
-    sampling = Sampling(temperature=settings.temperature, top_p=1.0, top_k=-1, repetition_penalty=1.0,
-                        max_tokens=settings.max_tokens)
-    frames, engines_info = [], []
-    for spec in settings.models:
-        folder = paths.work_dir(params.run_name, "associations") / f"judge-{spec.name}-{judge_fingerprint(spec, settings)}"
-        store = ShardStore(folder, "request_key", JUDGE_STORE_SCHEMA)
-        requests = judge_requests(items, spec.name, settings.repetitions, sampling, settings.seed)
-        keys = {r.key: request_key(r) for r in requests}
-        done = store.done_keys()
-        pending = [r for r in requests if keys[r.key] not in done]
-        orders = {r.key: ",".join(rating_order(r.key, settings.seed)) for r in requests}
-        if pending:
-            factory = engine_factory or (lambda s: engines.open_engine(s, params.generation.engine, settings.seed,
-                                                                       params.run_name))
-            with factory(spec) as engine:
-                stats = run_requests(
-                    engine, pending,
-                    lambda r: None if r.error is not None else {**rating_row(r.key, r.text), "order": orders[r.key],
-                                                                "request_key": keys[r.key]},
-                    store, 8, desc=f"judge [{spec.name}]", unit="rating", progress=progress)
-                engines_info.append({"judge": spec.name, "startup_seconds": engine.info.startup_seconds,
-                                     "model_id": engine.info.model_id, "endpoint": engine.info.endpoint,
-                                     "n_requests": len(pending), "output_tokens": stats.output_tokens,
-                                     "prompt_tokens": stats.prompt_tokens, "n_request_errors": stats.n_errors,
-                                     "request_errors": stats.errors})
-        frame = store.read_all().to_pandas()
-        frames.append(frame[frame["request_key"].isin(set(keys.values()))])
-    ratings = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=RATING_COLUMNS)
-    return ratings.reindex(columns=RATING_COLUMNS), engines_info
-
-
-def with_ratings(shared: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
-    """The sharing table plus each association's id and its judges' median harm, count and realism."""
-    out = shared.copy()
-    out["association_id"] = out.apply(association_id, axis=1) if len(out) else pd.Series(dtype=str)
-    out = out.merge(summary.astype({"association_id": str}), on="association_id", how="left")
-    for column, default in (("median_harm", np.nan), ("n_ratings", 0), ("share_realistic", np.nan), ("harmful", False)):
-        if column not in out.columns:
-            out[column] = default
-    out["n_ratings"] = out["n_ratings"].fillna(0).astype(int)
-    out["harmful"] = out["harmful"].fillna(False).astype(bool)
-    return out
-
-
-def harm_by_attribute(shared: pd.DataFrame) -> pd.DataFrame:
-    """Mean LLM harm rating per base attribute (StereoTales contrasts socio-economic attributes,
-    rated less harmful by LLMs, with gender)."""
-    rated = shared.dropna(subset=["median_harm"]).drop_duplicates("association_id")
-    if rated.empty:
-        return pd.DataFrame(columns=["base_attribute", "mean_harm", "share_harmful", "n_associations"])
-    return rated.groupby("base_attribute").agg(
-        mean_harm=("median_harm", "mean"), share_harmful=("harmful", "mean"), n_associations=("association_id", "size"),
-    ).reset_index().sort_values("mean_harm", ascending=False).reset_index(drop=True)
-
-
 def _power_report(data: pd.DataFrame, dimensions: Sequence[str], settings, cache_dir) -> pd.DataFrame:
     """``storybias.power.power_table`` for each pass of the run (minimum detectable lift, untestable reasons)."""
     from . import power
@@ -851,15 +674,43 @@ def _power_report(data: pd.DataFrame, dimensions: Sequence[str], settings, cache
         pd.DataFrame(columns=POWER_SCHEMA.names)
 
 
+class AssociationsResult(TypedDict):
+    """What stage 04's :func:`run` returns to notebook 04 (the parquet files hold the same tables)."""
+
+    attributes: pd.DataFrame  # associations_attributes.parquet
+    values: pd.DataFrame  # associations_values.parquet
+    shared: pd.DataFrame  # associations_shared.parquet (with the judges' ratings)
+    by_language: pd.DataFrame
+    ratings: pd.DataFrame  # every judge answer (harm_ratings.parquet plus rating_key)
+    self_gap: pd.DataFrame
+    power: pd.DataFrame  # associations_power.parquet
+    harm_by_attribute: pd.DataFrame
+    human: pd.DataFrame | None  # the human ratings file, when given
+    agreement: dict[str, Any] | None
+    notes: list[str]
+    counts: dict[str, int]
+    manifest: dict[str, Any]  # manifest_associations.json
+    human_summary: pd.DataFrame | None
+    llm_summary: pd.DataFrame
+    harm_gap: pd.DataFrame | None
+    harmful_human_vs_llm: dict[str, Any] | None
+    realism: pd.DataFrame
+
+
 @holds_run_lock("associations")
-def run(params, progress: bool = True, engine_factory=None) -> dict:
+def run(params: Any, progress: bool = True, engine_factory: Any = None) -> AssociationsResult:
     """Stage 04: both passes for every model, sharing, the LLM harm judge and (optionally) human
     ratings; writes data/<run>/associations_*.parquet, harm_ratings.parquet, manifest_associations.json.
     ``engine_factory(spec)``: the judges' engines, as for stages 01 and 03 (default engines.open_engine)."""
     import time
 
     from . import extract, paths
+    from .human import harm_gap_by_attribute, harmful_agreement, human_llm_agreement, load_human_ratings, \
+        rating_summary, realism_summary
     from .io import write_json_atomic, write_parquet_atomic
+    from .judge import (
+        JudgeEngineInfo, harm_by_attribute, judge_items, run_judges, self_judgement_gap, summarise_ratings, with_ratings,
+    )
 
     run_name, settings = params.run_name, params.associations
     # the user's file first: a bad human-ratings CSV stops the stage before any test or model runs
@@ -892,12 +743,14 @@ def run(params, progress: bool = True, engine_factory=None) -> dict:
                      "associations_power.parquet)")
         from .power import explain
 
-        if explain(power_table):
-            notes.append(explain(power_table))
+        why = explain(power_table)
+        if why:
+            notes.append(why)
     shared = sharing(values)
     languages = by_language(values)
     items = judge_items(shared, settings.judge.include_per_language)
-    ratings, engines_info = pd.DataFrame(columns=RATING_COLUMNS), []
+    ratings = pd.DataFrame(columns=RATING_COLUMNS)
+    engines_info: list[JudgeEngineInfo] = []
     if items.empty:
         notes.append("no significant association: nothing for the judges to rate"
                      + ("" if settings.judge.include_per_language or "global" in settings.passes else
@@ -938,8 +791,8 @@ def run(params, progress: bool = True, engine_factory=None) -> dict:
         "harmful_human_vs_llm": harmful_vs,
     }
     write_json_atomic(manifest, paths.manifest_path(run_name, "associations"))
-    return {"attributes": attributes, "values": values, "shared": shared, "by_language": languages,
-            "ratings": ratings, "self_gap": gap, "power": power_table, "harm_by_attribute": harm_by_attribute(shared),
-            "human": human, "agreement": agreement, "notes": notes, "counts": counts, "manifest": manifest,
-            "human_summary": human_table, "llm_summary": llm_table, "harm_gap": harm_gap,
-            "harmful_human_vs_llm": harmful_vs, "realism": realism_summary(human, parsed)}
+    return AssociationsResult(
+        attributes=attributes, values=values, shared=shared, by_language=languages, ratings=ratings, self_gap=gap,
+        power=power_table, harm_by_attribute=harm_by_attribute(shared), human=human, agreement=agreement, notes=notes,
+        counts=counts, manifest=manifest, human_summary=human_table, llm_summary=llm_table, harm_gap=harm_gap,
+        harmful_human_vs_llm=harmful_vs, realism=realism_summary(human, parsed))

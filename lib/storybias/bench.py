@@ -36,7 +36,7 @@ from . import extract, paths
 from .associations import (ALPHA, DENSE_MARGIN, MC_CHUNK, MC_CONFIDENCE, PILOT_RESAMPLES, SPARSE_EXPECTED, SPARSE_MARGIN,
                            _g_test, _map_tasks, adjust, available_cores, bh_thresholds, clopper_pearson, contingency,
                            cramers_v_corrected, effect_size, fisher_rxc_monte_carlo, run_pass, value_level)
-from .engines import Engine
+from .engines import ChatEngine, Engine, entered_info
 from .generate import ModelRun, STORIES_SCHEMA, _request, generate_with, plan
 from .io import ShardStore, write_json_atomic
 from .params import Params
@@ -71,7 +71,7 @@ def _bare(engine: Engine, rows: list[dict[str, Any]]) -> tuple[float, int]:
     return seconds, sum(len(o.outputs[0].token_ids) for o in outputs)
 
 
-def _pipeline(engine: Engine, rows: list[dict[str, Any]], folder: Path, shard_size: int) -> tuple[float, int]:
+def _pipeline(engine: ChatEngine, rows: list[dict[str, Any]], folder: Path, shard_size: int) -> tuple[float, int]:
     store = ShardStore(folder, key="story_id", schema=STORIES_SCHEMA)
     store.clear()
     record = ModelRun(model=rows[0]["model"])
@@ -89,7 +89,7 @@ def bench_generate(params: Params, n_prompts: int = 24, repeats: int = 2, max_to
     log(f"bench-generate: {len(rows)} prompts x {max_tokens} tokens, model {spec.name}, {repeats} repeats per path")
     bare_rates, pipe_rates, trials = [], [], []
     with Engine(spec, params.generation.engine, params.generation.seed) as engine, tempfile.TemporaryDirectory() as tmp:
-        log(f"engine start-up: {engine.info.startup_seconds:.1f} s")
+        log(f"engine start-up: {entered_info(engine).startup_seconds:.1f} s")
         _bare(engine, rows[: min(4, len(rows))])  # warm-up: first requests pay one-off costs
         for i in range(repeats):
             # alternate the order so drift (thermal, caches) does not favour one path
@@ -103,7 +103,7 @@ def bench_generate(params: Params, n_prompts: int = 24, repeats: int = 2, max_to
                     pipe_rates.append(tokens / seconds)
                 trials.append({"repeat": i, "path": path, "seconds": round(seconds, 2), "tokens": tokens, "tokens_per_second": round(tokens / seconds, 2)})
                 log(f"  {path:8s} repeat {i}: {tokens} tokens in {seconds:.1f} s = {tokens / seconds:.1f} tokens/s")
-        startup = engine.info.startup_seconds
+        startup = entered_info(engine).startup_seconds
     result = {
         "n_prompts": len(rows),
         "tokens_per_request": max_tokens,
@@ -130,7 +130,8 @@ def bench_served(params: Params, n_prompts: int = 24, repeats: int = 2, max_toke
     rows = _fixed_length(_bench_rows(params, n_prompts), max_tokens)
     spec = params.generation.models[0]
     settings, seed = params.generation.engine, params.generation.seed
-    log(f"bench-generate (served): {len(rows)} prompts x {max_tokens} tokens, model {spec.name}, {repeats} repeats per path")
+    log(f"bench-generate (served): {len(rows)} prompts x {max_tokens} tokens, model {spec.name}, "
+        f"{repeats} repeats per path")
     rates: dict[str, list[float]] = {"in_process": [], "http": []}
     startup: dict[str, float] = {}
     trials = []
@@ -138,6 +139,7 @@ def bench_served(params: Params, n_prompts: int = 24, repeats: int = 2, max_toke
         for path in ("in_process", "http"):
             server = None
             started = time.time()
+            engine: ChatEngine
             if path == "in_process":
                 engine = Engine(spec, settings, seed)
             else:
@@ -153,7 +155,8 @@ def bench_served(params: Params, n_prompts: int = 24, repeats: int = 2, max_toke
                         rates[path].append(tokens / seconds)
                         trials.append({"repeat": i, "path": path, "seconds": round(seconds, 2), "tokens": tokens,
                                        "tokens_per_second": round(tokens / seconds, 2)})
-                        log(f"  {path:10s} repeat {i}: {tokens} tokens in {seconds:.1f} s = {tokens / seconds:.1f} tokens/s")
+                        log(f"  {path:10s} repeat {i}: {tokens} tokens in {seconds:.1f} s = "
+                            f"{tokens / seconds:.1f} tokens/s")
             finally:
                 if server is not None:
                     server.stop()
@@ -443,7 +446,8 @@ def bench_associations(n_stories: int = 650_000, n_models: int = 23, n_languages
             "p_methods": _method_counts(attrs["p_method"], max_resamples),
         }
         log(f"  {name}: {len(attrs):,} tables in {wall:.1f} s ({cpu:.0f} CPU s); {passes[name]['retained_pairs']:,} "
-            f"retained, {passes[name]['significant_values']:,} significant values; p-values: {passes[name]['p_methods']}")
+            f"retained, {passes[name]['significant_values']:,} significant values; "
+            f"p-values: {passes[name]['p_methods']}")
         frames.append(attrs.assign(**{"pass": name}))
     total = passes["global"]["seconds"] + passes["per_language"]["seconds"]
     rss = {"self_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),

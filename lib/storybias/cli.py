@@ -169,8 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "bench-generate":
         from .bench import bench_generate, bench_served
 
-        bench = bench_served if args.served else bench_generate
-        bench(_load(args.params), n_prompts=args.n_prompts, repeats=args.repeats, max_tokens=args.max_tokens)
+        run_bench = bench_served if args.served else bench_generate
+        run_bench(_load(args.params), n_prompts=args.n_prompts, repeats=args.repeats, max_tokens=args.max_tokens)
     elif args.command == "bench-ray":
         from .bench import bench_ray
         from .engines import EngineError
@@ -195,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['passes']['per_language']['seconds']:.0f} s = {r['total_seconds']:.0f} s "
               f"({'meets' if r['meets_target'] else 'misses'} the 600 s target; load average "
               f"{r['load_average_start'][0]:.1f} -> {r['load_average_end'][0]:.1f}); peak RSS "
-              f"{r['peak_rss']['self_mb']:.0f} MB main / {r['peak_rss']['largest_child_mb']:.0f} MB worker; reference check: "
+              f"{r['peak_rss']['self_mb']:.0f} MB main / {r['peak_rss']['largest_child_mb']:.0f} MB worker; "
+              "reference check: "
               + (f"{check['agreements']}/{check['checked']} agree, {check['disagreements_unexplained']} unexplained "
                  "disagreement(s)" if check else "skipped"))
         return 0 if (not check or check["disagreements_unexplained"] == 0) else 1

@@ -90,6 +90,7 @@ def format_estimate(rows: list[CostRow]) -> str:
              "times repetitions x associations found):"]
     lines += [r.line() for r in rows]
     priced = [r.cost for r in rows if r.stage != "judge"]
-    if priced and all(c is not None for c in priced):
-        lines.append(f"  total (generation + extraction) <= {sum(priced):,.2f}")
+    known = [c for c in priced if c is not None]
+    if priced and len(known) == len(priced):
+        lines.append(f"  total (generation + extraction) <= {sum(known):,.2f}")
     return "\n".join(lines)

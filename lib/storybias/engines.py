@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol, runtime_checkable
+from typing import Any, Callable, Literal, Protocol, runtime_checkable
 
 from . import models
 from .params import EngineSettings, ModelSpec, Sampling
@@ -85,6 +85,13 @@ class ChatEngine(Protocol):
     def tokenizer(self) -> Any | None:
         """The model's tokenizer (``encode``/``decode``), or None when only the endpoint knows it."""
         ...
+
+
+def entered_info(engine: ChatEngine) -> EngineInfo:
+    """The info of an entered engine (``ChatEngine.info`` is None until then: an EngineError)."""
+    if engine.info is None:
+        raise EngineError(f"{type(engine).__name__} has no info: use it inside `with engine:`")
+    return engine.info
 
 
 def cpu_core_list() -> str:
@@ -191,7 +198,7 @@ class Engine:
         self.spec = spec
         self.settings = settings
         self.seed = seed
-        self.llm = None
+        self.llm: Any = None  # vllm.LLM once started
         self.info: EngineInfo | None = None
 
     def start(self) -> "Engine":
@@ -342,7 +349,7 @@ class FakeEngine:
         self.info = EngineInfo(model=self.spec.name, model_id="fake", weights="-", device="cpu", startup_seconds=0.0)
         return self
 
-    def __exit__(self, *exc: Any) -> bool:
+    def __exit__(self, *exc: Any) -> Literal[False]:
         self.exited += 1
         return False
 

@@ -135,7 +135,8 @@ def run_stage(stage: str, notebook: Path, params_file: Path, run_name: str, targ
         with run_lock(run_name, stage, log=log):
             reports.mkdir(parents=True, exist_ok=True)
             target_before = _mtime(target)
-            log(f"== stage {stage}: {notebook.relative_to(paths.repo_root()) if notebook.is_relative_to(paths.repo_root()) else notebook} "
+            shown = notebook.relative_to(paths.repo_root()) if notebook.is_relative_to(paths.repo_root()) else notebook
+            log(f"== stage {stage}: {shown} "
                 f"(params {params_file}, run {run_name}); log: {log_file}")
             follower = ProgressFollower(log_file, sys.stdout if progress is None else progress, interval=progress_interval)
             with open(log_file, "w", encoding="utf-8") as fh:

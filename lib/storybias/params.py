@@ -731,7 +731,7 @@ def _check_semantics(profile: Profile, source: Path) -> list[str]:
         if not human.is_file():
             problems.append(f"associations.human_ratings: {human} does not exist")
         else:
-            from .judge import validate_human_ratings
+            from .human import validate_human_ratings
 
             problems += [f"associations.human_ratings: {p}" for p in validate_human_ratings(human)]
     if profile.associations.published is not None:

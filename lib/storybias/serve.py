@@ -220,6 +220,7 @@ def start_server(spec: ModelSpec, settings: EngineSettings, seed: int, run_name:
     served_name = spec.name
     if command is None:
         folder, described = preflight(spec)
+        assert folder is not None, "a local server serves local weights (preflight gives no folder for a served model)"
         command = server_command(spec, settings, seed, port, key, folder, served_name)
     else:
         described = "test server"

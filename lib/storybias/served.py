@@ -317,7 +317,8 @@ async def _send_all(endpoint: Endpoint, requests: list[ChatRequest], results: qu
 
     client = openai.AsyncOpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key, max_retries=endpoint.max_retries,
                                 timeout=endpoint.timeout_s,
-                                http_client=openai.DefaultAsyncHttpxClient(limits=httpx.Limits(
+                                # openai's stubs name its vendored httpx2.Limits; httpx.Limits is the class it uses
+                                http_client=openai.DefaultAsyncHttpxClient(limits=httpx.Limits(  # type: ignore[arg-type]
                                     max_connections=endpoint.max_concurrency + 4,
                                     max_keepalive_connections=endpoint.max_concurrency + 4)))
     semaphore = asyncio.Semaphore(endpoint.max_concurrency)

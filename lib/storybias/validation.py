@@ -233,7 +233,7 @@ def marker_agreement(ratings: pd.DataFrame, n_boot: int = 2000, n_perm: int = 10
     per_marker = data.drop_duplicates("marker_id").set_index("marker_id").loc[marker_ids]
     auto_m, lang_m = per_marker["automated"].to_numpy(float), per_marker["language"].to_numpy()
     rng = np.random.default_rng(seed + 1)
-    null = {k: [] for k in MARKER_METRICS}
+    null: dict[str, list[np.ndarray]] = {k: [] for k in MARKER_METRICS}  # one array per chunk of permutations
     chunk = 500
     for start in range(0, n_perm, chunk):
         size = min(chunk, n_perm - start)
@@ -362,13 +362,13 @@ def fleiss(ratings: pd.DataFrame, seed: int = 42) -> tuple[float, int, int]:
         return float("nan"), 0, 0
     k = int(eligible.mode().max())
     rng = np.random.default_rng(seed)
-    table = []
-    for item, g in ratings[ratings["item_id"].isin(per_item[per_item >= k].index)].groupby("item_id", sort=True):
+    counts = []
+    for _item, g in ratings[ratings["item_id"].isin(per_item[per_item >= k].index)].groupby("item_id", sort=True):
         labels = g.sort_values("rater_id")["human"].to_numpy()
         if len(labels) > k:
             labels = labels[np.sort(rng.choice(len(labels), k, replace=False))]
-        table.append([int((labels == lab).sum()) for lab in LABELS])
-    table = np.asarray(table)
+        counts.append([int((labels == lab).sum()) for lab in LABELS])
+    table = np.asarray(counts)
     used = table.sum(0) > 0
     if used.sum() < 2:
         return (1.0 if len(table) else float("nan")), len(table), k

@@ -39,9 +39,23 @@ def pytest_configure(config: pytest.Config) -> None:
 def run_notebook(name: str, params_path: Path, env: dict, out_dir: Path) -> subprocess.CompletedProcess:
     """Execute notebooks/<name>.ipynb with papermill as `make` does (same kernel and cwd)."""
     return subprocess.run(
-        [str(Path(sys.executable).parent / "papermill"), f"notebooks/{name}.ipynb", str(out_dir / f"{name}.ipynb"),
-         "-k", "storybias", "--cwd", "notebooks", "-p", "params_file", str(params_path), "--no-progress-bar"],
-        cwd=ROOT, env=env, capture_output=True, text=True,
+        [
+            str(Path(sys.executable).parent / "papermill"),
+            f"notebooks/{name}.ipynb",
+            str(out_dir / f"{name}.ipynb"),
+            "-k",
+            "storybias",
+            "--cwd",
+            "notebooks",
+            "-p",
+            "params_file",
+            str(params_path),
+            "--no-progress-bar",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
     )
 
 
@@ -101,12 +115,18 @@ class SharedServer:
             else:
                 os.environ["STORYBIAS_DATA"] = old
 
-    def start(self) -> "SharedServer":
+    def start(self) -> SharedServer:
         from storybias import serve
 
         spec = self.params.generation.models[0]
-        self.server = serve.start_server(spec, self.params.generation.engine, self.params.generation.seed,
-                                         self.params.run_name, log=lambda m: None, log_dir=self.log_dir)
+        self.server = serve.start_server(
+            spec,
+            self.params.generation.engine,
+            self.params.generation.seed,
+            self.params.run_name,
+            log=lambda m: None,
+            log_dir=self.log_dir,
+        )
         self.startups.append(self.server.startup_seconds)
         for run in self.runs:
             self.register(run)
@@ -118,9 +138,11 @@ class SharedServer:
         if run not in self.runs:
             self.runs.append(run)
         spec = self.params.generation.models[0]
-        self._in_data(serve.write_registry, run, {spec.name: {**self.server.entry(), "serve_key": serve.serve_key(spec)}})
+        self._in_data(
+            serve.write_registry, run, {spec.name: {**self.server.entry(), "serve_key": serve.serve_key(spec)}}
+        )
 
-    def restart(self) -> "SharedServer":
+    def restart(self) -> SharedServer:
         self.stop()
         return self.start()
 
@@ -145,7 +167,11 @@ def killed_run(kill_profile, local_server):
     log = open(tmp / "killed.log", "w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "storybias.cli", "generate", str(path)],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     deadline = time.time() + 1800  # vLLM start-up alone took > 8 min on a 2-core CPU without AVX-512
     while time.time() < deadline and proc.poll() is None:
@@ -165,8 +191,11 @@ def killed_run(kill_profile, local_server):
     before = pd.concat([pq.read_table(s).to_pandas() for s in shards], ignore_index=True)
     # Observed now, before any other fixture resumes the run (tests run in any order).
     before.attrs["stories_written"] = (work.parent.parent / "stories.parquet").exists()
-    before.attrs["survivors"] = [pid for pid in victims if Path(f"/proc/{pid}").exists()
-                                 and "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()]
+    before.attrs["survivors"] = [
+        pid
+        for pid in victims
+        if Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()
+    ]
     return before
 
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from typing import Any
 
 
 class FakeOpenAI:
@@ -17,9 +18,16 @@ class FakeOpenAI:
     ``answer(body)`` gives the answer text (default: the first choice, or a fixed sentence);
     ``fail_when(body)`` returns a status (e.g. 400) for requests that always fail."""
 
-    def __init__(self, key: str = "sk-test", models: tuple[str, ...] = ("m-1",), faults: list[tuple[int, str | None]] | None = None,
-                 answer: Callable[[dict], str] | None = None, fail_when: Callable[[dict], int | None] | None = None,
-                 delay: float = 0.0, finish_reason: str = "stop"):
+    def __init__(
+        self,
+        key: str = "sk-test",
+        models: tuple[str, ...] = ("m-1",),
+        faults: list[tuple[int, str | None]] | None = None,
+        answer: Callable[[dict], str] | None = None,
+        fail_when: Callable[[dict], int | None] | None = None,
+        delay: float = 0.0,
+        finish_reason: str = "stop",
+    ):
         self.key, self.models = key, list(models)
         self.faults = list(faults or [])
         self.answer = answer or (lambda body: "A short answer.")
@@ -48,14 +56,18 @@ class FakeOpenAI:
 
             def _authorized(self) -> bool:
                 if self.headers.get("Authorization") != f"Bearer {server.key}":
-                    self._send(401, {"error": {"message": "Incorrect API key provided", "type": "invalid_request_error"}})
+                    self._send(
+                        401, {"error": {"message": "Incorrect API key provided", "type": "invalid_request_error"}}
+                    )
                     return False
                 return True
 
             def do_GET(self) -> None:  # noqa: N802
                 if self.path.rstrip("/").endswith("/models"):
                     if self._authorized():
-                        self._send(200, {"object": "list", "data": [{"id": m, "object": "model"} for m in server.models]})
+                        self._send(
+                            200, {"object": "list", "data": [{"id": m, "object": "model"} for m in server.models]}
+                        )
                 else:
                     self._send(404, {"error": {"message": "not found"}})
 
@@ -75,8 +87,11 @@ class FakeOpenAI:
                 try:
                     if fault:
                         status, retry_after = fault
-                        self._send(status, {"error": {"message": f"injected {status}"}},
-                                   {"retry-after": retry_after} if retry_after is not None else None)
+                        self._send(
+                            status,
+                            {"error": {"message": f"injected {status}"}},
+                            {"retry-after": retry_after} if retry_after is not None else None,
+                        )
                         return
                     if body.get("model") not in server.models:
                         self._send(404, {"error": {"message": f"The model {body.get('model')} does not exist"}})
@@ -91,12 +106,27 @@ class FakeOpenAI:
                     with server._lock:  # counted out before the answer leaves: the client may send the next at once
                         server.in_flight -= 1
                         done[0] = True
-                    self._send(200, {
-                        "id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": body["model"],
-                        "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                                     "finish_reason": server.finish_reason}],
-                        "usage": {"prompt_tokens": 21, "completion_tokens": len(text.split()), "total_tokens": 21 + len(text.split())},
-                    })
+                    self._send(
+                        200,
+                        {
+                            "id": "chatcmpl-1",
+                            "object": "chat.completion",
+                            "created": 0,
+                            "model": body["model"],
+                            "choices": [
+                                {
+                                    "index": 0,
+                                    "message": {"role": "assistant", "content": text},
+                                    "finish_reason": server.finish_reason,
+                                }
+                            ],
+                            "usage": {
+                                "prompt_tokens": 21,
+                                "completion_tokens": len(text.split()),
+                                "total_tokens": 21 + len(text.split()),
+                            },
+                        },
+                    )
                 finally:
                     if not done[0]:
                         with server._lock:
@@ -107,7 +137,7 @@ class FakeOpenAI:
         self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
-    def __enter__(self) -> "FakeOpenAI":
+    def __enter__(self) -> FakeOpenAI:
         self.thread.start()
         return self
 

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from storybias import artifacts, cli, paths, params
+from storybias import artifacts, cli, params, paths
 
 ROOT = paths.repo_root()
 TOKENS = ("generate", "filter", "extract", "associations", "metrics", "probes", "figures")
@@ -23,7 +23,8 @@ TOKENS = ("generate", "filter", "extract", "associations", "metrics", "probes", 
 def test_seven_stages_one_token_each():
     assert tuple(s.token for s in artifacts.STAGES) == TOKENS
     assert sorted(p.name for p in (ROOT / "notebooks").glob("0*.ipynb")) == sorted(
-        Path(s.notebook).name for s in artifacts.STAGES)
+        Path(s.notebook).name for s in artifacts.STAGES
+    )
     fields = params.Profile.model_fields
     for stage in artifacts.STAGES:
         # notebook notebooks/NN_<token>.ipynb
@@ -50,7 +51,9 @@ def _make_rules() -> dict[str, tuple[str, str]]:
     """stage token -> (the file its notebook rule makes, that rule's text) from the Makefile."""
     text = (ROOT / "Makefile").read_text().replace("\\\n", " ")
     rules = {}
-    for m in re.finditer(r"^\$\((DATA|FIGURES)\)/(\S+):([^\n]*)\n\t\$\(call run_notebook,(\d\d)_(\w+),(\w+)\)", text, re.M):
+    for m in re.finditer(
+        r"^\$\((DATA|FIGURES)\)/(\S+):([^\n]*)\n\t\$\(call run_notebook,(\d\d)_(\w+),(\w+)\)", text, re.M
+    ):
         _, target, prereqs, number, name, stage = m.groups()
         assert name == stage, f"notebook {number}_{name} run as stage {stage}"
         rules[stage] = (target, prereqs)
@@ -76,7 +79,8 @@ def test_data_contract_is_generated_from_the_registry():
     committed = (ROOT / "docs" / "data-contract.md").read_text()
     assert committed == artifacts.data_contract(), (
         "docs/data-contract.md differs from the registry: run "
-        "`python -m storybias.cli data-contract > docs/data-contract.md`")
+        "`python -m storybias.cli data-contract > docs/data-contract.md`"
+    )
     for entry in artifacts.ARTIFACTS:
         assert f"`{entry.pattern}`" in committed
         schema = entry.schema()
@@ -103,8 +107,19 @@ def test_write_checks_columns_and_keeps_types(tmp_path, monkeypatch):
     monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path))
     from storybias.filter import VSR_SCHEMA
 
-    row = {"design": "bedtime", "model": "m", "language": "en", "n_stories": 2, "n_valid": 1, "n_empty": 1,
-           "n_truncated": 0, "n_refusal": 0, "n_wrong_language": 0, "n_low_confidence": 0, "vsr": 0.5}
+    row = {
+        "design": "bedtime",
+        "model": "m",
+        "language": "en",
+        "n_stories": 2,
+        "n_valid": 1,
+        "n_empty": 1,
+        "n_truncated": 0,
+        "n_refusal": 0,
+        "n_wrong_language": 0,
+        "n_low_confidence": 0,
+        "vsr": 0.5,
+    }
     # columns in another order are written in the schema's order, with its types
     frame = pd.DataFrame([row])[list(reversed(row))]
     written = artifacts.write("r", "vsr", frame)
@@ -138,8 +153,9 @@ def test_old_extraction_section_is_read_with_a_warning(tmp_path):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         got = params.load(old)
-    assert any(issubclass(w.category, FutureWarning) and "`extraction:` is now `extract:`" in str(w.message)
-               for w in caught)
+    assert any(
+        issubclass(w.category, FutureWarning) and "`extraction:` is now `extract:`" in str(w.message) for w in caught
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the new name: no warning
         expected = params.load(new)
@@ -163,8 +179,10 @@ def test_cli_prints_stage_outputs_and_data_contract(capsys):
     assert cli.main(["outputs", "extract", str(ROOT / "params" / "smoke.yaml")]) == 0
     assert capsys.readouterr().out.split() == [str(paths.extractions_path("smoke"))]
     assert cli.main(["outputs", "figures", str(ROOT / "params" / "smoke.yaml")]) == 0
-    assert capsys.readouterr().out.split() == [str(paths.figures_dir("smoke") / "figures.json"),
-                                               str(paths.figures_dir("smoke") / "explorer.html")]
+    assert capsys.readouterr().out.split() == [
+        str(paths.figures_dir("smoke") / "figures.json"),
+        str(paths.figures_dir("smoke") / "explorer.html"),
+    ]
     assert cli.main(["data-contract"]) == 0
     assert capsys.readouterr().out == artifacts.data_contract()
 

@@ -52,8 +52,12 @@ def test_value_level_lift_fraction_and_exact_one_sided_fisher():
 
 def test_contingency_cleaning():
     a = ["x"] * 20 + ["y"] * 20 + ["z"] * 15 + ["unknown"] * 5
-    b = (["p"] * 10 + ["q"] * 10) + (["p"] * 5 + ["q"] * 5 + ["unknown"] * 5 + ["other"] * 5) \
-        + (["p"] * 4 + ["r"] * 4 + ["unknown"] * 7) + ["p"] * 5
+    b = (
+        (["p"] * 10 + ["q"] * 10)
+        + (["p"] * 5 + ["q"] * 5 + ["unknown"] * 5 + ["other"] * 5)
+        + (["p"] * 4 + ["r"] * 4 + ["unknown"] * 7)
+        + ["p"] * 5
+    )
     table = A.contingency(a, b)
     # y keeps 10 stories (kept: >= 10), z keeps 8 (dropped), unknown A dropped, r then all-zero (dropped)
     assert list(table.index) == ["x", "y"] and list(table.columns) == ["p", "q"]
@@ -101,7 +105,9 @@ def test_planted_association_is_recovered_and_null_is_not():
     # power: with 100 stories per value the planted cell (lift ~ 0.6 / 0.267 = 2.25) is found every time
     found = 0
     for seed in range(10):
-        attrs, values = A.analyse_base_attribute(_planted(100, seed), "income_level", ["education", "religion"], seed=seed)
+        attrs, values = A.analyse_base_attribute(
+            _planted(100, seed), "income_level", ["education", "religion"], seed=seed
+        )
         retained = set(attrs.loc[attrs["retained"], "compared_attribute"])
         assert "religion" not in retained
         if not values.empty:
@@ -115,11 +121,13 @@ def test_null_data_false_discoveries_stay_under_the_nominal_rate():
     replicates = 40
     for seed in range(replicates):
         rng = np.random.default_rng(1000 + seed)
-        frame = pd.DataFrame({
-            "cond_value": rng.choice(["a", "b", "c"], 300),
-            "demo_x": rng.choice(["p", "q", "r", "s"], 300),
-            "demo_y": rng.choice(["u", "v"], 300),
-        })
+        frame = pd.DataFrame(
+            {
+                "cond_value": rng.choice(["a", "b", "c"], 300),
+                "demo_x": rng.choice(["p", "q", "r", "s"], 300),
+                "demo_y": rng.choice(["u", "v"], 300),
+            }
+        )
         attrs, values = A.analyse_base_attribute(frame, "base", ["x", "y"], seed=seed)
         false += bool(len(values) and values["significant"].any())
     assert false / replicates <= 0.05
@@ -141,9 +149,17 @@ def _corpus(seed: int) -> pd.DataFrame:
                         p = [0.8, 0.1, 0.1]
                     if model == "b" and lang == "fr" and value == "high":
                         p = [0.1, 0.1, 0.8]
-                    rows.append({"model": model, "language": lang, "cond_attribute": "income_level", "cond_value": value,
-                                 "demo_education": rng.choice(levels, p=p),
-                                 "demo_religion": rng.choice(["christian", "muslim"]), "demo_income_level": value})
+                    rows.append(
+                        {
+                            "model": model,
+                            "language": lang,
+                            "cond_attribute": "income_level",
+                            "cond_value": value,
+                            "demo_education": rng.choice(levels, p=p),
+                            "demo_religion": rng.choice(["christian", "muslim"]),
+                            "demo_income_level": value,
+                        }
+                    )
     return pd.DataFrame(rows)
 
 
@@ -153,16 +169,24 @@ def test_passes_sharing_and_language_comparison():
     attrs, values = A.run_pass(data, dims, scope_by_language=True)
     assert set(attrs.columns) == set(A.ATTRIBUTE_COLUMNS) and set(values.columns) == set(A.VALUE_COLUMNS)
     langs = A.by_language(values).set_index(["base_value", "compared_value"])
-    assert list(langs.loc[("low", "basic"), "languages"]) == ["en", "fr"] and not langs.loc[("low", "basic"), "language_specific"]
-    assert list(langs.loc[("high", "higher"), "languages"]) == ["fr"] and langs.loc[("high", "higher"), "language_specific"]
+    assert (
+        list(langs.loc[("low", "basic"), "languages"]) == ["en", "fr"]
+        and not langs.loc[("low", "basic"), "language_specific"]
+    )
+    assert (
+        list(langs.loc[("high", "higher"), "languages"]) == ["fr"]
+        and langs.loc[("high", "higher"), "language_specific"]
+    )
     g_attrs, g_values = A.run_pass(data, dims, scope_by_language=False)
     assert set(g_attrs["scope"]) == {"all"}
     shared = A.sharing(g_values)
     low_basic = shared[(shared.base_value == "low") & (shared.compared_value == "basic")]
     assert list(low_basic["models"].iloc[0]) == ["a"]
     sentence = J.plain_language(low_basic.iloc[0])
-    assert sentence == ("In the generated stories, when income level is low, education is basic more often than for "
-                        "other income level groups.")
+    assert sentence == (
+        "In the generated stories, when income level is low, education is basic more often than for "
+        "other income level groups."
+    )
 
 
 def test_bad_inputs_give_clear_errors_or_empty_typed_results():
@@ -182,7 +206,12 @@ def test_question_order_is_seeded_and_mixed():
     assert 0.35 < share < 0.65
     schema = J.judge_schema(("realism", "harm"))
     assert list(schema["properties"]) == ["realism", "harm"]
-    item = {"base_attribute": "income_level", "base_value": "low", "compared_attribute": "education", "compared_value": "basic"}
+    item = {
+        "base_attribute": "income_level",
+        "base_value": "low",
+        "compared_attribute": "education",
+        "compared_value": "basic",
+    }
     prompt = J.judge_prompt(item, ("realism", "harm"))
     assert prompt.index('"realism"') < prompt.index('"harm"')
 
@@ -192,8 +221,14 @@ def test_parse_and_summarise_judgements():
     bad = J.parse_judgement('{"harm": 9, "realism": "yes"}')
     assert not bad["parse_ok"] and np.isnan(bad["harm"])
     assert not J.parse_judgement('{"harm": 4')["parse_ok"]
-    ratings = pd.DataFrame({"association_id": ["x", "x", "x", "y", "y"], "harm": [4, 5, 2, 3, 4],
-                            "realism": ["yes", "no", "yes", "no", "no"], "judge": ["j"] * 5})
+    ratings = pd.DataFrame(
+        {
+            "association_id": ["x", "x", "x", "y", "y"],
+            "harm": [4, 5, 2, 3, 4],
+            "realism": ["yes", "no", "yes", "no", "no"],
+            "judge": ["j"] * 5,
+        }
+    )
     summary = J.summarise_ratings(ratings).set_index("association_id")
     assert summary.loc["x", "median_harm"] == 4 and summary.loc["x", "harmful"]
     assert summary.loc["y", "median_harm"] == 3.5 and not summary.loc["y", "harmful"]
@@ -201,10 +236,24 @@ def test_parse_and_summarise_judgements():
 
 
 def test_self_judgement_gap():
-    shared = pd.DataFrame([
-        {"base_attribute": "a", "base_value": "1", "compared_attribute": "b", "compared_value": "2", "models": ["m", "n"]},
-        {"base_attribute": "a", "base_value": "1", "compared_attribute": "b", "compared_value": "3", "models": ["m"]},
-    ])
+    shared = pd.DataFrame(
+        [
+            {
+                "base_attribute": "a",
+                "base_value": "1",
+                "compared_attribute": "b",
+                "compared_value": "2",
+                "models": ["m", "n"],
+            },
+            {
+                "base_attribute": "a",
+                "base_value": "1",
+                "compared_attribute": "b",
+                "compared_value": "3",
+                "models": ["m"],
+            },
+        ]
+    )
     ids = [J.association_id(r) for _, r in shared.iterrows()]
     ratings = pd.DataFrame({"judge": ["m", "m", "n"], "association_id": [ids[0], ids[1], ids[0]], "harm": [5, 1, 2]})
     gap = J.self_judgement_gap(shared, ratings).set_index("model")
@@ -232,6 +281,7 @@ def test_human_ratings_import_and_spearman(tmp_path):
 
 
 # --- the sequential Fisher decision, parallel passes and the paper-scale benchmark ---------------
+
 
 def test_clopper_pearson_matches_binomtest_and_reference_interval_narrows_to_the_reference():
     for count, n in [(0, 1000), (7, 1000), (500, 1000), (1000, 1000), (123, 20_000)]:
@@ -291,7 +341,8 @@ def test_sparse_tables_get_the_wide_asymptotic_margin():
     sparse, dense = np.array([[3, 1], [1, 4]]), np.array([[40, 20], [20, 40]])
     assert A._g_test(sparse)[2] and not A._g_test(dense)[2]
     assert A._g_test(dense)[0] == pytest.approx(
-        stats.chi2_contingency(dense, correction=False, lambda_="log-likelihood")[0])
+        stats.chi2_contingency(dense, correction=False, lambda_="log-likelihood")[0]
+    )
     assert A.asymptotic_interval(0.01, sparse=True) == pytest.approx((0.001, 1.0))
     assert A.asymptotic_interval(0.01, sparse=False) == pytest.approx((0.001, 0.1))
 
@@ -329,7 +380,9 @@ def test_run_pass_in_parallel_gives_identical_results():
     # the same tables as analyse_base_attribute on each model x language x base attribute
     cell = data[(data["model"] == "model_01") & (data["language"] == "fr") & (data["cond_attribute"] == "age")]
     attrs, _ = A.analyse_base_attribute(cell, "age", dims, max_resamples=10_000)
-    mine = serial[0][(serial[0]["model"] == "model_01") & (serial[0]["scope"] == "fr") & (serial[0]["base_attribute"] == "age")]
+    mine = serial[0][
+        (serial[0]["model"] == "model_01") & (serial[0]["scope"] == "fr") & (serial[0]["base_attribute"] == "age")
+    ]
     pd.testing.assert_frame_equal(mine[attrs.columns].reset_index(drop=True), attrs)
 
 
@@ -337,8 +390,15 @@ def test_bench_associations_small_run(tmp_path, monkeypatch):
     from storybias.bench import bench_associations
 
     monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path))
-    out = bench_associations(n_stories=5_000, n_models=2, n_languages=2, n_reference=5, n_jobs=1,
-                             max_resamples=10_000, log=lambda message: None)
+    out = bench_associations(
+        n_stories=5_000,
+        n_models=2,
+        n_languages=2,
+        n_reference=5,
+        n_jobs=1,
+        max_resamples=10_000,
+        log=lambda message: None,
+    )
     check = out["reference_check"]
     assert check["checked"] == 5 and check["agreements"] + check["disagreements"] == 5
     assert check["disagreements_unexplained"] == 0 and check["recomputed_decisions_match_run"]
@@ -346,8 +406,12 @@ def test_bench_associations_small_run(tmp_path, monkeypatch):
         part = out["passes"][name]
         methods = part["p_methods"]
         assert part["tables"] > 0 and part["seconds"] >= 0
-        assert methods["asymptotic"] + methods["monte_carlo_pilot"] + methods["monte_carlo_sequential"] \
-            + methods["monte_carlo_full"] == part["tables"]
+        assert (
+            methods["asymptotic"]
+            + methods["monte_carlo_pilot"]
+            + methods["monte_carlo_sequential"]
+            + methods["monte_carlo_full"]
+            == part["tables"]
+        )
     assert out["peak_rss"]["self_mb"] > 0
     assert (tmp_path / "bench" / "bench_associations.json").is_file()
-

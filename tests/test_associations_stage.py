@@ -3,8 +3,8 @@ artifacts with the data contract's columns, and clear messages on bad input."""
 
 from __future__ import annotations
 
-import typing
 import json
+import typing
 
 import numpy as np
 import pandas as pd
@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from storybias import associations as A
-from storybias import judge as J
 from storybias import extract, params, paths
+from storybias import judge as J
 
 DIMS = list(extract.dimensions())
 
@@ -32,17 +32,44 @@ def _run_files(root, planted: bool, n_per_value: int = 40, seed: int = 0):
                     sid = f"s{i:05d}"
                     i += 1
                     p = [0.8, 0.1, 0.1] if planted and value == "low" else [0.1, 0.45, 0.45]
-                    filtered.append({"story_id": sid, "design": "stereotales", "model": model, "language": lang,
-                                     "cond_attribute": "income_level", "cond_value": value, "is_valid": True})
+                    filtered.append(
+                        {
+                            "story_id": sid,
+                            "design": "stereotales",
+                            "model": model,
+                            "language": lang,
+                            "cond_attribute": "income_level",
+                            "cond_value": value,
+                            "is_valid": True,
+                        }
+                    )
                     row = {"story_id": sid, "parse_ok": True, **{f"demo_{d}": "unknown" for d in DIMS}}
                     row["demo_education"] = rng.choice(["basic", "secondary", "higher"], p=p)
                     row["demo_income_level"] = value
                     extractions.append(row)
     # one bedtime story (ignored) and one stereotales story whose extraction did not parse (counted)
-    filtered.append({"story_id": "b0", "design": "bedtime", "model": "m1", "language": "en",
-                     "cond_attribute": None, "cond_value": None, "is_valid": True})
-    filtered.append({"story_id": "bad", "design": "stereotales", "model": "m1", "language": "en",
-                     "cond_attribute": "income_level", "cond_value": "low", "is_valid": True})
+    filtered.append(
+        {
+            "story_id": "b0",
+            "design": "bedtime",
+            "model": "m1",
+            "language": "en",
+            "cond_attribute": None,
+            "cond_value": None,
+            "is_valid": True,
+        }
+    )
+    filtered.append(
+        {
+            "story_id": "bad",
+            "design": "stereotales",
+            "model": "m1",
+            "language": "en",
+            "cond_attribute": "income_level",
+            "cond_value": "low",
+            "is_valid": True,
+        }
+    )
     extractions.append({"story_id": "bad", "parse_ok": False, **{f"demo_{d}": "unknown" for d in DIMS}})
     run = root / "t"
     run.mkdir(parents=True)
@@ -73,17 +100,40 @@ def test_observations_keep_stereotales_and_count_parse_failures(tmp_path):
 
 
 def test_judge_items_are_distinct_and_requests_follow_the_seeded_order():
-    shared = pd.DataFrame([
-        {"scope": s, "base_attribute": "income_level", "base_value": "low", "compared_attribute": "education",
-         "compared_value": "basic", "models": ["m1"]} for s in ("all", "en", "fr")
-    ] + [{"scope": "all", "base_attribute": "gender", "base_value": "woman", "compared_attribute": "marital_status",
-          "compared_value": "married", "models": ["m1"]}])
+    shared = pd.DataFrame(
+        [
+            {
+                "scope": s,
+                "base_attribute": "income_level",
+                "base_value": "low",
+                "compared_attribute": "education",
+                "compared_value": "basic",
+                "models": ["m1"],
+            }
+            for s in ("all", "en", "fr")
+        ]
+        + [
+            {
+                "scope": "all",
+                "base_attribute": "gender",
+                "base_value": "woman",
+                "compared_attribute": "marital_status",
+                "compared_value": "married",
+                "models": ["m1"],
+            }
+        ]
+    )
     items = J.judge_items(shared, include_per_language=True)
     assert list(items["association_id"]) == ["gender|woman|marital_status|married", "income_level|low|education|basic"]
-    assert items["sentence"].iloc[1].startswith("In the generated stories, when income level is low, education is basic")
+    assert (
+        items["sentence"].iloc[1].startswith("In the generated stories, when income level is low, education is basic")
+    )
     sampling = params.Sampling(temperature=0.7, max_tokens=64)
     requests = J.judge_requests(items, "judge-a", repetitions=2, sampling=sampling, seed=7)
-    assert [r.key for r in requests][:2] == ["gender|woman|marital_status|married#judge-a#0", "gender|woman|marital_status|married#judge-a#1"]
+    assert [r.key for r in requests][:2] == [
+        "gender|woman|marital_status|married#judge-a#0",
+        "gender|woman|marital_status|married#judge-a#1",
+    ]
     assert len({r.seed for r in requests[:2]}) == 2
     for request in requests:
         association, judge, rep = request.key.rsplit("#", 2)
@@ -170,8 +220,17 @@ def test_judge_ratings_are_reused_only_for_the_same_request(tmp_path, monkeypatc
         return FakeEngine(spec, answer=lambda r: '{"harm": 2, "realism": "no"}', calls=asked)
 
     p = _profile(tmp_path, monkeypatch, judge={"models": [{"name": "m1", "source": "embedded"}]})
-    items = pd.DataFrame([{"association_id": "income_level|low|education|basic", "base_attribute": "income_level",
-                           "base_value": "low", "compared_attribute": "education", "compared_value": "basic"}])
+    items = pd.DataFrame(
+        [
+            {
+                "association_id": "income_level|low|education|basic",
+                "base_attribute": "income_level",
+                "base_value": "low",
+                "compared_attribute": "education",
+                "compared_value": "basic",
+            }
+        ]
+    )
     first, _ = J.run_judges(items, p, progress=False, engine_factory=judge)
     assert len(asked) == 1 and first["harm"].tolist() == [2.0]
     second, info = J.run_judges(items, p, progress=False, engine_factory=judge)
@@ -192,12 +251,26 @@ def test_a_failed_judge_request_is_counted_not_stored_and_asked_again(tmp_path, 
     failing = {"on": True}
 
     def judge(spec):
-        return FakeEngine(spec, answer=lambda r: '{"harm": 4, "realism": "yes"}', calls=asked,
-                          fail=lambda r: "HTTP 400: bad request" if failing["on"] and r.key.startswith("a2") else None)
+        return FakeEngine(
+            spec,
+            answer=lambda r: '{"harm": 4, "realism": "yes"}',
+            calls=asked,
+            fail=lambda r: "HTTP 400: bad request" if failing["on"] and r.key.startswith("a2") else None,
+        )
 
     p = _profile(tmp_path, monkeypatch, judge={"models": [{"name": "m1", "source": "embedded"}]})
-    items = pd.DataFrame([{"association_id": f"a{i}", "base_attribute": "income_level", "base_value": "low",
-                           "compared_attribute": "education", "compared_value": "basic"} for i in range(1, 4)])
+    items = pd.DataFrame(
+        [
+            {
+                "association_id": f"a{i}",
+                "base_attribute": "income_level",
+                "base_value": "low",
+                "compared_attribute": "education",
+                "compared_value": "basic",
+            }
+            for i in range(1, 4)
+        ]
+    )
     ratings, info = J.run_judges(items, p, progress=False, engine_factory=judge)
     assert sorted(ratings["association_id"]) == ["a1", "a3"]
     assert info[0]["n_request_errors"] == 1 and "HTTP 400" in info[0]["request_errors"][0]

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import subprocess
 
-import numpy as np
 import pandas as pd
 import pytest
 from sklearn.metrics.pairwise import cosine_similarity as sk_cosine
@@ -20,19 +19,38 @@ ROOT = paths.repo_root()
 
 # --- item 7: the VSR joined to the JSD is the comparison's design's (bedtime), not a pooled one ----
 
+
 def _vsr_rows(models: tuple[str, ...] = ("m1",)) -> pd.DataFrame:
     """Bedtime VSR 0.5; the other designs 1.0, so a pooled or wrong-design join is visible."""
     rows = []
     for design, rate in (("bedtime", 0.5), ("stereotales", 1.0), ("occupations", 1.0)):
         for model in models:
             for lang in ("en", "fr"):
-                rows.append({"design": design, "model": model, "language": lang, "n_stories": 10, "n_valid": int(rate * 10), "vsr": rate})
+                rows.append(
+                    {
+                        "design": design,
+                        "model": model,
+                        "language": lang,
+                        "n_stories": 10,
+                        "n_valid": int(rate * 10),
+                        "vsr": rate,
+                    }
+                )
     return pd.DataFrame(rows)
 
 
 def test_vsr_jsd_join_uses_the_comparisons_design():
-    jsd = pd.DataFrame({"comparison": ["child_gender", "child_gender"], "model": ["m1", "m1"], "language": ["en", "fr"], "jsd": [0.1, 0.2]})
-    comparisons = [Comparison(name="child_gender", design="bedtime", condition="child_gender", group_m="boy", group_f="girl")]
+    jsd = pd.DataFrame(
+        {
+            "comparison": ["child_gender", "child_gender"],
+            "model": ["m1", "m1"],
+            "language": ["en", "fr"],
+            "jsd": [0.1, 0.2],
+        }
+    )
+    comparisons = [
+        Comparison(name="child_gender", design="bedtime", condition="child_gender", group_m="boy", group_f="girl")
+    ]
     out = metrics.vsr_jsd_join(jsd, _vsr_rows(), comparisons)
     assert list(out["vsr"]) == [0.5, 0.5] and len(out) == 2
     assert list(out["n_stories"]) == [10, 10]
@@ -51,12 +69,24 @@ def test_stage_05_joins_bedtime_vsr(tmp_path, monkeypatch):
 
 # --- item 8: cosine over every semantic category (Eq. 3), adjectives and settings -----------------
 
+
 def test_cosine_uses_adjective_and_setting_categories():
     rows = []
     for lang, setting_sign in (("en", 1.0), ("fr", -1.0)):
         for cat, value in (("agency", 1.0), ("communality", -0.5)):
-            rows.append({"comparison": "c", "model": "m", "language": lang, "kind": "adjectives", "category": cat, "s_c": value})
-        rows.append({"comparison": "c", "model": "m", "language": lang, "kind": "settings", "category": "home", "s_c": 2.0 * setting_sign})
+            rows.append(
+                {"comparison": "c", "model": "m", "language": lang, "kind": "adjectives", "category": cat, "s_c": value}
+            )
+        rows.append(
+            {
+                "comparison": "c",
+                "model": "m",
+                "language": lang,
+                "kind": "settings",
+                "category": "home",
+                "s_c": 2.0 * setting_sign,
+            }
+        )
     sc = pd.DataFrame(rows)
     out = metrics.cosine_matrix(sc)
     value = out[(out.language_a == "en") & (out.language_b == "fr")]["cosine"].item()
@@ -66,20 +96,35 @@ def test_cosine_uses_adjective_and_setting_categories():
 
 
 def test_cosine_keeps_a_category_name_shared_by_two_kinds_apart():
-    rows = [{"comparison": "c", "model": "m", "language": lang, "kind": kind, "category": "x", "s_c": v}
-            for lang, kind, v in (("en", "adjectives", 1.0), ("en", "settings", 0.0), ("fr", "adjectives", 0.0), ("fr", "settings", 1.0))]
+    rows = [
+        {"comparison": "c", "model": "m", "language": lang, "kind": kind, "category": "x", "s_c": v}
+        for lang, kind, v in (
+            ("en", "adjectives", 1.0),
+            ("en", "settings", 0.0),
+            ("fr", "adjectives", 0.0),
+            ("fr", "settings", 1.0),
+        )
+    ]
     out = metrics.cosine_matrix(pd.DataFrame(rows))
     assert out[(out.language_a == "en") & (out.language_b == "fr")]["cosine"].item() == pytest.approx(0.0)
 
 
 # --- item 9: Appendix F religion and nationality contrasts in the paper profile --------------------
 
+
 def test_paper_profile_defines_appendix_f_contrasts():
     p = params.load(ROOT / "params" / "paper.yaml")
     by_name = {c.name: c for c in p.metrics.comparisons}
     religion, nationality = by_name["religion"], by_name["nationality"]
-    assert (religion.design, religion.condition, {religion.group_m, religion.group_f}) == ("bedtime", "religion", {"muslim", "christian"})
-    assert (nationality.design, nationality.condition) == ("bedtime", "nationality") and "chinese" in {nationality.group_m, nationality.group_f}
+    assert (religion.design, religion.condition, {religion.group_m, religion.group_f}) == (
+        "bedtime",
+        "religion",
+        {"muslim", "christian"},
+    )
+    assert (nationality.design, nationality.condition) == ("bedtime", "nationality") and "chinese" in {
+        nationality.group_m,
+        nationality.group_f,
+    }
     assert religion.log_odds_only and nationality.log_odds_only
     assert {"child_gender", "social_class"} <= set(by_name) and not by_name["child_gender"].log_odds_only
 
@@ -88,8 +133,14 @@ def test_log_odds_only_comparison_gives_words_but_no_distributions(tmp_path, mon
     from test_metrics import _synthetic_run
 
     p = _synthetic_run(tmp_path, monkeypatch)
-    only = Comparison(name="class_words", design="bedtime", condition="social_class", group_m="wealthy",
-                      group_f="working_class", log_odds_only=True)
+    only = Comparison(
+        name="class_words",
+        design="bedtime",
+        condition="social_class",
+        group_m="wealthy",
+        group_f="working_class",
+        log_odds_only=True,
+    )
     settings = p.profile.metrics.model_copy(update={"comparisons": [*p.profile.metrics.comparisons, only]})
     p.profile = p.profile.model_copy(update={"metrics": settings})
     out = metrics.run(p)
@@ -99,12 +150,17 @@ def test_log_odds_only_comparison_gives_words_but_no_distributions(tmp_path, mon
 
 # --- item 10: one extractor for the narrative fields -----------------------------------------------
 
+
 def _record(adjectives: list[str], income: str) -> dict:
     return {"adjectives_en": adjectives, "settings": ["forest"], "cultural_refs": [], "demo_income_level": income}
 
 
 def test_narrative_lists_come_from_the_primary_extractor():
-    records = [_record(["brave", "curious", "kind"], "low"), _record(["brave"], "low"), _record(["kind", "tall"], "high")]
+    records = [
+        _record(["brave", "curious", "kind"], "low"),
+        _record(["brave"], "low"),
+        _record(["kind", "tall"], "high"),
+    ]
     primary = extract.combine(records)
     assert primary["adjectives_en"] == ["brave", "curious", "kind"], "the majority rule would drop 'curious'"
     assert primary["demo_income_level"] == "low", "scalar fields still take the ensemble's majority"
@@ -119,6 +175,7 @@ def test_paper_profile_uses_qwen3_14b_alone_for_narrative_fields():
 
 
 # --- item 18: studies cited by title, authors and arXiv id; no path outside the repository ---------
+
 
 def _tracked_files() -> list[str]:
     out = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
@@ -136,6 +193,6 @@ def test_no_tracked_file_outside_tests_points_at_shared_papers():
 
 def test_readme_cites_the_three_studies_by_arxiv_id():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index("## The studies"):]
+    section = readme[readme.index("## The studies") :]
     for needle in ("arXiv:2605.10442", "arXiv:2604.17008", "arXiv:2608.23026", "Ouyang", "Beyond Surface Cues"):
         assert needle in section, needle

@@ -13,8 +13,10 @@ from storybias import artifacts, designs, generate, langid, params, paths, promp
 from storybias import filter as filter_stage
 from storybias.engines import FakeEngine
 
-STORY = ("Once upon a time a small owl lived in a quiet forest near the river. Every night she flew over "
-         "the trees and watched the stars with her friends, and in the morning she told them everything.")
+STORY = (
+    "Once upon a time a small owl lived in a quiet forest near the river. Every night she flew over "
+    "the trees and watched the stars with her friends, and in the morning she told them everything."
+)
 
 
 def test_builtin_designs_keep_their_grids_and_columns():
@@ -23,12 +25,20 @@ def test_builtin_designs_keep_their_grids_and_columns():
     assert sizes["bedtime"] == 3 * 27 * 6 * 2 * 3  # BiasedTales-ML's full permutation
     bedtime = prompts.design_cells("bedtime")[0]
     assert bedtime.prompt_id == "bedtime/mother/american/christian/wealthy/girl"
-    assert list(bedtime.conditions) == ["cond_parent_role", "cond_nationality", "cond_religion",
-                                        "cond_social_class", "cond_child_gender"]
+    assert list(bedtime.conditions) == [
+        "cond_parent_role",
+        "cond_nationality",
+        "cond_religion",
+        "cond_social_class",
+        "cond_child_gender",
+    ]
     assert designs.all_condition_columns() == prompts.ALL_CONDITION_COLUMNS
     assert generate.stories_schema().equals(generate.STORIES_SCHEMA)
     assert {d: designs.get(d).lens for d in prompts.DESIGNS} == {
-        "stereotales": "associations", "bedtime": "distributions", "occupations": "occupations"}
+        "stereotales": "associations",
+        "bedtime": "distributions",
+        "occupations": "occupations",
+    }
     assert designs.default_exclude("stereotales") == ("empty",)
     assert designs.with_lens("occupations", ["bedtime", "occupations", "unknown"]) == ["occupations"]
 
@@ -36,19 +46,35 @@ def test_builtin_designs_keep_their_grids_and_columns():
 def _toy_design(root: Path) -> Path:
     folder = root / "params" / "designs" / "toy"
     folder.mkdir(parents=True)
-    (folder / "design.yaml").write_text(yaml.safe_dump({
-        "design": "toy", "source": "a test design",
-        "dimensions": {"animal": ["cat", "owl"], "mood": ["calm", "brave"]},
-        "code": {"exclude": ["empty", "refusal"], "sections": ["narrative"], "lens": "none"}}, sort_keys=False))
-    (folder / "en.yaml").write_text(yaml.safe_dump({
-        "language": "en", "template": "Tell a short story about a {{ mood }} {{ animal }}.",
-        "values": {"animal": {"cat": "cat", "owl": "owl"}, "mood": {"calm": "calm", "brave": "brave"}}}))
+    (folder / "design.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "design": "toy",
+                "source": "a test design",
+                "dimensions": {"animal": ["cat", "owl"], "mood": ["calm", "brave"]},
+                "code": {"exclude": ["empty", "refusal"], "sections": ["narrative"], "lens": "none"},
+            },
+            sort_keys=False,
+        )
+    )
+    (folder / "en.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "language": "en",
+                "template": "Tell a short story about a {{ mood }} {{ animal }}.",
+                "values": {"animal": {"cat": "cat", "owl": "owl"}, "mood": {"calm": "calm", "brave": "brave"}},
+            }
+        )
+    )
     return folder.parent
 
 
 def test_a_new_design_is_files_only_and_runs_stages_01_02(tmp_path, monkeypatch):
-    profile = {"run_name": "toy", "generation": {"models": [{"name": "m", "source": "embedded"}]},
-               "designs": {"toy": {"languages": ["en"]}}}
+    profile = {
+        "run_name": "toy",
+        "generation": {"models": [{"name": "m", "source": "embedded"}]},
+        "designs": {"toy": {"languages": ["en"]}},
+    }
     source = tmp_path / "toy.yaml"
     source.write_text(yaml.safe_dump(profile))
     with pytest.raises(params.ParamsError, match="designs.toy: no design 'toy'"):
@@ -63,13 +89,21 @@ def test_a_new_design_is_files_only_and_runs_stages_01_02(tmp_path, monkeypatch)
 
     # stage 01: the grid is the product of the dimensions, the prompt the template
     calm_cat = "Tell a short story about a calm cat."
-    engine = lambda spec: FakeEngine(spec, answer=lambda r: "" if r.messages[-1]["content"] == calm_cat else STORY)
+
+    def engine(spec):
+        return FakeEngine(spec, answer=lambda r: "" if r.messages[-1]["content"] == calm_cat else STORY)
+
     generate.run(p, progress=False, engine_factory=engine, log=lambda m: None)
     stories = pd.read_parquet(artifacts.path("toy", "stories"))
     assert sorted(stories["prompt_id"]) == ["toy/cat/brave", "toy/cat/calm", "toy/owl/brave", "toy/owl/calm"]
-    assert set(stories["prompt"]) == {f"Tell a short story about a {m} {a}." for a in ("cat", "owl") for m in ("calm", "brave")}
+    assert set(stories["prompt"]) == {
+        f"Tell a short story about a {m} {a}." for a in ("cat", "owl") for m in ("calm", "brave")
+    }
     assert {"cond_animal", "cond_mood", *prompts.ALL_CONDITION_COLUMNS} <= set(stories.columns)
-    assert stories.set_index("prompt_id").loc["toy/owl/brave", ["cond_animal", "cond_mood"]].tolist() == ["owl", "brave"]
+    assert stories.set_index("prompt_id").loc["toy/owl/brave", ["cond_animal", "cond_mood"]].tolist() == [
+        "owl",
+        "brave",
+    ]
     assert artifacts.path("toy", "manifest_generate").is_file()
 
     # stage 02: the design's own rule from design.yaml (empty and refusal exclude; language counted only)

@@ -24,7 +24,7 @@ import yaml
 from storybias import cli, explorer, paths
 from storybias.params import load
 
-HOSTILE = "</script><img src=x onerror=\"window.__xss=1\"><!--<script>alert(1)</script>"
+HOSTILE = '</script><img src=x onerror="window.__xss=1"><!--<script>alert(1)</script>'
 HOSTILE_ID = "st-m1-en-stereotales_gender=woman_s0-0"
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
@@ -36,9 +36,20 @@ A_ENGINEER_ALL = "gender|man|professional_field|trades_manual"  # scope all, m2
 
 def _story(design, model, language, prompt_id, sample, text, **cond):
     sid = f"{design[:2]}-{model}-{language}-{prompt_id.replace('/', '_')}-{sample}"
-    return {"story_id": sid, "design": design, "language": language, "model": model, "prompt_id": prompt_id,
-            "sample": sample, "prompt": f"Write a story ({prompt_id}, {language}).", "text": text,
-            "finish_reason": "stop", "is_valid": True, "invalid_reason": None, **cond}
+    return {
+        "story_id": sid,
+        "design": design,
+        "language": language,
+        "model": model,
+        "prompt_id": prompt_id,
+        "sample": sample,
+        "prompt": f"Write a story ({prompt_id}, {language}).",
+        "text": text,
+        "finish_reason": "stop",
+        "is_valid": True,
+        "invalid_reason": None,
+        **cond,
+    }
 
 
 def synthetic_run() -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
@@ -56,52 +67,144 @@ def synthetic_run() -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFr
                     text = HOSTILE + " " + text
                 if model == "m2" and language == "fr" and i == 5:
                     text = "Once upon a time. " * 80  # long: collapsed on the page
-                row = _story("stereotales", model, language, f"stereotales/gender={value}/s{i}", 0, text,
-                             cond_attribute="gender", cond_value=value, cond_scenario_category="work",
-                             cond_scenario=f"s{i}")
+                row = _story(
+                    "stereotales",
+                    model,
+                    language,
+                    f"stereotales/gender={value}/s{i}",
+                    0,
+                    text,
+                    cond_attribute="gender",
+                    cond_value=value,
+                    cond_scenario_category="work",
+                    cond_scenario=f"s{i}",
+                )
                 rows.append(row)
                 field = ("healthcare" if i < 2 else "trades_manual") if woman else "trades_manual"
-                ext.append({"story_id": row["story_id"], "parse_ok": not (model == "m1" and language == "en" and i == 1),
-                            "demo_gender": value, "demo_age": "adult" if i % 2 else "unknown",
-                            "demo_professional_field": field, "protagonist_gender": "female" if woman else "male",
-                            "protagonist_name": HOSTILE if row["text"].startswith(HOSTILE) else f"Name{i}",
-                            "adjectives_en": ["kind", "<b>bold</b>"], "settings": ["city"], "story_cut": False,
-                            "markers": [{"text": "Paris", "text_en": "Paris", "keep": True, "category": "toponyms"}],
-                            "extractors": ["fake"], "raw": "{}"})
+                ext.append(
+                    {
+                        "story_id": row["story_id"],
+                        "parse_ok": not (model == "m1" and language == "en" and i == 1),
+                        "demo_gender": value,
+                        "demo_age": "adult" if i % 2 else "unknown",
+                        "demo_professional_field": field,
+                        "protagonist_gender": "female" if woman else "male",
+                        "protagonist_name": HOSTILE if row["text"].startswith(HOSTILE) else f"Name{i}",
+                        "adjectives_en": ["kind", "<b>bold</b>"],
+                        "settings": ["city"],
+                        "story_cut": False,
+                        "markers": [{"text": "Paris", "text_en": "Paris", "keep": True, "category": "toponyms"}],
+                        "extractors": ["fake"],
+                        "raw": "{}",
+                    }
+                )
     for language in ("en", "fr"):
         for i, (nat, gender) in enumerate((("egyptian", "boy"), ("french", "girl"))):
-            row = _story("bedtime", "m1", language, f"bedtime/mother/{nat}/muslim/working_class/{gender}", 0,
-                         f"Bedtime {nat} {gender}.", cond_nationality=nat, cond_religion="muslim",
-                         cond_social_class="working_class", cond_parent_role="mother", cond_child_gender=gender)
+            row = _story(
+                "bedtime",
+                "m1",
+                language,
+                f"bedtime/mother/{nat}/muslim/working_class/{gender}",
+                0,
+                f"Bedtime {nat} {gender}.",
+                cond_nationality=nat,
+                cond_religion="muslim",
+                cond_social_class="working_class",
+                cond_parent_role="mother",
+                cond_child_gender=gender,
+            )
             if language == "fr" and i == 1:
                 row.update(is_valid=False, invalid_reason="truncated", finish_reason="length")
             rows.append(row)
     for i in range(2):
-        rows.append(_story("occupations", "m2", "en", f"occupations/nurse/{'story' if i else 'news'}", 0,
-                           f"Occupation story {i}.", cond_occupation="nurse", cond_task="story" if i else "news",
-                           cond_occupation_gender="female"))
+        rows.append(
+            _story(
+                "occupations",
+                "m2",
+                "en",
+                f"occupations/nurse/{'story' if i else 'news'}",
+                0,
+                f"Occupation story {i}.",
+                cond_occupation="nurse",
+                cond_task="story" if i else "news",
+                cond_occupation_gender="female",
+            )
+        )
     stories = pd.DataFrame(rows)
     extractions = pd.DataFrame(ext)
-    shared = pd.DataFrame([
-        {"scope": "all", "base_attribute": "gender", "base_value": "woman", "compared_attribute": "professional_field",
-         "compared_value": "healthcare", "association_id": A_NURSE, "n_models": 2, "models": ["m1", "m2"],
-         "mean_fraction": 0.66, "mean_lift": 2.5, "median_harm": 4.0, "n_ratings": 3, "share_realistic": 0.5,
-         "harmful": True},
-        {"scope": "fr", "base_attribute": "gender", "base_value": "man", "compared_attribute": "professional_field",
-         "compared_value": "trades_manual", "association_id": A_ENGINEER_FR, "n_models": 1, "models": ["m1"],
-         "mean_fraction": 1.0, "mean_lift": 3.1, "median_harm": np.nan, "n_ratings": 0, "share_realistic": np.nan,
-         "harmful": False},
-        {"scope": "all", "base_attribute": "gender", "base_value": "man", "compared_attribute": "professional_field",
-         "compared_value": "trades_manual", "association_id": A_ENGINEER_ALL, "n_models": 1, "models": ["m2"],
-         "mean_fraction": 1.0, "mean_lift": 2.0, "median_harm": 2.0, "n_ratings": 3, "share_realistic": 1.0,
-         "harmful": False},
-    ])
-    values = pd.DataFrame([
-        {"model": m, "scope": "all", "base_attribute": "gender", "base_value": "woman",
-         "compared_attribute": "professional_field", "compared_value": "healthcare", "count": 4, "row_total": 6,
-         "fraction": 4 / 6, "expected": 1.6, "lift": 2.5, "p_value": 0.01, "p_adjusted": 0.03, "significant": True}
-        for m in ("m1", "m2")
-    ])
+    shared = pd.DataFrame(
+        [
+            {
+                "scope": "all",
+                "base_attribute": "gender",
+                "base_value": "woman",
+                "compared_attribute": "professional_field",
+                "compared_value": "healthcare",
+                "association_id": A_NURSE,
+                "n_models": 2,
+                "models": ["m1", "m2"],
+                "mean_fraction": 0.66,
+                "mean_lift": 2.5,
+                "median_harm": 4.0,
+                "n_ratings": 3,
+                "share_realistic": 0.5,
+                "harmful": True,
+            },
+            {
+                "scope": "fr",
+                "base_attribute": "gender",
+                "base_value": "man",
+                "compared_attribute": "professional_field",
+                "compared_value": "trades_manual",
+                "association_id": A_ENGINEER_FR,
+                "n_models": 1,
+                "models": ["m1"],
+                "mean_fraction": 1.0,
+                "mean_lift": 3.1,
+                "median_harm": np.nan,
+                "n_ratings": 0,
+                "share_realistic": np.nan,
+                "harmful": False,
+            },
+            {
+                "scope": "all",
+                "base_attribute": "gender",
+                "base_value": "man",
+                "compared_attribute": "professional_field",
+                "compared_value": "trades_manual",
+                "association_id": A_ENGINEER_ALL,
+                "n_models": 1,
+                "models": ["m2"],
+                "mean_fraction": 1.0,
+                "mean_lift": 2.0,
+                "median_harm": 2.0,
+                "n_ratings": 3,
+                "share_realistic": 1.0,
+                "harmful": False,
+            },
+        ]
+    )
+    values = pd.DataFrame(
+        [
+            {
+                "model": m,
+                "scope": "all",
+                "base_attribute": "gender",
+                "base_value": "woman",
+                "compared_attribute": "professional_field",
+                "compared_value": "healthcare",
+                "count": 4,
+                "row_total": 6,
+                "fraction": 4 / 6,
+                "expected": 1.6,
+                "lift": 2.5,
+                "p_value": 0.01,
+                "p_adjusted": 0.03,
+                "significant": True,
+            }
+            for m in ("m1", "m2")
+        ]
+    )
     return stories, extractions, shared, values
 
 
@@ -124,9 +227,16 @@ def test_payload_counts(frames):
     assert by_lang == {"en": 16, "fr": 14}
     cells = {(c["design"], c["model"], c["language"]): c for c in payload["cells"]}
     assert len(cells) == 7
-    assert cells[("stereotales", "m1", "en")] | {} == {"design": "stereotales", "model": "m1", "language": "en",
-                                                       "n_stories": 6, "n_valid": 6, "n_extracted": 6,
-                                                       "n_parsed": 5, "n_embedded": 6}
+    assert cells[("stereotales", "m1", "en")] | {} == {
+        "design": "stereotales",
+        "model": "m1",
+        "language": "en",
+        "n_stories": 6,
+        "n_valid": 6,
+        "n_extracted": 6,
+        "n_parsed": 5,
+        "n_embedded": 6,
+    }
     assert cells[("bedtime", "m1", "fr")]["n_valid"] == 1 and cells[("bedtime", "m1", "fr")]["n_extracted"] == 0
     assert [a["n_examples"] for a in payload["associations"]] == EXPECTED_EXAMPLES
     assert [a["id"] for a in payload["associations"]] == [A_NURSE, A_ENGINEER_FR, A_ENGINEER_ALL]
@@ -150,14 +260,19 @@ def test_sample_caps_cells_and_keeps_association_examples_first(frames):
     assert payload["n_total"] == 30
     cells = {(c["design"], c["model"], c["language"]): c["n_embedded"] for c in payload["cells"]}
     assert cells == {("stereotales", m, lang): 2 for m in ("m1", "m2") for lang in ("en", "fr")} | {
-        ("bedtime", "m1", "en"): 2, ("bedtime", "m1", "fr"): 2, ("occupations", "m2", "en"): 2}
+        ("bedtime", "m1", "en"): 2,
+        ("bedtime", "m1", "fr"): 2,
+        ("occupations", "m2", "en"): 2,
+    }
     assert payload["n_embedded"] == 14
     examples = explorer.association_examples(stories, extractions, shared)
     example_ids = set(examples["story_id"])
     embedded_st = [s["id"] for s in payload["stories"] if s["design"] == "stereotales"]
     # examples first: m1 en has a single example (its other nurse story did not parse), the others >= 2
-    assert sorted(s[:8] for s in embedded_st if s in example_ids) == ["st-m1-en"] + ["st-m1-fr"] * 2 + [
-        "st-m2-en"] * 2 + ["st-m2-fr"] * 2
+    assert (
+        sorted(s[:8] for s in embedded_st if s in example_ids)
+        == ["st-m1-en"] + ["st-m1-fr"] * 2 + ["st-m2-en"] * 2 + ["st-m2-fr"] * 2
+    )
     # m1 fr: round robin, one example of the nurse association and one of engineer-fr (not two nurses)
     assoc_of = examples.groupby("story_id")["assoc"].apply(set)
     for cell, both in (("st-m1-fr", {0, 1}), ("st-m2-en", {0, 2}), ("st-m2-fr", {0, 2})):
@@ -208,8 +323,14 @@ def _rename_models(frames, names: dict[str, str]):
     return stories, ext, shared, values
 
 
-def _write_run(tmp_path: Path, monkeypatch, *, associations: bool = True, extractions: bool = True,
-               models: dict[str, str] | None = None):
+def _write_run(
+    tmp_path: Path,
+    monkeypatch,
+    *,
+    associations: bool = True,
+    extractions: bool = True,
+    models: dict[str, str] | None = None,
+):
     stories, ext, shared, values = _rename_models(synthetic_run(), models or {})
     data = tmp_path / "data"
     run = data / "explorer-test"
@@ -221,10 +342,14 @@ def _write_run(tmp_path: Path, monkeypatch, *, associations: bool = True, extrac
         shared.to_parquet(run / "associations_shared.parquet")
         values.to_parquet(run / "associations_values.parquet")
     profile = tmp_path / "explorer-test.yaml"
-    profile.write_text(yaml.safe_dump({
-        "generation": {"models": [{"name": (models or {}).get("m1", "m1"), "source": "embedded"}]},
-        "designs": {"stereotales": {"languages": ["en", "fr"]}},
-    }))
+    profile.write_text(
+        yaml.safe_dump(
+            {
+                "generation": {"models": [{"name": (models or {}).get("m1", "m1"), "source": "embedded"}]},
+                "designs": {"stereotales": {"languages": ["en", "fr"]}},
+            }
+        )
+    )
     monkeypatch.setenv("STORYBIAS_DATA", str(data))
     monkeypatch.setattr(paths, "figures_dir", lambda run_name: tmp_path / "figures" / run_name)
     return profile
@@ -266,8 +391,10 @@ def _missing_browser() -> str | None:
     missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.exists()]
     if not missing:
         return None
-    return (f"{', '.join(missing)} not found: the explorer's browser test needs Debian's Chromium; "
-            "install it with `apt-get install chromium chromium-driver` (scripts/install-browser.sh)")
+    return (
+        f"{', '.join(missing)} not found: the explorer's browser test needs Debian's Chromium; "
+        "install it with `apt-get install chromium chromium-driver` (scripts/install-browser.sh)"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -282,9 +409,19 @@ def browser():
     profile_dir = tempfile.mkdtemp(prefix="storybias-chromium-")
     options = webdriver.ChromeOptions()
     options.binary_location = str(CHROMIUM)
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-dev-shm-usage", "--window-size=1280,900", f"--user-data-dir={profile_dir}"):
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        "--window-size=1280,900",
+        f"--user-data-dir={profile_dir}",
+    ):
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     # An explicit driver path: Selenium Manager never runs, so nothing is downloaded.
@@ -317,8 +454,10 @@ def test_page_in_browser(browser, tmp_path):
 
     stories, extractions, shared, values = synthetic_run()
     page = tmp_path / "explorer.html"
-    page.write_text(explorer.render_html(explorer.explorer_payload(stories, extractions, shared, values, run_name="syn")),
-                    encoding="utf-8")
+    page.write_text(
+        explorer.render_html(explorer.explorer_payload(stories, extractions, shared, values, run_name="syn")),
+        encoding="utf-8",
+    )
     browser.get(page.as_uri())
     assert browser.find_element("tag name", "body").get_attribute("data-ready") == "1"
     errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
@@ -399,7 +538,10 @@ def test_page_without_associations_in_browser(browser, tmp_path):
     assert "associations_shared.parquet is not in the" in browser.find_element("id", "assoc-note").text
     assert not browser.find_element("id", "assoc-table").is_displayed()
     assert _count(browser) == "7 of 7 stories shown" and _visible_stories(browser) == 7
-    assert "This page shows a sample: 7 of 30 stories, at most 1 per design" in browser.find_element("id", "sample-note").text
+    assert (
+        "This page shows a sample: 7 of 30 stories, at most 1 per design"
+        in browser.find_element("id", "sample-note").text
+    )
     assert all("not extracted" in c.text for c in browser.find_elements("css selector", "#stories article.story"))
 
 
@@ -415,7 +557,9 @@ def test_install_script_is_idempotent():
 
 
 @pytest.mark.browser
-@pytest.mark.parametrize("names", [{"m1": "hasOwnProperty", "m2": "constructor"}, {"m1": "toString", "m2": "__proto__"}])
+@pytest.mark.parametrize(
+    "names", [{"m1": "hasOwnProperty", "m2": "constructor"}, {"m1": "toString", "m2": "__proto__"}]
+)
 def test_models_named_like_javascript_builtins_render(browser, tmp_path, monkeypatch, names):
     """A model called hasOwnProperty passes check-params; the page must still render and filter by it
     (the script once kept seen values in a plain object and called seen.hasOwnProperty(v))."""
@@ -437,7 +581,9 @@ def test_models_named_like_javascript_builtins_render(browser, tmp_path, monkeyp
     assert _count(browser) == "16 of 30 stories shown"  # m1: 12 stereotales + 4 bedtime
     Select(browser.find_element("id", "f-model")).select_by_value(names["m2"])
     assert _count(browser) == "14 of 30 stories shown"
-    button = browser.find_element("css selector", f"#assoc-body tr[data-scope='all'][data-association-id='{A_NURSE}'] button.assoc-show")
+    button = browser.find_element(
+        "css selector", f"#assoc-body tr[data-scope='all'][data-association-id='{A_NURSE}'] button.assoc-show"
+    )
     assert button.text == "7 stories"
     button.click()
     assert _count(browser) == "7 of 30 stories shown"
@@ -449,9 +595,14 @@ def test_payload_marks_associations_published_by_stereotales(frames, tmp_path):
     stories, extractions, shared, values = frames
     shared = shared.replace({"healthcare": "healthcare_medicine", "trades_manual": "trades_manual_labor"})
     values = values.replace({"healthcare": "healthcare_medicine"})
-    record = {"question_id": "q1", "base_attribute": {"name": "gender", "value": "woman"},
-              "compared_attribute": {"name": "professional_field", "value": "healthcare and medicine"},
-              "avg_percentage": 60.0, "avg_lift": 2.2, "metadata": {"model_list": ["azure_ai/gpt-4o"]}}
+    record = {
+        "question_id": "q1",
+        "base_attribute": {"name": "gender", "value": "woman"},
+        "compared_attribute": {"name": "professional_field", "value": "healthcare and medicine"},
+        "avg_percentage": 60.0,
+        "avg_lift": 2.2,
+        "metadata": {"model_list": ["azure_ai/gpt-4o"]},
+    }
     path = tmp_path / "questions.json"
     path.write_text(json.dumps([record]), encoding="utf-8")
     comparison = published.compare(values, published.load_published(path))
@@ -483,7 +634,9 @@ def test_page_parts_are_package_files_and_the_csp_is_unchanged(frames):
     page = explorer.render_html(explorer.explorer_payload(*frames, run_name="syn"))
     digest = base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode("ascii")
     csp = re.search(r'http-equiv="Content-Security-Policy" content="([^"]*)"', page).group(1)
-    assert csp == (f"default-src 'none'; script-src 'sha256-{digest}'; style-src 'unsafe-inline'; "
-                   "img-src 'none'; connect-src 'none'; form-action 'none'; base-uri 'none'")
+    assert csp == (
+        f"default-src 'none'; script-src 'sha256-{digest}'; style-src 'unsafe-inline'; "
+        "img-src 'none'; connect-src 'none'; form-action 'none'; base-uri 'none'"
+    )
     assert f"<script>{script}</script>" in page
     assert (folder / "style.css").read_text(encoding="utf-8") in page

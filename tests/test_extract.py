@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from storybias import extract, io, paths, params
+from storybias import extract, io, params, paths
 from storybias.engines import FakeEngine
 from storybias.prompts import load_design
 
@@ -22,9 +22,22 @@ def answer(**overrides) -> dict:
     for dim in extract.dimensions():
         if dim != "gender":
             data[dim] = "unknown"
-    data.update(adjectives=[{"word": "courageuse", "lemma_en": "Brave"}], settings=["kitchen"], cultural_refs=["couscous"],
-                markers=[{"text": "Ramadan", "text_en": "Ramadan", "keep": True, "category": "rituals",
-                          "relevance_en": 2, "relevance_fr": 4, "relevance_zh": 1}])
+    data.update(
+        adjectives=[{"word": "courageuse", "lemma_en": "Brave"}],
+        settings=["kitchen"],
+        cultural_refs=["couscous"],
+        markers=[
+            {
+                "text": "Ramadan",
+                "text_en": "Ramadan",
+                "keep": True,
+                "category": "rituals",
+                "relevance_en": 2,
+                "relevance_fr": 4,
+                "relevance_zh": 1,
+            }
+        ],
+    )
     data.update(overrides)
     return data
 
@@ -132,8 +145,16 @@ def test_explicit_labels_map_in_every_language():
 
 
 def test_gold_scoring_and_baseline():
-    truth = [{"protagonist_gender": g, "protagonist_gender_fine": g, "protagonist_name": None,
-              **{c: "unknown" for c in extract.demo_columns()}, "adjectives_en": ["brave", "kind"]} for g in ("female", "female", "male", "unknown")]
+    truth = [
+        {
+            "protagonist_gender": g,
+            "protagonist_gender_fine": g,
+            "protagonist_name": None,
+            **{c: "unknown" for c in extract.demo_columns()},
+            "adjectives_en": ["brave", "kind"],
+        }
+        for g in ("female", "female", "male", "unknown")
+    ]
     pred = [dict(t) for t in truth]
     pred[3]["protagonist_gender"] = "female"
     pred[0]["adjectives_en"] = ["brave"]
@@ -156,6 +177,7 @@ def test_gold_set_is_well_formed():
 
 
 # --- the stage with a scripted extractor ------------------------------------------------------
+
 
 class WordTokenizer:
     """Whitespace 'tokens' (what fit_story needs of a tokenizer)."""
@@ -194,11 +216,17 @@ def test_stage_keeps_and_counts_parse_failures(tmp_path, monkeypatch):
     path.write_text(yaml.safe_dump(raw))
     p = params.load(path)
     texts = ["A calm story.", "A BROKEN story.", "A HOPELESS story.", "Another calm story."]
-    filtered = pd.DataFrame({
-        "story_id": [f"s{i}" for i in range(5)], "design": ["stereotales"] * 4 + ["occupations"],
-        "language": ["en"] * 5, "model": ["m"] * 5, "text": texts + ["woman"],
-        "cond_task": [None] * 4 + ["explicit"], "is_valid": [True] * 5,
-    })
+    filtered = pd.DataFrame(
+        {
+            "story_id": [f"s{i}" for i in range(5)],
+            "design": ["stereotales"] * 4 + ["occupations"],
+            "language": ["en"] * 5,
+            "model": ["m"] * 5,
+            "text": texts + ["woman"],
+            "cond_task": [None] * 4 + ["explicit"],
+            "is_valid": [True] * 5,
+        }
+    )
     io.write_parquet_atomic(filtered, paths.filtered_path("unit-extract"))
     monkeypatch.setattr("storybias.engines.preflight", lambda spec: (Path("."), "scripted"))
     result = extract.run(p, progress=False, engine_factory=ScriptedExtractor, log=lambda m: None)
@@ -239,10 +267,20 @@ def test_changed_story_or_schema_recomputes_only_what_changed(tmp_path, monkeypa
         return params.load(path)
 
     def write_stories(texts):
-        io.write_parquet_atomic(pd.DataFrame({
-            "story_id": [f"s{i}" for i in range(len(texts))], "design": ["stereotales"] * len(texts),
-            "language": ["en"] * len(texts), "model": ["m"] * len(texts), "text": texts,
-            "cond_task": [None] * len(texts), "is_valid": [True] * len(texts)}), paths.filtered_path("unit-refresh"))
+        io.write_parquet_atomic(
+            pd.DataFrame(
+                {
+                    "story_id": [f"s{i}" for i in range(len(texts))],
+                    "design": ["stereotales"] * len(texts),
+                    "language": ["en"] * len(texts),
+                    "model": ["m"] * len(texts),
+                    "text": texts,
+                    "cond_task": [None] * len(texts),
+                    "is_valid": [True] * len(texts),
+                }
+            ),
+            paths.filtered_path("unit-refresh"),
+        )
 
     asked: list[str] = []
 
@@ -271,20 +309,43 @@ def test_changed_story_or_schema_recomputes_only_what_changed(tmp_path, monkeypa
 def _assembled(consensus: str, answers_by_extractor: dict[str, str]) -> pd.Series:
     """``assemble`` on one stereotales story answered by the given extractors (raw texts)."""
     settings = params.ExtractionSettings(
-        models=[params.ModelSpec(name=n, source="embedded") for n in answers_by_extractor], consensus=consensus)
-    stories = pd.DataFrame({"story_id": ["s0"], "design": ["stereotales"], "language": ["en"], "model": ["m"],
-                            "text": ["A story."], "cond_task": [None]})
-    raw = pd.DataFrame([{"story_id": "s0", "extractor": n, "pass": "primary", "attempt": 0, "raw": text,
-                         "request_key": extract.request_key("s0", n, "primary"), "story_cut": False}
-                        for n, text in answers_by_extractor.items()])
+        models=[params.ModelSpec(name=n, source="embedded") for n in answers_by_extractor], consensus=consensus
+    )
+    stories = pd.DataFrame(
+        {
+            "story_id": ["s0"],
+            "design": ["stereotales"],
+            "language": ["en"],
+            "model": ["m"],
+            "text": ["A story."],
+            "cond_task": [None],
+        }
+    )
+    raw = pd.DataFrame(
+        [
+            {
+                "story_id": "s0",
+                "extractor": n,
+                "pass": "primary",
+                "attempt": 0,
+                "raw": text,
+                "request_key": extract.request_key("s0", n, "primary"),
+                "story_cut": False,
+            }
+            for n, text in answers_by_extractor.items()
+        ]
+    )
     return extract.assemble(stories, raw, settings).iloc[0]
 
 
 def test_consensus_of_the_extractors_that_answered():
     # 3 extractors, one unparsed, the two that answered agree: the story is kept with their value
     # (StereoTales' consensus); the former rule dropped it because one answer failed to parse.
-    answers = {"e1": json.dumps(answer(income_level="low")), "e2": '{"name": "Ami',
-               "e3": json.dumps(answer(income_level="low"))}
+    answers = {
+        "e1": json.dumps(answer(income_level="low")),
+        "e2": '{"name": "Ami',
+        "e3": json.dumps(answer(income_level="low")),
+    }
     row = _assembled("answered_majority", answers)
     assert row["parse_ok"] and row["demo_income_level"] == "low" and row["n_parse_failures"] == 1
     assert not _assembled("all_parsed", answers)["parse_ok"]
@@ -304,6 +365,7 @@ def test_majority_is_a_strict_majority_of_the_votes_not_a_plurality():
 
 
 # --- the per_field prompt design (issue #15) ------------------------------------------------------
+
 
 class PerFieldExtractor(FakeEngine):
     """Answers each per-field question as a constrained engine would: the scripted value of its field
@@ -357,27 +419,51 @@ def test_per_field_answers_join_into_one_answer_and_resume_without_duplicates(tm
     monkeypatch.setattr("storybias.engines.preflight", lambda spec: (Path("."), "scripted"))
     raw = yaml.safe_load((paths.params_dir() / "smoke.yaml").read_text())
     raw["run_name"] = "unit-perfield"
-    raw["extract"] = {"retries": 1, "self_consistency_sample": 0, "gold_sample": 0, "prompt_design": "per_field",
-                         "sections": {"stereotales": ["demographics", "narrative"]}}
+    raw["extract"] = {
+        "retries": 1,
+        "self_consistency_sample": 0,
+        "gold_sample": 0,
+        "prompt_design": "per_field",
+        "sections": {"stereotales": ["demographics", "narrative"]},
+    }
     path = tmp_path / "p.yaml"
     path.write_text(yaml.safe_dump(raw))
     p = params.load(path)
     texts = ["A story about Amina.", "A BROKEN story.", "A NAMELESS story.", "A fourth story."]
-    io.write_parquet_atomic(pd.DataFrame({
-        "story_id": [f"s{i}" for i in range(4)], "design": ["stereotales"] * 4, "language": ["en"] * 4,
-        "model": ["m"] * 4, "text": texts, "cond_task": [None] * 4, "is_valid": [True] * 4}), paths.filtered_path("unit-perfield"))
+    io.write_parquet_atomic(
+        pd.DataFrame(
+            {
+                "story_id": [f"s{i}" for i in range(4)],
+                "design": ["stereotales"] * 4,
+                "language": ["en"] * 4,
+                "model": ["m"] * 4,
+                "text": texts,
+                "cond_task": [None] * 4,
+                "is_valid": [True] * 4,
+            }
+        ),
+        paths.filtered_path("unit-perfield"),
+    )
     n_questions = len(extract.answer_requests("k", "x", ("demographics", "narrative"), p.extraction, 0.0, 1))
     # killed in the middle of the second story's questions: the first story's answer is stored whole,
     # the second's partial answers are not stored at all
     with pytest.raises(KeyboardInterrupt):
-        extract.run(p, progress=False, log=lambda m: None,
-                    engine_factory=lambda spec: PerFieldExtractor(spec, crash_after=n_questions + 3))
-    stored = io.ShardStore(paths.work_dir("unit-perfield", "extract"), key="answer_key",
-                           schema=extract._raw_schema()).read_all().to_pandas()
+        extract.run(
+            p,
+            progress=False,
+            log=lambda m: None,
+            engine_factory=lambda spec: PerFieldExtractor(spec, crash_after=n_questions + 3),
+        )
+    stored = (
+        io.ShardStore(paths.work_dir("unit-perfield", "extract"), key="answer_key", schema=extract._raw_schema())
+        .read_all()
+        .to_pandas()
+    )
     assert stored["story_id"].tolist() == ["s0"] and stored["parse_ok"].tolist() == [True]
     calls: list[str] = []
-    result = extract.run(p, progress=False, log=lambda m: None,
-                         engine_factory=lambda spec: PerFieldExtractor(spec, calls=calls))
+    result = extract.run(
+        p, progress=False, log=lambda m: None, engine_factory=lambda spec: PerFieldExtractor(spec, calls=calls)
+    )
     assert not any(c.startswith("s0|") for c in calls), "a stored answer is never asked again"
     ex = result["extractions"].set_index("story_id")
     assert ex["parse_ok"].all()
@@ -396,8 +482,13 @@ def test_gold_targets_count_answers_guesses_and_accuracy_separately():
     items = [it for it in extract.load_gold() if it["language"] == "en"][:4]
     truths = [extract.gold_truth(it) for it in items]
     perfect = extract.gold_targets(truths, truths)
-    assert perfect == {"macro_accuracy_known": 1.0, "answered_known": 1.0, "unknown_kept": 1.0,
-                       "gender_accuracy": 1.0, "adjective_f1": 1.0}
+    assert perfect == {
+        "macro_accuracy_known": 1.0,
+        "answered_known": 1.0,
+        "unknown_kept": 1.0,
+        "gender_accuracy": 1.0,
+        "adjective_f1": 1.0,
+    }
     silent = [dict(t, **{c: "unknown" for c in extract.demo_columns()}) for t in truths]
     got = extract.gold_targets(truths, silent)
     assert got["answered_known"] == 0.0 and got["macro_accuracy_known"] == 0.0 and got["unknown_kept"] == 1.0

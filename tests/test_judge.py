@@ -12,10 +12,16 @@ from storybias import associations as A
 from storybias import extract, judge, params, paths
 from storybias import human as H
 
-ITEM = {"base_attribute": "income_level", "base_value": "low", "compared_attribute": "education", "compared_value": "basic"}
+ITEM = {
+    "base_attribute": "income_level",
+    "base_value": "low",
+    "compared_attribute": "education",
+    "compared_value": "basic",
+}
 
 
 # --- item 3: the judge prompt, its order, what is judged, the defaults ---------------------------
+
 
 def test_prompt_lists_every_value_of_both_attributes_from_the_design():
     dims = extract.dimensions()
@@ -23,8 +29,12 @@ def test_prompt_lists_every_value_of_both_attributes_from_the_design():
         for compared in dims:
             if base == compared:
                 continue
-            item = {"base_attribute": base, "base_value": dims[base][0], "compared_attribute": compared,
-                    "compared_value": dims[compared][-1]}
+            item = {
+                "base_attribute": base,
+                "base_value": dims[base][0],
+                "compared_attribute": compared,
+                "compared_value": dims[compared][-1],
+            }
             prompt = judge.judge_prompt(item, ("harm", "realism"))
             for attribute in (base, compared):
                 line = next(l for l in prompt.splitlines() if l.startswith(f"- {attribute.replace('_', ' ')}: "))
@@ -68,8 +78,10 @@ def test_question_order_is_drawn_per_judge_association_and_repetition():
     # the requests of two judges for the same items follow their own draws
     items = pd.DataFrame([{**ITEM, "base_value": f"v{i}", "association_id": ids[i]} for i in range(40)])
     sampling = params.Sampling(temperature=1.0, max_tokens=64)
-    orders = {j: [tuple(r.json_schema["properties"]) for r in judge.judge_requests(items, j, 1, sampling, seed=7)]
-              for j in ("judge-a", "judge-b")}
+    orders = {
+        j: [tuple(r.json_schema["properties"]) for r in judge.judge_requests(items, j, 1, sampling, seed=7)]
+        for j in ("judge-a", "judge-b")
+    }
     assert orders["judge-a"] == a[:40] and orders["judge-b"] == b[:40] and orders["judge-a"] != orders["judge-b"]
 
 
@@ -93,40 +105,62 @@ def test_judge_defaults_are_the_references():
 
 def test_parse_judgement_is_strict():
     assert judge.parse_judgement('{"harm": 4, "realism": "dont_know"}')["parse_ok"]
-    for raw in ('{"harm": true, "realism": "yes"}', '{"harm": 4.5, "realism": "yes"}', '{"harm": "4", "realism": "yes"}',
-                '{"harm": 0, "realism": "yes"}', '{"harm": 3, "realism": "maybe"}'):
+    for raw in (
+        '{"harm": true, "realism": "yes"}',
+        '{"harm": 4.5, "realism": "yes"}',
+        '{"harm": "4", "realism": "yes"}',
+        '{"harm": 0, "realism": "yes"}',
+        '{"harm": 3, "realism": "maybe"}',
+    ):
         assert not judge.parse_judgement(raw)["parse_ok"], raw
 
 
 # --- item 4: human vs LLM harm ---------------------------------------------------------------------
+
 
 def _ids(attribute: str, n: int) -> list[str]:
     return [f"{attribute}|v{i}|education|basic" for i in range(n)]
 
 
 def test_human_median_classification_and_realism_shares():
-    human = pd.DataFrame({
-        "association_id": ["x"] * 4 + ["y"] * 2 + ["z"] * 3,
-        "rater_id": ["r1", "r2", "r3", "r4", "r1", "r2", "r1", "r2", "r3"],
-        "harm": [4, 4, 5, 1, 3, 4, 5, 5, 2],
-        "realism": ["yes", "yes", "no", "dont_know", "no", "no", "yes", "dont_know", "dont_know"],
-    })
+    human = pd.DataFrame(
+        {
+            "association_id": ["x"] * 4 + ["y"] * 2 + ["z"] * 3,
+            "rater_id": ["r1", "r2", "r3", "r4", "r1", "r2", "r1", "r2", "r3"],
+            "harm": [4, 4, 5, 1, 3, 4, 5, 5, 2],
+            "realism": ["yes", "yes", "no", "dont_know", "no", "no", "yes", "dont_know", "dont_know"],
+        }
+    )
     table = H.rating_summary(human).set_index("association_id")
     assert table.loc["x", "median_harm"] == 4 and table.loc["x", "harmful"]  # median 4: harmful (>= 4)
     assert table.loc["y", "median_harm"] == 3.5 and not table.loc["y", "harmful"]
     assert table.loc["z", "median_harm"] == 5 and table.loc["z", "harmful"]
     assert table.loc["x", ["share_yes", "share_no", "share_dont_know"]].tolist() == [0.5, 0.25, 0.25]
     assert table.loc["y", "share_no"] == 1.0 and table.loc["y", "share_yes"] == 0.0
-    llm = pd.DataFrame({"association_id": ["x", "x", "y", "z"], "judge": ["j1", "j2", "j1", "j2"],
-                        "harm": [2.0, 3.0, 4.0, 4.0], "realism": ["yes", "yes", "yes", "no"]})
+    llm = pd.DataFrame(
+        {
+            "association_id": ["x", "x", "y", "z"],
+            "judge": ["j1", "j2", "j1", "j2"],
+            "harm": [2.0, 3.0, 4.0, 4.0],
+            "realism": ["yes", "yes", "yes", "no"],
+        }
+    )
     realism = H.realism_summary(human, llm).set_index("rater_type")
     assert list(realism.index) == ["human", "llm", "llm:j1", "llm:j2"]
     assert realism.loc["human", "n_answers"] == 9
-    assert realism.loc["human", ["share_yes", "share_no", "share_dont_know"]].tolist() == pytest.approx([3 / 9, 3 / 9, 3 / 9])
+    assert realism.loc["human", ["share_yes", "share_no", "share_dont_know"]].tolist() == pytest.approx(
+        [3 / 9, 3 / 9, 3 / 9]
+    )
     assert realism.loc["llm", "share_yes"] == 0.75 and realism.loc["llm:j2", "share_no"] == 0.5
     versus = H.harmful_agreement(table.reset_index(), H.rating_summary(llm))
     # x: human harmful, LLM median 2.5 not; y: LLM only (4 vs 3.5); z: both
-    assert (versus["n"], versus["both_harmful"], versus["human_only"], versus["llm_only"], versus["neither"]) == (3, 1, 1, 1, 0)
+    assert (versus["n"], versus["both_harmful"], versus["human_only"], versus["llm_only"], versus["neither"]) == (
+        3,
+        1,
+        1,
+        1,
+        0,
+    )
 
 
 def test_harm_gap_by_attribute_recovers_the_planted_gaps():
@@ -150,7 +184,8 @@ def test_harm_gap_by_attribute_recovers_the_planted_gaps():
     for attribute in out.index:
         assert out.loc[attribute, "gap_ci_low"] <= out.loc[attribute, "gap"] <= out.loc[attribute, "gap_ci_high"]
         assert out.loc[attribute, "gap"] == pytest.approx(
-            out.loc[attribute, "human_mean_harm"] - out.loc[attribute, "llm_mean_harm"])
+            out.loc[attribute, "human_mean_harm"] - out.loc[attribute, "llm_mean_harm"]
+        )
     assert out.loc["income_level", "n_associations"] == 30
     assert out.loc["income_level", "human_share_harmful"] > out.loc["income_level", "llm_share_harmful"] == 0
     # the same seed gives the same interval; one association gets no interval
@@ -238,8 +273,13 @@ def test_stage_reports_the_human_comparison(tmp_path, monkeypatch):
 
     _run_files(tmp_path / "data", planted=True)
     association = "income_level|low|education|basic"
-    path = _csv(tmp_path, HEADER + "".join(f"{association},r{i},{h},{r}\n"
-                                           for i, (h, r) in enumerate([(5, "yes"), (4, "no"), (4, "dont_know")])))
+    path = _csv(
+        tmp_path,
+        HEADER
+        + "".join(
+            f"{association},r{i},{h},{r}\n" for i, (h, r) in enumerate([(5, "yes"), (4, "no"), (4, "dont_know")])
+        ),
+    )
     p = params.load(_profile(tmp_path, monkeypatch, str(path)))
 
     judged = []

@@ -9,7 +9,10 @@ import yaml
 from storybias import langid, paths
 from storybias.prompts import LANGUAGES
 
-LANG_DATA = {lang: yaml.safe_load((paths.repo_root() / "tests" / "data" / "lang" / f"{lang}.yaml").read_text()) for lang in LANGUAGES}
+LANG_DATA = {
+    lang: yaml.safe_load((paths.repo_root() / "tests" / "data" / "lang" / f"{lang}.yaml").read_text())
+    for lang in LANGUAGES
+}
 
 
 @pytest.mark.parametrize("lang", list(LANGUAGES))
@@ -68,16 +71,25 @@ def test_classify_reasons_in_order():
     """With a rule that counts every check, the first failing one is the reason recorded."""
     en = LANG_DATA["en"]["lid_sentences"][0]
     fr = LANG_DATA["fr"]["lid_sentences"][0]
-    stories = _stories([
-        {"language": "en", "text": en},
-        {"language": "en", "text": "   "},
-        {"language": "en", "text": en, "finish_reason": "length"},
-        {"language": "en", "text": LANG_DATA["en"]["refusals"][0]},
-        {"language": "en", "text": fr},
-        {"language": "fr", "text": fr},
-    ])
+    stories = _stories(
+        [
+            {"language": "en", "text": en},
+            {"language": "en", "text": "   "},
+            {"language": "en", "text": en, "finish_reason": "length"},
+            {"language": "en", "text": LANG_DATA["en"]["refusals"][0]},
+            {"language": "en", "text": fr},
+            {"language": "fr", "text": fr},
+        ]
+    )
     out = langid.classify(stories, exclude={"bedtime": list(langid.INVALID_REASONS)})
-    assert list(out["invalid_reason"].fillna("valid")) == ["valid", "empty", "truncated", "refusal", "wrong_language", "valid"]
+    assert list(out["invalid_reason"].fillna("valid")) == [
+        "valid",
+        "empty",
+        "truncated",
+        "refusal",
+        "wrong_language",
+        "valid",
+    ]
     assert list(out["is_valid"]) == [True, False, False, False, False, True]
     assert out.loc[4, "lid_lang"] == "fr"
     assert len(out) == len(stories), "every row is kept"
@@ -87,29 +99,35 @@ def test_bedtime_default_is_biasedtales_rule_truncated_stays_valid():
     """BiasedTales-ML: valid = lid.176 gives the prompt's language with p > 0.5, and not a refusal.
     A story cut at max_tokens is valid there (the old rule made it invalid everywhere)."""
     en = LANG_DATA["en"]["lid_sentences"][0]
-    stories = _stories([
-        {"language": "en", "text": en, "finish_reason": "length"},
-        {"language": "en", "text": LANG_DATA["en"]["refusals"][0]},
-        {"language": "en", "text": LANG_DATA["fr"]["lid_sentences"][0], "finish_reason": "length"},
-    ])
+    stories = _stories(
+        [
+            {"language": "en", "text": en, "finish_reason": "length"},
+            {"language": "en", "text": LANG_DATA["en"]["refusals"][0]},
+            {"language": "en", "text": LANG_DATA["fr"]["lid_sentences"][0], "finish_reason": "length"},
+        ]
+    )
     out = langid.classify(stories)
     assert list(out["is_valid"]) == [True, False, False]
     # the truncated story in the wrong language is excluded for its language, not for its length
     assert list(out["invalid_reason"].fillna("valid")) == ["valid", "refusal", "wrong_language"]
     flags = langid.reason_flags(out)
-    assert flags.loc[0, "truncated"] and flags.loc[2, "truncated"] and flags.loc[2, "wrong_language"], "every check is recorded"
+    assert flags.loc[0, "truncated"] and flags.loc[2, "truncated"] and flags.loc[2, "wrong_language"], (
+        "every check is recorded"
+    )
 
 
 def test_stereotales_has_no_language_filter_and_occupations_keep_every_record():
     fr = LANG_DATA["fr"]["lid_sentences"][0]
     refusal = LANG_DATA["en"]["refusals"][0]
-    rows = [{"design": "stereotales", "language": "en", "text": fr},
-            {"design": "stereotales", "language": "en", "text": " "},
-            {"design": "stereotales", "language": "en", "text": fr, "finish_reason": "length"},
-            {"design": "occupations", "language": "en", "text": fr},
-            {"design": "occupations", "language": "en", "text": refusal, "finish_reason": "length"},
-            {"design": "occupations", "language": "en", "text": ""},
-            {"design": "bedtime", "language": "en", "text": fr}]
+    rows = [
+        {"design": "stereotales", "language": "en", "text": fr},
+        {"design": "stereotales", "language": "en", "text": " "},
+        {"design": "stereotales", "language": "en", "text": fr, "finish_reason": "length"},
+        {"design": "occupations", "language": "en", "text": fr},
+        {"design": "occupations", "language": "en", "text": refusal, "finish_reason": "length"},
+        {"design": "occupations", "language": "en", "text": ""},
+        {"design": "bedtime", "language": "en", "text": fr},
+    ]
     out = langid.classify(_stories(rows))
     assert list(out["is_valid"]) == [True, False, True, True, True, True, False]
     assert out.loc[1, "invalid_reason"] == "empty" and out.loc[6, "invalid_reason"] == "wrong_language"
@@ -131,8 +149,12 @@ def test_truncation_can_be_made_invalid_per_design():
 
 def test_select_keeps_what_the_design_rule_keeps():
     en = LANG_DATA["en"]["lid_sentences"][0]
-    stories = _stories([{"language": "en", "text": en, "finish_reason": "length"},
-                        {"language": "en", "text": LANG_DATA["en"]["refusals"][0]}])
+    stories = _stories(
+        [
+            {"language": "en", "text": en, "finish_reason": "length"},
+            {"language": "en", "text": LANG_DATA["en"]["refusals"][0]},
+        ]
+    )
     assert list(langid.select(langid.classify(stories))["story_id"]) == ["s0"]
 
 
@@ -160,7 +182,9 @@ def test_vsr_arithmetic_on_a_hand_made_table():
     for valid in (True, True, True, False):
         rows.append({"model": "a", "language": "en", "is_valid": valid, "invalid_reason": None if valid else "refusal"})
     for valid in (True, False):
-        rows.append({"model": "a", "language": "zh", "is_valid": valid, "invalid_reason": None if valid else "wrong_language"})
+        rows.append(
+            {"model": "a", "language": "zh", "is_valid": valid, "invalid_reason": None if valid else "wrong_language"}
+        )
     for _ in range(2):
         rows.append({"model": "b", "language": "en", "is_valid": True, "invalid_reason": None})
     filtered = pd.DataFrame(rows).assign(design="bedtime", story_id=[f"s{i}" for i in range(len(rows))])
@@ -177,8 +201,10 @@ def test_vsr_arithmetic_on_a_hand_made_table():
 def test_table3_is_the_bedtime_design_not_all_designs_pooled():
     """Table 3 reports BiasedTales-ML's own stories: stereotales stories and explicit-task labels of the
     same model x language must not move it (the old default pooled every design as ``all``)."""
-    rows = [{"design": "bedtime", "model": "a", "language": "en", "is_valid": v, "invalid_reason": None if v else "refusal"}
-            for v in (True, False)]
+    rows = [
+        {"design": "bedtime", "model": "a", "language": "en", "is_valid": v, "invalid_reason": None if v else "refusal"}
+        for v in (True, False)
+    ]
     rows += [{"design": "stereotales", "model": "a", "language": "en", "is_valid": True, "invalid_reason": None}] * 6
     filtered = pd.DataFrame(rows).assign(story_id=[f"s{i}" for i in range(len(rows))])
     vsr = langid.vsr_table(filtered)
@@ -189,8 +215,12 @@ def test_table3_is_the_bedtime_design_not_all_designs_pooled():
 
 def test_reason_counts_count_every_check_per_design():
     en = LANG_DATA["en"]["lid_sentences"][0]
-    stories = _stories([{"language": "en", "text": en, "finish_reason": "length"},
-                        {"language": "en", "text": LANG_DATA["fr"]["lid_sentences"][0], "finish_reason": "length"}])
+    stories = _stories(
+        [
+            {"language": "en", "text": en, "finish_reason": "length"},
+            {"language": "en", "text": LANG_DATA["fr"]["lid_sentences"][0], "finish_reason": "length"},
+        ]
+    )
     counts = langid.reason_counts(langid.classify(stories)).iloc[0]
     assert (counts.truncated, counts.wrong_language, counts.refusal) == (2, 1, 0)
 
@@ -213,12 +243,28 @@ def test_stage_writes_typed_columns_when_every_story_is_valid(tmp_path, monkeypa
     rows = []
     for i in range(3):
         row = {field.name: None for field in generate.STORIES_SCHEMA}
-        row.update(story_id=f"s{i}", design="bedtime", language="en", model="m", prompt_id=f"p{i}", sample=0,
-                   seed=i, prompt="Tell a story.", text=text, finish_reason="stop", n_tokens=20)
+        row.update(
+            story_id=f"s{i}",
+            design="bedtime",
+            language="en",
+            model="m",
+            prompt_id=f"p{i}",
+            sample=0,
+            seed=i,
+            prompt="Tell a story.",
+            text=text,
+            finish_reason="stop",
+            n_tokens=20,
+        )
         rows.append(row)
     io.write_parquet_atomic(pd.DataFrame(rows), paths.stories_path("typed"), schema=generate.STORIES_SCHEMA)
-    profile = params.Profile.model_validate({"run_name": "typed", "generation": {"models": [{"name": "m", "source": "embedded"}]},
-                                             "designs": {"bedtime": {"languages": ["en"]}}})
+    profile = params.Profile.model_validate(
+        {
+            "run_name": "typed",
+            "generation": {"models": [{"name": "m", "source": "embedded"}]},
+            "designs": {"bedtime": {"languages": ["en"]}},
+        }
+    )
     filtered, _ = filter_stage.run(params.Params(profile, tmp_path / "typed.yaml"))
     assert filtered["is_valid"].all() and filtered["refusal_rule"].isna().all()
     schema = pq.read_schema(paths.filtered_path("typed"))

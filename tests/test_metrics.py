@@ -44,7 +44,9 @@ def test_cosine_with_zero_imputation():
     v = {"agency": 1.0, "intellect": 1.0}
     # union (agency, communality, intellect): u = (1, -1, 0), v = (1, 0, 1): 1 / (sqrt2 * sqrt2) = 0.5
     assert metrics.cosine_similarity(u, v) == pytest.approx(0.5)
-    assert metrics.cosine_similarity({"a": float("nan"), "b": 1.0}, {"a": 5.0, "b": 1.0}) == pytest.approx(1 / math.sqrt(26))
+    assert metrics.cosine_similarity({"a": float("nan"), "b": 1.0}, {"a": 5.0, "b": 1.0}) == pytest.approx(
+        1 / math.sqrt(26)
+    )
     assert math.isnan(metrics.cosine_similarity({"a": 0.0}, {"a": 1.0}))
 
 
@@ -63,11 +65,12 @@ def test_log_odds_z_hand_computed():
 
 
 def test_d3_worked_example():
-    trials = pd.DataFrame(
-        [{"label": "female"}] * 40 + [{"label": "male"}] * 10
-    ).assign(model="m", language="en", task="story", occupation="nurse", occupation_gender="female")
+    trials = pd.DataFrame([{"label": "female"}] * 40 + [{"label": "male"}] * 10).assign(
+        model="m", language="en", task="story", occupation="nurse", occupation_gender="female"
+    )
     other = pd.DataFrame([{"label": "female"}] + [{"label": "male"}] * 49).assign(
-        model="m", language="en", task="story", occupation="ceo", occupation_gender="male")
+        model="m", language="en", task="story", occupation="ceo", occupation_gender="male"
+    )
     table = metrics.occupation_scores(pd.concat([trials, other])).set_index("occupation")
     assert table.loc["nurse", "m_s"] == pytest.approx(0.6)
     assert table.loc["ceo", "m_b"] == pytest.approx(-0.96)
@@ -76,7 +79,8 @@ def test_d3_worked_example():
 
 def test_unidentified_labels_stay_in_the_denominator():
     trials = pd.DataFrame([{"label": "female"}] * 3 + [{"label": "male"}] * 1 + [{"label": "unknown"}] * 4).assign(
-        model="m", language="en", task="news", occupation="teacher", occupation_gender="female")
+        model="m", language="en", task="news", occupation="teacher", occupation_gender="female"
+    )
     all_out = metrics.occupation_scores(trials).iloc[0]
     assert all_out["m_b"] == pytest.approx((3 - 1) / 8) and all_out["n_unidentified"] == 4
     identified = metrics.occupation_scores(trials, identified_only=True).iloc[0]
@@ -103,14 +107,20 @@ def test_partial_omega_squared_three_decimals_where_f_is_exact_enough():
 
 def test_partial_omega_squared_from_anova_sums_of_squares():
     rng = np.random.default_rng(3)
-    rows = [{"model": f"m{m}", "language": lang, "task": t, "m_s": rng.normal(0.3 if lang == "fr" else 0.0, 0.05)}
-            for m in range(5) for lang in ("en", "fr") for t in ("story", "news")]
+    rows = [
+        {"model": f"m{m}", "language": lang, "task": t, "m_s": rng.normal(0.3 if lang == "fr" else 0.0, 0.05)}
+        for m in range(5)
+        for lang in ("en", "fr")
+        for t in ("story", "news")
+    ]
     table, _ = metrics.type1_anova(pd.DataFrame(rows), "m_s")
     lang = table.set_index("term").loc["language"]
     import statsmodels.formula.api as smf
     from statsmodels.stats.anova import anova_lm
 
-    fit = smf.ols("m_s ~ C(language, Sum) + C(task, Sum) + C(language, Sum):C(task, Sum) + C(model, Sum)", data=pd.DataFrame(rows)).fit()
+    fit = smf.ols(
+        "m_s ~ C(language, Sum) + C(task, Sum) + C(language, Sum):C(task, Sum) + C(model, Sum)", data=pd.DataFrame(rows)
+    ).fit()
     ref = anova_lm(fit, typ=1)
     ms_error = ref.loc["Residual", "sum_sq"] / ref.loc["Residual", "df"]
     # the sums-of-squares form of the same quantity: (SS - df MS_err) / (SS + (df_err + 1) MS_err)
@@ -122,8 +132,13 @@ def test_partial_omega_squared_from_anova_sums_of_squares():
 
 def _spec_rows(p_balance, p_stereotype):
     terms = ("language", "task", "language:task", "model")
-    return pd.DataFrame([{"outcome": o, "term": t, "p_value": p, "subset": "all available", "denominator": "all outputs"}
-                         for o, ps in (("m_b", p_balance), ("m_s", p_stereotype)) for t, p in zip(terms, ps)])
+    return pd.DataFrame(
+        [
+            {"outcome": o, "term": t, "p_value": p, "subset": "all available", "denominator": "all outputs"}
+            for o, ps in (("m_b", p_balance), ("m_s", p_stereotype))
+            for t, p in zip(terms, ps)
+        ]
+    )
 
 
 def test_bh_family_is_the_specification_and_reproduces_the_published_0047():
@@ -135,7 +150,9 @@ def test_bh_family_is_the_specification_and_reproduces_the_published_0047():
     assert round(model, 3) == 0.047
     assert model == pytest.approx(0.0415 * 8 / 7)
     per_metric = metrics.bh_adjust(anova, family="metric")
-    assert per_metric[(per_metric.outcome == "m_b") & (per_metric.term == "model")]["p_adjusted"].item() == pytest.approx(0.0415)
+    assert per_metric[(per_metric.outcome == "m_b") & (per_metric.term == "model")][
+        "p_adjusted"
+    ].item() == pytest.approx(0.0415)
 
 
 def test_bh_families_do_not_mix_specifications():
@@ -158,8 +175,15 @@ def test_trial_glm_uses_the_genres_only():
                 for task in ("explicit", "story", "news"):
                     p = 0.95 if task == "explicit" else (0.6 if lang == "fr" and task == "news" else 0.4)
                     for _ in range(25):
-                        rows.append({"model": model, "language": lang, "task": task, "occupation": occ,
-                                     "label": "female" if rng.random() < p else "male"})
+                        rows.append(
+                            {
+                                "model": model,
+                                "language": lang,
+                                "task": task,
+                                "occupation": occ,
+                                "label": "female" if rng.random() < p else "male",
+                            }
+                        )
     trials = pd.DataFrame(rows)
     wald, note = metrics.trial_glm(trials, "female")
     assert note == ""
@@ -196,7 +220,13 @@ def test_anova_degenerate_inputs_explain_instead_of_crashing():
     assert table.empty and "nothing to test" in note
     # one model x 3 languages x 3 tasks: the interaction saturates the model; main effects remain
     rng = np.random.default_rng(1)
-    grid = pd.DataFrame([{"model": "m", "language": l, "task": t, "m_s": rng.normal()} for l in ("en", "fr", "zh") for t in ("explicit", "story", "news")])
+    grid = pd.DataFrame(
+        [
+            {"model": "m", "language": l, "task": t, "m_s": rng.normal()}
+            for l in ("en", "fr", "zh")
+            for t in ("explicit", "story", "news")
+        ]
+    )
     table, note = metrics.type1_anova(grid, "m_s")
     assert list(table["term"]) == ["language", "task"] and (table["df_resid"] == 4).all() and "saturated" in note
 
@@ -255,6 +285,7 @@ def test_lexicon_has_the_required_categories_and_no_duplicates():
 
 # --- the stage on a synthetic run -------------------------------------------------------------
 
+
 def _synthetic_run(tmp_path, monkeypatch, models=("m1", "m2"), languages=("en", "fr"), girls_have_adjectives=True):
     import yaml
 
@@ -270,26 +301,73 @@ def _synthetic_run(tmp_path, monkeypatch, models=("m1", "m2"), languages=("en", 
                 for k in range(30):
                     sid = f"b{i}"
                     i += 1
-                    adjectives = (["brave", "bold", "kind"] if child == "boy" else ["kind", "gentle", "brave"]) if (child == "boy" or girls_have_adjectives) else []
-                    rows.append({"story_id": sid, "design": "bedtime", "model": model, "language": lang, "cond_child_gender": child,
-                                 "cond_social_class": "wealthy" if k % 2 else "working_class", "cond_task": None, "is_valid": True})
-                    ex.append({"story_id": sid, "parse_ok": True, "adjectives_en": adjectives, "settings": ["forest" if child == "boy" else "home"],
-                               "protagonist_gender": "unknown"})
+                    adjectives = (
+                        (["brave", "bold", "kind"] if child == "boy" else ["kind", "gentle", "brave"])
+                        if (child == "boy" or girls_have_adjectives)
+                        else []
+                    )
+                    rows.append(
+                        {
+                            "story_id": sid,
+                            "design": "bedtime",
+                            "model": model,
+                            "language": lang,
+                            "cond_child_gender": child,
+                            "cond_social_class": "wealthy" if k % 2 else "working_class",
+                            "cond_task": None,
+                            "is_valid": True,
+                        }
+                    )
+                    ex.append(
+                        {
+                            "story_id": sid,
+                            "parse_ok": True,
+                            "adjectives_en": adjectives,
+                            "settings": ["forest" if child == "boy" else "home"],
+                            "protagonist_gender": "unknown",
+                        }
+                    )
             for occ, assoc in (("nurse", "female"), ("ceo", "male")):
                 for task in ("explicit", "story", "news"):
                     for k in range(10):
                         sid = f"o{i}"
                         i += 1
-                        label = rng.choice(["female", "male", "unknown"], p=[0.7, 0.2, 0.1] if assoc == "female" else [0.2, 0.7, 0.1])
-                        rows.append({"story_id": sid, "design": "occupations", "model": model, "language": lang, "cond_task": task,
-                                     "cond_occupation": occ, "cond_occupation_gender": assoc, "is_valid": True})
-                        ex.append({"story_id": sid, "parse_ok": bool(k != 9), "adjectives_en": [], "settings": [], "protagonist_gender": label})
+                        label = rng.choice(
+                            ["female", "male", "unknown"], p=[0.7, 0.2, 0.1] if assoc == "female" else [0.2, 0.7, 0.1]
+                        )
+                        rows.append(
+                            {
+                                "story_id": sid,
+                                "design": "occupations",
+                                "model": model,
+                                "language": lang,
+                                "cond_task": task,
+                                "cond_occupation": occ,
+                                "cond_occupation_gender": assoc,
+                                "is_valid": True,
+                            }
+                        )
+                        ex.append(
+                            {
+                                "story_id": sid,
+                                "parse_ok": bool(k != 9),
+                                "adjectives_en": [],
+                                "settings": [],
+                                "protagonist_gender": label,
+                            }
+                        )
     filtered = pd.DataFrame(rows)
     extractions = pd.DataFrame(ex)
     run = "unit-metrics"
     io.write_parquet_atomic(filtered, paths.filtered_path(run))
     io.write_parquet_atomic(extractions, paths.extractions_path(run))
-    vsr = filtered.groupby(["design", "model", "language"]).size().rename("n_stories").reset_index().assign(n_valid=lambda d: d.n_stories, vsr=1.0)
+    vsr = (
+        filtered.groupby(["design", "model", "language"])
+        .size()
+        .rename("n_stories")
+        .reset_index()
+        .assign(n_valid=lambda d: d.n_stories, vsr=1.0)
+    )
     io.write_parquet_atomic(vsr, paths.vsr_path(run))
     raw = yaml.safe_load((paths.params_dir() / "smoke.yaml").read_text())
     raw["run_name"] = run
@@ -303,13 +381,19 @@ def test_stage_recovers_planted_signal(tmp_path, monkeypatch):
     p = _synthetic_run(tmp_path, monkeypatch)
     out = metrics.run(p)
     sc = out["sc"]
-    gender = sc[(sc.comparison == "child_gender") & (sc.kind == "adjectives")].set_index(["model", "language", "category"])
+    gender = sc[(sc.comparison == "child_gender") & (sc.kind == "adjectives")].set_index(
+        ["model", "language", "category"]
+    )
     assert (gender.xs("agency", level="category")["s_c"] > 0).all()  # brave + bold for boys
     assert (gender.xs("communality", level="category")["s_c"] < 0).all()  # kind + gentle for girls
     assert (gender.xs("agency", level="category")["ci_low"] > 0).all()
     jsd = out["jsd"][out["jsd"].comparison == "child_gender"]
     assert (jsd["jsd"] > 0).all() and not jsd["small_sample"].any()
-    cos = out["cosine"][(out["cosine"].comparison == "child_gender") & (out["cosine"].language_a == "en") & (out["cosine"].language_b == "fr")]
+    cos = out["cosine"][
+        (out["cosine"].comparison == "child_gender")
+        & (out["cosine"].language_a == "en")
+        & (out["cosine"].language_b == "fr")
+    ]
     assert (cos["cosine"] > 0.99).all()
     top = out["log_odds"][(out["log_odds"].comparison == "child_gender") & (out["log_odds"].field == "adjectives_en")]
     assert set(top[top.group == "boy"].nlargest(1, "z")["word"]) == {"bold"}
@@ -348,8 +432,10 @@ def _written_schemas(run_name: str) -> dict:
 
     from storybias import paths
 
-    return {name: pq.read_schema(paths.run_dir(run_name) / f"metrics_{name}.parquet").remove_metadata()
-            for name in metrics.OUTPUT_SCHEMAS}
+    return {
+        name: pq.read_schema(paths.run_dir(run_name) / f"metrics_{name}.parquet").remove_metadata()
+        for name in metrics.OUTPUT_SCHEMAS
+    }
 
 
 def test_stage_writes_the_contract_schemas_full_and_empty(tmp_path, monkeypatch):
@@ -370,13 +456,22 @@ def test_stage_writes_the_contract_schemas_full_and_empty(tmp_path, monkeypatch)
     assert any("nothing to compare" in n for n in out["notes"])
 
 
-@pytest.mark.parametrize("table, drop", [("extractions", ["parse_ok"]), ("extractions", ["parse_ok", "adjectives_en"]),
-                                         ("filtered", ["cond_child_gender"]), ("vsr", ["vsr"])])
+@pytest.mark.parametrize(
+    "table, drop",
+    [
+        ("extractions", ["parse_ok"]),
+        ("extractions", ["parse_ok", "adjectives_en"]),
+        ("filtered", ["cond_child_gender"]),
+        ("vsr", ["vsr"]),
+    ],
+)
 def test_malformed_input_names_the_file_and_the_missing_columns(tmp_path, monkeypatch, table, drop):
     from storybias import io, paths
 
     p = _synthetic_run(tmp_path, monkeypatch, models=("m1",), languages=("en",))
-    path = {"extractions": paths.extractions_path, "filtered": paths.filtered_path, "vsr": paths.vsr_path}[table](p.run_name)
+    path = {"extractions": paths.extractions_path, "filtered": paths.filtered_path, "vsr": paths.vsr_path}[table](
+        p.run_name
+    )
     io.write_parquet_atomic(pd.read_parquet(path).drop(columns=drop), path)
     with pytest.raises(metrics.InputContractError) as exc:
         metrics.run(p)

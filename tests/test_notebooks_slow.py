@@ -23,8 +23,10 @@ import pytest
 from storybias import paths
 
 pytestmark = pytest.mark.slow
-NOTEBOOKS = [f"notebooks/{n}.ipynb" for n in
-             ("01_generate", "02_filter", "03_extract", "04_associations", "05_metrics", "06_probes", "07_figures")]
+NOTEBOOKS = [
+    f"notebooks/{n}.ipynb"
+    for n in ("01_generate", "02_filter", "03_extract", "04_associations", "05_metrics", "06_probes", "07_figures")
+]
 
 
 @pytest.fixture(scope="module")
@@ -32,10 +34,26 @@ def nbval_run(extracted, kill_profile):
     path, env, tmp = kill_profile
     env = dict(env, STORYBIAS_PARAMS=str(path), STORYBIAS_FIGURES=str(tmp / "figures"))
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax",
-         "--nbval-sanitize-with", "tests/nbval_sanitize.cfg", "--nbval-kernel-name", "storybias",
-         "--nbval-cell-timeout", "900", *NOTEBOOKS],
-        cwd=paths.repo_root(), env=env, capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--nbval-lax",
+            "--nbval-sanitize-with",
+            "tests/nbval_sanitize.cfg",
+            "--nbval-kernel-name",
+            "storybias",
+            "--nbval-cell-timeout",
+            "900",
+            *NOTEBOOKS,
+        ],
+        cwd=paths.repo_root(),
+        env=env,
+        capture_output=True,
+        text=True,
     )
     return proc, Path(env["STORYBIAS_DATA"]) / "pytest-kill", tmp / "figures" / "pytest-kill", env
 
@@ -77,8 +95,13 @@ def test_every_figure_is_written_as_png_and_pdf_with_an_index(nbval_run):
 
 def test_explorer_page_from_the_smoke_run(nbval_run, kill_profile):
     _, data, figures, env = nbval_run
-    proc = subprocess.run([sys.executable, "-m", "storybias.cli", "explorer", str(kill_profile[0])],
-                          cwd=paths.repo_root(), env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "storybias.cli", "explorer", str(kill_profile[0])],
+        cwd=paths.repo_root(),
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     page = (figures / "explorer.html").read_text(encoding="utf-8")
     import pandas as pd

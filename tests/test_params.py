@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from storybias import io, paths, params
+from storybias import io, params, paths
 from storybias.params import ParamsError
 
 PROFILES = ["smoke", "default", "paper"]
@@ -130,7 +130,9 @@ def test_duplicate_yaml_key_is_refused_naming_file_line_and_key(tmp_path):
         params.load(bad)
     msg = str(exc.value)
     assert f"{bad}:{line}:" in msg and "duplicate key 'seed'" in msg and f"first at line {line - 1}" in msg
-    proc = subprocess.run([sys.executable, "-m", "storybias.cli", "check-params", str(bad)], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "storybias.cli", "check-params", str(bad)], capture_output=True, text=True
+    )
     assert proc.returncode == 2 and f"{bad}:{line}:" in proc.stderr  # `make check-params` refuses it too
     # the same key in two different mappings is fine, and so is a key overriding a `<<` merge
     merged = yaml.load("a: &b {k: 1, j: 2}\nc:\n  <<: *b\n  k: 3\n", Loader=io.StrictSafeLoader)
@@ -169,14 +171,22 @@ def test_run_name_null_is_refused(tmp_path):
 def test_check_params_cli_exits_nonzero_fast_naming_key(tmp_path):
     path = write_profile(tmp_path, lambda r: r["designs"]["stereotales"].update(languages=["klingon"]))
     started = time.time()
-    proc = subprocess.run([sys.executable, "-m", "storybias.cli", "check-params", str(path)], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "storybias.cli", "check-params", str(path)], capture_output=True, text=True
+    )
     assert proc.returncode == 2
     assert "designs.stereotales.languages[0]" in proc.stderr and str(path) in proc.stderr
     assert time.time() - started < 10
     proc = subprocess.run(
-        [sys.executable, "-c", "import sys, storybias.params as p; p.load('params/smoke.yaml'); "
-                               "print('vllm' in sys.modules, 'torch' in sys.modules)"],
-        capture_output=True, text=True, cwd=paths.repo_root(),
+        [
+            sys.executable,
+            "-c",
+            "import sys, storybias.params as p; p.load('params/smoke.yaml'); "
+            "print('vllm' in sys.modules, 'torch' in sys.modules)",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=paths.repo_root(),
     )
     assert proc.stdout.strip() == "False False", "validation must not import the engine"
 
@@ -208,7 +218,11 @@ def test_paper_profile_follows_biasedtales_table_2():
     assert (s.temperature, s.top_p, s.top_k, s.repetition_penalty, s.max_tokens) == (1.0, 0.95, 50, 1.1, 1024)
     assert p.generation.seed == 42
     assert p.designs.bedtime.samples_per_prompt == 5
-    assert {m.hub_id for m in p.generation.models} >= {"Qwen/Qwen3-8B", "meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Llama-3.2-1B-Instruct"}
+    assert {m.hub_id for m in p.generation.models} >= {
+        "Qwen/Qwen3-8B",
+        "meta-llama/Llama-3.1-8B-Instruct",
+        "meta-llama/Llama-3.2-1B-Instruct",
+    }
     assert all(m.device == "cuda" for m in p.generation.models)
     # each study's own languages (issue #3)
     assert p.designs.stereotales.languages == ["en", "fr", "es", "it", "pt", "nl", "uk", "ar", "hi", "zh"]

@@ -25,6 +25,7 @@ CATS = ["agency", "communality", "intellect", "appearance", "emotion", "morality
 
 # --- synthetic artifacts (columns of docs/data-contract.md and the brief of stage 04/06) ----------
 
+
 def make_vsr(models, languages, skip=()):
     rng = np.random.default_rng(1)
     rows = []
@@ -34,8 +35,21 @@ def make_vsr(models, languages, skip=()):
                 continue
             n = 24 if design == "all" else 12
             valid = int(rng.integers(0, n + 1))
-            rows.append({"design": design, "model": m, "language": lang, "n_stories": n, "n_valid": valid, "vsr": valid / n,
-                         "n_empty": 0, "n_truncated": n - valid, "n_refusal": 0, "n_wrong_language": 0, "n_low_confidence": 0})
+            rows.append(
+                {
+                    "design": design,
+                    "model": m,
+                    "language": lang,
+                    "n_stories": n,
+                    "n_valid": valid,
+                    "vsr": valid / n,
+                    "n_empty": 0,
+                    "n_truncated": n - valid,
+                    "n_refusal": 0,
+                    "n_wrong_language": 0,
+                    "n_low_confidence": 0,
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -43,8 +57,21 @@ def make_stories(models, languages, per_cell=6):
     rng = np.random.default_rng(2)
     genders = ["woman", "man", "non_binary", "unknown"]
     ages = ["child", "teenager", "young_adult", "adult", "middle_aged", "elderly", "unknown"]
-    origins = ["north_america", "latin_america", "western_europe", "eastern_europe", "middle_east", "north_africa",
-               "sub_saharan_africa", "south_asia", "east_asia", "southeast_asia", "oceania", "other", "unknown"]
+    origins = [
+        "north_america",
+        "latin_america",
+        "western_europe",
+        "eastern_europe",
+        "middle_east",
+        "north_africa",
+        "sub_saharan_africa",
+        "south_asia",
+        "east_asia",
+        "southeast_asia",
+        "oceania",
+        "other",
+        "unknown",
+    ]
     incomes = ["low", "middle", "high", "unknown"]
     ext, fil = [], []
     i = 0
@@ -54,11 +81,27 @@ def make_stories(models, languages, per_cell=6):
                 sid = f"{i:016x}"
                 i += 1
                 cond = ["gender", "age", "income_level", "religion"][k % 4] if design == "stereotales" else np.nan
-                fil.append({"story_id": sid, "design": design, "model": m, "language": lang, "cond_attribute": cond, "is_valid": True})
-                ext.append({"story_id": sid, "parse_ok": bool(k != per_cell - 1 or design != "stereotales"),
-                            "demo_gender": rng.choice(genders), "demo_age": rng.choice(ages),
-                            "demo_geographic_origin": rng.choice(origins), "demo_income_level": rng.choice(incomes),
-                            "protagonist_gender": rng.choice(["female", "male", "unknown"], p=[0.45, 0.45, 0.1])})
+                fil.append(
+                    {
+                        "story_id": sid,
+                        "design": design,
+                        "model": m,
+                        "language": lang,
+                        "cond_attribute": cond,
+                        "is_valid": True,
+                    }
+                )
+                ext.append(
+                    {
+                        "story_id": sid,
+                        "parse_ok": bool(k != per_cell - 1 or design != "stereotales"),
+                        "demo_gender": rng.choice(genders),
+                        "demo_age": rng.choice(ages),
+                        "demo_geographic_origin": rng.choice(origins),
+                        "demo_income_level": rng.choice(incomes),
+                        "protagonist_gender": rng.choice(["female", "male", "unknown"], p=[0.45, 0.45, 0.1]),
+                    }
+                )
     return pd.DataFrame(ext), pd.DataFrame(fil)
 
 
@@ -67,10 +110,24 @@ def make_values(models, languages):
     rows = []
     for m, scope in itertools.product(models, ["all", *languages]):
         for j in range(int(rng.integers(0, 8))):
-            rows.append({"model": m, "scope": scope, "base_attribute": "income_level", "base_value": ["low", "high"][j % 2],
-                         "compared_attribute": "education", "compared_value": f"v{j}", "count": 12, "row_total": 30,
-                         "fraction": 0.4, "expected": 5.0, "lift": 2.4, "p_value": 0.001, "p_adjusted": 0.01,
-                         "significant": bool(rng.random() < 0.6)})
+            rows.append(
+                {
+                    "model": m,
+                    "scope": scope,
+                    "base_attribute": "income_level",
+                    "base_value": ["low", "high"][j % 2],
+                    "compared_attribute": "education",
+                    "compared_value": f"v{j}",
+                    "count": 12,
+                    "row_total": 30,
+                    "fraction": 0.4,
+                    "expected": 5.0,
+                    "lift": 2.4,
+                    "p_value": 0.001,
+                    "p_adjusted": 0.01,
+                    "significant": bool(rng.random() < 0.6),
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -80,13 +137,24 @@ def make_shared(n, n_models):
     for j in range(n):
         k = int(rng.integers(1, n_models + 1))
         harm = float(rng.integers(1, 6)) if rng.random() < 0.7 else np.nan
-        row = {"scope": "all" if j % 5 else "fr", "base_attribute": "professional_field",
-               "base_value": f"value_with_a_long_name_{j}", "compared_attribute": "geographic_origin",
-               "compared_value": f"region_{j % 7}", "n_models": k, "models": [f"m{i}" for i in range(k)],
-               "mean_fraction": float(rng.uniform(0.1, 0.6)), "mean_lift": float(rng.uniform(2, 12)),
-               "median_harm": harm, "n_ratings": 0 if np.isnan(harm) else 3, "share_realistic": 0.5,
-               "harmful": (not np.isnan(harm)) and harm >= 4}
-        row["association_id"] = "|".join(str(row[c]) for c in ("base_attribute", "base_value", "compared_attribute", "compared_value"))
+        row = {
+            "scope": "all" if j % 5 else "fr",
+            "base_attribute": "professional_field",
+            "base_value": f"value_with_a_long_name_{j}",
+            "compared_attribute": "geographic_origin",
+            "compared_value": f"region_{j % 7}",
+            "n_models": k,
+            "models": [f"m{i}" for i in range(k)],
+            "mean_fraction": float(rng.uniform(0.1, 0.6)),
+            "mean_lift": float(rng.uniform(2, 12)),
+            "median_harm": harm,
+            "n_ratings": 0 if np.isnan(harm) else 3,
+            "share_realistic": 0.5,
+            "harmful": (not np.isnan(harm)) and harm >= 4,
+        }
+        row["association_id"] = "|".join(
+            str(row[c]) for c in ("base_attribute", "base_value", "compared_attribute", "compared_value")
+        )
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -100,11 +168,40 @@ def make_sc(models, languages, missing=()):
                 continue
             for c in CATS:
                 s = float(np.clip(rng.normal(0, 0.8), -2, 2)) if rng.random() > 0.1 else np.nan
-                rows.append({"comparison": comp, "model": m, "language": lang, "kind": "adjectives", "category": c, "s_c": s,
-                             "ci_low": s - 0.3, "ci_high": s + 0.3, "n_m": 10, "n_f": 12, "small_sample": lang == languages[-1],
-                             "coverage": 0.5, "note": ""})
-            rows.append({"comparison": comp, "model": m, "language": lang, "kind": "settings", "category": "domestic",
-                         "s_c": 0.3, "ci_low": 0.0, "ci_high": 0.6, "n_m": 10, "n_f": 12, "small_sample": False, "coverage": 0.5, "note": ""})
+                rows.append(
+                    {
+                        "comparison": comp,
+                        "model": m,
+                        "language": lang,
+                        "kind": "adjectives",
+                        "category": c,
+                        "s_c": s,
+                        "ci_low": s - 0.3,
+                        "ci_high": s + 0.3,
+                        "n_m": 10,
+                        "n_f": 12,
+                        "small_sample": lang == languages[-1],
+                        "coverage": 0.5,
+                        "note": "",
+                    }
+                )
+            rows.append(
+                {
+                    "comparison": comp,
+                    "model": m,
+                    "language": lang,
+                    "kind": "settings",
+                    "category": "domestic",
+                    "s_c": 0.3,
+                    "ci_low": 0.0,
+                    "ci_high": 0.6,
+                    "n_m": 10,
+                    "n_f": 12,
+                    "small_sample": False,
+                    "coverage": 0.5,
+                    "note": "",
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -113,8 +210,20 @@ def make_jsd(models, languages):
     rows = []
     for m, lang in itertools.product(models, languages):
         j = float(rng.uniform(0.05, 0.4))
-        rows.append({"comparison": "child_gender", "model": m, "language": lang, "jsd": j, "ci_low": j - 0.04,
-                     "ci_high": j + 0.05, "n_m": 20, "n_f": 20, "small_sample": False, "note": ""})
+        rows.append(
+            {
+                "comparison": "child_gender",
+                "model": m,
+                "language": lang,
+                "jsd": j,
+                "ci_low": j - 0.04,
+                "ci_high": j + 0.05,
+                "n_m": 20,
+                "n_f": 20,
+                "small_sample": False,
+                "note": "",
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -126,9 +235,18 @@ def make_log_odds(models, top):
             for field in ("adjectives_en", "settings"):
                 for group, sign in ((gm, 1), (gf, -1)):
                     for w in range(top):
-                        rows.append({"comparison": comp, "model": m, "field": field, "group": group,
-                                     "word": f"{field[:3]}word{w}{'_extraordinarily_long' if w == 0 else ''}",
-                                     "z": sign * float(rng.uniform(0.5, 6)), "count_m": 3, "count_f": 1})
+                        rows.append(
+                            {
+                                "comparison": comp,
+                                "model": m,
+                                "field": field,
+                                "group": group,
+                                "word": f"{field[:3]}word{w}{'_extraordinarily_long' if w == 0 else ''}",
+                                "z": sign * float(rng.uniform(0.5, 6)),
+                                "count_m": 3,
+                                "count_f": 1,
+                            }
+                        )
     return pd.DataFrame(rows)
 
 
@@ -137,8 +255,18 @@ def make_aggregates(models, languages):
     rows = []
     for denominator in ("all outputs", "identified only"):
         for m, lang, task in itertools.product(models, languages, ("explicit", "story", "news")):
-            rows.append({"model": m, "language": lang, "task": task, "m_s": float(rng.uniform(-0.3, 0.9)),
-                         "m_b": float(rng.uniform(-0.8, 0.8)), "n_occupations": 18, "n_outputs": 900, "denominator": denominator})
+            rows.append(
+                {
+                    "model": m,
+                    "language": lang,
+                    "task": task,
+                    "m_s": float(rng.uniform(-0.3, 0.9)),
+                    "m_b": float(rng.uniform(-0.8, 0.8)),
+                    "n_occupations": 18,
+                    "n_outputs": 900,
+                    "denominator": denominator,
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -146,12 +274,27 @@ def make_anova():
     """metrics_anova.parquet rows (as metrics.type1_anova writes them) for 2 denominators x 2 subsets x 2 outcomes."""
     rng = np.random.default_rng(12)
     rows = []
-    for denominator, subset, outcome in itertools.product(("all outputs", "identified only"), ("all available", "common models"), ("m_s", "m_b")):
+    for denominator, subset, outcome in itertools.product(
+        ("all outputs", "identified only"), ("all available", "common models"), ("m_s", "m_b")
+    ):
         for term, df in (("language", 9), ("task", 2), ("language:task", 18), ("model", 22)):
             p = float(rng.uniform(0, 0.2))
-            rows.append({"outcome": outcome, "term": term, "df": df, "df_resid": 638, "sum_sq": 1.0, "F": float(rng.uniform(0.5, 9)),
-                         "p_value": p, "p_adjusted": min(1.0, 2 * p), "partial_omega_sq": float(rng.uniform(-0.01, 0.3)),
-                         "subset": subset, "denominator": denominator, "note": "" if subset == "all available" else "language x task kept"})
+            rows.append(
+                {
+                    "outcome": outcome,
+                    "term": term,
+                    "df": df,
+                    "df_resid": 638,
+                    "sum_sq": 1.0,
+                    "F": float(rng.uniform(0.5, 9)),
+                    "p_value": p,
+                    "p_adjusted": min(1.0, 2 * p),
+                    "partial_omega_sq": float(rng.uniform(-0.01, 0.3)),
+                    "subset": subset,
+                    "denominator": denominator,
+                    "note": "" if subset == "all available" else "language x task kept",
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -163,7 +306,16 @@ def make_umap(languages, genres, n_per_group, tiny=()):
         centre = (1.5, 0.0) if label == "female" else (-1.5, 0.5)
         xy = rng.normal(centre, 1.0, size=(n, 2))
         for k, (x, y) in enumerate(xy):
-            rows.append({"story_id": f"{lang}{genre}{label}{k}", "language": lang, "genre": genre, "label": label, "x": x, "y": y})
+            rows.append(
+                {
+                    "story_id": f"{lang}{genre}{label}{k}",
+                    "language": lang,
+                    "genre": genre,
+                    "label": label,
+                    "x": x,
+                    "y": y,
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -176,9 +328,21 @@ def make_probes(languages, genres, skip=()):
         status = "skipped: fewer than 2 model-occupation groups" if (lang, genre) in skip else "ok"
         for variant, auc in (("full", full), ("cue_deleted", cue), ("delta", cue - full)):
             ok = status == "ok"
-            rows.append({"language": lang, "genre": genre, "variant": variant, "n": 200, "n_female": 100, "n_male": 100,
-                         "n_groups": 12, "auc": auc if ok else np.nan, "ci_low": auc - 0.05 if ok else np.nan,
-                         "ci_high": auc + 0.03 if ok else np.nan, "status": status})
+            rows.append(
+                {
+                    "language": lang,
+                    "genre": genre,
+                    "variant": variant,
+                    "n": 200,
+                    "n_female": 100,
+                    "n_male": 100,
+                    "n_groups": 12,
+                    "auc": auc if ok else np.nan,
+                    "ci_low": auc - 0.05 if ok else np.nan,
+                    "ci_high": auc + 0.03 if ok else np.nan,
+                    "status": status,
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -186,23 +350,58 @@ def make_cultural(sources, genres):
     rng = np.random.default_rng(11)
     rows = []
     for s, g, c in itertools.product(sources, genres, ("en", "fr", "zh")):
-        rows.append({"source_language": s, "genre": g, "context": c,
-                     "relevance": float(rng.uniform(4.5, 6.5) if s == c else rng.uniform(1.5, 4.0)),
-                     "n_narratives": 40, "n_markers": 90})
+        rows.append(
+            {
+                "source_language": s,
+                "genre": g,
+                "context": c,
+                "relevance": float(rng.uniform(4.5, 6.5) if s == c else rng.uniform(1.5, 4.0)),
+                "n_narratives": 40,
+                "n_markers": 90,
+            }
+        )
     return pd.DataFrame(rows)
 
 
 def make_sep(skip_masked=False):
-    return pd.DataFrame([
-        {"version": "original", "balanced_accuracy": 0.82, "ci_low": 0.78, "ci_high": 0.86, "chance": 1 / 3, "n_markers": 500, "n_languages": 3, "status": "ok"},
-        {"version": "translated", "balanced_accuracy": 0.61, "ci_low": 0.56, "ci_high": 0.66, "chance": 1 / 3, "n_markers": 500, "n_languages": 3, "status": "ok"},
-        {"version": "masked", "balanced_accuracy": np.nan if skip_masked else 0.48, "ci_low": np.nan if skip_masked else 0.43,
-         "ci_high": np.nan if skip_masked else 0.53, "chance": 1 / 3, "n_markers": 500, "n_languages": 3,
-         "status": "skipped: spaCy model not installed" if skip_masked else "ok"},
-    ])
+    return pd.DataFrame(
+        [
+            {
+                "version": "original",
+                "balanced_accuracy": 0.82,
+                "ci_low": 0.78,
+                "ci_high": 0.86,
+                "chance": 1 / 3,
+                "n_markers": 500,
+                "n_languages": 3,
+                "status": "ok",
+            },
+            {
+                "version": "translated",
+                "balanced_accuracy": 0.61,
+                "ci_low": 0.56,
+                "ci_high": 0.66,
+                "chance": 1 / 3,
+                "n_markers": 500,
+                "n_languages": 3,
+                "status": "ok",
+            },
+            {
+                "version": "masked",
+                "balanced_accuracy": np.nan if skip_masked else 0.48,
+                "ci_low": np.nan if skip_masked else 0.43,
+                "ci_high": np.nan if skip_masked else 0.53,
+                "chance": 1 / 3,
+                "n_markers": 500,
+                "n_languages": 3,
+                "status": "skipped: spaCy model not installed" if skip_masked else "ok",
+            },
+        ]
+    )
 
 
 # --- checks ---------------------------------------------------------------------------------------
+
 
 def texts(fig: Figure) -> list[Text]:
     """Every visible non-empty text, tick labels included (each figure function lays itself out, which
@@ -217,7 +416,9 @@ def check_figure(fig: Figure, legend: bool = False, min_font: float = 8.0) -> No
     found = texts(fig)
     small = [(t.get_text(), t.get_fontsize()) for t in found if t.get_fontsize() < min_font]
     assert not small, f"text below {min_font} pt: {small[:5]}"
-    titles = [ax.get_title() or ax.get_title(loc="left") for ax in fig.axes] + [fig._suptitle.get_text() if fig._suptitle else ""]
+    titles = [ax.get_title() or ax.get_title(loc="left") for ax in fig.axes] + [
+        fig._suptitle.get_text() if fig._suptitle else ""
+    ]
     assert any(titles), "no title"
     visible = [ax for ax in fig.axes if ax.get_visible() and ax.name != "polar" and ax.get_label() != "<colorbar>"]
     labelled = [ax for ax in visible if ax.get_xlabel() or ax.get_ylabel()]
@@ -243,6 +444,7 @@ def assert_stats(stats: dict, expected: dict) -> None:
 
 # --- registry and saving ---------------------------------------------------------------------------
 
+
 def test_registry_is_ordered_unique_and_names_existing_stems():
     stems = [s for s, _ in plots.FIGURES]
     assert stems == sorted(stems) and len(set(stems)) == len(stems)
@@ -257,7 +459,10 @@ def test_save_figure_writes_png_and_pdf_atomically(tmp_path):
     png, pdf = (p.read_bytes() for p in written)
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 5000
     assert pdf.startswith(b"%PDF") and len(pdf) > 2000
-    assert sorted(p.name for p in (tmp_path / "figs").iterdir()) == ["01_vsr_heatmap.pdf", "01_vsr_heatmap.png"]  # no temp left
+    assert sorted(p.name for p in (tmp_path / "figs").iterdir()) == [
+        "01_vsr_heatmap.pdf",
+        "01_vsr_heatmap.png",
+    ]  # no temp left
     # 200 dpi: the PNG's pixel width is the figure's saved width in inches x 200
     width = int.from_bytes(png[16:20], "big")
     assert width > 4 * 200
@@ -291,13 +496,23 @@ def test_a_failed_save_leaves_the_previous_file(tmp_path):
 
 # --- one test per figure: small, large, empty ---------------------------------------------------------
 
+
 def test_vsr_heatmap():
     small = make_vsr(SMALL_MODELS, SMALL_LANGS, skip={(SMALL_MODELS[0], "zh")})
     fig, stats = plots.vsr_heatmap(small)
     check_figure(fig)
     sub = small[small["design"] == "bedtime"]  # Table 3 is the bedtime design, never the pooled "all" rows
-    assert_stats(stats, {"mean_vsr": float(sub["vsr"].mean()), "pooled_vsr": float(sub["n_valid"].sum() / sub["n_stories"].sum()),
-                         "min_vsr": float(sub["vsr"].min()), "n_models": 1, "n_languages": 2, "n_empty_cells": 0})
+    assert_stats(
+        stats,
+        {
+            "mean_vsr": float(sub["vsr"].mean()),
+            "pooled_vsr": float(sub["n_valid"].sum() / sub["n_stories"].sum()),
+            "min_vsr": float(sub["vsr"].min()),
+            "n_models": 1,
+            "n_languages": 2,
+            "n_empty_cells": 0,
+        },
+    )
     texts_ = [t.get_text() for t in texts(fig)]
     assert f"{sub['vsr'].iloc[0] * 100:.1f}" in texts_  # cells annotated with the percentage
     large = make_vsr(LARGE_MODELS, LARGE_LANGS, skip={(LARGE_MODELS[3], "sw"), (LARGE_MODELS[4], "hi")})
@@ -322,9 +537,17 @@ def test_attribute_distributions():
     stereo = data[data["design"] == "stereotales"]
     age = stereo.loc[stereo["cond_attribute"] != "age", "demo_age"]
     known = age[age != "unknown"].value_counts()
-    assert_stats(stats, {"n_stories": len(stereo), "n_models": 1, "top_age": known.idxmax(),
-                         "top_share_age": known.max() / len(age), "share_unknown_age": float((age == "unknown").mean()),
-                         "share_female": float((data["protagonist_gender"] == "female").mean())})
+    assert_stats(
+        stats,
+        {
+            "n_stories": len(stereo),
+            "n_models": 1,
+            "top_age": known.idxmax(),
+            "top_share_age": known.max() / len(age),
+            "share_unknown_age": float((age == "unknown").mean()),
+            "share_female": float((data["protagonist_gender"] == "female").mean()),
+        },
+    )
     ext, fil = make_stories(LARGE_MODELS, TEN_LANGS, per_cell=4)
     fig, stats = plots.attribute_distributions(ext, fil)
     check_figure(fig, legend=True)
@@ -332,7 +555,9 @@ def test_attribute_distributions():
     # no stereotales stories: the dimension panels say so, the gender panel is still drawn
     fig, stats = plots.attribute_distributions(ext, fil.assign(design="bedtime"), dimensions=("gender",))
     assert stats["n_stories"] == 0 and any(t.get_text().startswith("no data") for t in texts(fig))
-    assert stats["share_female"] == pytest.approx(float((ext.merge(fil, on="story_id").query("parse_ok")["protagonist_gender"] == "female").mean()))
+    assert stats["share_female"] == pytest.approx(
+        float((ext.merge(fil, on="story_id").query("parse_ok")["protagonist_gender"] == "female").mean())
+    )
     check_no_data(*plots.attribute_distributions(ext.iloc[0:0], fil))
     check_no_data(*plots.attribute_distributions(pd.DataFrame(), pd.DataFrame()))
 
@@ -342,8 +567,15 @@ def test_association_counts():
     fig, stats = plots.association_counts(small)
     check_figure(fig)
     sig = small["significant"]
-    assert_stats(stats, {"n_significant_all": int(sig[small["scope"] == "all"].sum()),
-                         "n_significant_languages": int(sig[small["scope"] != "all"].sum()), "n_tested": len(small), "n_models": 1})
+    assert_stats(
+        stats,
+        {
+            "n_significant_all": int(sig[small["scope"] == "all"].sum()),
+            "n_significant_languages": int(sig[small["scope"] != "all"].sum()),
+            "n_tested": len(small),
+            "n_models": 1,
+        },
+    )
     large = make_values(LARGE_MODELS, TEN_LANGS)
     large["significant"] = large["significant"].astype(object)
     large.loc[large.index[:5], "significant"] = None  # missing flags count as not significant
@@ -361,8 +593,16 @@ def test_top_associations_table_and_lift_share_plot():
     fig, stats = plots.top_associations_table(shared, k=20)
     check_figure(fig)
     scope = shared[shared["scope"] == "all"]
-    assert_stats(stats, {"n_associations": len(scope), "n_shown": len(scope), "max_mean_lift": float(scope["mean_lift"].max()),
-                         "n_rated": int(scope["median_harm"].notna().sum()), "n_harmful": int(scope["harmful"].sum())})
+    assert_stats(
+        stats,
+        {
+            "n_associations": len(scope),
+            "n_shown": len(scope),
+            "max_mean_lift": float(scope["mean_lift"].max()),
+            "n_rated": int(scope["median_harm"].notna().sum()),
+            "n_harmful": int(scope["harmful"].sum()),
+        },
+    )
     cells = [t.get_text() for t in texts(fig)]
     assert any("professional_field=value_with_a_long_name_1 → geographic_origin=region_1" in c for c in cells)
     assert "–" in cells or scope["median_harm"].notna().all()
@@ -389,8 +629,18 @@ def test_bias_fingerprints():
     check_figure(fig, legend=True)
     adj = small[(small["kind"] == "adjectives") & (small["comparison"] == "child_gender")]
     means = adj.groupby("category")["s_c"].mean()
-    assert_stats(stats, {"comparison": "child_gender", "n_models": 1, "n_languages": 3, "max_abs_s_c": float(adj["s_c"].abs().max()),
-                         "most_positive_category": means.idxmax(), "most_negative_category": means.idxmin(), "n_small_sample_cells": 1})
+    assert_stats(
+        stats,
+        {
+            "comparison": "child_gender",
+            "n_models": 1,
+            "n_languages": 3,
+            "max_abs_s_c": float(adj["s_c"].abs().max()),
+            "most_positive_category": means.idxmax(),
+            "most_negative_category": means.idxmin(),
+            "n_small_sample_cells": 1,
+        },
+    )
     assert len(fig.axes[0].lines) == 1 + 3  # zero circle + one polygon per language
     fig, stats = plots.bias_fingerprints(small, comparison="social_class")
     assert stats["comparison"] == "social_class"
@@ -410,9 +660,23 @@ def _degenerate_sc(clipped: bool, small: bool, models=SMALL_MODELS):
     for m, lang in itertools.product(models, SMALL_LANGS):
         for j, c in enumerate(CATS):
             s = (2.0 if j % 2 else -2.0) if clipped else 0.4 * (j - 2.5)
-            rows.append({"comparison": "child_gender", "model": m, "language": lang, "kind": "adjectives", "category": c,
-                         "s_c": s, "ci_low": s, "ci_high": s, "n_m": 2 if small else 30, "n_f": 2 if small else 31,
-                         "small_sample": small, "coverage": 0.5, "note": ""})
+            rows.append(
+                {
+                    "comparison": "child_gender",
+                    "model": m,
+                    "language": lang,
+                    "kind": "adjectives",
+                    "category": c,
+                    "s_c": s,
+                    "ci_low": s,
+                    "ci_high": s,
+                    "n_m": 2 if small else 30,
+                    "n_f": 2 if small else 31,
+                    "small_sample": small,
+                    "coverage": 0.5,
+                    "note": "",
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -448,8 +712,21 @@ def test_bias_fingerprints_guard_each_panel_and_keep_the_others():
 
 
 def test_jsd_figure_says_too_few_stories_when_every_jsd_is_ln2():
-    rows = [{"comparison": "child_gender", "model": "m", "language": lang, "jsd": float(np.log(2)), "ci_low": float(np.log(2)),
-             "ci_high": float(np.log(2)), "n_m": 2, "n_f": 2, "small_sample": True, "note": ""} for lang in SMALL_LANGS]
+    rows = [
+        {
+            "comparison": "child_gender",
+            "model": "m",
+            "language": lang,
+            "jsd": float(np.log(2)),
+            "ci_low": float(np.log(2)),
+            "ci_high": float(np.log(2)),
+            "n_m": 2,
+            "n_f": 2,
+            "small_sample": True,
+            "note": "",
+        }
+        for lang in SMALL_LANGS
+    ]
     fig, stats = plots.jsd_by_grammatical_gender(pd.DataFrame(rows))
     shown = _texts_of(fig)
     assert "too few stories" in shown and "ln 2" in shown and "en n_m = 2, n_f = 2" in shown and "need ≥ 20" in shown
@@ -467,22 +744,50 @@ def test_jsd_figure_says_too_few_stories_when_every_jsd_is_ln2():
 def _power_table(testable: bool):
     from storybias.power import ALL_COMPARED
 
-    rows = [{"model": "m", "scope": "all", "base_attribute": "gender", "compared_attribute": ALL_COMPARED, "n_values": 3,
-             "row_values": ["man", "non_binary", "woman"], "row_sizes": [18, 18, 18], "testable": True, "reason": "",
-             "min_detectable_lift": np.nan, "power_note": "", "n_family": 18, "n_simulations": 200}]
-    for dim, reason in (("age", "rows < 10 known stories: 3 of 3 values"), ("religion", "all unknown"),
-                        ("income_level", "all unknown"), ("education", "" if testable else "one known value")):
-        rows.append({**rows[0], "compared_attribute": dim, "row_sizes": [4, 3, 5], "testable": not reason, "reason": reason,
-                     "min_detectable_lift": 3.0 if not reason else np.nan})
+    rows = [
+        {
+            "model": "m",
+            "scope": "all",
+            "base_attribute": "gender",
+            "compared_attribute": ALL_COMPARED,
+            "n_values": 3,
+            "row_values": ["man", "non_binary", "woman"],
+            "row_sizes": [18, 18, 18],
+            "testable": True,
+            "reason": "",
+            "min_detectable_lift": np.nan,
+            "power_note": "",
+            "n_family": 18,
+            "n_simulations": 200,
+        }
+    ]
+    for dim, reason in (
+        ("age", "rows < 10 known stories: 3 of 3 values"),
+        ("religion", "all unknown"),
+        ("income_level", "all unknown"),
+        ("education", "" if testable else "one known value"),
+    ):
+        rows.append(
+            {
+                **rows[0],
+                "compared_attribute": dim,
+                "row_sizes": [4, 3, 5],
+                "testable": not reason,
+                "reason": reason,
+                "min_detectable_lift": 3.0 if not reason else np.nan,
+            }
+        )
     rows.append({**rows[1], "scope": "en", "reason": "one prompted value"})  # per-language rows are not quoted
     return pd.DataFrame(rows)
 
 
 def test_association_figures_quote_the_power_table_when_stage_04_tested_nothing():
     power = _power_table(testable=False)
-    for fig, stats in (plots.association_counts(pd.DataFrame(columns=["model", "scope", "significant"]), power=power),
-                       plots.top_associations_table(pd.DataFrame(), power=power),
-                       plots.lift_share_plot(pd.DataFrame(), power=power)):
+    for fig, stats in (
+        plots.association_counts(pd.DataFrame(columns=["model", "scope", "significant"]), power=power),
+        plots.top_associations_table(pd.DataFrame(), power=power),
+        plots.lift_share_plot(pd.DataFrame(), power=power),
+    ):
         check_no_data(fig, stats)
         shown = _texts_of(fig)
         assert "gender (18/18/18 stories per prompted value): 0 of 4 compared dimensions testable" in stats["no_data"]
@@ -502,8 +807,15 @@ def test_cosine_heatmaps():
     fig, stats = plots.cosine_heatmaps(small)
     check_figure(fig)
     off = small[(small["comparison"] == "child_gender") & (small["language_a"] != small["language_b"])]
-    assert_stats(stats, {"n_models": 1, "n_languages": 3, "mean_cosine": float(off["cosine"].mean()),
-                         "min_cosine": float(off["cosine"].min())})
+    assert_stats(
+        stats,
+        {
+            "n_models": 1,
+            "n_languages": 3,
+            "mean_cosine": float(off["cosine"].mean()),
+            "min_cosine": float(off["cosine"].min()),
+        },
+    )
     large = metrics.cosine_matrix(make_sc(LARGE_MODELS, LARGE_LANGS))
     fig, stats = plots.cosine_heatmaps(large)
     check_figure(fig)
@@ -519,7 +831,10 @@ def test_jsd_by_grammatical_gender():
     check_figure(fig, legend=True)
     g = small.loc[small["language"].isin(metrics.GRAMMATICAL_GENDER["G"]), "jsd"]
     n = small.loc[small["language"].isin(metrics.GRAMMATICAL_GENDER["N"]), "jsd"]
-    assert_stats(stats, {"median_jsd_G": float(g.median()), "median_jsd_N": float(n.median()), "n_G": 1, "n_N": 2, "n_ungrouped": 1})
+    assert_stats(
+        stats,
+        {"median_jsd_G": float(g.median()), "median_jsd_N": float(n.median()), "n_G": 1, "n_N": 2, "n_ungrouped": 1},
+    )
     fig, stats = plots.jsd_by_grammatical_gender(small, ["fr", "zh"])  # a list: the rest is N
     assert stats["n_G"] == 2 and stats["n_N"] == 2 and stats["n_ungrouped"] == 0
     large = make_jsd(LARGE_MODELS, LARGE_LANGS)
@@ -534,7 +849,9 @@ def test_distinctive_words():
     small = make_log_odds(SMALL_MODELS, 4)
     fig, stats = plots.distinctive_words(small, top=10)
     check_figure(fig, legend=True)
-    assert_stats(stats, {"model": SMALL_MODELS[0], "n_panels": 4, "n_words": 4 * 8, "max_abs_z": float(small["z"].abs().max())})
+    assert_stats(
+        stats, {"model": SMALL_MODELS[0], "n_panels": 4, "n_words": 4 * 8, "max_abs_z": float(small["z"].abs().max())}
+    )
     large = make_log_odds(LARGE_MODELS[:3], 30)
     fig, stats = plots.distinctive_words(large, top=10, model=LARGE_MODELS[2])
     check_figure(fig, legend=True)
@@ -552,8 +869,16 @@ def test_vsr_vs_jsd():
     fig, stats = plots.vsr_vs_jsd(small)
     check_figure(fig, legend=True)
     ok = small.dropna(subset=["vsr"])
-    assert_stats(stats, {"n_points": 2, "n_missing": 1, "mean_vsr": 0.7, "mean_jsd": float(ok["jsd"].mean()),
-                         "max_jsd": float(ok["jsd"].max())})
+    assert_stats(
+        stats,
+        {
+            "n_points": 2,
+            "n_missing": 1,
+            "mean_vsr": 0.7,
+            "mean_jsd": float(ok["jsd"].mean()),
+            "max_jsd": float(ok["jsd"].max()),
+        },
+    )
     assert {"en", "zh"} <= {t.get_text() for t in texts(fig)}
     large = make_jsd(LARGE_MODELS, LARGE_LANGS)
     large["vsr"] = np.random.default_rng(0).uniform(0.2, 1.0, len(large))
@@ -569,8 +894,18 @@ def test_balance_stereotype_and_anova_table():
     fig, stats = plots.balance_stereotype(small)
     check_figure(fig, legend=True)
     sub = small[small["denominator"] == "all outputs"]
-    assert_stats(stats, {"n_points": len(sub), "n_languages": 3, "n_tasks": 3, "n_ellipses": 0,  # one model: no ellipse
-                         "mean_m_s": float(sub["m_s"].mean()), "mean_m_b": float(sub["m_b"].mean()), "max_m_s": float(sub["m_s"].max())})
+    assert_stats(
+        stats,
+        {
+            "n_points": len(sub),
+            "n_languages": 3,
+            "n_tasks": 3,
+            "n_ellipses": 0,  # one model: no ellipse
+            "mean_m_s": float(sub["m_s"].mean()),
+            "mean_m_b": float(sub["m_b"].mean()),
+            "max_m_s": float(sub["m_s"].max()),
+        },
+    )
     large = make_aggregates(LARGE_MODELS, TEN_LANGS)
     fig, stats = plots.balance_stereotype(large, denominator="identified only")
     check_figure(fig, legend=True)
@@ -581,8 +916,14 @@ def test_balance_stereotype_and_anova_table():
     anova = make_anova()
     fig, stats = plots.anova_table(anova)
     check_figure(fig)
-    assert_stats(stats, {"n_rows": len(anova), "n_significant": int((anova["p_adjusted"] < 0.05).sum()),
-                         "max_partial_omega_sq": float(anova["partial_omega_sq"].max())})
+    assert_stats(
+        stats,
+        {
+            "n_rows": len(anova),
+            "n_significant": int((anova["p_adjusted"] < 0.05).sum()),
+            "max_partial_omega_sq": float(anova["partial_omega_sq"].max()),
+        },
+    )
     check_no_data(*plots.anova_table(pd.DataFrame()))
 
 
@@ -598,19 +939,30 @@ def test_umap_display_trim_keeps_the_15th_to_90th_percentiles_per_label_and_cell
     assert len(plots.trim_for_display(a, None)) == 101
     both = pd.concat([a, b], ignore_index=True).assign(x=lambda d: d.x + np.sin(d.y))
     fig, stats = plots.umap_density(both)  # the figure trims by default
-    assert stats["n_points"] == len(plots.trim_for_display(both)) < 202 and stats["n_points"] + stats["n_trimmed"] == 202
+    assert (
+        stats["n_points"] == len(plots.trim_for_display(both)) < 202 and stats["n_points"] + stats["n_trimmed"] == 202
+    )
 
 
 def test_umap_density():
     small = make_umap(SMALL_LANGS, ["story", "news"], 12, tiny={("zh", "news", "male")})
     fig, stats = plots.umap_density(small, percentiles=None)
     check_figure(fig, legend=True)
-    assert_stats(stats, {"n_points": len(small), "n_female": int((small["label"] == "female").sum()), "n_panels": 6,
-                         "n_contoured_groups": 11, "n_skipped_groups": 1})
+    assert_stats(
+        stats,
+        {
+            "n_points": len(small),
+            "n_female": int((small["label"] == "female").sum()),
+            "n_panels": 6,
+            "n_contoured_groups": 11,
+            "n_skipped_groups": 1,
+        },
+    )
     assert sum(bool(ax.collections) for ax in fig.axes) == 6
     large = make_umap(TEN_LANGS, ["story", "news"], 25)
-    fig, stats = plots.umap_density(large.assign(label=np.where(large.index % 17 == 0, "unknown", large["label"])),
-                                    percentiles=None)
+    fig, stats = plots.umap_density(
+        large.assign(label=np.where(large.index % 17 == 0, "unknown", large["label"])), percentiles=None
+    )
     check_figure(fig, legend=True)
     assert stats["n_panels"] == 20 and stats["n_contoured_groups"] == 40
     assert sum(ax.get_visible() for ax in fig.axes) == 20
@@ -624,10 +976,18 @@ def test_probe_auc():
     check_figure(fig, legend=True)
     ok = small[small["status"] == "ok"]
     delta = ok[ok["variant"] == "delta"]
-    assert_stats(stats, {"n_cells": 6, "n_ok_cells": 5, "n_skipped_rows": 3,
-                         "mean_auc_full": float(ok.loc[ok["variant"] == "full", "auc"].mean()),
-                         "mean_auc_cue_deleted": float(ok.loc[ok["variant"] == "cue_deleted", "auc"].mean()),
-                         "mean_delta": float(delta["auc"].mean()), "largest_drop": float(delta["auc"].min())})
+    assert_stats(
+        stats,
+        {
+            "n_cells": 6,
+            "n_ok_cells": 5,
+            "n_skipped_rows": 3,
+            "mean_auc_full": float(ok.loc[ok["variant"] == "full", "auc"].mean()),
+            "mean_auc_cue_deleted": float(ok.loc[ok["variant"] == "cue_deleted", "auc"].mean()),
+            "mean_delta": float(delta["auc"].mean()),
+            "largest_drop": float(delta["auc"].min()),
+        },
+    )
     words = [t.get_text() for t in texts(fig)]
     assert "skipped (fewer than 2 model-occupation groups)" in words  # both variants skipped: one line
     assert "Δ skipped (fewer than 2 model-occupation groups)" in words or any(w.startswith("Δ skipped") for w in words)
@@ -638,7 +998,9 @@ def test_probe_auc():
     fig, stats = plots.probe_auc(partial)
     assert "cue-deleted: skipped (too few cue-deleted texts)" in [t.get_text() for t in texts(fig)]
     assert stats["n_ok_cells"] == 4 and stats["n_skipped_rows"] == 4
-    assert any(abs(x - 0.5) < 1e-9 for line in fig.axes[0].lines for x in np.atleast_1d(line.get_xdata()))  # chance line
+    assert any(
+        abs(x - 0.5) < 1e-9 for line in fig.axes[0].lines for x in np.atleast_1d(line.get_xdata())
+    )  # chance line
     large = make_probes([*LARGE_LANGS, "all"], ["story", "news"])
     fig, stats = plots.probe_auc(large)
     check_figure(fig, legend=True)
@@ -651,9 +1013,17 @@ def test_cultural_relevance_and_separability():
     fig, stats = plots.cultural_relevance(small)
     check_figure(fig)
     own = small["source_language"] == small["context"]
-    assert_stats(stats, {"n_genres": 2, "n_source_languages": 3, "mean_self_relevance": float(small.loc[own, "relevance"].mean()),
-                         "self_context_advantage": float(small.loc[own, "relevance"].mean() - small.loc[~own, "relevance"].mean()),
-                         "n_markers": 6 * 90, "n_narratives": 6 * 40})
+    assert_stats(
+        stats,
+        {
+            "n_genres": 2,
+            "n_source_languages": 3,
+            "mean_self_relevance": float(small.loc[own, "relevance"].mean()),
+            "self_context_advantage": float(small.loc[own, "relevance"].mean() - small.loc[~own, "relevance"].mean()),
+            "n_markers": 6 * 90,
+            "n_narratives": 6 * 40,
+        },
+    )
     large = make_cultural(LARGE_LANGS, ["explicit", "story", "news"])
     fig, stats = plots.cultural_relevance(large.iloc[1:])  # one cell missing
     check_figure(fig)
@@ -662,7 +1032,10 @@ def test_cultural_relevance_and_separability():
 
     fig, stats = plots.separability(make_sep())
     check_figure(fig, legend=True)
-    assert_stats(stats, {"ba_original": 0.82, "ba_translated": 0.61, "ba_masked": 0.48, "chance": 1 / 3, "n_ok": 3, "n_skipped": 0})
+    assert_stats(
+        stats,
+        {"ba_original": 0.82, "ba_translated": 0.61, "ba_masked": 0.48, "chance": 1 / 3, "n_ok": 3, "n_skipped": 0},
+    )
     fig, stats = plots.separability(make_sep(skip_masked=True))
     check_figure(fig, legend=True)
     assert np.isnan(stats["ba_masked"]) and stats["n_skipped"] == 1
@@ -708,10 +1081,13 @@ def test_every_figure_saves(tmp_path):
 
 # --- notebook 07 helpers -----------------------------------------------------------------------------
 
+
 def test_quote_stats_formats_and_marks_missing_values():
     from storybias.plots import quote_stats
 
-    assert quote_stats("mean {mean_vsr:.1%} over {n_models}", {"mean_vsr": 0.8125, "n_models": 3}) == "mean 81.2% over 3"
+    assert (
+        quote_stats("mean {mean_vsr:.1%} over {n_models}", {"mean_vsr": 0.8125, "n_models": 3}) == "mean 81.2% over 3"
+    )
     assert quote_stats("mean {mean_vsr:.1%}; {absent:.2f}", {"mean_vsr": float("nan")}) == "mean n/a; n/a"
     assert quote_stats("{stats}", {"a": 0.12345, "b": "x"}) == "a = 0.123, b = x"
 
@@ -722,8 +1098,18 @@ def test_gallery_saves_indexes_and_flags_empty_figures(tmp_path):
     from storybias import plots
 
     gallery = plots.Gallery(tmp_path, dpi=72)
-    fig, stats = plots.vsr_heatmap(pd.DataFrame({"model": ["m", "m"], "language": ["en", "fr"], "design": ["bedtime", "bedtime"],
-                                                 "n_stories": [10, 10], "n_valid": [8, 5], "vsr": [0.8, 0.5]}))
+    fig, stats = plots.vsr_heatmap(
+        pd.DataFrame(
+            {
+                "model": ["m", "m"],
+                "language": ["en", "fr"],
+                "design": ["bedtime", "bedtime"],
+                "n_stories": [10, 10],
+                "n_valid": [8, 5],
+                "vsr": [0.8, 0.5],
+            }
+        )
+    )
     record = gallery.show("01_vsr_heatmap", fig, stats, quote="Mean {mean_vsr:.1%}")
     assert record["quote"] == "Mean 65.0%" and not record["no_data"]
     empty = gallery.show("16_separability", *plots.separability(pd.DataFrame()))
@@ -753,13 +1139,30 @@ def test_figures_live_in_one_module_per_stage_and_share_one_empty_input_guard():
     import importlib
     import inspect
 
-    stage_modules = {"generation": {"01", "02"}, "associations": {"03", "04", "05"},
-                     "metrics": {"06", "07", "08", "09", "10", "11", "12"}, "probes": {"13", "14", "15", "16"}}
-    names = {"01": "vsr_heatmap", "02": "attribute_distributions", "03": "association_counts",
-             "04": "top_associations_table", "05": "lift_share_plot", "06": "bias_fingerprints",
-             "07": "cosine_heatmaps", "08": "jsd_by_grammatical_gender", "09": "distinctive_words",
-             "10": "vsr_vs_jsd", "11": "balance_stereotype", "12": "anova_table", "13": "umap_density",
-             "14": "probe_auc", "15": "cultural_relevance", "16": "separability"}
+    stage_modules = {
+        "generation": {"01", "02"},
+        "associations": {"03", "04", "05"},
+        "metrics": {"06", "07", "08", "09", "10", "11", "12"},
+        "probes": {"13", "14", "15", "16"},
+    }
+    names = {
+        "01": "vsr_heatmap",
+        "02": "attribute_distributions",
+        "03": "association_counts",
+        "04": "top_associations_table",
+        "05": "lift_share_plot",
+        "06": "bias_fingerprints",
+        "07": "cosine_heatmaps",
+        "08": "jsd_by_grammatical_gender",
+        "09": "distinctive_words",
+        "10": "vsr_vs_jsd",
+        "11": "balance_stereotype",
+        "12": "anova_table",
+        "13": "umap_density",
+        "14": "probe_auc",
+        "15": "cultural_relevance",
+        "16": "separability",
+    }
     assert sorted(names) == [stem[:2] for stem, _ in plots.FIGURES]
     for module_name, numbers in stage_modules.items():
         module = importlib.import_module(f"storybias.plots.{module_name}")

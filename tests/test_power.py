@@ -13,8 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from storybias import associations as A
-from storybias import judge as J
 from storybias import extract, paths
+from storybias import judge as J
 from storybias import power as P
 
 DIMS = list(extract.dimensions())
@@ -104,14 +104,17 @@ def test_disk_cache_is_keyed_and_reused(tmp_path, monkeypatch):
     assert P.cache_key((20, 25, 30), 3, settings) != P.cache_key((20, 25, 30), 3, P.PowerSettings(seed=1))
 
 
-@pytest.mark.parametrize("counts,reason", [
-    ([[0, 0], [0, 0], [0, 0]], "all unknown"),
-    ([[3, 2], [4, 1], [12, 0]], "rows < 10 known stories: 2 of 3 values"),
-    ([[3, 2], [4, 1], [2, 0]], "rows < 10 known stories: 3 of 3 values"),
-    ([[12, 0], [15, 0], [3, 1]], "one known value"),
-    ([[12, 3]], "one prompted value"),
-    ([[12, 3], [4, 11]], ""),
-])
+@pytest.mark.parametrize(
+    "counts,reason",
+    [
+        ([[0, 0], [0, 0], [0, 0]], "all unknown"),
+        ([[3, 2], [4, 1], [12, 0]], "rows < 10 known stories: 2 of 3 values"),
+        ([[3, 2], [4, 1], [2, 0]], "rows < 10 known stories: 3 of 3 values"),
+        ([[12, 0], [15, 0], [3, 1]], "one known value"),
+        ([[12, 3]], "one prompted value"),
+        ([[12, 3], [4, 11]], ""),
+    ],
+)
 def test_untestable_reason_on_constructed_tables(counts, reason):
     assert P.untestable_reason(np.array(counts)) == reason
 
@@ -120,8 +123,13 @@ def _stories(n_per_value: dict[str, int], education: dict[str, list[str]]) -> pd
     rows = []
     for value, n in n_per_value.items():
         for i in range(n):
-            row = {"model": "m", "language": "en", "cond_attribute": "income_level", "cond_value": value,
-                   **{f"demo_{d}": "unknown" for d in DIMS}}
+            row = {
+                "model": "m",
+                "language": "en",
+                "cond_attribute": "income_level",
+                "cond_value": value,
+                **{f"demo_{d}": "unknown" for d in DIMS},
+            }
             row["demo_education"] = education[value][i % len(education[value])]
             row["demo_gender"] = "woman"  # one known value everywhere
             row["demo_religion"] = "christian" if i < 3 else "unknown"  # few known
@@ -130,8 +138,10 @@ def _stories(n_per_value: dict[str, int], education: dict[str, list[str]]) -> pd
 
 
 def test_power_table_says_which_dimensions_were_testable_and_why(tmp_path):
-    data = _stories({"low": 30, "middle": 30, "high": 30},
-                    {"low": ["basic", "graduate"], "middle": ["undergraduate", "basic"], "high": ["graduate"]})
+    data = _stories(
+        {"low": 30, "middle": 30, "high": 30},
+        {"low": ["basic", "graduate"], "middle": ["undergraduate", "basic"], "high": ["graduate"]},
+    )
     settings = P.PowerSettings(lifts=(2.0, 3.0), n_simulations=20)
     table = P.power_table(data, DIMS, scope_by_language=False, settings=settings, cache_dir=tmp_path)
     by = table.set_index("compared_attribute")
@@ -172,8 +182,14 @@ def test_stage_writes_the_power_artifact_with_its_schema(tmp_path, monkeypatch):
 def test_check_params_prints_the_power_table():
     root = paths.repo_root()
     env = {**os.environ, "PYTHONPATH": str(root / "lib")}
-    proc = subprocess.run([sys.executable, "-m", "storybias.cli", "check-params", str(root / "params" / "default.yaml")],
-                          capture_output=True, text=True, env=env, cwd=root, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "storybias.cli", "check-params", str(root / "params" / "default.yaml")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=root,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert "minimum detectable lift" in proc.stdout and "known share 0.5" in proc.stdout

@@ -4,8 +4,8 @@ scripts), narrative-weighted relevance by hand, NER masking, the backends and th
 
 from __future__ import annotations
 
-import typing
 import time
+import typing
 
 import numpy as np
 import pandas as pd
@@ -29,6 +29,7 @@ def planted(n: int = 400, d: int = 32, n_groups: int = 40, strength: float = 3.0
 
 
 # --- probes and folds ---------------------------------------------------------------------------
+
 
 def test_planted_signal_is_recovered_and_permuted_labels_are_chance():
     X, y, groups = planted()
@@ -79,6 +80,7 @@ def test_paired_probe_uses_same_folds_and_resamples_for_the_delta():
 
 # --- vectorised bootstrap -----------------------------------------------------------------------
 
+
 def test_weighted_auc_matches_sklearn_and_explicit_group_resamples():
     rng = np.random.default_rng(0)
     scores = np.round(rng.normal(size=120), 1)  # ties on purpose
@@ -121,8 +123,14 @@ def test_bootstrap_of_many_cells_takes_seconds():
 
 # --- cue deletion -------------------------------------------------------------------------------
 
-NAMES = {"en": "Mary-Jane Watson", "fr": "Marie-Claire Dubois", "ar": "ليلى حسن", "zh": "玛丽·居里", "ja": "田中・さくら",
-         "ru": "Анна Петрова"}
+NAMES = {
+    "en": "Mary-Jane Watson",
+    "fr": "Marie-Claire Dubois",
+    "ar": "ليلى حسن",
+    "zh": "玛丽·居里",
+    "ja": "田中・さくら",
+    "ru": "Анна Петрова",
+}
 FILLERS = {
     "en": ["table", "river", "quickly", "green", "the", "walked", "bread", "seven"],
     "fr": ["table", "rivière", "vite", "vert", "le", "marchait", "pain", "sept", "de"],
@@ -148,10 +156,16 @@ def story(draw):
     name = NAMES[language]
     cue_pool = list(cues.terms) + [name, *probes.name_terms(name)]
     fillers = _safe_fillers(language)
-    tokens = draw(st.lists(st.one_of(
-        st.tuples(st.just("cue"), st.sampled_from(cue_pool), st.booleans()),
-        st.tuples(st.just("filler"), st.sampled_from(fillers), st.just(False)),
-    ), min_size=1, max_size=25))
+    tokens = draw(
+        st.lists(
+            st.one_of(
+                st.tuples(st.just("cue"), st.sampled_from(cue_pool), st.booleans()),
+                st.tuples(st.just("filler"), st.sampled_from(fillers), st.just(False)),
+            ),
+            min_size=1,
+            max_size=25,
+        )
+    )
     words = []
     for kind, word, capitalise in tokens:
         if kind == "cue" and capitalise and cues.match == "word" and word in cues.terms:
@@ -204,16 +218,25 @@ def test_cue_deletion_examples():
     # Arabic terms match undiacritised and diacritised spellings; Hindi words are not cut at vowel signs
     assert probes.delete_cues("قالت المرأةُ إنها ذهبت", "ar") == "قالت ذهبت"
     assert probes.delete_cues("लड़कियाँ खेल रही थीं", "hi") == "खेल रही थीं"
-    assert probes.name_terms(None) == () and probes.name_terms(float("nan")) == () and probes.name_terms("unknown") == ()
+    assert (
+        probes.name_terms(None) == () and probes.name_terms(float("nan")) == () and probes.name_terms("unknown") == ()
+    )
     assert probes.name_terms("玛丽·居里") == ("玛丽·居里", "居里", "玛丽")
 
 
 # --- which narratives are sampled, probed and projected (Feng et al. Sec. 3.3.2, App. D.4) --------
 
+
 def _cell(language, genre, n_female, n_male, n_unknown):
     labels = ["female"] * n_female + ["male"] * n_male + ["unknown"] * n_unknown
-    return pd.DataFrame({"story_id": [f"{language}-{genre}-{i:03d}" for i in range(len(labels))], "language": language,
-                         "genre": genre, "label": labels})
+    return pd.DataFrame(
+        {
+            "story_id": [f"{language}-{genre}-{i:03d}" for i in range(len(labels))],
+            "language": language,
+            "genre": genre,
+            "label": labels,
+        }
+    )
 
 
 def test_sample_takes_every_label_and_the_probe_its_female_male_part():
@@ -233,13 +256,27 @@ def test_sample_takes_every_label_and_the_probe_its_female_male_part():
 
 # --- source-language separability: the paper's marker set (Sec. 3.3.3) ---------------------------
 
+
 def _markers():
     rows = []
-    for design, genre in (("occupations", "story"), ("occupations", "news"), ("occupations", "explicit"), ("bedtime", "bedtime")):
+    for design, genre in (
+        ("occupations", "story"),
+        ("occupations", "news"),
+        ("occupations", "explicit"),
+        ("bedtime", "bedtime"),
+    ):
         for lang in ("en", "fr", "zh", "es"):
             for i in range(4):
-                rows.append({"story_id": f"{design}{genre}{lang}{i}", "source_language": lang, "design": design,
-                             "genre": genre, "text": f"m{lang}{i}", "text_en": f"t{lang}{i}"})
+                rows.append(
+                    {
+                        "story_id": f"{design}{genre}{lang}{i}",
+                        "source_language": lang,
+                        "design": design,
+                        "genre": genre,
+                        "text": f"m{lang}{i}",
+                        "text_en": f"t{lang}{i}",
+                    }
+                )
     return pd.DataFrame(rows)
 
 
@@ -266,15 +303,27 @@ def test_separability_chance_is_a_third_and_a_missing_language_is_a_reason():
 
 # --- cultural markers -------------------------------------------------------------------------
 
+
 def test_narrative_weighted_relevance_and_advantage_by_hand():
     def marker(en, fr, zh, keep=True):
-        return {"text": "x", "text_en": "x", "keep": keep, "category": "cuisine",
-                "relevance_en": en, "relevance_fr": fr, "relevance_zh": zh}
+        return {
+            "text": "x",
+            "text_en": "x",
+            "keep": keep,
+            "category": "cuisine",
+            "relevance_en": en,
+            "relevance_fr": fr,
+            "relevance_zh": zh,
+        }
 
-    frame = pd.DataFrame({
-        "story_id": ["a", "b", "c"], "language": ["en", "en", "fr"], "genre": ["story"] * 3,
-        "markers": [[marker(7, 1, 1), marker(5, 3, 1), marker(1, 7, 7, keep=False)], [marker(2, 2, 2)], []],
-    })
+    frame = pd.DataFrame(
+        {
+            "story_id": ["a", "b", "c"],
+            "language": ["en", "en", "fr"],
+            "genre": ["story"] * 3,
+            "markers": [[marker(7, 1, 1), marker(5, 3, 1), marker(1, 7, 7, keep=False)], [marker(2, 2, 2)], []],
+        }
+    )
     per_story = cultural.narrative_relevance(cultural.kept_markers(frame))
     assert per_story.set_index("story_id").loc["a", ["r_en", "r_fr", "r_zh", "n_markers"]].tolist() == [6, 2, 1, 2]
     table = cultural.relevance_table(per_story).set_index("context")
@@ -289,8 +338,19 @@ def test_narrative_weighted_relevance_and_advantage_by_hand():
 
 
 def test_ner_masking_on_fixed_sentences():
-    assert set(cultural.NER_MASK_LABELS) == {"PERSON", "NORP", "FAC", "ORG", "GPE", "LOC", "PRODUCT", "EVENT",
-                                           "WORK_OF_ART", "LAW", "LANGUAGE"}
+    assert set(cultural.NER_MASK_LABELS) == {
+        "PERSON",
+        "NORP",
+        "FAC",
+        "ORG",
+        "GPE",
+        "LOC",
+        "PRODUCT",
+        "EVENT",
+        "WORK_OF_ART",
+        "LAW",
+        "LANGUAGE",
+    }
     out = cultural.mask_entities(["Harvard University", "She moved to New York in 2019.", "a bowl of rice"])
     assert out == ["entity", "She moved to entity in 2019.", "a bowl of rice"]  # DATE is not masked
     assert cultural.normalise_translation("  The Latin  Quarter. ") == "the latin quarter"
@@ -298,11 +358,14 @@ def test_ner_masking_on_fixed_sentences():
 
 # --- backends and cache -----------------------------------------------------------------------
 
+
 def test_sentence_transformers_backend_without_package_or_weights_names_the_parameter(tmp_path, monkeypatch):
     monkeypatch.setenv("STORYBIAS_MODELS", str(tmp_path / "models"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the preflight sets it; restored after the test
     monkeypatch.setattr(embeddings, "_hf_cache_folder", lambda hub_id: None)
-    settings_ = params.ProbeSettings(backend="sentence-transformers", model="intfloat/multilingual-e5-large", device="cuda")
+    settings_ = params.ProbeSettings(
+        backend="sentence-transformers", model="intfloat/multilingual-e5-large", device="cuda"
+    )
     with pytest.raises(embeddings.EmbeddingBackendError) as err:
         embeddings.make_embedder(settings_)
     message = str(err.value)
@@ -351,23 +414,52 @@ def test_embedding_cache_embeds_only_what_is_missing(tmp_path):
 
 # --- the stage on synthetic data --------------------------------------------------------------
 
+
 def _synthetic_run(root, rng):
     rows, ext = [], []
     words = {"female": "she her mother", "male": "he his father"}
     for lang in ("en", "fr"):
         for model in ("m1", "m2"):
             for i in range(12):
-                for design, pid, occ, task in (("bedtime", f"bedtime/p{i}", None, None),
-                                               ("occupations", f"occupations/o{i % 6}/story", f"o{i % 6}", "story"),
-                                               ("occupations", f"occupations/o{i % 6}/explicit", f"o{i % 6}", "explicit")):
+                for design, pid, occ, task in (
+                    ("bedtime", f"bedtime/p{i}", None, None),
+                    ("occupations", f"occupations/o{i % 6}/story", f"o{i % 6}", "story"),
+                    ("occupations", f"occupations/o{i % 6}/explicit", f"o{i % 6}", "explicit"),
+                ):
                     sid = f"{lang}{model}{design}{i}{task}"
-                    g = ["female", "male", "unknown"][int(rng.integers(0, 3)) if i % 4 == 0 else int(rng.integers(0, 2))]
-                    rows.append({"story_id": sid, "design": design, "language": lang, "model": model, "prompt_id": pid,
-                                 "text": f"Ana walked {words.get(g, 'someone')} {i}", "cond_occupation": occ, "cond_task": task})
-                    marker = {"text": f"mark{lang}{i % 3}", "text_en": f"Paris {i % 3}", "keep": True, "category": "toponyms",
-                              "relevance_en": 6 if lang == "en" else 2, "relevance_fr": 6 if lang == "fr" else 2, "relevance_zh": 1}
-                    ext.append({"story_id": sid, "parse_ok": True, "protagonist_gender": g, "protagonist_name": "Ana",
-                                "markers": [marker]})
+                    g = ["female", "male", "unknown"][
+                        int(rng.integers(0, 3)) if i % 4 == 0 else int(rng.integers(0, 2))
+                    ]
+                    rows.append(
+                        {
+                            "story_id": sid,
+                            "design": design,
+                            "language": lang,
+                            "model": model,
+                            "prompt_id": pid,
+                            "text": f"Ana walked {words.get(g, 'someone')} {i}",
+                            "cond_occupation": occ,
+                            "cond_task": task,
+                        }
+                    )
+                    marker = {
+                        "text": f"mark{lang}{i % 3}",
+                        "text_en": f"Paris {i % 3}",
+                        "keep": True,
+                        "category": "toponyms",
+                        "relevance_en": 6 if lang == "en" else 2,
+                        "relevance_fr": 6 if lang == "fr" else 2,
+                        "relevance_zh": 1,
+                    }
+                    ext.append(
+                        {
+                            "story_id": sid,
+                            "parse_ok": True,
+                            "protagonist_gender": g,
+                            "protagonist_name": "Ana",
+                            "markers": [marker],
+                        }
+                    )
     root.mkdir(parents=True)
     pd.DataFrame(rows).to_parquet(root / "filtered.parquet")
     pd.DataFrame(ext).to_parquet(root / "extractions.parquet")
@@ -379,11 +471,14 @@ def test_run_writes_the_contract_tables(tmp_path, monkeypatch):
     embedder = CountingEmbedder()
     monkeypatch.setattr(probes, "make_embedder", lambda settings: embedder)
     monkeypatch.setattr(probes, "umap_projection", lambda X, s: (np.asarray(X)[:, :2], "ok"))  # skip numba start-up
-    profile = params.Profile.model_validate({
-        "run_name": "synthetic", "generation": {"models": [{"name": "m", "source": "embedded"}]},
-        "designs": {"bedtime": {"languages": ["en"]}},
-        "probes": {"min_per_class": 3, "n_splits": 3, "n_bootstrap": 200, "min_markers": 10},
-    })
+    profile = params.Profile.model_validate(
+        {
+            "run_name": "synthetic",
+            "generation": {"models": [{"name": "m", "source": "embedded"}]},
+            "designs": {"bedtime": {"languages": ["en"]}},
+            "probes": {"min_per_class": 3, "n_splits": 3, "n_bootstrap": 200, "min_markers": 10},
+        }
+    )
     p = params.Params(profile, tmp_path / "synthetic.yaml")
     out = probes.run(p)
     # issue #16: the stage's result is a typed dict whose declared keys are exactly the ones returned
@@ -391,11 +486,32 @@ def test_run_writes_the_contract_tables(tmp_path, monkeypatch):
     assert typing.get_type_hints(probes.run)["return"] is probes.ProbesResult
     run_dir = tmp_path / "data" / "synthetic"
     contract = {
-        "probes": ["language", "genre", "variant", "n", "n_female", "n_male", "n_groups", "auc", "ci_low", "ci_high", "status"],
+        "probes": [
+            "language",
+            "genre",
+            "variant",
+            "n",
+            "n_female",
+            "n_male",
+            "n_groups",
+            "auc",
+            "ci_low",
+            "ci_high",
+            "status",
+        ],
         "umap": ["story_id", "language", "genre", "label", "x", "y"],
         "cultural": ["source_language", "genre", "context", "relevance", "n_narratives", "n_markers"],
         "cultural_advantage": ["source_language", "genre", "advantage", "ci_low", "ci_high", "n_narratives"],
-        "separability": ["version", "balanced_accuracy", "ci_low", "ci_high", "chance", "n_markers", "n_languages", "status"],
+        "separability": [
+            "version",
+            "balanced_accuracy",
+            "ci_low",
+            "ci_high",
+            "chance",
+            "n_markers",
+            "n_languages",
+            "status",
+        ],
     }
     for name, columns in contract.items():
         assert list(pd.read_parquet(run_dir / f"{name}.parquet").columns) == columns, name
@@ -432,21 +548,45 @@ def test_run_reads_the_human_validation_files_first(tmp_path, monkeypatch):
     monkeypatch.setattr(probes, "make_embedder", lambda settings: embedder)
     monkeypatch.setattr(probes, "umap_projection", lambda X, s: (np.asarray(X)[:, :2], "ok"))
     markers = tmp_path / "markers.csv"
-    markers.write_text("marker_id,language,rater_id,human,automated\n" + "".join(
-        f"m{i},{('en', 'fr')[i % 2]},r{j},{1 + (i + j) % 7},{1 + i % 7}\n" for i in range(12) for j in range(2)))
+    markers.write_text(
+        "marker_id,language,rater_id,human,automated\n"
+        + "".join(
+            f"m{i},{('en', 'fr')[i % 2]},r{j},{1 + (i + j) % 7},{1 + i % 7}\n" for i in range(12) for j in range(2)
+        )
+    )
     labels = tmp_path / "labels.csv"
-    labels.write_text("item_id,language,genre,automated,rater_id,human\n" + "".join(
-        f"i{i},en,story,{('female', 'male')[i % 2]},r{j},{('female', 'male')[i % 2] if j < 2 else 'unclear'}\n"
-        for i in range(6) for j in range(3)))
+    labels.write_text(
+        "item_id,language,genre,automated,rater_id,human\n"
+        + "".join(
+            f"i{i},en,story,{('female', 'male')[i % 2]},r{j},{('female', 'male')[i % 2] if j < 2 else 'unclear'}\n"
+            for i in range(6)
+            for j in range(3)
+        )
+    )
 
     def profile(markers_path):
-        return params.Params(params.Profile.model_validate({
-            "run_name": "synthetic", "generation": {"models": [{"name": "m", "source": "embedded"}]},
-            "designs": {"bedtime": {"languages": ["en"]}},
-            "probes": {"min_per_class": 3, "n_splits": 3, "n_bootstrap": 200, "min_markers": 10,
-                       "human_validation": {"markers": str(markers_path), "labels": str(labels),
-                                            "n_bootstrap": 200, "n_permutations": 200}},
-        }), tmp_path / "synthetic.yaml")
+        return params.Params(
+            params.Profile.model_validate(
+                {
+                    "run_name": "synthetic",
+                    "generation": {"models": [{"name": "m", "source": "embedded"}]},
+                    "designs": {"bedtime": {"languages": ["en"]}},
+                    "probes": {
+                        "min_per_class": 3,
+                        "n_splits": 3,
+                        "n_bootstrap": 200,
+                        "min_markers": 10,
+                        "human_validation": {
+                            "markers": str(markers_path),
+                            "labels": str(labels),
+                            "n_bootstrap": 200,
+                            "n_permutations": 200,
+                        },
+                    },
+                }
+            ),
+            tmp_path / "synthetic.yaml",
+        )
 
     bad = tmp_path / "bad.csv"
     bad.write_text("marker_id,language,rater_id,human,automated\nm1,en,r1,9,3\n")

@@ -12,8 +12,8 @@ import nbformat
 import yaml
 from tqdm import tqdm
 
-from storybias import paths
 from stage_notebooks import tiny_stage_notebook
+from storybias import paths
 from storybias.notebook_runner import ProgressFollower, latest_progress, run_stage
 
 ROOT = paths.repo_root()
@@ -111,14 +111,26 @@ def test_run_stage_echoes_the_notebooks_progress_bar(tmp_path, monkeypatch):
     raw["run_name"] = run
     params_file = tmp_path / "p.yaml"
     params_file.write_text(yaml.safe_dump(raw, sort_keys=False))
-    nb = tiny_stage_notebook('params_file = ""',
+    nb = tiny_stage_notebook(
+        'params_file = ""',
         "import time\nfrom tqdm import tqdm\n"
-        "for _ in tqdm(range(6), desc='tiny [m]', unit='story', mininterval=0):\n    time.sleep(0.5)\n")
+        "for _ in tqdm(range(6), desc='tiny [m]', unit='story', mininterval=0):\n    time.sleep(0.5)\n",
+    )
     nbformat.write(nb, tmp_path / "tiny.ipynb")
     out = io.StringIO()
     try:
-        assert run_stage("tiny", tmp_path / "tiny.ipynb", params_file, run, log=lambda m: None,
-                         progress=out, progress_interval=0.0) == 0
+        assert (
+            run_stage(
+                "tiny",
+                tmp_path / "tiny.ipynb",
+                params_file,
+                run,
+                log=lambda m: None,
+                progress=out,
+                progress_interval=0.0,
+            )
+            == 0
+        )
         lines = out.getvalue().splitlines()
         assert lines, "no progress shown"
         done = [int(DONE.search(line).group(1)) for line in lines]

@@ -14,8 +14,26 @@ PAIRS = [(d, lang) for d in prompts.DESIGNS for lang in LOCALIZED[d]]
 
 # Distinctive English words that should not survive in another language's template text.
 ENGLISH_LEFTOVERS = {
-    "the", "and", "story", "write", "words", "please", "person", "who", "with", "their", "about",
-    "bedtime", "character", "only", "short", "sentence", "news", "report", "list", "answer",
+    "the",
+    "and",
+    "story",
+    "write",
+    "words",
+    "please",
+    "person",
+    "who",
+    "with",
+    "their",
+    "about",
+    "bedtime",
+    "character",
+    "only",
+    "short",
+    "sentence",
+    "news",
+    "report",
+    "list",
+    "answer",
 }
 # Words that are legitimately the same (proper nouns, acronyms) or also words of that language.
 ALLOWED_LATIN = {"CEO", "HR", "MASK"}
@@ -49,20 +67,29 @@ def test_prompt_ids_are_unique_and_stable():
         ids = [c.prompt_id for c in design_cells(design)]
         assert len(ids) == len(set(ids))
     assert design_cells("bedtime")[0].prompt_id == "bedtime/mother/american/christian/wealthy/girl"
-    assert prompts.story_id("bedtime", "en", "m", "bedtime/mother/american/christian/wealthy/girl", 0) == prompts.story_id(
+    assert prompts.story_id(
         "bedtime", "en", "m", "bedtime/mother/american/christian/wealthy/girl", 0
-    )
+    ) == prompts.story_id("bedtime", "en", "m", "bedtime/mother/american/christian/wealthy/girl", 0)
     # the id depends on each defining field
     base = ("stereotales", "en", "m", "p", 0)
-    variants = [("bedtime", "en", "m", "p", 0), ("stereotales", "fr", "m", "p", 0), ("stereotales", "en", "n", "p", 0),
-                ("stereotales", "en", "m", "q", 0), ("stereotales", "en", "m", "p", 1)]
+    variants = [
+        ("bedtime", "en", "m", "p", 0),
+        ("stereotales", "fr", "m", "p", 0),
+        ("stereotales", "en", "n", "p", 0),
+        ("stereotales", "en", "m", "q", 0),
+        ("stereotales", "en", "m", "p", 1),
+    ]
     assert len({prompts.story_id(*v) for v in variants + [base]}) == 6
 
 
 def test_story_id_is_pinned():
     # A changed hash would orphan every stored story: pin one value.
-    assert prompts.story_id("stereotales", "en", "qwen2.5-coder-1.5b", "stereotales/age=child/shoplifting", 0) == \
-        __import__("hashlib").sha256(b"stereotales|en|qwen2.5-coder-1.5b|stereotales/age=child/shoplifting|0").hexdigest()[:16]
+    assert (
+        prompts.story_id("stereotales", "en", "qwen2.5-coder-1.5b", "stereotales/age=child/shoplifting", 0)
+        == __import__("hashlib")
+        .sha256(b"stereotales|en|qwen2.5-coder-1.5b|stereotales/age=child/shoplifting|0")
+        .hexdigest()[:16]
+    )
 
 
 def test_sampling_is_seeded_and_language_independent():
@@ -85,7 +112,9 @@ def test_request_seeds_differ_between_samples_of_one_prompt():
 def test_english_prompts_render_as_expected():
     cell = next(c for c in design_cells("bedtime") if c.prompt_id == "bedtime/mother/egyptian/muslim/working_class/boy")
     text = render_prompt(cell, "en")
-    assert text.startswith("I am an Egyptian mother. I come from a working-class family, and we follow the Muslim tradition.")
+    assert text.startswith(
+        "I am an Egyptian mother. I come from a working-class family, and we follow the Muslim tradition."
+    )
     assert "6-year-old son" in text and "{{" not in text
     explicit = next(c for c in design_cells("occupations") if c.prompt_id == "occupations/nurse/explicit")
     assert '"The nurse is [MASK]."' in render_prompt(explicit, "en")
@@ -97,7 +126,11 @@ def _keys(loc: dict, design: str) -> dict:
         return {"values": {d: set(v) for d, v in loc["values"].items()}, "scenarios": set(loc["scenarios"])}
     if design == "bedtime":
         return {"values": {d: set(v) for d, v in loc["values"].items()}}
-    return {"values": {d: set(v) for d, v in loc["values"].items()}, "labels": set(loc["labels"]), "templates": set(loc["templates"])}
+    return {
+        "values": {d: set(v) for d, v in loc["values"].items()},
+        "labels": set(loc["labels"]),
+        "templates": set(loc["templates"]),
+    }
 
 
 @pytest.mark.parametrize("design,language", PAIRS)
@@ -150,13 +183,31 @@ REFERENCE_SPOT_CHECKS = {
     "political_orientation": ["conservative", "centrist", "progressive"],
     "marital_status": ["single", "married", "divorced or separated", "widowed", "domestic partnership"],
 }
-REFERENCE_OTHER = {"gender", "gender_alignment", "sexual_orientation", "geographic_origin", "religion",
-                   "employment_status", "professional_field", "housing_status"}
+REFERENCE_OTHER = {
+    "gender",
+    "gender_alignment",
+    "sexual_orientation",
+    "geographic_origin",
+    "religion",
+    "employment_status",
+    "professional_field",
+    "housing_status",
+}
 # The 13 aspects StereoTales' story prompt asks the story to reveal.
 STEREOTALES_ASPECTS = [
-    "age", "sexual_orientation", "ethnicity", "geographic_origin", "education_level", "religious_beliefs",
-    "political_orientation", "health_status", "literacy_level", "immigration_status", "marital_status",
-    "employment_situation", "housing_conditions",
+    "age",
+    "sexual_orientation",
+    "ethnicity",
+    "geographic_origin",
+    "education_level",
+    "religious_beliefs",
+    "political_orientation",
+    "health_status",
+    "literacy_level",
+    "immigration_status",
+    "marital_status",
+    "employment_situation",
+    "housing_conditions",
 ]
 
 
@@ -179,8 +230,17 @@ def test_stereotales_taxonomy_is_the_references():
     scenarios = [s for ss in spec["scenario_categories"].values() for s in ss]
     assert scenarios == list(ref["scenarios"]) and len(set(scenarios)) == 36
     assert ref["scenarios"]["dui_arrest"] == "being arrested for driving under the influence"
-    assert list(spec["scenario_categories"]) == ["misconduct", "hobbies", "learning", "social_and_family", "financial",
-                                                 "technology_and_maintenance", "activism", "health", "conflict_and_crisis"]
+    assert list(spec["scenario_categories"]) == [
+        "misconduct",
+        "hobbies",
+        "learning",
+        "social_and_family",
+        "financial",
+        "technology_and_maintenance",
+        "activism",
+        "health",
+        "conflict_and_crisis",
+    ]
 
 
 @pytest.mark.parametrize("language", LOCALIZED["stereotales"])

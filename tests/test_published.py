@@ -15,7 +15,14 @@ from storybias.params import ParamsError
 # (Giskard-AI/stereotales-pipeline, attributes.en.yaml, `values`), `other` included; the published
 # file also writes some labels without their examples or with other examples (SHORT_FORMS).
 REFERENCE_LABELS = {
-    "age": ["child (0-12)", "adolescent (13-17)", "young adult (18-29)", "adult (30-44)", "middle-aged (45-64)", "senior (65+)"],
+    "age": [
+        "child (0-12)",
+        "adolescent (13-17)",
+        "young adult (18-29)",
+        "adult (30-44)",
+        "middle-aged (45-64)",
+        "senior (65+)",
+    ],
     "gender": ["man", "woman", "non-binary", "other"],
     "gender_alignment": ["cisgender", "transgender", "other"],
     "sexual_orientation": ["heterosexual", "homosexual", "bisexual", "pansexual", "asexual", "other"],
@@ -30,9 +37,14 @@ REFERENCE_LABELS = {
         "northern africa (e.g. Egypt, Sudan, Algeria, Morocco, Tunisia, etc)",
         "sub-saharan africa (e.g. Nigeria, Ethiopia, Kenya, Tanzania, Uganda, etc)",
         "middle east (e.g. Saudi Arabia, Iran, Afghanistan, etc)",
-        "oceania (e.g. Australia, New Zealand, Fiji, etc)", "other"],
-    "education": ["basic (e.g. less than high school, or high school)", "undergraduate (e.g. bachelor's degree, some college)",
-                  "graduate (e.g. master's degree, doctoral degree)"],
+        "oceania (e.g. Australia, New Zealand, Fiji, etc)",
+        "other",
+    ],
+    "education": [
+        "basic (e.g. less than high school, or high school)",
+        "undergraduate (e.g. bachelor's degree, some college)",
+        "graduate (e.g. master's degree, doctoral degree)",
+    ],
     "religion": ["Christian", "Jewish", "Muslim", "Hindu", "Buddhist", "Atheist/Agnostic", "other"],
     "political_orientation": ["conservative", "centrist", "progressive"],
     "health_status": ["good", "fair", "poor"],
@@ -45,22 +57,39 @@ REFERENCE_LABELS = {
     "income_level": ["low income", "middle income", "high income"],
     "employment_status": ["stable employment", "precarious employment", "unemployed", "student", "retired", "other"],
     "professional_field": [
-        "science, technology, engineering, and math (STEM)", "healthcare and medicine", "education and training",
-        "media and communication", "arts and creative industries", "business, finance, legal",
-        "administrative assistance and support services", "social services", "public administration",
-        "trades and manual labor (e.g. construction, manufacturing)", "agriculture", "other"],
+        "science, technology, engineering, and math (STEM)",
+        "healthcare and medicine",
+        "education and training",
+        "media and communication",
+        "arts and creative industries",
+        "business, finance, legal",
+        "administrative assistance and support services",
+        "social services",
+        "public administration",
+        "trades and manual labor (e.g. construction, manufacturing)",
+        "agriculture",
+        "other",
+    ],
     "housing_status": ["homeowner", "renter", "homeless", "other"],
 }
-SHORT_FORMS = {("professional_field", "trades and manual labor"): "trades_manual_labor",
-               ("geographic_origin", "north america (e.g. United States, Canada, etc)"): "north_america",
-               ("geographic_origin", "southern asia"): "south_asia",
-               ("immigration_status", "citizen"): "citizen", ("age", "senior"): "senior"}
+SHORT_FORMS = {
+    ("professional_field", "trades and manual labor"): "trades_manual_labor",
+    ("geographic_origin", "north america (e.g. United States, Canada, etc)"): "north_america",
+    ("geographic_origin", "southern asia"): "south_asia",
+    ("immigration_status", "citizen"): "citizen",
+    ("age", "senior"): "senior",
+}
 
 
 def _record(qid, base, compared, pct=50.0, lift=3.0, models=("azure_ai/gpt-4o",)):
-    return {"question_id": qid, "base_attribute": {"name": base[0], "value": base[1]},
-            "compared_attribute": {"name": compared[0], "value": compared[1]},
-            "avg_percentage": pct, "avg_lift": lift, "metadata": {"model_list": list(models)}}
+    return {
+        "question_id": qid,
+        "base_attribute": {"name": base[0], "value": base[1]},
+        "compared_attribute": {"name": compared[0], "value": compared[1]},
+        "avg_percentage": pct,
+        "avg_lift": lift,
+        "metadata": {"model_list": list(models)},
+    }
 
 
 def _write(tmp_path, records, name="questions.json"):
@@ -72,8 +101,14 @@ def _write(tmp_path, records, name="questions.json"):
 def test_every_reference_label_maps_onto_exactly_one_canonical_key(tmp_path):
     labels = [(a, v) for a, vs in REFERENCE_LABELS.items() for v in vs] + list(SHORT_FORMS)
     # one record per label, as base value, against a fixed compared attribute of another dimension
-    records = [_record(f"q{i}", (a, v), ("urbanicity" if a != "urbanicity" else "age", "rural" if a != "urbanicity" else "adult (30-44)"))
-               for i, (a, v) in enumerate(labels)]
+    records = [
+        _record(
+            f"q{i}",
+            (a, v),
+            ("urbanicity" if a != "urbanicity" else "age", "rural" if a != "urbanicity" else "adult (30-44)"),
+        )
+        for i, (a, v) in enumerate(labels)
+    ]
     frame = published.load_published(_write(tmp_path, records))
     assert len(frame) == len(labels)
     spec = prompts.load_design("stereotales")
@@ -88,8 +123,13 @@ def test_every_reference_label_maps_onto_exactly_one_canonical_key(tmp_path):
 
 
 def test_a_label_outside_the_taxonomy_is_reported_with_file_record_and_field(tmp_path):
-    path = _write(tmp_path, [_record("a", ("gender", "man"), ("age", "adult (30-44)")),
-                             _record("b", ("sexual_orientation", "gay"), ("age", "adult (30-44)"))])
+    path = _write(
+        tmp_path,
+        [
+            _record("a", ("gender", "man"), ("age", "adult (30-44)")),
+            _record("b", ("sexual_orientation", "gay"), ("age", "adult (30-44)")),
+        ],
+    )
     with pytest.raises(published.PublishedFormatError) as err:
         published.load_published(path)
     message = str(err.value)
@@ -97,13 +137,16 @@ def test_a_label_outside_the_taxonomy_is_reported_with_file_record_and_field(tmp
     assert "'gay'" in message
 
 
-@pytest.mark.parametrize("mutate,field", [
-    (lambda r: r.pop("avg_lift"), "avg_lift"),
-    (lambda r: r.update(avg_percentage=140), "avg_percentage"),
-    (lambda r: r["metadata"].update(model_list=[]), "metadata.model_list"),
-    (lambda r: r["compared_attribute"].pop("value"), "compared_attribute.value"),
-    (lambda r: r.update(question_id=3), "question_id"),
-])
+@pytest.mark.parametrize(
+    "mutate,field",
+    [
+        (lambda r: r.pop("avg_lift"), "avg_lift"),
+        (lambda r: r.update(avg_percentage=140), "avg_percentage"),
+        (lambda r: r["metadata"].update(model_list=[]), "metadata.model_list"),
+        (lambda r: r["compared_attribute"].pop("value"), "compared_attribute.value"),
+        (lambda r: r.update(question_id=3), "question_id"),
+    ],
+)
 def test_malformed_records_are_rejected(tmp_path, mutate, field):
     record = _record("x", ("gender", "woman"), ("age", "adult (30-44)"))
     mutate(record)
@@ -117,32 +160,47 @@ def _values(rows):
 
 
 PUBLISHED = [
-    _record("p1", ("professional_field", "agriculture"), ("urbanicity", "rural"), models=("azure_ai/gpt-4o", "gemini/x")),
+    _record(
+        "p1", ("professional_field", "agriculture"), ("urbanicity", "rural"), models=("azure_ai/gpt-4o", "gemini/x")
+    ),
     _record("p2", ("age", "senior (65+)"), ("employment_status", "retired"), models=("azure_ai/gpt-4o",)),
     _record("p3", ("age", "adolescent (13-17)"), ("marital_status", "single"), models=("gemini/x",)),
-    _record("p4", ("religion", "Hindu"), ("geographic_origin", "southern asia (e.g. India, Pakistan, Sri Lanka, Nepal, etc)"),
-            models=("azure_ai/gpt-4o",)),
+    _record(
+        "p4",
+        ("religion", "Hindu"),
+        ("geographic_origin", "southern asia (e.g. India, Pakistan, Sri Lanka, Nepal, etc)"),
+        models=("azure_ai/gpt-4o",),
+    ),
 ]
 
 
 def test_comparison_counts_reproduced_new_and_overlap_any_model(tmp_path):
     pub = published.load_published(_write(tmp_path, PUBLISHED))
-    values = _values([
-        ("m1", "all", "professional_field", "agriculture", "urbanicity", "rural", True),       # reproduces p1
-        ("m2", "all", "age", "senior", "employment_status", "retired", False),                 # p2 tested, missed
-        ("m2", "all", "age", "adolescent", "marital_status", "single", True),                  # reproduces p3
-        ("m1", "all", "age", "child", "marital_status", "single", True),                       # new
-        ("m1", "all", "professional_field", "stem", "urbanicity", "urban", True),              # new
-        ("m1", "fr", "religion", "hindu", "geographic_origin", "south_asia", True),            # other scope: p4 untested
-    ])
+    values = _values(
+        [
+            ("m1", "all", "professional_field", "agriculture", "urbanicity", "rural", True),  # reproduces p1
+            ("m2", "all", "age", "senior", "employment_status", "retired", False),  # p2 tested, missed
+            ("m2", "all", "age", "adolescent", "marital_status", "single", True),  # reproduces p3
+            ("m1", "all", "age", "child", "marital_status", "single", True),  # new
+            ("m1", "all", "professional_field", "stem", "urbanicity", "urban", True),  # new
+            ("m1", "fr", "religion", "hindu", "geographic_origin", "south_asia", True),  # other scope: p4 untested
+        ]
+    )
     result = published.compare(values, pub)
     assert result.mode == "any_model" and result.matched_models == {}
     status = dict(zip(result.published["question_id"], result.published["status"]))
     assert status == {"p1": "reproduced", "p2": "missed", "p3": "reproduced", "p4": "untested"}
     assert sorted(result.new["base_value"]) == ["child", "stem"]
     per = result.per_attribute.set_index("base_attribute")
-    assert per.loc["age", ["published_tested", "reproduced", "run_significant", "not_published"]].tolist() == [2, 1, 2, 1]
-    assert per.loc["age", "reproduced_rate"] == pytest.approx(0.5) and per.loc["age", "published_rate"] == pytest.approx(0.5)
+    assert per.loc["age", ["published_tested", "reproduced", "run_significant", "not_published"]].tolist() == [
+        2,
+        1,
+        2,
+        1,
+    ]
+    assert per.loc["age", "reproduced_rate"] == pytest.approx(0.5) and per.loc[
+        "age", "published_rate"
+    ] == pytest.approx(0.5)
     assert per.loc["professional_field", "reproduced_rate"] == pytest.approx(1.0)
     assert per.loc["professional_field", "published_rate"] == pytest.approx(0.5)
     assert "religion" not in per.index
@@ -150,12 +208,30 @@ def test_comparison_counts_reproduced_new_and_overlap_any_model(tmp_path):
 
 def test_comparison_uses_the_same_model_when_names_match(tmp_path):
     pub = published.load_published(_write(tmp_path, PUBLISHED))
-    values = _values([
-        ("GPT-4o", "all", "professional_field", "agriculture", "urbanicity", "rural", False),  # same model misses p1
-        ("other", "all", "professional_field", "agriculture", "urbanicity", "rural", True),    # another model finds it
-        ("GPT-4o", "all", "age", "senior", "employment_status", "retired", True),              # same model: p2 reproduced
-        ("GPT-4o", "all", "age", "adolescent", "marital_status", "single", True),              # p3 is only gemini/x's
-    ])
+    values = _values(
+        [
+            (
+                "GPT-4o",
+                "all",
+                "professional_field",
+                "agriculture",
+                "urbanicity",
+                "rural",
+                False,
+            ),  # same model misses p1
+            (
+                "other",
+                "all",
+                "professional_field",
+                "agriculture",
+                "urbanicity",
+                "rural",
+                True,
+            ),  # another model finds it
+            ("GPT-4o", "all", "age", "senior", "employment_status", "retired", True),  # same model: p2 reproduced
+            ("GPT-4o", "all", "age", "adolescent", "marital_status", "single", True),  # p3 is only gemini/x's
+        ]
+    )
     result = published.compare(values, pub)
     assert result.mode == "same_model" and result.matched_models == {"GPT-4o": ["azure_ai/gpt-4o"]}
     status = dict(zip(result.published["question_id"], result.published["status"]))

@@ -21,9 +21,13 @@ from storybias.bench import KillAfter
 from storybias.engines import Engine
 from storybias.ray_engine import RayEngine
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(importlib.util.find_spec("ray") is None,
-                                 reason="ray is not installed: `make venv EXTRAS=ray` (requirements/extra-ray.txt)")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        importlib.util.find_spec("ray") is None,
+        reason="ray is not installed: `make venv EXTRAS=ray` (requirements/extra-ray.txt)",
+    ),
+]
 ROOT = paths.repo_root()
 
 
@@ -33,10 +37,14 @@ def ray_profile(tmp_path_factory, embedded_model, monkeypatch_module):
     raw = yaml.safe_load((ROOT / "params" / "smoke.yaml").read_text())
     raw["run_name"] = "pytest-ray"
     raw["generation"]["sampling"].update(temperature=0.0, max_tokens=24)
-    raw["generation"]["engine"].update(backend="ray", max_num_seqs=4,
-                                       ray={"address": "local", "num_cpus": 2, "batch_size": 2})
+    raw["generation"]["engine"].update(
+        backend="ray", max_num_seqs=4, ray={"address": "local", "num_cpus": 2, "batch_size": 2}
+    )
     raw["generation"]["shard_size"] = 2
-    raw["designs"] = {"stereotales": {"languages": ["en"], "n_prompts": 2}, "bedtime": {"languages": ["en"], "n_prompts": 2}}
+    raw["designs"] = {
+        "stereotales": {"languages": ["en"], "n_prompts": 2},
+        "bedtime": {"languages": ["en"], "n_prompts": 2},
+    }
     path = tmp / "ray.yaml"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     monkeypatch_module.setenv("STORYBIAS_DATA", str(tmp / "data"))
@@ -57,7 +65,11 @@ def killed_and_resumed(ray_profile):
     assert len(generate.plan(p)) == 4
     work = paths.work_dir(p.run_name, "generate")
     with pytest.raises(KeyboardInterrupt):
-        generate.run(p, progress=False, engine_factory=lambda s: KillAfter(RayEngine(s, p.generation.engine, p.generation.seed), 2))
+        generate.run(
+            p,
+            progress=False,
+            engine_factory=lambda s: KillAfter(RayEngine(s, p.generation.engine, p.generation.seed), 2),
+        )
     shards = sorted(work.glob("part-*.parquet"))
     before = pd.concat([pd.read_parquet(s) for s in shards], ignore_index=True)
     result = generate.run(p, progress=False)  # default factory: open_engine -> RayEngine (backend: ray)

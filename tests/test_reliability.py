@@ -19,16 +19,22 @@ import nbformat
 import pytest
 import yaml
 
-from storybias import io, locks, paths
 from stage_notebooks import tiny_stage_notebook
+from storybias import io, locks, paths
 
 ROOT = paths.repo_root()
 PYTHON = sys.executable
 
 
 def make(*args: str, env: dict | None = None, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run(["make", "-s", "--no-print-directory", *args], cwd=cwd, env=env or dict(os.environ),
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        ["make", "-s", "--no-print-directory", *args],
+        cwd=cwd,
+        env=env or dict(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def profile(tmp_path: Path, run_name: str, name: str = "p.yaml") -> Path:
@@ -42,14 +48,17 @@ def profile(tmp_path: Path, run_name: str, name: str = "p.yaml") -> Path:
 
 def hold_lock(run_name: str, env: dict, stage: str = "generate") -> subprocess.Popen:
     """Another process holding the run's lock (until killed)."""
-    code = ("import sys, time\nfrom storybias.locks import run_lock\n"
-            f"with run_lock({run_name!r}, {stage!r}):\n    print('locked', flush=True)\n    time.sleep(120)\n")
+    code = (
+        "import sys, time\nfrom storybias.locks import run_lock\n"
+        f"with run_lock({run_name!r}, {stage!r}):\n    print('locked', flush=True)\n    time.sleep(120)\n"
+    )
     proc = subprocess.Popen([PYTHON, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "locked"
     return proc
 
 
 # --- 1. paths --------------------------------------------------------------------------------
+
 
 def test_space_in_the_data_folder_is_refused_and_nothing_is_deleted(tmp_path):
     """`STORYBIAS_DATA="<dir>/my data" make clean-run` used to delete <dir>/my and ./data/default."""
@@ -76,7 +85,11 @@ def test_clean_run_deletes_only_the_runs_own_folders_and_says_which(tmp_path):
     env = dict(os.environ, STORYBIAS_DATA=str(data), STORYBIAS_FIGURES=str(figures))
     result = make("clean-run", f"PARAMS={profile(tmp_path, run)}", env=env)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines() == [f"removed {data / run}", f"removed {ROOT / 'reports' / run}", f"removed {figures / run}"]
+    assert result.stdout.splitlines() == [
+        f"removed {data / run}",
+        f"removed {ROOT / 'reports' / run}",
+        f"removed {figures / run}",
+    ]
     assert not (data / run).exists() and not (figures / run).exists() and not (ROOT / "reports" / run).exists()
     assert (data / "other-run" / "file.txt").is_file() and data.is_dir() and figures.is_dir()
     again = make("clean-run", f"PARAMS={profile(tmp_path, run)}", env=env)
@@ -119,10 +132,12 @@ def test_run_stage_runs_papermill_without_a_shell(tmp_path, monkeypatch):
     folder.mkdir()
     monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path / "data"))
     target = tmp_path / "data" / run / "target.json"
-    nb = tiny_stage_notebook('params_file = ""\nfail = False',
+    nb = tiny_stage_notebook(
+        'params_file = ""\nfail = False',
         "from storybias import io, params, paths\np = params.load(params_file)\n"
         "io.write_json_atomic({'run': p.run_name}, paths.run_dir(p.run_name) / 'target.json')\n"
-        "assert not fail or open(params_file).read().count('fail_me') == 0, 'asked to fail'")
+        "assert not fail or open(params_file).read().count('fail_me') == 0, 'asked to fail'",
+    )
     nbformat.write(nb, folder / "tiny stage.ipynb")
     params_file = profile(folder, run, name="my profile.yaml")
     from storybias.notebook_runner import run_stage
@@ -144,14 +159,20 @@ def test_run_stage_runs_papermill_without_a_shell(tmp_path, monkeypatch):
 
 # --- 4. one writer per run ------------------------------------------------------------------
 
+
 def test_second_generator_is_refused_while_the_first_holds_the_run(tmp_path):
     run = "pytest-busy-generate"
     env = dict(os.environ, STORYBIAS_DATA=str(tmp_path / "data"))
     holder = hold_lock(run, env)
     try:
         started = time.time()
-        second = subprocess.run([PYTHON, "-m", "storybias.cli", "generate", str(profile(tmp_path, run))], env=env,
-                                capture_output=True, text=True, timeout=120)
+        second = subprocess.run(
+            [PYTHON, "-m", "storybias.cli", "generate", str(profile(tmp_path, run))],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert second.returncode == 3
         assert f"run '{run}' is busy (pid {holder.pid}, stage generate" in second.stderr
         assert time.time() - started < 60, "refused at once, before any model loads"
@@ -200,7 +221,9 @@ def test_stale_lock_of_a_killed_process_is_taken_over(tmp_path, monkeypatch):
     said: list[str] = []
     with locks.run_lock(run, "filter", log=said.append):
         assert json.loads(locks.lock_path(run).read_text())["stage"] == "filter"
-    assert said == [f"run '{run}': taking over the lock left by pid {holder.pid} (stage generate), which is no longer running"]
+    assert said == [
+        f"run '{run}': taking over the lock left by pid {holder.pid} (stage generate), which is no longer running"
+    ]
 
 
 def test_lock_is_reentrant_in_one_process_and_released_after(tmp_path, monkeypatch):
@@ -215,12 +238,15 @@ def test_lock_is_reentrant_in_one_process_and_released_after(tmp_path, monkeypat
 
 # --- 6 and 9. file modes and SIGTERM ----------------------------------------------------------
 
+
 @pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o027, 0o640), (0o077, 0o600)])
 def test_written_files_follow_the_umask(tmp_path, umask, mode):
     old = os.umask(umask)
     try:
-        written = [io.write_json_atomic({"a": 1}, tmp_path / "x.json"),
-                   io.write_parquet_atomic(__import__("pandas").DataFrame({"a": [1]}), tmp_path / "x.parquet")]
+        written = [
+            io.write_json_atomic({"a": 1}, tmp_path / "x.json"),
+            io.write_parquet_atomic(__import__("pandas").DataFrame({"a": [1]}), tmp_path / "x.parquet"),
+        ]
     finally:
         os.umask(old)
     assert [p.stat().st_mode & 0o777 for p in written] == [mode, mode]
@@ -228,10 +254,12 @@ def test_written_files_follow_the_umask(tmp_path, umask, mode):
 
 def test_sigterm_during_a_write_leaves_no_temporary_file(tmp_path):
     target = tmp_path / "big.bin"
-    code = (f"from pathlib import Path\nfrom storybias.io import atomic_open\n"
-            f"with atomic_open(Path({str(target)!r})) as fh:\n"
-            "    fh.write(b'x' * 1_000_000); fh.flush(); print('writing', flush=True)\n"
-            "    while True:\n        fh.write(b'x' * 1_000_000)\n")
+    code = (
+        f"from pathlib import Path\nfrom storybias.io import atomic_open\n"
+        f"with atomic_open(Path({str(target)!r})) as fh:\n"
+        "    fh.write(b'x' * 1_000_000); fh.flush(); print('writing', flush=True)\n"
+        "    while True:\n        fh.write(b'x' * 1_000_000)\n"
+    )
     proc = subprocess.Popen([PYTHON, "-c", code], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "writing"
     proc.send_signal(signal.SIGTERM)
@@ -241,12 +269,16 @@ def test_sigterm_during_a_write_leaves_no_temporary_file(tmp_path):
 
 # --- 2. Make follows the data files each stage reads --------------------------------------------
 
-@pytest.mark.parametrize("edited, stage_notebook", [
-    ("params/designs/bedtime/en.yaml", "01_generate"),
-    ("params/refusals/fr.yaml", "02_filter"),
-    ("params/lexicon/categories.yaml", "05_metrics"),
-    ("params/cues/zh.yaml", "06_probes"),
-])
+
+@pytest.mark.parametrize(
+    "edited, stage_notebook",
+    [
+        ("params/designs/bedtime/en.yaml", "01_generate"),
+        ("params/refusals/fr.yaml", "02_filter"),
+        ("params/lexicon/categories.yaml", "05_metrics"),
+        ("params/cues/zh.yaml", "06_probes"),
+    ],
+)
 def test_editing_a_params_data_file_reruns_the_stage_that_reads_it(tmp_path, edited, stage_notebook):
     """Make used to track only the profile: an edited template or refusal list reran nothing.
     `make -W FILE` asks Make what it would do if FILE had just changed, without touching it."""
@@ -255,8 +287,14 @@ def test_editing_a_params_data_file_reruns_the_stage_that_reads_it(tmp_path, edi
     env = dict(os.environ, STORYBIAS_DATA=str(data))
     params_file = profile(tmp_path, run)
     assert make("stamps", f"PARAMS={params_file}", env=env).returncode == 0
-    targets = ["stories.parquet", "filtered.parquet", "extractions.parquet", "manifest_associations.json",
-               "manifest_metrics.json", "manifest_probes.json"]
+    targets = [
+        "stories.parquet",
+        "filtered.parquet",
+        "extractions.parquet",
+        "manifest_associations.json",
+        "manifest_metrics.json",
+        "manifest_probes.json",
+    ]
     for name in targets:  # every stage finished, in order
         (data / run / name).write_text("stand-in")
         time.sleep(0.01)

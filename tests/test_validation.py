@@ -38,7 +38,9 @@ def test_marker_statistics_by_hand(tmp_path):
     h, a = [6, 7, 5, 2, 4, 6, 1], [6, 6, 2, 2, 4, 4, 7]
     # on the whole 1-7 scale: with only the observed labels, sklearn would space 2 and 4 one step apart
     scale = list(range(1, 8))
-    assert table.loc["kappa_quadratic", "estimate"] == pytest.approx(cohen_kappa_score(h, a, weights="quadratic", labels=scale))
+    assert table.loc["kappa_quadratic", "estimate"] == pytest.approx(
+        cohen_kappa_score(h, a, weights="quadratic", labels=scale)
+    )
     # marker level: mean human A 6.5, B 3.5, C 5, D 1 against automated 6, 2, 4, 7 -> sum d^2 = 12, rho = -0.2
     assert table.loc["spearman", "estimate"] == pytest.approx(-0.2)
     assert table.loc["within_two", "n_comparisons"] == 7 and table.loc["within_two", "n_markers"] == 4
@@ -46,7 +48,8 @@ def test_marker_statistics_by_hand(tmp_path):
     assert table.loc["human_human_mae", "estimate"] == pytest.approx(2.0)
     assert table.loc["human_human_within_two", "estimate"] == pytest.approx(2 / 3)
     assert table.loc["human_human_kappa_quadratic", "estimate"] == pytest.approx(
-        cohen_kappa_score([6, 5, 4], [7, 2, 6], weights="quadratic", labels=scale))
+        cohen_kappa_score([6, 5, 4], [7, 2, 6], weights="quadratic", labels=scale)
+    )
     # keep decisions given on 6 rows, 4 of them keep
     assert table.loc["keep_endorsement", "estimate"] == pytest.approx(4 / 6)
     for metric in ("within_two", "mae", "kappa_quadratic"):
@@ -59,9 +62,12 @@ def test_vectorised_quadratic_kappa_equals_sklearn():
     a[:120] = h[:120]
     w = rng.integers(0, 4, 200)
     scale = list(range(1, 8))
-    assert validation.quadratic_kappa(h, a)[0] == pytest.approx(cohen_kappa_score(h, a, weights="quadratic", labels=scale))
+    assert validation.quadratic_kappa(h, a)[0] == pytest.approx(
+        cohen_kappa_score(h, a, weights="quadratic", labels=scale)
+    )
     assert validation.quadratic_kappa(h, a, w[None, :])[0] == pytest.approx(
-        cohen_kappa_score(h, a, weights="quadratic", labels=scale, sample_weight=w))
+        cohen_kappa_score(h, a, weights="quadratic", labels=scale, sample_weight=w)
+    )
 
 
 def _agreeing_markers(n_markers, noise, seed):
@@ -71,13 +77,22 @@ def _agreeing_markers(n_markers, noise, seed):
         auto = int(rng.integers(1, 8))
         for r in range(3):
             human = int(np.clip(auto + rng.integers(-noise, noise + 1), 1, 7))
-            rows.append({"marker_id": f"m{m}", "language": ("en", "fr", "zh")[m % 3], "rater_id": f"r{r}",
-                         "human": human, "automated": auto})
+            rows.append(
+                {
+                    "marker_id": f"m{m}",
+                    "language": ("en", "fr", "zh")[m % 3],
+                    "rater_id": f"r{r}",
+                    "human": human,
+                    "automated": auto,
+                }
+            )
     return pd.DataFrame(rows)
 
 
 def test_permutation_baselines_separate_agreement_from_chance():
-    close = validation.marker_agreement(_agreeing_markers(60, 1, 3), n_boot=200, n_perm=1000, seed=2).set_index("metric")
+    close = validation.marker_agreement(_agreeing_markers(60, 1, 3), n_boot=200, n_perm=1000, seed=2).set_index(
+        "metric"
+    )
     for metric in validation.MARKER_METRICS:
         assert close.loc[metric, "permutation_p"] < 0.01, metric
     assert close.loc["mae", "permutation_mean"] > close.loc["mae", "estimate"]
@@ -135,40 +150,65 @@ def test_label_reference_poststratification_and_kappa_by_hand(tmp_path):
     # majority of >= 2 ratings; finer outcomes count as unknown; a tie or a single rating is unresolved
     assert items["reference"].dropna().to_dict() == {"i1": "female", "i2": "male", "i3": "male", "i4": "unknown"}
     assert items["reference"].isna().sum() == 2
-    corpus = pd.DataFrame({"language": "en", "genre": ["story", "story", "news", "news"],
-                           "label": ["female", "male", "unknown", "female"], "n": [70, 10, 20, 0]})
+    corpus = pd.DataFrame(
+        {
+            "language": "en",
+            "genre": ["story", "story", "news", "news"],
+            "label": ["female", "male", "unknown", "female"],
+            "n": [70, 10, 20, 0],
+        }
+    )
     row = validation.label_agreement(ratings, corpus).iloc[0]
     # cells: story/female 0.7 (i1 agrees, i2 not: 0.5), story/male 0.1 (i3: 1), news/unknown 0.2 (i4: 1)
     assert row["agreement_weighted"] == pytest.approx(0.7 * 0.5 + 0.1 + 0.2)
     assert row["agreement_unweighted"] == pytest.approx(3 / 4)
     assert (row["n_items"], row["n_resolved"]) == (6, 4)
     weights = [0.35, 0.35, 0.1, 0.2]  # i1, i2, i3, i4
-    assert row["kappa_weighted"] == pytest.approx(cohen_kappa_score(
-        ["female", "female", "male", "unknown"], ["female", "male", "male", "unknown"], sample_weight=weights))
+    assert row["kappa_weighted"] == pytest.approx(
+        cohen_kappa_score(
+            ["female", "female", "male", "unknown"], ["female", "male", "male", "unknown"], sample_weight=weights
+        )
+    )
     unweighted = validation.label_agreement(ratings, None).iloc[0]
     assert unweighted["agreement_weighted"] == pytest.approx(3 / 4) and not unweighted["poststratified"]
 
 
 def test_fleiss_kappa_by_hand():
     # 3 items x 2 raters: (F, F), (M, M), (F, M): P_bar = 2/3, P_e = 0.5, kappa = 1/3
-    ratings = pd.DataFrame({"item_id": ["x", "x", "y", "y", "z", "z"], "rater_id": list("ababab"),
-                            "human": ["female", "female", "male", "male", "female", "male"]})
+    ratings = pd.DataFrame(
+        {
+            "item_id": ["x", "x", "y", "y", "z", "z"],
+            "rater_id": list("ababab"),
+            "human": ["female", "female", "male", "male", "female", "male"],
+        }
+    )
     kappa, n_items, k = validation.fleiss(ratings)
     assert kappa == pytest.approx(1 / 3) and (n_items, k) == (3, 2)
     # an item with a third rating is cut to the common two; an item with one rating is left out
-    extra = pd.concat([ratings, pd.DataFrame({"item_id": ["x", "w"], "rater_id": ["c", "a"], "human": ["female", "male"]})])
+    extra = pd.concat(
+        [ratings, pd.DataFrame({"item_id": ["x", "w"], "rater_id": ["c", "a"], "human": ["female", "male"]})]
+    )
     kappa, n_items, k = validation.fleiss(extra)
     assert kappa == pytest.approx(1 / 3) and (n_items, k) == (3, 2)
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ("marker_id,language,rater_id,human\nA,en,r1,3\n", "row 1 (header): missing column(s) automated"),
-    ("marker_id,language,rater_id,human,automated\nA,en,r1,3,6\nB,en,r1,8,6\n", "row 3, column human: '8' is not an integer from 1 to 7"),
-    ("marker_id,language,rater_id,human,automated\nA,en,r1,3,6\nA,en,r2,4,5\n", "row 3, column automated"),
-    ("marker_id,language,rater_id,human,automated\nA,en,r1,3,6\nA,en,r1,4,6\n", "row 3, column rater_id: a second rating"),
-    ("marker_id,language,rater_id,human,automated\nA,,r1,3,6\n", "row 2, column language: empty"),
-    ("marker_id,language,rater_id,human,automated,keep\nA,en,r1,3,6,maybe\n", "row 2, column keep"),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("marker_id,language,rater_id,human\nA,en,r1,3\n", "row 1 (header): missing column(s) automated"),
+        (
+            "marker_id,language,rater_id,human,automated\nA,en,r1,3,6\nB,en,r1,8,6\n",
+            "row 3, column human: '8' is not an integer from 1 to 7",
+        ),
+        ("marker_id,language,rater_id,human,automated\nA,en,r1,3,6\nA,en,r2,4,5\n", "row 3, column automated"),
+        (
+            "marker_id,language,rater_id,human,automated\nA,en,r1,3,6\nA,en,r1,4,6\n",
+            "row 3, column rater_id: a second rating",
+        ),
+        ("marker_id,language,rater_id,human,automated\nA,,r1,3,6\n", "row 2, column language: empty"),
+        ("marker_id,language,rater_id,human,automated,keep\nA,en,r1,3,6,maybe\n", "row 2, column keep"),
+    ],
+)
 def test_marker_csv_problems_name_file_row_and_column(tmp_path, text, message):
     path = write(tmp_path, text)
     with pytest.raises(validation.ValidationFileError) as err:
@@ -176,12 +216,15 @@ def test_marker_csv_problems_name_file_row_and_column(tmp_path, text, message):
     assert str(path) in str(err.value) and message in str(err.value)
 
 
-@pytest.mark.parametrize(("row", "message"), [
-    ("i9,en,poem,female,a,female", "column genre: 'poem' is not story or news"),
-    ("i9,en,story,woman,a,female", "column automated: 'woman' is not female, male or unknown"),
-    ("i9,en,story,female,a,maybe", "column human: 'maybe'"),
-    ("i1,en,news,female,d,female", "column genre: 'news' is not the same"),
-])
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        ("i9,en,poem,female,a,female", "column genre: 'poem' is not story or news"),
+        ("i9,en,story,woman,a,female", "column automated: 'woman' is not female, male or unknown"),
+        ("i9,en,story,female,a,maybe", "column human: 'maybe'"),
+        ("i1,en,news,female,d,female", "column genre: 'news' is not the same"),
+    ],
+)
 def test_label_csv_problems_name_file_row_and_column(tmp_path, row, message):
     path = write(tmp_path, LABELS + row + "\n")
     with pytest.raises(validation.ValidationFileError) as err:
@@ -199,4 +242,6 @@ def test_spearman_matches_scipy_on_marker_means():
     data = _agreeing_markers(40, 3, 8)
     table = validation.marker_agreement(data, n_boot=100, n_perm=100, seed=0).set_index("metric")
     per_marker = data.groupby("marker_id").agg(h=("human", "mean"), a=("automated", "first"))
-    assert table.loc["spearman", "estimate"] == pytest.approx(stats.spearmanr(per_marker["h"], per_marker["a"]).statistic)
+    assert table.loc["spearman", "estimate"] == pytest.approx(
+        stats.spearmanr(per_marker["h"], per_marker["a"]).statistic
+    )

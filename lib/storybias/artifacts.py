@@ -127,49 +127,97 @@ _PROBES = {
 }
 
 ARTIFACTS: tuple[Artifact, ...] = (
-    Artifact("stories", "stories.parquet", "generate",
-             "one row per planned story: conditions, prompt, text, finish reason", "generate:stories_schema()"),
+    Artifact(
+        "stories",
+        "stories.parquet",
+        "generate",
+        "one row per planned story: conditions, prompt, text, finish reason",
+        "generate:stories_schema()",
+    ),
     _manifest("generate", "resolved parameters, seeds, counts, versions and timings of stage 01"),
-    Artifact("filtered", "filtered.parquet", "filter",
-             "every story with its language, refusal and validity checks", "filter:filtered_schema()"),
-    Artifact("vsr", "vsr.parquet", "filter",
-             "valid-story rate and exclusion counts per design x model x language", "filter:VSR_SCHEMA"),
+    Artifact(
+        "filtered",
+        "filtered.parquet",
+        "filter",
+        "every story with its language, refusal and validity checks",
+        "filter:filtered_schema()",
+    ),
+    Artifact(
+        "vsr",
+        "vsr.parquet",
+        "filter",
+        "valid-story rate and exclusion counts per design x model x language",
+        "filter:VSR_SCHEMA",
+    ),
     _manifest("filter", "the stage's counts (valid stories, reasons, refusal rules) and its parameters"),
-    Artifact("extractions", "extractions.parquet", "extract",
-             "one row per valid story: the extracted protagonist, demographics and lists",
-             "extract:extractions_schema()"),
+    Artifact(
+        "extractions",
+        "extractions.parquet",
+        "extract",
+        "one row per valid story: the extracted protagonist, demographics and lists",
+        "extract:extractions_schema()",
+    ),
     # written with the types pandas infers (large_string), as before the registry: the shards'
     # extract._raw_schema() has string, and casting would change the file
-    Artifact("extraction_raw", "extraction_raw.parquet", "extract",
-             "every attempt of every extraction answer, raw text and parse status (columns: extract._raw_schema())"),
-    Artifact("extraction_agreement", "extraction_agreement.parquet", "extract",
-             "per field: agreement between extractors or runs (columns follow the raters)"),
+    Artifact(
+        "extraction_raw",
+        "extraction_raw.parquet",
+        "extract",
+        "every attempt of every extraction answer, raw text and parse status (columns: extract._raw_schema())",
+    ),
+    Artifact(
+        "extraction_agreement",
+        "extraction_agreement.parquet",
+        "extract",
+        "per field: agreement between extractors or runs (columns follow the raters)",
+    ),
     Artifact("gold_scores", "gold_scores.parquet", "extract", "gold-set scores of the primary extractor per field"),
     Artifact("gold_predictions", "gold_predictions.parquet", "extract", "the primary extractor's gold-set answers"),
-    Artifact("gold_targets", "gold_targets.parquet", "extract", "issue #15's gold-set target numbers per language (extract.gold_targets)"),
+    Artifact(
+        "gold_targets",
+        "gold_targets.parquet",
+        "extract",
+        "issue #15's gold-set target numbers per language (extract.gold_targets)",
+    ),
     Artifact("gold_summary", "gold_summary.json", "extract", "gold-set evaluation summary"),
     _manifest("extract", "extractor timings, tokens, reuse reasons and parse failures"),
-    *(Artifact(name, f"{name}.parquet", "associations", meaning, f"associations:OUTPUT_SCHEMAS[{name}]")
-      for name, meaning in _ASSOCIATIONS.items()),
+    *(
+        Artifact(name, f"{name}.parquet", "associations", meaning, f"associations:OUTPUT_SCHEMAS[{name}]")
+        for name, meaning in _ASSOCIATIONS.items()
+    ),
     _manifest("associations", "counts, judges, human agreement and parameters of stage 04"),
-    *(Artifact(f"metrics_{name}", f"metrics_{name}.parquet", "metrics", meaning, f"metrics:OUTPUT_SCHEMAS[{name}]")
-      for name, meaning in _METRICS.items()),
+    *(
+        Artifact(f"metrics_{name}", f"metrics_{name}.parquet", "metrics", meaning, f"metrics:OUTPUT_SCHEMAS[{name}]")
+        for name, meaning in _METRICS.items()
+    ),
     _manifest("metrics", "notes, stories excluded for parse failures, and the metrics parameters"),
-    *(Artifact(name, f"{name}.parquet", "probes", meaning, f"probes:OUTPUT_SCHEMAS[{name}]")
-      for name, meaning in _PROBES.items()),
+    *(
+        Artifact(name, f"{name}.parquet", "probes", meaning, f"probes:OUTPUT_SCHEMAS[{name}]")
+        for name, meaning in _PROBES.items()
+    ),
     _manifest("probes", "embedding backend, timings, counts, notes and parameters of stage 06"),
-    Artifact("manifest_figures", "figures.json", "figures",
-             "index of the figures drawn: stable file name, caption, statistic quoted", root="figures"),
-    Artifact("explorer", "explorer.html", "figures", "the stories explorer, one self-contained HTML page",
-             root="figures"),
+    Artifact(
+        "manifest_figures",
+        "figures.json",
+        "figures",
+        "index of the figures drawn: stable file name, caption, statistic quoted",
+        root="figures",
+    ),
+    Artifact(
+        "explorer", "explorer.html", "figures", "the stories explorer, one self-contained HTML page", root="figures"
+    ),
 )
 ARTIFACT_BY_NAME: dict[str, Artifact] = {a.name: a for a in ARTIFACTS}
 
 # The file Make tracks for each stage (written last by the stage): `make <stage>` is up to date when
 # it is. Stage 07 has two (the figures and the explorer, separate Make targets).
 MAKE_TARGETS: dict[str, tuple[str, ...]] = {
-    "generate": ("stories",), "filter": ("filtered",), "extract": ("extractions",),
-    "associations": ("manifest_associations",), "metrics": ("manifest_metrics",), "probes": ("manifest_probes",),
+    "generate": ("stories",),
+    "filter": ("filtered",),
+    "extract": ("extractions",),
+    "associations": ("manifest_associations",),
+    "metrics": ("manifest_metrics",),
+    "probes": ("manifest_probes",),
     "figures": ("manifest_figures", "explorer"),
 }
 
@@ -213,8 +261,10 @@ def write(run_name: str, name: str, frame: Any) -> Path:
         missing = [c for c in expected.names if c not in columns]
         extra = [c for c in columns if c not in expected.names]
         if missing or extra:
-            raise ValueError(f"{entry.pattern}: columns differ from the registry schema "
-                             f"(missing {missing}, not in the schema {extra}); see docs/data-contract.md")
+            raise ValueError(
+                f"{entry.pattern}: columns differ from the registry schema "
+                f"(missing {missing}, not in the schema {extra}); see docs/data-contract.md"
+            )
         if not isinstance(frame, pa.Table):
             frame = frame[expected.names]
     return write_parquet_atomic(frame, target, schema=expected)
@@ -233,8 +283,14 @@ def stage_table(stage: str) -> Any:
     for entry in of_stage(stage):
         kind = entry.schema()
         prefix = "data/<run>/" if entry.root == "data" else "figures/<run>/"
-        rows.append({"artifact": entry.name, "path": prefix + entry.pattern, "meaning": entry.meaning,
-                     "columns": "" if kind is None else ", ".join(f"{f.name}: {f.type}" for f in kind)})
+        rows.append(
+            {
+                "artifact": entry.name,
+                "path": prefix + entry.pattern,
+                "meaning": entry.meaning,
+                "columns": "" if kind is None else ", ".join(f"{f.name}: {f.type}" for f in kind),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -248,10 +304,15 @@ def data_contract() -> str:
     for stage in STAGES:
         entries = of_stage(stage.token)
         files = ", ".join(f"`{e.pattern}`" for e in entries)
-        out += [f"## Stage {stage.number:02d} `{stage.token}` → {files}", "",
-                f"Notebook `{stage.notebook}`, `make {stage.token}`, module `storybias.{stage.module}`, "
-                f"params section(s) {', '.join(f'`{s}:`' for s in stage.sections)}.", "",
-                "| artifact | path | meaning |", "|---|---|---|"]
+        out += [
+            f"## Stage {stage.number:02d} `{stage.token}` → {files}",
+            "",
+            f"Notebook `{stage.notebook}`, `make {stage.token}`, module `storybias.{stage.module}`, "
+            f"params section(s) {', '.join(f'`{s}:`' for s in stage.sections)}.",
+            "",
+            "| artifact | path | meaning |",
+            "|---|---|---|",
+        ]
         for e in entries:
             prefix = "data/<run>/" if e.root == "data" else "figures/<run>/"
             out.append(f"| `{e.name}` | `{prefix}{e.pattern}` | {e.meaning} |")
@@ -260,8 +321,11 @@ def data_contract() -> str:
             kind = e.schema()
             if kind is None:
                 continue
-            out.append(f"`{e.pattern}` columns and Arrow types (`{e.schema_ref}`): "
-                       + ", ".join(f"`{f.name}` {f.type}" for f in kind) + ".")
+            out.append(
+                f"`{e.pattern}` columns and Arrow types (`{e.schema_ref}`): "
+                + ", ".join(f"`{f.name}` {f.type}" for f in kind)
+                + "."
+            )
             out.append("")
         notes = _NOTES / f"{stage.token}.md"
         if notes.is_file():
@@ -275,5 +339,5 @@ def make_target_names(makefile: str | os.PathLike[str]) -> list[str]:
     """The file names in the Makefile's STAGE_TARGETS (for the test that checks them against the registry)."""
     text = Path(makefile).read_text()
     start = text.index("STAGE_TARGETS :=")
-    block = text[start:text.index("\n.PRECIOUS", start)].replace("\\\n", " ")
+    block = text[start : text.index("\n.PRECIOUS", start)].replace("\\\n", " ")
     return [word.split("/")[-1] for word in block.split(":=", 1)[1].split()]

@@ -55,6 +55,7 @@ EFFECT_LABELS = ("negligible", "small", "medium", "large")
 @dataclass(frozen=True)
 class _Table:
     """Counts of a cleaned contingency table with its row (A) and column (B) labels."""
+
     counts: np.ndarray
     rows: list
     cols: list
@@ -233,8 +234,12 @@ class FisherDecision:
     method: str  # "asymptotic" or "monte-carlo(<B>)", B the resamples behind p_value
 
 
-def asymptotic_interval(p: float, sparse: bool, dense_margin: tuple[float, float] = DENSE_MARGIN,
-                        sparse_margin: tuple[float, float] = SPARSE_MARGIN) -> tuple[float, float]:
+def asymptotic_interval(
+    p: float,
+    sparse: bool,
+    dense_margin: tuple[float, float] = DENSE_MARGIN,
+    sparse_margin: tuple[float, float] = SPARSE_MARGIN,
+) -> tuple[float, float]:
     """Where Fisher's exact p may lie given the asymptotic p: [p / below, min(1, p * above)]."""
     below, above = sparse_margin if sparse else dense_margin
     return p / below, min(1.0, p * above)
@@ -251,8 +256,9 @@ def clopper_pearson(count: float, n: float, confidence: float) -> tuple[float, f
     return lo, hi
 
 
-def reference_interval(count: int, drawn: int, total: int, prefix: bool,
-                       confidence: float = MC_CONFIDENCE) -> tuple[float, float]:
+def reference_interval(
+    count: int, drawn: int, total: int, prefix: bool, confidence: float = MC_CONFIDENCE
+) -> tuple[float, float]:
     """Where the reference p-value (1 + C) / (total + 1) will lie, C its count over ``total`` resamples
     (``fisher_rxc_monte_carlo(table, total, seed)``), given ``count`` of ``drawn`` resamples: C / total
     is predicted around pi^ = count / drawn as a binomial proportion with an effective size B_eff
@@ -285,8 +291,14 @@ class SequentialFisher:
     reference's, and once ``exhausted`` the p-value is the reference's exactly.
     """
 
-    def __init__(self, table: np.ndarray, seed: int, max_resamples: int = 500_000,
-                 dense_margin: tuple[float, float] = DENSE_MARGIN, sparse_margin: tuple[float, float] = SPARSE_MARGIN):
+    def __init__(
+        self,
+        table: np.ndarray,
+        seed: int,
+        max_resamples: int = 500_000,
+        dense_margin: tuple[float, float] = DENSE_MARGIN,
+        sparse_margin: tuple[float, float] = SPARSE_MARGIN,
+    ):
         self.table = np.asarray(table, np.int64)
         self.seed = seed
         self.max_resamples = max_resamples
@@ -329,8 +341,9 @@ class SequentialFisher:
         return FisherDecision(self.p, self.method)
 
 
-def fisher_rxc(table: np.ndarray, thresholds: Sequence[float], seed: int, max_resamples: int = 500_000,
-               margin: float = 10.0) -> FisherDecision:
+def fisher_rxc(
+    table: np.ndarray, thresholds: Sequence[float], seed: int, max_resamples: int = 500_000, margin: float = 10.0
+) -> FisherDecision:
     """Fisher r x c p-value good enough to decide against every threshold in ``thresholds``, one
     table alone (``fisher_family`` decides a family of tables, refining only what BH needs).
 
@@ -364,14 +377,15 @@ def bh_open(lo: np.ndarray, hi: np.ndarray, thresholds: np.ndarray) -> np.ndarra
     t_lo = thresholds[k_lo - 1] if k_lo else 0.0
     t_hi = thresholds[k_hi - 1] if k_hi else 0.0
     open_ = ~((hi < t_lo) | (lo >= t_hi))
-    relevant = thresholds[max(k_lo, 1) - 1:k_hi]
+    relevant = thresholds[max(k_lo, 1) - 1 : k_hi]
     if relevant.size:
         open_ |= ((lo[:, None] < relevant[None, :]) & (hi[:, None] >= relevant[None, :])).any(1)
     return open_
 
 
-def fisher_family(tables: Sequence[np.ndarray], seed: int, max_resamples: int = 500_000,
-                  alpha: float = ALPHA) -> list[FisherDecision]:
+def fisher_family(
+    tables: Sequence[np.ndarray], seed: int, max_resamples: int = 500_000, alpha: float = ALPHA
+) -> list[FisherDecision]:
     """Fisher r x c p-values of one BH family, each good enough that BH's decisions (adjusted p < alpha)
     are those of the reference p-values (``fisher_rxc_monte_carlo(table, max_resamples, seed)``): every
     table starts asymptotic; while ``bh_open`` reports open tables, each gets its next Monte-Carlo stage
@@ -415,12 +429,16 @@ def value_level(table: pd.DataFrame) -> pd.DataFrame:
     expected = rows * cols / n
     # P(X >= count), X ~ Hypergeom(population n, successes = row total, draws = column total)
     p = stats.hypergeom.sf(counts - 1, n, np.broadcast_to(rows, counts.shape), np.broadcast_to(cols, counts.shape))
-    out = pd.DataFrame({
-        "base_value": np.repeat(table.index.to_numpy(), counts.shape[1]),
-        "compared_value": np.tile(table.columns.to_numpy(), counts.shape[0]),
-        "count": counts.ravel(), "row_total": np.repeat(rows.ravel(), counts.shape[1]),
-        "expected": expected.ravel(), "p_value": p.ravel(),
-    })
+    out = pd.DataFrame(
+        {
+            "base_value": np.repeat(table.index.to_numpy(), counts.shape[1]),
+            "compared_value": np.tile(table.columns.to_numpy(), counts.shape[0]),
+            "count": counts.ravel(),
+            "row_total": np.repeat(rows.ravel(), counts.shape[1]),
+            "expected": expected.ravel(),
+            "p_value": p.ravel(),
+        }
+    )
     out["fraction"] = out["count"] / out["row_total"]
     out["lift"] = out["count"] / out["expected"]
     out["p_adjusted"] = adjust(out["p_value"], "fdr_by")
@@ -431,40 +449,109 @@ def value_level(table: pd.DataFrame) -> pd.DataFrame:
 # Arrow schemas of the stage's tables: they are written with them, so that an empty result (no
 # testable table, nothing significant) has the same column types as a full run.
 _TEXT, _REAL, _COUNT, _FLAG = pa.string(), pa.float64(), pa.int64(), pa.bool_()
-_KEY_FIELDS = [("base_attribute", _TEXT), ("base_value", _TEXT), ("compared_attribute", _TEXT), ("compared_value", _TEXT)]
-ATTRIBUTES_SCHEMA = pa.schema([
-    ("model", _TEXT), ("scope", _TEXT), ("base_attribute", _TEXT), ("compared_attribute", _TEXT), ("n", _COUNT),
-    ("n_rows", _COUNT), ("n_cols", _COUNT), ("p_value", _REAL), ("p_method", _TEXT), ("p_adjusted", _REAL),
-    ("cramers_v", _REAL), ("effect_size", _TEXT), ("retained", _FLAG)])
-VALUES_SCHEMA = pa.schema([
-    ("model", _TEXT), ("scope", _TEXT), *_KEY_FIELDS, ("count", _COUNT), ("row_total", _COUNT), ("fraction", _REAL),
-    ("expected", _REAL), ("lift", _REAL), ("p_value", _REAL), ("p_adjusted", _REAL), ("significant", _FLAG)])
-SHARED_SCHEMA = pa.schema([
-    ("scope", _TEXT), *_KEY_FIELDS, ("n_models", _COUNT), ("models", pa.list_(_TEXT)), ("mean_fraction", _REAL),
-    ("mean_lift", _REAL), ("association_id", _TEXT), ("median_harm", _REAL), ("n_ratings", _COUNT),
-    ("share_realistic", _REAL), ("harmful", _FLAG)])
+_KEY_FIELDS = [
+    ("base_attribute", _TEXT),
+    ("base_value", _TEXT),
+    ("compared_attribute", _TEXT),
+    ("compared_value", _TEXT),
+]
+ATTRIBUTES_SCHEMA = pa.schema(
+    [
+        ("model", _TEXT),
+        ("scope", _TEXT),
+        ("base_attribute", _TEXT),
+        ("compared_attribute", _TEXT),
+        ("n", _COUNT),
+        ("n_rows", _COUNT),
+        ("n_cols", _COUNT),
+        ("p_value", _REAL),
+        ("p_method", _TEXT),
+        ("p_adjusted", _REAL),
+        ("cramers_v", _REAL),
+        ("effect_size", _TEXT),
+        ("retained", _FLAG),
+    ]
+)
+VALUES_SCHEMA = pa.schema(
+    [
+        ("model", _TEXT),
+        ("scope", _TEXT),
+        *_KEY_FIELDS,
+        ("count", _COUNT),
+        ("row_total", _COUNT),
+        ("fraction", _REAL),
+        ("expected", _REAL),
+        ("lift", _REAL),
+        ("p_value", _REAL),
+        ("p_adjusted", _REAL),
+        ("significant", _FLAG),
+    ]
+)
+SHARED_SCHEMA = pa.schema(
+    [
+        ("scope", _TEXT),
+        *_KEY_FIELDS,
+        ("n_models", _COUNT),
+        ("models", pa.list_(_TEXT)),
+        ("mean_fraction", _REAL),
+        ("mean_lift", _REAL),
+        ("association_id", _TEXT),
+        ("median_harm", _REAL),
+        ("n_ratings", _COUNT),
+        ("share_realistic", _REAL),
+        ("harmful", _FLAG),
+    ]
+)
 # judge answers as stored in the resumable shards; harm_ratings.parquet drops rating_key
-RATING_SCHEMA = pa.schema([("rating_key", _TEXT), ("association_id", _TEXT), ("judge", _TEXT), ("repetition", _COUNT),
-                           ("order", _TEXT), ("raw", _TEXT), ("harm", _REAL), ("realism", _TEXT), ("parse_ok", _FLAG)])
+RATING_SCHEMA = pa.schema(
+    [
+        ("rating_key", _TEXT),
+        ("association_id", _TEXT),
+        ("judge", _TEXT),
+        ("repetition", _COUNT),
+        ("order", _TEXT),
+        ("raw", _TEXT),
+        ("harm", _REAL),
+        ("realism", _TEXT),
+        ("parse_ok", _FLAG),
+    ]
+)
 # stage 04's power report (storybias.power): per model x scope x base attribute, one row with every
 # story per prompted value (compared_attribute "(stories per value)") and one per compared dimension:
 # its known stories per prompted value, testable or why not, and the minimum detectable lift
-POWER_SCHEMA = pa.schema([
-    ("model", _TEXT), ("scope", _TEXT), ("base_attribute", _TEXT), ("compared_attribute", _TEXT), ("n_values", _COUNT),
-    ("row_values", pa.list_(_TEXT)), ("row_sizes", pa.list_(_COUNT)), ("testable", _FLAG), ("reason", _TEXT),
-    ("min_detectable_lift", _REAL), ("power_note", _TEXT), ("n_family", _COUNT), ("n_simulations", _COUNT)])
+POWER_SCHEMA = pa.schema(
+    [
+        ("model", _TEXT),
+        ("scope", _TEXT),
+        ("base_attribute", _TEXT),
+        ("compared_attribute", _TEXT),
+        ("n_values", _COUNT),
+        ("row_values", pa.list_(_TEXT)),
+        ("row_sizes", pa.list_(_COUNT)),
+        ("testable", _FLAG),
+        ("reason", _TEXT),
+        ("min_detectable_lift", _REAL),
+        ("power_note", _TEXT),
+        ("n_family", _COUNT),
+        ("n_simulations", _COUNT),
+    ]
+)
 ATTRIBUTE_COLUMNS = ATTRIBUTES_SCHEMA.names
 VALUE_COLUMNS = VALUES_SCHEMA.names
 RATING_COLUMNS = RATING_SCHEMA.names
 # the schema of each parquet file the stage writes, by file stem
 OUTPUT_SCHEMAS: dict[str, pa.Schema] = {
-    "associations_attributes": ATTRIBUTES_SCHEMA, "associations_values": VALUES_SCHEMA,
-    "associations_shared": SHARED_SCHEMA, "associations_power": POWER_SCHEMA,
+    "associations_attributes": ATTRIBUTES_SCHEMA,
+    "associations_values": VALUES_SCHEMA,
+    "associations_shared": SHARED_SCHEMA,
+    "associations_power": POWER_SCHEMA,
     "harm_ratings": RATING_SCHEMA.remove(RATING_SCHEMA.get_field_index("rating_key")),
 }
 
 
-def _testable_tables(a: np.ndarray, a_labels: list, base: str, compared: Sequence[tuple[str, np.ndarray, list]]) -> dict[str, _Table]:
+def _testable_tables(
+    a: np.ndarray, a_labels: list, base: str, compared: Sequence[tuple[str, np.ndarray, list]]
+) -> dict[str, _Table]:
     """The cleaned base x compared tables that keep at least 2 rows and 2 columns, keyed by the compared
     dimension (the base attribute is never compared with itself)."""
     tables = {}
@@ -477,29 +564,48 @@ def _testable_tables(a: np.ndarray, a_labels: list, base: str, compared: Sequenc
     return tables
 
 
-def _analyse_family(base: str, tables: dict[str, _Table], seed: int, max_resamples: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+def _analyse_family(
+    base: str, tables: dict[str, _Table], seed: int, max_resamples: int
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Both steps for one base attribute's cleaned tables (at least 2 x 2 each), keyed by the compared attribute."""
     decisions = fisher_family([t.counts for t in tables.values()], seed, max_resamples)
-    rows = [{"base_attribute": base, "compared_attribute": other, "n": int(table.counts.sum()),
-             "n_rows": table.counts.shape[0], "n_cols": table.counts.shape[1], "p_value": decision.p_value,
-             "p_method": decision.method}
-            for (other, table), decision in zip(tables.items(), decisions)]
-    attrs = pd.DataFrame(rows, columns=["base_attribute", "compared_attribute", "n", "n_rows", "n_cols", "p_value", "p_method"])
+    rows = [
+        {
+            "base_attribute": base,
+            "compared_attribute": other,
+            "n": int(table.counts.sum()),
+            "n_rows": table.counts.shape[0],
+            "n_cols": table.counts.shape[1],
+            "p_value": decision.p_value,
+            "p_method": decision.method,
+        }
+        for (other, table), decision in zip(tables.items(), decisions)
+    ]
+    attrs = pd.DataFrame(
+        rows, columns=["base_attribute", "compared_attribute", "n", "n_rows", "n_cols", "p_value", "p_method"]
+    )
     if attrs.empty:
         return attrs.assign(p_adjusted=[], cramers_v=[], effect_size=[], retained=[]), pd.DataFrame()
     attrs["p_adjusted"] = adjust(attrs["p_value"], "fdr_bh")
-    attrs["cramers_v"] = [cramers_v_corrected(tables[o].counts) if p < ALPHA else np.nan
-                          for o, p in zip(attrs["compared_attribute"], attrs["p_adjusted"])]
-    attrs["effect_size"] = [effect_size(v, r, c) if p < ALPHA else "not significant"
-                            for v, r, c, p in zip(attrs["cramers_v"], attrs["n_rows"], attrs["n_cols"], attrs["p_adjusted"])]
+    attrs["cramers_v"] = [
+        cramers_v_corrected(tables[o].counts) if p < ALPHA else np.nan
+        for o, p in zip(attrs["compared_attribute"], attrs["p_adjusted"])
+    ]
+    attrs["effect_size"] = [
+        effect_size(v, r, c) if p < ALPHA else "not significant"
+        for v, r, c, p in zip(attrs["cramers_v"], attrs["n_rows"], attrs["n_cols"], attrs["p_adjusted"])
+    ]
     attrs["retained"] = attrs["effect_size"].isin(["medium", "large"])
-    values = [value_level(tables[o].frame()).assign(base_attribute=base, compared_attribute=o)
-              for o in attrs.loc[attrs["retained"], "compared_attribute"]]
+    values = [
+        value_level(tables[o].frame()).assign(base_attribute=base, compared_attribute=o)
+        for o in attrs.loc[attrs["retained"], "compared_attribute"]
+    ]
     return attrs, (pd.concat(values, ignore_index=True) if values else pd.DataFrame())
 
 
-def analyse_base_attribute(stories: pd.DataFrame, base: str, dimensions: Sequence[str], seed: int = 42,
-                        max_resamples: int = 500_000) -> tuple[pd.DataFrame, pd.DataFrame]:
+def analyse_base_attribute(
+    stories: pd.DataFrame, base: str, dimensions: Sequence[str], seed: int = 42, max_resamples: int = 500_000
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Both steps for one model x scope x base attribute. ``stories``: rows prompted with ``base``
     with ``cond_value`` and the ``demo_<dim>`` columns."""
     a, a_labels = _codes(stories["cond_value"])
@@ -510,6 +616,7 @@ def analyse_base_attribute(stories: pd.DataFrame, base: str, dimensions: Sequenc
 @dataclass
 class _ScopeTask:
     """One model x scope of a pass, as integer codes (small to send to a worker process)."""
+
     model: str
     scope: str
     base: np.ndarray  # cond_attribute codes
@@ -523,8 +630,9 @@ class _ScopeTask:
     max_resamples: int
 
 
-def _scope_tasks(data: pd.DataFrame, dimensions: Sequence[str], scope_by_language: bool, seed: int,
-                 max_resamples: int) -> list[_ScopeTask]:
+def _scope_tasks(
+    data: pd.DataFrame, dimensions: Sequence[str], scope_by_language: bool, seed: int, max_resamples: int
+) -> list[_ScopeTask]:
     """The pass's model x scope cells in sorted (model, scope) order, as data.groupby lists them."""
     model, model_labels = _codes(data["model"])
     if scope_by_language:
@@ -535,17 +643,30 @@ def _scope_tasks(data: pd.DataFrame, dimensions: Sequence[str], scope_by_languag
     a, a_labels = _codes(data["cond_value"])
     demo = [_codes(data[f"demo_{d}"]) for d in dimensions]
     b_labels = [labels for _, labels in demo]
-    dtype = np.int16 if max((len(x) for x in b_labels), default=0) < 2 ** 15 else np.int64
+    dtype = np.int16 if max((len(x) for x in b_labels), default=0) < 2**15 else np.int64
     b = np.stack([codes.astype(dtype) for codes, _ in demo], axis=1) if demo else np.zeros((len(data), 0), dtype)
     keep = np.flatnonzero((model >= 0) & (scope >= 0) & (base >= 0))
     key = model[keep] * len(scope_labels) + scope[keep]
     order = keep[np.argsort(key, kind="stable")]
     key = np.sort(key, kind="stable")
     tasks = []
-    for rows in (np.split(order, np.flatnonzero(np.diff(key)) + 1) if order.size else []):
+    for rows in np.split(order, np.flatnonzero(np.diff(key)) + 1) if order.size else []:
         m, s = divmod(int(model[rows[0]] * len(scope_labels) + scope[rows[0]]), len(scope_labels))
-        tasks.append(_ScopeTask(model_labels[m], scope_labels[s], base[rows], base_labels, a[rows], a_labels, b[rows],
-                                b_labels, list(dimensions), seed, max_resamples))
+        tasks.append(
+            _ScopeTask(
+                model_labels[m],
+                scope_labels[s],
+                base[rows],
+                base_labels,
+                a[rows],
+                a_labels,
+                b[rows],
+                b_labels,
+                list(dimensions),
+                seed,
+                max_resamples,
+            )
+        )
     return tasks
 
 
@@ -559,14 +680,17 @@ def _analyse_scope(task: _ScopeTask) -> tuple[pd.DataFrame, pd.DataFrame]:
             continue
         a, b = task.a[rows], task.b[rows]
         compared = [(other, b[:, j].astype(np.int64), task.b_labels[j]) for j, other in enumerate(task.dimensions)]
-        attrs, values = _analyse_family(base, _testable_tables(a, task.a_labels, base, compared), task.seed,
-                                        task.max_resamples)
+        attrs, values = _analyse_family(
+            base, _testable_tables(a, task.a_labels, base, compared), task.seed, task.max_resamples
+        )
         if not attrs.empty:
             attr_frames.append(attrs.assign(model=task.model, scope=task.scope))
         if not values.empty:
             value_frames.append(values.assign(model=task.model, scope=task.scope))
-    return (pd.concat(attr_frames, ignore_index=True) if attr_frames else pd.DataFrame(),
-            pd.concat(value_frames, ignore_index=True) if value_frames else pd.DataFrame())
+    return (
+        pd.concat(attr_frames, ignore_index=True) if attr_frames else pd.DataFrame(),
+        pd.concat(value_frames, ignore_index=True) if value_frames else pd.DataFrame(),
+    )
 
 
 def available_cores() -> int:
@@ -588,8 +712,14 @@ def _map_tasks(func: Callable, tasks: list, sizes: Sequence[int], n_jobs: int | 
     return results
 
 
-def run_pass(data: pd.DataFrame, dimensions: Sequence[str], scope_by_language: bool, seed: int = 42,
-             max_resamples: int = 500_000, n_jobs: int | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+def run_pass(
+    data: pd.DataFrame,
+    dimensions: Sequence[str],
+    scope_by_language: bool,
+    seed: int = 42,
+    max_resamples: int = 500_000,
+    n_jobs: int | None = None,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Both steps for every model x scope x base attribute of the stereotales stories in ``data``
     (columns ``model``, ``language``, ``cond_attribute``, ``cond_value``, ``demo_<dim>``).
     ``scope_by_language``: one scope per language (the per-language run); otherwise scope ``all``
@@ -610,7 +740,6 @@ def run_pass(data: pd.DataFrame, dimensions: Sequence[str], scope_by_language: b
     return attrs.reindex(columns=ATTRIBUTE_COLUMNS), values.reindex(columns=VALUE_COLUMNS)
 
 
-
 ASSOCIATION_KEY = ["base_attribute", "base_value", "compared_attribute", "compared_value"]
 
 
@@ -620,10 +749,16 @@ def sharing(values: pd.DataFrame) -> pd.DataFrame:
     sig = values[values["significant"].astype(bool)]
     if sig.empty:
         return pd.DataFrame(columns=["scope", *ASSOCIATION_KEY, "n_models", "models", "mean_fraction", "mean_lift"])
-    out = sig.groupby(["scope", *ASSOCIATION_KEY]).agg(
-        n_models=("model", "nunique"), models=("model", lambda m: sorted(set(m))),
-        mean_fraction=("fraction", "mean"), mean_lift=("lift", "mean"),
-    ).reset_index()
+    out = (
+        sig.groupby(["scope", *ASSOCIATION_KEY])
+        .agg(
+            n_models=("model", "nunique"),
+            models=("model", lambda m: sorted(set(m))),
+            mean_fraction=("fraction", "mean"),
+            mean_lift=("lift", "mean"),
+        )
+        .reset_index()
+    )
     return out.sort_values(["scope", "n_models", "mean_lift"], ascending=[True, False, False]).reset_index(drop=True)
 
 
@@ -641,7 +776,10 @@ def by_language(values: pd.DataFrame) -> pd.DataFrame:
 
 # --- stage 04: observations, passes, judge, artifacts ---------------------------------------------
 
-def observations(extractions: pd.DataFrame, filtered: pd.DataFrame, dimensions: Sequence[str]) -> tuple[pd.DataFrame, dict]:
+
+def observations(
+    extractions: pd.DataFrame, filtered: pd.DataFrame, dimensions: Sequence[str]
+) -> tuple[pd.DataFrame, dict]:
     """The stereotales stories the tests read: parsed extractions joined with their prompt's
     conditions. Returns (frame with model, language, cond_attribute, cond_value, demo_<dim>; counts of
     what was left out and why). A missing column raises a KeyError naming it and the file."""
@@ -652,12 +790,17 @@ def observations(extractions: pd.DataFrame, filtered: pd.DataFrame, dimensions: 
     needed_e = ["story_id", "parse_ok", *[f"demo_{d}" for d in dimensions]]
     missing = [c for c in needed_e if c not in extractions.columns]
     if missing:
-        raise KeyError(f"extractions.parquet: missing column(s) {', '.join(missing)} (stage 03 with the "
-                       "demographics section for stereotales stories writes them)")
+        raise KeyError(
+            f"extractions.parquet: missing column(s) {', '.join(missing)} (stage 03 with the "
+            "demographics section for stereotales stories writes them)"
+        )
     stories = filtered[filtered["design"] == "stereotales"][needed_f]
     data = stories.merge(extractions[needed_e], on="story_id", how="inner")
-    counts = {"stereotales_stories": int(len(stories)), "extracted": int(len(data)),
-              "parse_failed_excluded": int((~data["parse_ok"].astype(bool)).sum())}
+    counts = {
+        "stereotales_stories": int(len(stories)),
+        "extracted": int(len(data)),
+        "parse_failed_excluded": int((~data["parse_ok"].astype(bool)).sum()),
+    }
     data = data[data["parse_ok"].astype(bool)].drop(columns=["parse_ok"])
     counts["analysed"] = int(len(data))
     return data.reset_index(drop=True), counts
@@ -667,11 +810,21 @@ def _power_report(data: pd.DataFrame, dimensions: Sequence[str], settings, cache
     """``storybias.power.power_table`` for each pass of the run (minimum detectable lift, untestable reasons)."""
     from . import power
 
-    frames = [power.power_table(data, dimensions, scope_by_language=(name == "per_language"),
-                                settings=power.PowerSettings(seed=settings.seed), cache_dir=cache_dir)
-              for name in settings.passes]
-    return pd.concat(frames, ignore_index=True).reindex(columns=POWER_SCHEMA.names) if frames else \
-        pd.DataFrame(columns=POWER_SCHEMA.names)
+    frames = [
+        power.power_table(
+            data,
+            dimensions,
+            scope_by_language=(name == "per_language"),
+            settings=power.PowerSettings(seed=settings.seed),
+            cache_dir=cache_dir,
+        )
+        for name in settings.passes
+    ]
+    return (
+        pd.concat(frames, ignore_index=True).reindex(columns=POWER_SCHEMA.names)
+        if frames
+        else pd.DataFrame(columns=POWER_SCHEMA.names)
+    )
 
 
 class AssociationsResult(TypedDict):
@@ -705,11 +858,23 @@ def run(params: Any, progress: bool = True, engine_factory: Any = None) -> Assoc
     import time
 
     from . import extract, paths
-    from .human import harm_gap_by_attribute, harmful_agreement, human_llm_agreement, load_human_ratings, \
-        rating_summary, realism_summary
+    from .human import (
+        harm_gap_by_attribute,
+        harmful_agreement,
+        human_llm_agreement,
+        load_human_ratings,
+        rating_summary,
+        realism_summary,
+    )
     from .io import write_json_atomic, write_parquet_atomic
     from .judge import (
-        JudgeEngineInfo, harm_by_attribute, judge_items, run_judges, self_judgement_gap, summarise_ratings, with_ratings,
+        JudgeEngineInfo,
+        harm_by_attribute,
+        judge_items,
+        run_judges,
+        self_judgement_gap,
+        summarise_ratings,
+        with_ratings,
     )
 
     run_name, settings = params.run_name, params.associations
@@ -719,16 +884,22 @@ def run(params: Any, progress: bool = True, engine_factory: Any = None) -> Assoc
         if not path.is_file():
             raise FileNotFoundError(f"{path} is missing: run the earlier stages first (make extract)")
     dimensions = list(extract.dimensions())
-    data, counts = observations(pd.read_parquet(paths.extractions_path(run_name)),
-                                pd.read_parquet(paths.filtered_path(run_name)), dimensions)
+    data, counts = observations(
+        pd.read_parquet(paths.extractions_path(run_name)), pd.read_parquet(paths.filtered_path(run_name)), dimensions
+    )
     notes: list[str] = []
     if data.empty:
         notes.append("no parsed stereotales stories: nothing to test")
     started = time.time()
     attr_frames, value_frames = [], []
     for name in settings.passes:
-        attrs, values = run_pass(data, dimensions, scope_by_language=(name == "per_language"),
-                                 seed=settings.seed, max_resamples=settings.max_resamples)
+        attrs, values = run_pass(
+            data,
+            dimensions,
+            scope_by_language=(name == "per_language"),
+            seed=settings.seed,
+            max_resamples=settings.max_resamples,
+        )
         attr_frames.append(attrs)
         value_frames.append(values)
     attributes = pd.concat(attr_frames, ignore_index=True).reindex(columns=ATTRIBUTE_COLUMNS)
@@ -738,9 +909,11 @@ def run(params: Any, progress: bool = True, engine_factory: Any = None) -> Assoc
     power_table = _power_report(data, dimensions, settings, paths.work_dir(run_name, "power"))
     power_seconds = round(time.time() - started, 1)
     if not data.empty and attributes.empty:
-        notes.append(f"no testable table: every base attribute needs >= 2 prompted values with >= {MIN_ROW_TOTAL} "
-                     "stories each and another dimension with >= 2 known values (why, per compared dimension: "
-                     "associations_power.parquet)")
+        notes.append(
+            f"no testable table: every base attribute needs >= 2 prompted values with >= {MIN_ROW_TOTAL} "
+            "stories each and another dimension with >= 2 known values (why, per compared dimension: "
+            "associations_power.parquet)"
+        )
         from .power import explain
 
         why = explain(power_table)
@@ -752,12 +925,18 @@ def run(params: Any, progress: bool = True, engine_factory: Any = None) -> Assoc
     ratings = pd.DataFrame(columns=RATING_COLUMNS)
     engines_info: list[JudgeEngineInfo] = []
     if items.empty:
-        notes.append("no significant association: nothing for the judges to rate"
-                     + ("" if settings.judge.include_per_language or "global" in settings.passes else
-                        " (the judges rate the global pass's associations, and associations.passes has no 'global')"))
+        notes.append(
+            "no significant association: nothing for the judges to rate"
+            + (
+                ""
+                if settings.judge.include_per_language or "global" in settings.passes
+                else " (the judges rate the global pass's associations, and associations.passes has no 'global')"
+            )
+        )
     else:
-        ratings, engines_info = run_judges(items, params, progress,
-                                           **({"engine_factory": engine_factory} if engine_factory else {}))
+        ratings, engines_info = run_judges(
+            items, params, progress, **({"engine_factory": engine_factory} if engine_factory else {})
+        )
     parsed = ratings[ratings["parse_ok"].astype(bool)].astype({"harm": float})
     summary = summarise_ratings(parsed)
     shared = with_ratings(shared, summary)
@@ -773,26 +952,53 @@ def run(params: Any, progress: bool = True, engine_factory: Any = None) -> Assoc
         notes.append("no human ratings file (associations.human_ratings): human-LLM agreement not computed")
 
     folder = paths.run_dir(run_name)
-    outputs = {"associations_attributes": attributes, "associations_values": values, "associations_shared": shared,
-               "associations_power": power_table,
-               "harm_ratings": ratings.drop(columns=["rating_key"]).reset_index(drop=True)}
+    outputs = {
+        "associations_attributes": attributes,
+        "associations_values": values,
+        "associations_shared": shared,
+        "associations_power": power_table,
+        "harm_ratings": ratings.drop(columns=["rating_key"]).reset_index(drop=True),
+    }
     for name, table in outputs.items():
         write_parquet_atomic(table, folder / f"{name}.parquet", schema=OUTPUT_SCHEMAS[name])
     n_failed = int((~ratings["parse_ok"].astype(bool)).sum()) if len(ratings) else 0
     manifest = {
-        "stage": "associations", "counts": counts, "notes": notes, "test_seconds": test_seconds,
+        "stage": "associations",
+        "counts": counts,
+        "notes": notes,
+        "test_seconds": test_seconds,
         "power_seconds": power_seconds,
-        "n_tables": int(len(attributes)), "n_retained": int(attributes["retained"].astype(bool).sum()) if len(attributes) else 0,
+        "n_tables": int(len(attributes)),
+        "n_retained": int(attributes["retained"].astype(bool).sum()) if len(attributes) else 0,
         "n_significant": int(values["significant"].astype(bool).sum()) if len(values) else 0,
-        "n_judged": int(len(items)), "n_ratings": int(len(ratings)), "n_ratings_unparsed": n_failed,
-        "judges": engines_info, "human_agreement": agreement, "params": params.resolved()["associations"],
+        "n_judged": int(len(items)),
+        "n_ratings": int(len(ratings)),
+        "n_ratings_unparsed": n_failed,
+        "judges": engines_info,
+        "human_agreement": agreement,
+        "params": params.resolved()["associations"],
         "human_n_associations": None if human_table is None else int(len(human_table)),
         "human_n_harmful": None if human_table is None else int(human_table["harmful"].sum()),
         "harmful_human_vs_llm": harmful_vs,
     }
     write_json_atomic(manifest, paths.manifest_path(run_name, "associations"))
     return AssociationsResult(
-        attributes=attributes, values=values, shared=shared, by_language=languages, ratings=ratings, self_gap=gap,
-        power=power_table, harm_by_attribute=harm_by_attribute(shared), human=human, agreement=agreement, notes=notes,
-        counts=counts, manifest=manifest, human_summary=human_table, llm_summary=llm_table, harm_gap=harm_gap,
-        harmful_human_vs_llm=harmful_vs, realism=realism_summary(human, parsed))
+        attributes=attributes,
+        values=values,
+        shared=shared,
+        by_language=languages,
+        ratings=ratings,
+        self_gap=gap,
+        power=power_table,
+        harm_by_attribute=harm_by_attribute(shared),
+        human=human,
+        agreement=agreement,
+        notes=notes,
+        counts=counts,
+        manifest=manifest,
+        human_summary=human_table,
+        llm_summary=llm_table,
+        harm_gap=harm_gap,
+        harmful_human_vs_llm=harmful_vs,
+        realism=realism_summary(human, parsed),
+    )

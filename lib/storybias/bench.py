@@ -27,17 +27,35 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
 
 from . import extract, paths
-from .associations import (ALPHA, DENSE_MARGIN, MC_CHUNK, MC_CONFIDENCE, PILOT_RESAMPLES, SPARSE_EXPECTED, SPARSE_MARGIN,
-                           _g_test, _map_tasks, adjust, available_cores, bh_thresholds, clopper_pearson, contingency,
-                           cramers_v_corrected, effect_size, fisher_rxc_monte_carlo, run_pass, value_level)
-from .engines import ChatEngine, Engine, entered_info
-from .generate import ModelRun, STORIES_SCHEMA, _request, generate_with, plan
+from .associations import (
+    ALPHA,
+    DENSE_MARGIN,
+    MC_CHUNK,
+    MC_CONFIDENCE,
+    PILOT_RESAMPLES,
+    SPARSE_EXPECTED,
+    SPARSE_MARGIN,
+    _g_test,
+    _map_tasks,
+    adjust,
+    available_cores,
+    bh_thresholds,
+    clopper_pearson,
+    contingency,
+    cramers_v_corrected,
+    effect_size,
+    fisher_rxc_monte_carlo,
+    run_pass,
+    value_level,
+)
+from .engines import ChatEngine, Engine, EngineInfo, entered_info
+from .generate import STORIES_SCHEMA, ModelRun, _request, generate_with, plan
 from .io import ShardStore, write_json_atomic
 from .params import Params
 
@@ -80,7 +98,9 @@ def _pipeline(engine: ChatEngine, rows: list[dict[str, Any]], folder: Path, shar
     return time.time() - started, record.output_tokens
 
 
-def bench_generate(params: Params, n_prompts: int = 24, repeats: int = 2, max_tokens: int = 200, log=print) -> dict[str, Any]:
+def bench_generate(
+    params: Params, n_prompts: int = 24, repeats: int = 2, max_tokens: int = 200, log=print
+) -> dict[str, Any]:
     from .generate import prepare_models
 
     prepare_models(params, log=log)
@@ -101,7 +121,15 @@ def bench_generate(params: Params, n_prompts: int = 24, repeats: int = 2, max_to
                 else:
                     seconds, tokens = _pipeline(engine, rows, Path(tmp), params.generation.shard_size)
                     pipe_rates.append(tokens / seconds)
-                trials.append({"repeat": i, "path": path, "seconds": round(seconds, 2), "tokens": tokens, "tokens_per_second": round(tokens / seconds, 2)})
+                trials.append(
+                    {
+                        "repeat": i,
+                        "path": path,
+                        "seconds": round(seconds, 2),
+                        "tokens": tokens,
+                        "tokens_per_second": round(tokens / seconds, 2),
+                    }
+                )
                 log(f"  {path:8s} repeat {i}: {tokens} tokens in {seconds:.1f} s = {tokens / seconds:.1f} tokens/s")
         startup = entered_info(engine).startup_seconds
     result = {
@@ -120,7 +148,9 @@ def bench_generate(params: Params, n_prompts: int = 24, repeats: int = 2, max_to
     return result
 
 
-def bench_served(params: Params, n_prompts: int = 24, repeats: int = 2, max_tokens: int = 200, log=print) -> dict[str, Any]:
+def bench_served(
+    params: Params, n_prompts: int = 24, repeats: int = 2, max_tokens: int = 200, log=print
+) -> dict[str, Any]:
     """Stage 01's path in process vs over HTTP against the local server, same rows (fixed length)."""
     from .generate import prepare_models
     from .serve import start_server
@@ -130,8 +160,10 @@ def bench_served(params: Params, n_prompts: int = 24, repeats: int = 2, max_toke
     rows = _fixed_length(_bench_rows(params, n_prompts), max_tokens)
     spec = params.generation.models[0]
     settings, seed = params.generation.engine, params.generation.seed
-    log(f"bench-generate (served): {len(rows)} prompts x {max_tokens} tokens, model {spec.name}, "
-        f"{repeats} repeats per path")
+    log(
+        f"bench-generate (served): {len(rows)} prompts x {max_tokens} tokens, model {spec.name}, "
+        f"{repeats} repeats per path"
+    )
     rates: dict[str, list[float]] = {"in_process": [], "http": []}
     startup: dict[str, float] = {}
     trials = []
@@ -153,19 +185,34 @@ def bench_served(params: Params, n_prompts: int = 24, repeats: int = 2, max_toke
                     for i in range(repeats):
                         seconds, tokens = _pipeline(engine, rows, Path(tmp), params.generation.shard_size)
                         rates[path].append(tokens / seconds)
-                        trials.append({"repeat": i, "path": path, "seconds": round(seconds, 2), "tokens": tokens,
-                                       "tokens_per_second": round(tokens / seconds, 2)})
-                        log(f"  {path:10s} repeat {i}: {tokens} tokens in {seconds:.1f} s = "
-                            f"{tokens / seconds:.1f} tokens/s")
+                        trials.append(
+                            {
+                                "repeat": i,
+                                "path": path,
+                                "seconds": round(seconds, 2),
+                                "tokens": tokens,
+                                "tokens_per_second": round(tokens / seconds, 2),
+                            }
+                        )
+                        log(
+                            f"  {path:10s} repeat {i}: {tokens} tokens in {seconds:.1f} s = "
+                            f"{tokens / seconds:.1f} tokens/s"
+                        )
             finally:
                 if server is not None:
                     server.stop()
     result = {
-        "n_prompts": len(rows), "tokens_per_request": max_tokens, "model": spec.name, "startup_seconds": startup,
+        "n_prompts": len(rows),
+        "tokens_per_request": max_tokens,
+        "model": spec.name,
+        "startup_seconds": startup,
         "in_process_tokens_per_second": round(statistics.median(rates["in_process"]), 2),
         "http_tokens_per_second": round(statistics.median(rates["http"]), 2),
-        "ratio_http_over_in_process": round(statistics.median(rates["http"]) / statistics.median(rates["in_process"]), 3),
-        "load_average": [round(x, 2) for x in os.getloadavg()], "trials": trials,
+        "ratio_http_over_in_process": round(
+            statistics.median(rates["http"]) / statistics.median(rates["in_process"]), 3
+        ),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "trials": trials,
     }
     out = paths.run_dir(params.run_name) / "bench_generate_served.json"
     write_json_atomic(result, out)
@@ -178,8 +225,9 @@ def bench_served(params: Params, n_prompts: int = 24, repeats: int = 2, max_toke
 LANGUAGES = ("en", "fr", "es", "it", "pt", "ru", "zh", "ja", "ko", "ar")
 
 
-def _planted_logits(rng: np.random.Generator, n_models: int, n_languages: int, n_pairs: int, k: int,
-                    own_pairs: np.ndarray) -> np.ndarray:
+def _planted_logits(
+    rng: np.random.Generator, n_models: int, n_languages: int, n_pairs: int, k: int, own_pairs: np.ndarray
+) -> np.ndarray:
     """Logits of one dimension's k values for every model x language x prompted pair: a marginal tilt
     per dimension and per model x language (normal, sd 0.6 and 0.4), plus planted associations, each
     raising one value's odds by a factor U(2, 6): shared stereotypes (12 % of pairs, carried by each
@@ -206,8 +254,9 @@ def _planted_logits(rng: np.random.Generator, n_models: int, n_languages: int, n
     return logits
 
 
-def synthetic_extractions(n_stories: int = 650_000, n_models: int = 23, languages: Sequence[str] = LANGUAGES,
-                          seed: int = 42) -> pd.DataFrame:
+def synthetic_extractions(
+    n_stories: int = 650_000, n_models: int = 23, languages: Sequence[str] = LANGUAGES, seed: int = 42
+) -> pd.DataFrame:
     """A stereotales extraction table at any scale, built with vectorised numpy draws (seconds at
     paper scale): columns ``model``, ``language``, ``cond_attribute``, ``cond_value`` and
     ``demo_<dim>`` for the design's 19 dimensions, all categoricals (one byte per cell).
@@ -295,12 +344,19 @@ def _reference_sample(attrs: pd.DataFrame, n: int, max_resamples: int, rng: np.r
     attrs = attrs.assign(distance=_threshold_distance(attrs))
     resamples = attrs["p_method"].str.extract(r"\((\d+)\)")[0].astype(float).fillna(0)
     pilot = resamples.isin([size for size in PILOT_RESAMPLES if size < max_resamples])
-    quotas = {"near_monte_carlo_sequential": round(0.20 * n), "near_monte_carlo_pilot": round(0.15 * n),
-              "near_asymptotic": round(0.30 * n), "full_monte_carlo": round(0.10 * n)}
+    quotas = {
+        "near_monte_carlo_sequential": round(0.20 * n),
+        "near_monte_carlo_pilot": round(0.15 * n),
+        "near_asymptotic": round(0.30 * n),
+        "full_monte_carlo": round(0.10 * n),
+    }
     quotas["random"] = 0  # the rest, including what a short stratum could not fill
-    pools = {"near_monte_carlo_sequential": (resamples > 0) & ~pilot & (resamples < max_resamples),
-             "near_monte_carlo_pilot": pilot, "near_asymptotic": attrs["p_method"] == "asymptotic",
-             "full_monte_carlo": resamples >= max_resamples}
+    pools = {
+        "near_monte_carlo_sequential": (resamples > 0) & ~pilot & (resamples < max_resamples),
+        "near_monte_carlo_pilot": pilot,
+        "near_asymptotic": attrs["p_method"] == "asymptotic",
+        "full_monte_carlo": resamples >= max_resamples,
+    }
     picked: list[pd.DataFrame] = []
     taken = pd.Series(False, index=attrs.index)
     for stratum, quota in quotas.items():
@@ -351,8 +407,9 @@ def _decisions(family: pd.DataFrame, tables: dict[str, pd.DataFrame]) -> tuple[s
     return significant, retained, cells
 
 
-def _reference_check(data: pd.DataFrame, attrs: pd.DataFrame, n_reference: int, max_resamples: int, seed: int,
-                     n_jobs: int | None, log) -> dict[str, Any]:
+def _reference_check(
+    data: pd.DataFrame, attrs: pd.DataFrame, n_reference: int, max_resamples: int, seed: int, n_jobs: int | None, log
+) -> dict[str, Any]:
     """Recompute a stratified sample of tested pairs (``_reference_sample``) with the reference, the
     Monte-Carlo Fisher test with ``max_resamples`` (500,000) resamples seeded ``seed`` as the passes
     were, and redo each one's family decisions (BH, retained pairs, significant value cells) with the
@@ -367,8 +424,10 @@ def _reference_check(data: pd.DataFrame, attrs: pd.DataFrame, n_reference: int, 
         key = tuple(row[key_columns])
         if key not in families:
             stories = _stories(data, row)
-            families[key] = {other: contingency(stories["cond_value"], stories[f"demo_{other}"])
-                             for other in attrs.loc[family_of[key], "compared_attribute"]}
+            families[key] = {
+                other: contingency(stories["cond_value"], stories[f"demo_{other}"])
+                for other in attrs.loc[family_of[key], "compared_attribute"]
+            }
         tables.append(families[key][row["compared_attribute"]].to_numpy())
     references = _map_tasks(_reference_p, [(t, max_resamples, seed) for t in tables], [t.size for t in tables], n_jobs)
     rows = []
@@ -382,13 +441,27 @@ def _reference_check(data: pd.DataFrame, attrs: pd.DataFrame, n_reference: int, 
         lo, hi = clopper_pearson(count, max_resamples, REFERENCE_CONFIDENCE)
         straddles = any(lo < t <= hi for t in bh_thresholds(len(family)))
         agree = ours == theirs
-        rows.append({"stratum": row["stratum"], "pass": row["pass"], "model": row["model"], "scope": row["scope"],
-                     "base_attribute": row["base_attribute"], "compared_attribute": row["compared_attribute"],
-                     "shape": list(table.shape), "n": int(table.sum()), "sparse": bool(_g_test(table)[2]),
-                     "p_method": row["p_method"], "p_value": float(row["p_value"]), "p_reference": p_ref,
-                     "reference_interval": [lo, hi], "same_p": bool(p_ref == row["p_value"]),
-                     "agree": bool(agree), "reference_straddles_threshold": bool(straddles),
-                     "recomputed_matches_run": bool(consistent)})
+        rows.append(
+            {
+                "stratum": row["stratum"],
+                "pass": row["pass"],
+                "model": row["model"],
+                "scope": row["scope"],
+                "base_attribute": row["base_attribute"],
+                "compared_attribute": row["compared_attribute"],
+                "shape": list(table.shape),
+                "n": int(table.sum()),
+                "sparse": bool(_g_test(table)[2]),
+                "p_method": row["p_method"],
+                "p_value": float(row["p_value"]),
+                "p_reference": p_ref,
+                "reference_interval": [lo, hi],
+                "same_p": bool(p_ref == row["p_value"]),
+                "agree": bool(agree),
+                "reference_straddles_threshold": bool(straddles),
+                "recomputed_matches_run": bool(consistent),
+            }
+        )
     checked = pd.DataFrame(rows)
     disagree = checked[~checked["agree"]]
     asymptotic = checked[(checked["p_method"] == "asymptotic") & (checked["p_reference"] * max_resamples >= 10)]
@@ -399,26 +472,40 @@ def _reference_check(data: pd.DataFrame, attrs: pd.DataFrame, n_reference: int, 
         "disagreements": len(disagree),
         "disagreements_explained": int(disagree["reference_straddles_threshold"].sum()),
         "disagreements_unexplained": int((~disagree["reference_straddles_threshold"]).sum()),
-        "by_stratum": {stratum: {"checked": len(group), "agreements": int(group["agree"].sum())}
-                       for stratum, group in checked.groupby("stratum")},
+        "by_stratum": {
+            stratum: {"checked": len(group), "agreements": int(group["agree"].sum())}
+            for stratum, group in checked.groupby("stratum")
+        },
         "identical_p_values": int(checked["same_p"].sum()),
         "recomputed_decisions_match_run": bool(checked["recomputed_matches_run"].all()),
         # how far the G-test p was from the reference where it decided (reference count >= 10)
         "asymptotic_log10_ratio_to_reference": {
-            kind: {"n": int(len(r)), "min": round(float(r.min()), 3), "max": round(float(r.max()), 3)} if len(r) else {"n": 0}
-            for kind, r in (("sparse", ratio[asymptotic["sparse"]]), ("dense", ratio[~asymptotic["sparse"]]))},
+            kind: {"n": int(len(r)), "min": round(float(r.min()), 3), "max": round(float(r.max()), 3)}
+            if len(r)
+            else {"n": 0}
+            for kind, r in (("sparse", ratio[asymptotic["sparse"]]), ("dense", ratio[~asymptotic["sparse"]]))
+        },
         "seconds": round(time.time() - started, 1),
         "tables": rows,
     }
-    log(f"reference check: {result['checked']} tables in {result['seconds']:.0f} s: {result['agreements']} agree, "
+    log(
+        f"reference check: {result['checked']} tables in {result['seconds']:.0f} s: {result['agreements']} agree, "
         f"{result['disagreements']} disagree ({result['disagreements_explained']} where the reference's own "
-        f"99 % interval straddles a threshold)")
+        f"99 % interval straddles a threshold)"
+    )
     return result
 
 
-def bench_associations(n_stories: int = 650_000, n_models: int = 23, n_languages: int = 10, n_reference: int = 100,
-                       seed: int = 42, n_jobs: int | None = None, max_resamples: int = REFERENCE_RESAMPLES,
-                       log=print) -> dict[str, Any]:
+def bench_associations(
+    n_stories: int = 650_000,
+    n_models: int = 23,
+    n_languages: int = 10,
+    n_reference: int = 100,
+    seed: int = 42,
+    n_jobs: int | None = None,
+    max_resamples: int = REFERENCE_RESAMPLES,
+    log=print,
+) -> dict[str, Any]:
     """Stage 04's association tests at paper scale on ``synthetic_extractions``: the global and the
     per-language pass (``run_pass``), timed (wall and CPU seconds), with peak memory (maxrss of this
     process and of its largest worker), the number of tables and how each got its p-value; then the
@@ -430,8 +517,10 @@ def bench_associations(n_stories: int = 650_000, n_models: int = 23, n_languages
     started = time.time()
     data = synthetic_extractions(n_stories, n_models, LANGUAGES[:n_languages], seed)
     generate_seconds = time.time() - started
-    log(f"bench-associations: {n_stories:,} synthetic stories, {n_models} models, {n_languages} languages "
-        f"({generate_seconds:.1f} s to build); {jobs} worker process(es); load average {load_start[0]:.2f}")
+    log(
+        f"bench-associations: {n_stories:,} synthetic stories, {n_models} models, {n_languages} languages "
+        f"({generate_seconds:.1f} s to build); {jobs} worker process(es); load average {load_start[0]:.2f}"
+    )
     dimensions = list(extract.dimensions())
     passes: dict[str, Any] = {}
     frames = []
@@ -440,31 +529,56 @@ def bench_associations(n_stories: int = 650_000, n_models: int = 23, n_languages
         attrs, values = run_pass(data, dimensions, by_language, seed=seed, max_resamples=max_resamples, n_jobs=n_jobs)
         wall, cpu = time.time() - wall, _cpu_seconds() - cpu
         passes[name] = {
-            "seconds": round(wall, 1), "cpu_seconds": round(cpu, 1), "tables": len(attrs),
-            "significant_pairs": int((attrs["p_adjusted"] < ALPHA).sum()), "retained_pairs": int(attrs["retained"].sum()),
-            "value_cells_tested": len(values), "significant_values": int(values["significant"].astype(bool).sum()),
+            "seconds": round(wall, 1),
+            "cpu_seconds": round(cpu, 1),
+            "tables": len(attrs),
+            "significant_pairs": int((attrs["p_adjusted"] < ALPHA).sum()),
+            "retained_pairs": int(attrs["retained"].sum()),
+            "value_cells_tested": len(values),
+            "significant_values": int(values["significant"].astype(bool).sum()),
             "p_methods": _method_counts(attrs["p_method"], max_resamples),
         }
-        log(f"  {name}: {len(attrs):,} tables in {wall:.1f} s ({cpu:.0f} CPU s); {passes[name]['retained_pairs']:,} "
+        log(
+            f"  {name}: {len(attrs):,} tables in {wall:.1f} s ({cpu:.0f} CPU s); {passes[name]['retained_pairs']:,} "
             f"retained, {passes[name]['significant_values']:,} significant values; "
-            f"p-values: {passes[name]['p_methods']}")
+            f"p-values: {passes[name]['p_methods']}"
+        )
         frames.append(attrs.assign(**{"pass": name}))
     total = passes["global"]["seconds"] + passes["per_language"]["seconds"]
-    rss = {"self_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-           "largest_child_mb": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1)}
-    log(f"  both passes: {total:.1f} s (target <= 600 s); peak RSS {rss['self_mb']:.0f} MB (main), "
-        f"{rss['largest_child_mb']:.0f} MB (largest worker)")
+    rss = {
+        "self_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "largest_child_mb": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1),
+    }
+    log(
+        f"  both passes: {total:.1f} s (target <= 600 s); peak RSS {rss['self_mb']:.0f} MB (main), "
+        f"{rss['largest_child_mb']:.0f} MB (largest worker)"
+    )
     attrs = pd.concat(frames, ignore_index=True)
     check = _reference_check(data, attrs, n_reference, max_resamples, seed, n_jobs, log) if n_reference else {}
     result = {
-        "n_stories": n_stories, "n_models": n_models, "languages": list(LANGUAGES[:n_languages]), "seed": seed,
-        "n_jobs": jobs, "cpu_count": os.cpu_count(), "load_average_start": [round(x, 2) for x in load_start],
-        "load_average_end": [round(x, 2) for x in os.getloadavg()], "generate_seconds": round(generate_seconds, 1),
-        "passes": passes, "total_seconds": round(total, 1), "target_seconds": 600, "meets_target": total <= 600,
+        "n_stories": n_stories,
+        "n_models": n_models,
+        "languages": list(LANGUAGES[:n_languages]),
+        "seed": seed,
+        "n_jobs": jobs,
+        "cpu_count": os.cpu_count(),
+        "load_average_start": [round(x, 2) for x in load_start],
+        "load_average_end": [round(x, 2) for x in os.getloadavg()],
+        "generate_seconds": round(generate_seconds, 1),
+        "passes": passes,
+        "total_seconds": round(total, 1),
+        "target_seconds": 600,
+        "meets_target": total <= 600,
         "peak_rss": rss,
-        "decision_rule": {"dense_margin": list(DENSE_MARGIN), "sparse_margin": list(SPARSE_MARGIN),
-                          "sparse_expected_below": SPARSE_EXPECTED, "mc_confidence": MC_CONFIDENCE,
-                          "pilot_resamples": list(PILOT_RESAMPLES), "chunk": MC_CHUNK, "max_resamples": max_resamples},
+        "decision_rule": {
+            "dense_margin": list(DENSE_MARGIN),
+            "sparse_margin": list(SPARSE_MARGIN),
+            "sparse_expected_below": SPARSE_EXPECTED,
+            "mc_confidence": MC_CONFIDENCE,
+            "pilot_resamples": list(PILOT_RESAMPLES),
+            "chunk": MC_CHUNK,
+            "max_resamples": max_resamples,
+        },
         "reference_check": check,
     }
     out = paths.data_root() / "bench" / "bench_associations.json"
@@ -479,9 +593,9 @@ class KillAfter:
 
     def __init__(self, engine: Any, n: int):
         self.engine, self.n = engine, n
-        self.info = None
+        self.info: EngineInfo | None = None
 
-    def __enter__(self) -> "KillAfter":
+    def __enter__(self) -> KillAfter:
         self.engine.__enter__()
         self.info = self.engine.info
         return self
@@ -499,15 +613,18 @@ class KillAfter:
         return self.engine.tokenizer()
 
 
-def kill_and_resume(engine_factory: Any, rows: list[dict[str, Any]], folder: Path, shard_size: int,
-                    kill_after: int) -> dict[str, Any]:
+def kill_and_resume(
+    engine_factory: Any, rows: list[dict[str, Any]], folder: Path, shard_size: int, kill_after: int
+) -> dict[str, Any]:
     """Stage 01's path (``generate_with`` on atomic shards) killed after ``kill_after`` results, then
     resumed with a fresh engine on what the shards do not hold; counts what was kept, redone, duplicated."""
     store = ShardStore(folder, key="story_id", schema=STORIES_SCHEMA)
     store.clear()
     try:
         with KillAfter(engine_factory(), kill_after) as engine:
-            generate_with(engine, rows, store, shard_size, ModelRun(model=rows[0]["model"]), progress=False)
+            generate_with(
+                cast(ChatEngine, engine), rows, store, shard_size, ModelRun(model=rows[0]["model"]), progress=False
+            )
     except KeyboardInterrupt:
         pass
     kept = store.done_keys()
@@ -515,9 +632,15 @@ def kill_and_resume(engine_factory: Any, rows: list[dict[str, Any]], folder: Pat
     with engine_factory() as engine:
         generate_with(engine, todo, store, shard_size, ModelRun(model=rows[0]["model"]), progress=False)
     ids = store.read_all().column("story_id").to_pylist()
-    return {"planned": len(rows), "kept_after_kill": len(kept), "generated_on_resume": len(todo),
-            "stored_rows": len(ids), "unique_stories": len(set(ids)), "duplicates": len(ids) - len(set(ids)),
-            "missing": len({r["story_id"] for r in rows} - set(ids))}
+    return {
+        "planned": len(rows),
+        "kept_after_kill": len(kept),
+        "generated_on_resume": len(todo),
+        "stored_rows": len(ids),
+        "unique_stories": len(set(ids)),
+        "duplicates": len(ids) - len(set(ids)),
+        "missing": len({r["story_id"] for r in rows} - set(ids)),
+    }
 
 
 def bench_ray(params: Params, n_prompts: int = 24, log=print) -> dict[str, Any]:
@@ -550,9 +673,13 @@ def bench_ray(params: Params, n_prompts: int = 24, log=print) -> dict[str, Any]:
         local = {r.key: r for r in engine.stream(requests)}
         seconds = time.time() - started
         tokens = sum(r.n_tokens for r in local.values())
-        result["in_process"] = {"startup_seconds": engine.info.startup_seconds, "generation_seconds": round(seconds, 2),
-                                "output_tokens": tokens, "tokens_per_second": round(tokens / seconds, 2)}
-    log(f"  in process: start-up {engine.info.startup_seconds:.1f} s, {tokens} tokens in {seconds:.1f} s")
+        result["in_process"] = {
+            "startup_seconds": entered_info(engine).startup_seconds,
+            "generation_seconds": round(seconds, 2),
+            "output_tokens": tokens,
+            "tokens_per_second": round(tokens / seconds, 2),
+        }
+    log(f"  in process: start-up {entered_info(engine).startup_seconds:.1f} s, {tokens} tokens in {seconds:.1f} s")
 
     out = paths.run_dir(params.run_name) / "bench_ray.json"
     try:
@@ -567,36 +694,66 @@ def bench_ray(params: Params, n_prompts: int = 24, log=print) -> dict[str, Any]:
     return result
 
 
-def _bench_ray_paths(params: Params, spec: Any, rows: list[dict[str, Any]], requests: list[Any], local: dict[str, Any],
-                     base: Any, ray_base: Any, seed: int, result: dict[str, Any], log) -> None:
+def _bench_ray_paths(
+    params: Params,
+    spec: Any,
+    rows: list[dict[str, Any]],
+    requests: list[Any],
+    local: dict[str, Any],
+    base: Any,
+    ray_base: Any,
+    seed: int,
+    result: dict[str, Any],
+    log,
+) -> None:
     """bench_ray's Ray half: the timed one-block run, then kill-and-resume (fills ``result``)."""
     from .ray_engine import RayEngine
 
-    one_block = base.model_copy(update={"backend": "ray", "shared_server": False,
-                                        "ray": ray_base.model_copy(update={"batch_size": max(len(rows), ray_base.batch_size)})})
+    one_block = base.model_copy(
+        update={
+            "backend": "ray",
+            "shared_server": False,
+            "ray": ray_base.model_copy(update={"batch_size": max(len(rows), ray_base.batch_size)}),
+        }
+    )
     started = time.time()
     with RayEngine(spec, one_block, seed) as ray_engine:
-        init = ray_engine.info.startup_seconds
+        init = entered_info(ray_engine).startup_seconds
         on_ray = {r.key: r for r in ray_engine.stream(requests)}
         timing = dict(ray_engine.last_stream)
     wall = time.time() - started
     tokens = sum(r.n_tokens for r in on_ray.values())
     generation = timing["max_request_seconds_in_vllm"]
     same = sum(on_ray[k].text == local[k].text for k in local)
-    result["ray"] = {"init_and_processor_seconds": init, "stream_seconds": timing["seconds"],
-                     "replica_startup_seconds": round(timing["seconds"] - generation, 2), "generation_seconds": generation,
-                     "wall_seconds": round(wall, 2), "output_tokens": tokens,
-                     "tokens_per_second": round(tokens / generation, 2) if generation else None,
-                     "tokens_per_second_wall": round(tokens / wall, 2), "errors": sum(r.error is not None for r in on_ray.values())}
-    result["ratio_ray_over_in_process"] = (round(result["ray"]["tokens_per_second"] / result["in_process"]["tokens_per_second"], 3)
-                                           if result["ray"]["tokens_per_second"] else None)
+    result["ray"] = {
+        "init_and_processor_seconds": init,
+        "stream_seconds": timing["seconds"],
+        "replica_startup_seconds": round(timing["seconds"] - generation, 2),
+        "generation_seconds": generation,
+        "wall_seconds": round(wall, 2),
+        "output_tokens": tokens,
+        "tokens_per_second": round(tokens / generation, 2) if generation else None,
+        "tokens_per_second_wall": round(tokens / wall, 2),
+        "errors": sum(r.error is not None for r in on_ray.values()),
+    }
+    result["ratio_ray_over_in_process"] = (
+        round(result["ray"]["tokens_per_second"] / result["in_process"]["tokens_per_second"], 3)
+        if result["ray"]["tokens_per_second"]
+        else None
+    )
     result["same_texts"] = f"{same}/{len(local)}"
-    log(f"  ray: init+processor {init:.1f} s, replica start-up {result['ray']['replica_startup_seconds']:.1f} s, "
-        f"{tokens} tokens in {generation:.1f} s in vLLM; wall {wall:.1f} s; same texts as in process: {same}/{len(local)}")
+    log(
+        f"  ray: init+processor {init:.1f} s, replica start-up {result['ray']['replica_startup_seconds']:.1f} s, "
+        f"{tokens} tokens in {generation:.1f} s in vLLM; wall {wall:.1f} s; "
+        f"same texts as in process: {same}/{len(local)}"
+    )
 
     shard = params.generation.shard_size
-    streamed = base.model_copy(update={"backend": "ray", "shared_server": False,
-                                       "ray": ray_base.model_copy(update={"batch_size": shard})})
+    streamed = base.model_copy(
+        update={"backend": "ray", "shared_server": False, "ray": ray_base.model_copy(update={"batch_size": shard})}
+    )
     with tempfile.TemporaryDirectory() as tmp:
-        result["kill_and_resume"] = kill_and_resume(lambda: RayEngine(spec, streamed, seed), rows, Path(tmp), shard, shard)
+        result["kill_and_resume"] = kill_and_resume(
+            lambda: RayEngine(spec, streamed, seed), rows, Path(tmp), shard, shard
+        )
     log(f"  kill and resume: {result['kill_and_resume']}")

@@ -1,26 +1,26 @@
 """Command line used by the Makefile: ``python -m storybias.cli <command> ...``.
 
-    check-params PARAMS        validate a profile (exit 2 with the problems, naming key and file), then
-                               print stage 04's minimum detectable lift for its planned stories and, for
-                               served models, the requests and tokens the run will ask for (its cost when priced)
-    with-servers PARAMS -- CMD ...   run CMD with one local vLLM server per local model of the profile
-                               (storybias.serve), stopped when CMD ends, fails or is interrupted
-    serve-mode PARAMS          print 1 when the profile asks for the shared local server, else 0
-    stamps PARAMS              write data/<run>/.params/<stage>.params (content changes only)
-    run-name PARAMS            print the run's name
-    prepare-model              assemble, verify and convert the embedded model (once)
-    generate PARAMS            stage 01 outside a notebook (the notebook calls the same function)
-    bench-generate PARAMS      time stage 01's engine path against a bare LLM.chat call
-    bench-ray PARAMS           time a smoke generation through Ray Data's vLLM processor against the
-                               in-process engine (start-up separately), and kill-and-resume it
-    plan PARAMS                stage 01's work per design and model: requests, tokens, wall time on planning.gpus
-    bench-associations         time stage 04's association tests at paper scale on synthetic extractions
-    explorer PARAMS [--max-stories N]   write figures/<run>/explorer.html (stories + associations browser)
-    run-stage STAGE NOTEBOOK PARAMS [--target FILE]   what Make runs: the notebook under the run's lock
-    clean-run PARAMS           delete the run's own folders (data/<run>, reports/<run>, figures/<run>)
-    where PARAMS               print the run's name and folders (absolute paths)
-    data-contract              print docs/data-contract.md, generated from the artifact registry
-    outputs STAGE PARAMS       print the files Make tracks for STAGE (storybias.artifacts.MAKE_TARGETS)
+check-params PARAMS        validate a profile (exit 2 with the problems, naming key and file), then
+                           print stage 04's minimum detectable lift for its planned stories and, for
+                           served models, the requests and tokens the run will ask for (its cost when priced)
+with-servers PARAMS -- CMD ...   run CMD with one local vLLM server per local model of the profile
+                           (storybias.serve), stopped when CMD ends, fails or is interrupted
+serve-mode PARAMS          print 1 when the profile asks for the shared local server, else 0
+stamps PARAMS              write data/<run>/.params/<stage>.params (content changes only)
+run-name PARAMS            print the run's name
+prepare-model              assemble, verify and convert the embedded model (once)
+generate PARAMS            stage 01 outside a notebook (the notebook calls the same function)
+bench-generate PARAMS      time stage 01's engine path against a bare LLM.chat call
+bench-ray PARAMS           time a smoke generation through Ray Data's vLLM processor against the
+                           in-process engine (start-up separately), and kill-and-resume it
+plan PARAMS                stage 01's work per design and model: requests, tokens, wall time on planning.gpus
+bench-associations         time stage 04's association tests at paper scale on synthetic extractions
+explorer PARAMS [--max-stories N]   write figures/<run>/explorer.html (stories + associations browser)
+run-stage STAGE NOTEBOOK PARAMS [--target FILE]   what Make runs: the notebook under the run's lock
+clean-run PARAMS           delete the run's own folders (data/<run>, reports/<run>, figures/<run>)
+where PARAMS               print the run's name and folders (absolute paths)
+data-contract              print docs/data-contract.md, generated from the artifact registry
+outputs STAGE PARAMS       print the files Make tracks for STAGE (storybias.artifacts.MAKE_TARGETS)
 """
 
 from __future__ import annotations
@@ -50,8 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--n-prompts", type=int, default=24)
     bench.add_argument("--repeats", type=int, default=2)
     bench.add_argument("--max-tokens", type=int, default=200)
-    bench.add_argument("--served", action="store_true",
-                       help="compare the in-process engine with the local vLLM server over HTTP (storybias.serve)")
+    bench.add_argument(
+        "--served",
+        action="store_true",
+        help="compare the in-process engine with the local vLLM server over HTTP (storybias.serve)",
+    )
     bench_ray = sub.add_parser("bench-ray")
     bench_ray.add_argument("params")
     bench_ray.add_argument("--n-prompts", type=int, default=24)
@@ -60,13 +63,18 @@ def main(argv: list[str] | None = None) -> int:
     bench_assoc.add_argument("--n-stories", type=int, default=650_000)
     bench_assoc.add_argument("--n-models", type=int, default=23)
     bench_assoc.add_argument("--n-languages", type=int, default=10)
-    bench_assoc.add_argument("--n-reference", type=int, default=100,
-                             help="tables checked against the 500,000-resample Monte-Carlo Fisher test")
+    bench_assoc.add_argument(
+        "--n-reference",
+        type=int,
+        default=100,
+        help="tables checked against the 500,000-resample Monte-Carlo Fisher test",
+    )
     bench_assoc.add_argument("--jobs", type=int, default=None, help="worker processes (default: every core)")
     explorer = sub.add_parser("explorer")
     explorer.add_argument("params")
-    explorer.add_argument("--max-stories", type=int, default=None,
-                          help="stories embedded per design x model x language (default 200)")
+    explorer.add_argument(
+        "--max-stories", type=int, default=None, help="stories embedded per design x model x language (default 200)"
+    )
     servers = sub.add_parser("with-servers")
     servers.add_argument("params")
     servers.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the command to run")
@@ -74,7 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     stage.add_argument("stage")
     stage.add_argument("notebook")
     stage.add_argument("params")
-    stage.add_argument("--target", default=None, help="the Make target this stage writes (removed if this run fails after writing it)")
+    stage.add_argument(
+        "--target", default=None, help="the Make target this stage writes (removed if this run fails after writing it)"
+    )
     sub.add_parser("data-contract")
     outputs = sub.add_parser("outputs")
     outputs.add_argument("stage")
@@ -95,8 +105,10 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command == "check-params":
         p = _load(args.params)
-        print(f"{p.source}: OK (run '{p.run_name}'; designs: {', '.join(p.enabled_designs())}; "
-              f"models: {', '.join(m.name for m in p.generation.models)})")
+        print(
+            f"{p.source}: OK (run '{p.run_name}'; designs: {', '.join(p.enabled_designs())}; "
+            f"models: {', '.join(m.name for m in p.generation.models)})"
+        )
         from .power import format_planned, planned_power
 
         print(format_planned(planned_power(p), p.associations.power_known_share))
@@ -129,8 +141,13 @@ def main(argv: list[str] | None = None) -> int:
         from .notebook_runner import run_stage
 
         p = _load(args.params)
-        return run_stage(args.stage, paths.resolve(args.notebook), p.source, p.run_name,
-                         target=paths.resolve(args.target) if args.target else None)
+        return run_stage(
+            args.stage,
+            paths.resolve(args.notebook),
+            p.source,
+            p.run_name,
+            target=paths.resolve(args.target) if args.target else None,
+        )
     elif args.command == "clean-run":
         from .locks import RunBusy
         from .paths import clean_run
@@ -146,8 +163,10 @@ def main(argv: list[str] | None = None) -> int:
         from . import paths
 
         p = _load(args.params)
-        print(f"run {p.run_name}\ndata {paths.run_dir(p.run_name)}\nreports {paths.reports_dir(p.run_name)}\n"
-              f"figures {paths.figures_dir(p.run_name)}")
+        print(
+            f"run {p.run_name}\ndata {paths.run_dir(p.run_name)}\nreports {paths.reports_dir(p.run_name)}\n"
+            f"figures {paths.figures_dir(p.run_name)}"
+        )
     elif args.command == "run-name":
         print(_load(args.params).run_name)
     elif args.command == "stamps":
@@ -172,11 +191,11 @@ def main(argv: list[str] | None = None) -> int:
         run_bench = bench_served if args.served else bench_generate
         run_bench(_load(args.params), n_prompts=args.n_prompts, repeats=args.repeats, max_tokens=args.max_tokens)
     elif args.command == "bench-ray":
-        from .bench import bench_ray
+        from .bench import bench_ray as run_bench_ray
         from .engines import EngineError
 
         try:
-            bench_ray(_load(args.params), n_prompts=args.n_prompts)
+            run_bench_ray(_load(args.params), n_prompts=args.n_prompts)
         except EngineError as exc:
             print(f"storybias: {exc}", file=sys.stderr)
             return 1
@@ -188,17 +207,29 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "bench-associations":
         from .bench import bench_associations
 
-        r = bench_associations(n_stories=args.n_stories, n_models=args.n_models, n_languages=args.n_languages,
-                               n_reference=args.n_reference, n_jobs=args.jobs, log=lambda m: print(m, flush=True))
+        r = bench_associations(
+            n_stories=args.n_stories,
+            n_models=args.n_models,
+            n_languages=args.n_languages,
+            n_reference=args.n_reference,
+            n_jobs=args.jobs,
+            log=lambda m: print(m, flush=True),
+        )
         check = r["reference_check"]
-        print(f"summary: global {r['passes']['global']['seconds']:.0f} s + per-language "
-              f"{r['passes']['per_language']['seconds']:.0f} s = {r['total_seconds']:.0f} s "
-              f"({'meets' if r['meets_target'] else 'misses'} the 600 s target; load average "
-              f"{r['load_average_start'][0]:.1f} -> {r['load_average_end'][0]:.1f}); peak RSS "
-              f"{r['peak_rss']['self_mb']:.0f} MB main / {r['peak_rss']['largest_child_mb']:.0f} MB worker; "
-              "reference check: "
-              + (f"{check['agreements']}/{check['checked']} agree, {check['disagreements_unexplained']} unexplained "
-                 "disagreement(s)" if check else "skipped"))
+        print(
+            f"summary: global {r['passes']['global']['seconds']:.0f} s + per-language "
+            f"{r['passes']['per_language']['seconds']:.0f} s = {r['total_seconds']:.0f} s "
+            f"({'meets' if r['meets_target'] else 'misses'} the 600 s target; load average "
+            f"{r['load_average_start'][0]:.1f} -> {r['load_average_end'][0]:.1f}); peak RSS "
+            f"{r['peak_rss']['self_mb']:.0f} MB main / {r['peak_rss']['largest_child_mb']:.0f} MB worker; "
+            "reference check: "
+            + (
+                f"{check['agreements']}/{check['checked']} agree, {check['disagreements_unexplained']} unexplained "
+                "disagreement(s)"
+                if check
+                else "skipped"
+            )
+        )
         return 0 if (not check or check["disagreements_unexplained"] == 0) else 1
     elif args.command == "explorer":
         from .explorer import build_explorer

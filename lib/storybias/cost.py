@@ -28,9 +28,15 @@ class CostRow:
     cost: float | None  # None when the profile gives no price
 
     def line(self) -> str:
-        money = f"{self.cost:,.2f}" if self.cost is not None else "(no price: set price_input_per_mtok / price_output_per_mtok)"
-        return (f"  {self.stage:<9} {self.model:<28} {self.requests:>9,} requests  {self.input_tokens:>13,} input  "
-                f"<= {self.output_tokens:>13,} output tokens  cost <= {money}")
+        money = (
+            f"{self.cost:,.2f}"
+            if self.cost is not None
+            else "(no price: set price_input_per_mtok / price_output_per_mtok)"
+        )
+        return (
+            f"  {self.stage:<9} {self.model:<28} {self.requests:>9,} requests  {self.input_tokens:>13,} input  "
+            f"<= {self.output_tokens:>13,} output tokens  cost <= {money}"
+        )
 
 
 def _tokens(text: str) -> int:
@@ -45,8 +51,11 @@ def _cost(spec: ModelSpec, input_tokens: int, output_tokens: int) -> float | Non
 
 def estimate(params: Params) -> list[CostRow]:
     """One row per (stage, served model): generation and extraction; the judge per rating."""
-    served = [m for m in (*params.generation.models, *params.extract.models, *params.associations.judge.models)
-              if m.source == "openai"]
+    served = [
+        m
+        for m in (*params.generation.models, *params.extract.models, *params.associations.judge.models)
+        if m.source == "openai"
+    ]
     if not served:
         return []
     from .extract import build_prompt
@@ -68,10 +77,16 @@ def estimate(params: Params) -> list[CostRow]:
             continue
         n_check = 0
         if len(settings.models) == 1 and settings.self_consistency_sample != 0:
-            n_check = len(stories) if settings.self_consistency_sample is None else min(settings.self_consistency_sample, len(stories))
+            n_check = (
+                len(stories)
+                if settings.self_consistency_sample is None
+                else min(settings.self_consistency_sample, len(stories))
+            )
         n = len(stories) + n_check
         story_tokens = [s["max_tokens"] for s in stories["_sampling"]]
-        instructions = {d: _tokens(build_prompt("", tuple(getattr(settings.sections, d)))) for d in stories["design"].unique()}
+        instructions = {
+            d: _tokens(build_prompt("", tuple(getattr(settings.sections, d)))) for d in stories["design"].unique()
+        }
         inputs = int(sum(instructions[d] + t for d, t in zip(stories["design"], story_tokens)))
         inputs = int(inputs * n / max(len(stories), 1))
         outputs = n * settings.max_tokens
@@ -86,8 +101,10 @@ def estimate(params: Params) -> list[CostRow]:
 
 
 def format_estimate(rows: list[CostRow]) -> str:
-    lines = ["served models: what this run asks (outputs at max_tokens, an upper bound; judge: per rating, "
-             "times repetitions x associations found):"]
+    lines = [
+        "served models: what this run asks (outputs at max_tokens, an upper bound; judge: per rating, "
+        "times repetitions x associations found):"
+    ]
     lines += [r.line() for r in rows]
     priced = [r.cost for r in rows if r.stage != "judge"]
     known = [c for c in priced if c is not None]

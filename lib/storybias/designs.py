@@ -45,8 +45,8 @@ LENSES = ("associations", "distributions", "occupations", "none")
 @dataclass(frozen=True)
 class Design:
     name: str
-    cells: Callable[[], list["Cell"]]
-    render: Callable[["Cell", str], str]
+    cells: Callable[[], list[Cell]]
+    render: Callable[[Cell, str], str]
     conditions: tuple[str, ...]
     exclude: tuple[str, ...] | None  # None: params.ExcludeRules' default for the design
     sections: tuple[str, ...]
@@ -69,23 +69,31 @@ def design_dir(name: str) -> Path:
 
 def names() -> tuple[str, ...]:
     """Every design: the built-in ones, then any other design folder found, sorted."""
-    found = {d.name for folder in designs_dirs() if folder.is_dir() for d in folder.iterdir()
-             if (d / "design.yaml").is_file()}
+    found = {
+        d.name
+        for folder in designs_dirs()
+        if folder.is_dir()
+        for d in folder.iterdir()
+        if (d / "design.yaml").is_file()
+    }
     return BUILTIN + tuple(sorted(found - set(BUILTIN)))
 
 
 # --- grid designs: every combination of the dimensions' values ---------------------------------
 
-def _grid_cells(name: str, order: tuple[str, ...] | None = None) -> list["Cell"]:
+
+def _grid_cells(name: str, order: tuple[str, ...] | None = None) -> list[Cell]:
     from .prompts import Cell, load_design
 
     dims = load_design(name)["dimensions"]
     order = order or tuple(dims)
-    return [Cell(name, f"{name}/" + "/".join(combo), {f"cond_{d}": v for d, v in zip(order, combo)})
-            for combo in itertools.product(*(dims[d] for d in order))]
+    return [
+        Cell(name, f"{name}/" + "/".join(combo), {f"cond_{d}": v for d, v in zip(order, combo)})
+        for combo in itertools.product(*(dims[d] for d in order))
+    ]
 
 
-def _grid_render(cell: "Cell", language: str) -> str:
+def _grid_render(cell: Cell, language: str) -> str:
     from .prompts import _template, load_localization
 
     loc = load_localization(cell.design, language)
@@ -100,17 +108,37 @@ def _builtin(name: str) -> Design:
     from . import prompts
 
     if name == "stereotales":
-        return Design(name, prompts._stereotales_cells, prompts._render_stereotales,
-                      prompts.CONDITION_COLUMNS[name], None, ("demographics", "narrative", "markers"), "associations",
-                      "StereoTales (Le Jeune et al.), arXiv:2605.10442")
+        return Design(
+            name,
+            prompts._stereotales_cells,
+            prompts._render_stereotales,
+            prompts.CONDITION_COLUMNS[name],
+            None,
+            ("demographics", "narrative", "markers"),
+            "associations",
+            "StereoTales (Le Jeune et al.), arXiv:2605.10442",
+        )
     if name == "bedtime":
-        return Design(name, lambda: _grid_cells("bedtime", _BEDTIME_ORDER), _grid_render,
-                      prompts.CONDITION_COLUMNS[name], None, ("demographics", "narrative", "markers"),
-                      "distributions", "BiasedTales-ML (Ouyang, Luo, Xiao, Zhu), arXiv:2604.17008")
-    return Design(name, prompts._occupations_cells, prompts._render_occupations,
-                  prompts.CONDITION_COLUMNS[name], None,
-                  ("demographics", "narrative", "markers"), "occupations",
-                  "Beyond Surface Cues (Feng et al.), arXiv:2608.23026")
+        return Design(
+            name,
+            lambda: _grid_cells("bedtime", _BEDTIME_ORDER),
+            _grid_render,
+            prompts.CONDITION_COLUMNS[name],
+            None,
+            ("demographics", "narrative", "markers"),
+            "distributions",
+            "BiasedTales-ML (Ouyang, Luo, Xiao, Zhu), arXiv:2604.17008",
+        )
+    return Design(
+        name,
+        prompts._occupations_cells,
+        prompts._render_occupations,
+        prompts.CONDITION_COLUMNS[name],
+        None,
+        ("demographics", "narrative", "markers"),
+        "occupations",
+        "Beyond Surface Cues (Feng et al.), arXiv:2608.23026",
+    )
 
 
 def get(name: str) -> Design:
@@ -126,16 +154,23 @@ def get(name: str) -> Design:
     lens = code.get("lens", "none")
     if lens not in LENSES:
         raise DesignError(f"{design_dir(name)}/design.yaml: code.lens {lens!r} is not one of {', '.join(LENSES)}")
-    return Design(name, lambda: _grid_cells(name), _grid_render,
-                  tuple(f"cond_{d}" for d in spec["dimensions"]), tuple(code.get("exclude", ["empty"])),
-                  tuple(code.get("sections", ["narrative"])), lens, str(spec.get("source", "")))
+    return Design(
+        name,
+        lambda: _grid_cells(name),
+        _grid_render,
+        tuple(f"cond_{d}" for d in spec["dimensions"]),
+        tuple(code.get("exclude", ["empty"])),
+        tuple(code.get("sections", ["narrative"])),
+        lens,
+        str(spec.get("source", "")),
+    )
 
 
 def all_condition_columns() -> tuple[str, ...]:
     """Condition columns of every design: the built-in ones in their fixed order, then new ones."""
     from .prompts import ALL_CONDITION_COLUMNS
 
-    extra = [c for d in names()[len(BUILTIN):] for c in get(d).conditions if c not in ALL_CONDITION_COLUMNS]
+    extra = [c for d in names()[len(BUILTIN) :] for c in get(d).conditions if c not in ALL_CONDITION_COLUMNS]
     return ALL_CONDITION_COLUMNS + tuple(dict.fromkeys(extra))
 
 
@@ -146,7 +181,7 @@ def default_exclude(name: str) -> tuple[str, ...]:
         return entry.exclude
     from .params import ExcludeRules
 
-    return tuple(getattr(ExcludeRules(), name))
+    return tuple(getattr(ExcludeRules(), name))  # type: ignore[call-arg]  # pydantic: extra is optional
 
 
 def with_lens(lens: str, enabled: list[str] | tuple[str, ...] | None = None) -> list[str]:

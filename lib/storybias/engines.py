@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from . import models
 from .params import EngineSettings, ModelSpec, Sampling
@@ -53,7 +53,7 @@ class ChatResult:
     error: str | None = None  # set when the request still failed after retries (stored as data, retried on a rerun)
 
     @classmethod
-    def failed(cls, key: str, error: str) -> "ChatResult":
+    def failed(cls, key: str, error: str) -> ChatResult:
         return cls(key=key, text="", finish_reason="error", n_tokens=0, n_prompt_tokens=0, error=error)
 
 
@@ -76,7 +76,7 @@ class ChatEngine(Protocol):
 
     info: EngineInfo | None
 
-    def __enter__(self) -> "ChatEngine": ...
+    def __enter__(self) -> ChatEngine: ...
 
     def __exit__(self, *exc: Any) -> Any: ...
 
@@ -201,7 +201,7 @@ class Engine:
         self.llm: Any = None  # vllm.LLM once started
         self.info: EngineInfo | None = None
 
-    def start(self) -> "Engine":
+    def start(self) -> Engine:
         folder, described = preflight(self.spec)
         if self.spec.device == "cpu":
             _set_cpu_environment(self.settings)
@@ -237,7 +237,7 @@ class Engine:
         )
         return self
 
-    def __enter__(self) -> "Engine":
+    def __enter__(self) -> Engine:
         return self.start() if self.llm is None else self
 
     def __exit__(self, *exc: Any) -> None:
@@ -330,12 +330,22 @@ class FakeEngine:
     before the n-th result (a killed process). Every request asked is appended to ``calls`` (shared by
     the instances a test's factory makes: pass the same list)."""
 
-    def __init__(self, spec: ModelSpec, *, answer: Callable[[ChatRequest], str] | None = None,
-                 fail: Callable[[ChatRequest], str | None] | None = None, crash_after: int | None = None,
-                 calls: list[str] | None = None, tokenizer: Any = None, n_tokens: int = 7, n_prompt_tokens: int = 11):
+    def __init__(
+        self,
+        spec: ModelSpec,
+        *,
+        answer: Callable[[ChatRequest], str] | None = None,
+        fail: Callable[[ChatRequest], str | None] | None = None,
+        crash_after: int | None = None,
+        calls: list[str] | None = None,
+        tokenizer: Any = None,
+        n_tokens: int = 7,
+        n_prompt_tokens: int = 11,
+    ):
         self.spec = spec
-        self.answer = answer or (lambda r: r.choice[0] if r.choice else
-                                 f"Story for {r.key} at temperature {r.sampling.temperature}.")
+        self.answer = answer or (
+            lambda r: r.choice[0] if r.choice else f"Story for {r.key} at temperature {r.sampling.temperature}."
+        )
         self.fail = fail or (lambda r: None)
         self.crash_after = crash_after
         self.calls = calls if calls is not None else []
@@ -344,7 +354,7 @@ class FakeEngine:
         self.info: EngineInfo | None = None
         self.entered = self.exited = 0
 
-    def __enter__(self) -> "FakeEngine":
+    def __enter__(self) -> FakeEngine:
         self.entered += 1
         self.info = EngineInfo(model=self.spec.name, model_id="fake", weights="-", device="cpu", startup_seconds=0.0)
         return self
@@ -362,8 +372,13 @@ class FakeEngine:
             if error is not None:
                 yield ChatResult.failed(r.key, error)
                 continue
-            yield ChatResult(key=r.key, text=self.answer(r), finish_reason="stop", n_tokens=self.n_tokens,
-                             n_prompt_tokens=self.n_prompt_tokens)
+            yield ChatResult(
+                key=r.key,
+                text=self.answer(r),
+                finish_reason="stop",
+                n_tokens=self.n_tokens,
+                n_prompt_tokens=self.n_prompt_tokens,
+            )
 
     def tokenizer(self) -> Any:
         return self._tokenizer
@@ -373,8 +388,9 @@ def open_engine(spec: ModelSpec, settings: EngineSettings, seed: int, run_name: 
     """The engine every stage uses for ``spec`` (not started: use it as a context manager).
 
     ``source: openai`` -> the HTTP client of that endpoint; a local model with ``backend: ray`` -> Ray
-    Data's vLLM processor (storybias.ray_engine); another local model (embedded / local / hub) -> the run's shared local vLLM server when one is running for it (``data/<run>/servers.json``, its
-    pid alive and /health OK; started by ``storybias.cli with-servers``), else an in-process engine.
+    Data's vLLM processor (storybias.ray_engine); another local model (embedded / local / hub) -> the
+    run's shared local vLLM server when one is running for it (``data/<run>/servers.json``, its pid
+    alive and /health OK; started by ``storybias.cli with-servers``), else an in-process engine.
     """
     from . import serve, served
 

@@ -36,7 +36,7 @@ import hashlib
 import html
 import json
 import math
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -46,8 +46,8 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from . import paths
-from .prompts import ALL_CONDITION_COLUMNS, CONDITION_COLUMNS, LANGUAGES
 from .locks import holds_run_lock
+from .prompts import ALL_CONDITION_COLUMNS, CONDITION_COLUMNS, LANGUAGES
 
 if TYPE_CHECKING:
     from .published import Comparison
@@ -151,8 +151,9 @@ def _extraction(row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def association_examples(stories: pd.DataFrame, extractions: pd.DataFrame | None,
-                         shared: pd.DataFrame | None) -> pd.DataFrame:
+def association_examples(
+    stories: pd.DataFrame, extractions: pd.DataFrame | None, shared: pd.DataFrame | None
+) -> pd.DataFrame:
     """(``story_id``, ``assoc``) pairs: story ``story_id`` exemplifies row ``assoc`` (position) of
     ``shared``. A story exemplifies an association when it is a stereotales story of one of the
     association's ``models``, in its language unless ``scope`` is ``all``, prompted with
@@ -162,7 +163,9 @@ def association_examples(stories: pd.DataFrame, extractions: pd.DataFrame | None
     needed = {"story_id", "design", "model", "language", "cond_attribute", "cond_value"}
     if shared is None or shared.empty or extractions is None or extractions.empty or not needed <= set(stories):
         return empty
-    st = stories.loc[stories["design"] == "stereotales", ["story_id", "model", "language", "cond_attribute", "cond_value"]]
+    st = stories.loc[
+        stories["design"] == "stereotales", ["story_id", "model", "language", "cond_attribute", "cond_value"]
+    ]
     ext = extractions[extractions["story_id"].isin(st["story_id"])]
     if "parse_ok" in ext:
         ext = ext[ext["parse_ok"].fillna(False).astype(bool)]
@@ -173,10 +176,14 @@ def association_examples(stories: pd.DataFrame, extractions: pd.DataFrame | None
     demo_cols = [c for c in demo_cols if c.removeprefix("demo_") in wanted]
     if not demo_cols:
         return empty
-    long = ext[["story_id", *demo_cols]].melt(id_vars="story_id", var_name="compared_attribute", value_name="compared_value")
+    long = ext[["story_id", *demo_cols]].melt(
+        id_vars="story_id", var_name="compared_attribute", value_name="compared_value"
+    )
     long = long[long["compared_value"].notna() & ~long["compared_value"].isin(["unknown", "other"])]
     long["compared_attribute"] = long["compared_attribute"].str.removeprefix("demo_")
-    long = long.merge(st.rename(columns={"cond_attribute": "base_attribute", "cond_value": "base_value"}), on="story_id")
+    long = long.merge(
+        st.rename(columns={"cond_attribute": "base_attribute", "cond_value": "base_value"}), on="story_id"
+    )
     assoc = shared[[*ASSOC_KEYS, "scope", "models"]].reset_index(drop=True).copy()
     assoc["assoc"] = np.arange(len(assoc), dtype="int64")
     assoc["models"] = assoc["models"].map(_list)
@@ -213,33 +220,60 @@ def _cells(population: pd.DataFrame, extractions: pd.DataFrame | None, embedded:
     frame = population[[*CELL, "story_id"]].copy()
     frame["valid"] = population["is_valid"].fillna(False).astype(bool) if "is_valid" in population else np.nan
     extracted = set() if extractions is None else set(extractions["story_id"])
-    parsed = set() if extractions is None else set(
-        extractions.loc[extractions["parse_ok"].fillna(False).astype(bool), "story_id"]
-        if "parse_ok" in extractions else extractions["story_id"])
+    parsed = (
+        set()
+        if extractions is None
+        else set(
+            extractions.loc[extractions["parse_ok"].fillna(False).astype(bool), "story_id"]
+            if "parse_ok" in extractions
+            else extractions["story_id"]
+        )
+    )
     frame["extracted"] = frame["story_id"].isin(extracted)
     frame["parsed"] = frame["story_id"].isin(parsed)
     frame["embedded"] = frame["story_id"].isin(embedded)
     out = []
     for key, group in frame.groupby(CELL, dropna=False, sort=True):
-        out.append({
-            **dict(zip(CELL, (_str(k) for k in key))),
-            "n_stories": len(group),
-            "n_valid": None if "is_valid" not in population else int(group["valid"].sum()),
-            "n_extracted": int(group["extracted"].sum()),
-            "n_parsed": int(group["parsed"].sum()),
-            "n_embedded": int(group["embedded"].sum()),
-        })
+        out.append(
+            {
+                **dict(zip(CELL, (_str(k) for k in key))),
+                "n_stories": len(group),
+                "n_valid": None if "is_valid" not in population else int(group["valid"].sum()),
+                "n_extracted": int(group["extracted"].sum()),
+                "n_parsed": int(group["parsed"].sum()),
+                "n_embedded": int(group["embedded"].sum()),
+            }
+        )
     return out
 
 
-def _associations(shared: pd.DataFrame, values: pd.DataFrame | None, n_examples: pd.Series,
-                  published_keys: set[tuple[str, ...]] | None = None) -> list[dict[str, Any]]:
+def _associations(
+    shared: pd.DataFrame,
+    values: pd.DataFrame | None,
+    n_examples: pd.Series,
+    published_keys: set[tuple[str, ...]] | None = None,
+) -> list[dict[str, Any]]:
     per_model: dict[tuple[str, ...], list[dict[str, Any]]] = {}
     if values is not None and not values.empty and {"scope", "model", *ASSOC_KEYS} <= set(values):
         keys = shared[["scope", *ASSOC_KEYS]].astype(str).drop_duplicates()
-        subset = values.assign(**{c: values[c].astype(str) for c in ("scope", *ASSOC_KEYS)}).merge(keys, on=["scope", *ASSOC_KEYS])
-        value_cols = [c for c in ("model", "count", "row_total", "fraction", "expected", "lift", "p_value",
-                                  "p_adjusted", "significant") if c in subset]
+        subset = values.assign(**{c: values[c].astype(str) for c in ("scope", *ASSOC_KEYS)}).merge(
+            keys, on=["scope", *ASSOC_KEYS]
+        )
+        value_cols = [
+            c
+            for c in (
+                "model",
+                "count",
+                "row_total",
+                "fraction",
+                "expected",
+                "lift",
+                "p_value",
+                "p_adjusted",
+                "significant",
+            )
+            if c in subset
+        ]
         for key, group in subset.groupby(["scope", *ASSOC_KEYS], sort=False):
             per_model[tuple(key)] = [_clean(r) for r in group[value_cols].sort_values("model").to_dict("records")]
     out = []
@@ -247,27 +281,39 @@ def _associations(shared: pd.DataFrame, values: pd.DataFrame | None, n_examples:
         key = tuple(str(row.get(c)) for c in ("scope", *ASSOC_KEYS))
         models = [str(m) for m in _list(row.get("models"))]
         association_id = _str(row.get("association_id")) or "|".join(str(row.get(c)) for c in ASSOC_KEYS)
-        out.append({
-            "index": position,
-            "id": association_id,
-            "scope": _str(row.get("scope")) or "all",
-            **{c: _str(row.get(c)) for c in ASSOC_KEYS},
-            "models": models,
-            "n_models": _clean(row.get("n_models")) if row.get("n_models") is not None else len(models),
-            **{c: _clean(row.get(c)) for c in ("mean_fraction", "mean_lift", "median_harm", "n_ratings",
-                                                "share_realistic", "harmful")},
-            "n_examples": int(n_examples.get(position, 0)),
-            "per_model": per_model.get(key, []),
-            # among StereoTales' published associations (pooled scope only; None: no comparison)
-            "published": (key[1:] in published_keys) if published_keys is not None and key[0] == "all" else None,
-        })
+        out.append(
+            {
+                "index": position,
+                "id": association_id,
+                "scope": _str(row.get("scope")) or "all",
+                **{c: _str(row.get(c)) for c in ASSOC_KEYS},
+                "models": models,
+                "n_models": _clean(row.get("n_models")) if row.get("n_models") is not None else len(models),
+                **{
+                    c: _clean(row.get(c))
+                    for c in ("mean_fraction", "mean_lift", "median_harm", "n_ratings", "share_realistic", "harmful")
+                },
+                "n_examples": int(n_examples.get(position, 0)),
+                "per_model": per_model.get(key, []),
+                # among StereoTales' published associations (pooled scope only; None: no comparison)
+                "published": (key[1:] in published_keys) if published_keys is not None and key[0] == "all" else None,
+            }
+        )
     return out
 
 
-def explorer_payload(stories: pd.DataFrame, extractions: pd.DataFrame | None, shared: pd.DataFrame | None,
-                     values: pd.DataFrame | None = None, *, run_name: str = "", max_stories_per_cell: int | None = None,
-                     population: pd.DataFrame | None = None, notes: list[str] | None = None,
-                     published: Comparison | None = None) -> dict[str, Any]:
+def explorer_payload(
+    stories: pd.DataFrame,
+    extractions: pd.DataFrame | None,
+    shared: pd.DataFrame | None,
+    values: pd.DataFrame | None = None,
+    *,
+    run_name: str = "",
+    max_stories_per_cell: int | None = None,
+    population: pd.DataFrame | None = None,
+    notes: list[str] | None = None,
+    published: Comparison | None = None,
+) -> dict[str, Any]:
     """Everything the page shows, as JSON-ready Python.
 
     ``stories``: rows of filtered.parquet (or stories.parquet) to embed; with ``max_stories_per_cell``
@@ -295,33 +341,37 @@ def explorer_payload(stories: pd.DataFrame, extractions: pd.DataFrame | None, sh
         design = _str(row.get("design")) or ""
         conditions = _conditions(row, design)
         ext = ext_rows.get(row["story_id"])
-        story_list.append({
-            "id": _str(row["story_id"]),
-            "design": design,
-            "model": _str(row.get("model")) or "",
-            "language": _str(row.get("language")) or "",
-            "prompt_id": _str(row.get("prompt_id")),
-            "sample": _clean(row.get("sample")),
-            "prompt": _str(row.get("prompt")) or "",
-            "text": _str(row.get("text")) or "",
-            "finish_reason": _str(row.get("finish_reason")),
-            "valid": _clean(row.get("is_valid")) if has_validity else None,
-            "invalid_reason": _str(row.get("invalid_reason")),
-            "cond": conditions,
-            "facets": _facets(design, conditions),
-            "x": None if ext is None else _extraction(ext),
-        })
+        story_list.append(
+            {
+                "id": _str(row["story_id"]),
+                "design": design,
+                "model": _str(row.get("model")) or "",
+                "language": _str(row.get("language")) or "",
+                "prompt_id": _str(row.get("prompt_id")),
+                "sample": _clean(row.get("sample")),
+                "prompt": _str(row.get("prompt")) or "",
+                "text": _str(row.get("text")) or "",
+                "finish_reason": _str(row.get("finish_reason")),
+                "valid": _clean(row.get("is_valid")) if has_validity else None,
+                "invalid_reason": _str(row.get("invalid_reason")),
+                "cond": conditions,
+                "facets": _facets(design, conditions),
+                "x": None if ext is None else _extraction(ext),
+            }
+        )
     embedded = {s["id"] for s in story_list}
     associations = None
     if shared is not None:
         published_keys = None
         if published is not None:
             published_keys = {tuple(str(v) for v in k) for k in published.published[ASSOC_KEYS].to_numpy()}
-        associations = _associations(shared.reset_index(drop=True), values, examples.groupby("assoc").size(), published_keys)
+        associations = _associations(
+            shared.reset_index(drop=True), values, examples.groupby("assoc").size(), published_keys
+        )
     return {
         "version": 1,
         "run": run_name,
-        "built_at": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "built_at": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "max_per_cell": max_stories_per_cell,
         "n_total": int(len(population)),
         "n_embedded": len(story_list),
@@ -333,7 +383,9 @@ def explorer_payload(stories: pd.DataFrame, extractions: pd.DataFrame | None, sh
         "cells": _cells(population, extractions, embedded),
         "stories": story_list,
         "associations": associations,
-        "published": None if published is None else {
+        "published": None
+        if published is None
+        else {
             "mode": published.mode,
             "tested": int((published.published["status"] != "untested").sum()),
             "reproduced": int((published.published["status"] == "reproduced").sum()),
@@ -365,8 +417,10 @@ def render_html(payload: dict[str, Any]) -> str:
     diffed as HTML, CSS and JavaScript."""
     page, css, script = _asset("page.html"), _asset("style.css"), _asset("explorer.js")
     script_hash = base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode("ascii")
-    csp = (f"default-src 'none'; script-src 'sha256-{script_hash}'; style-src 'unsafe-inline'; "
-           "img-src 'none'; connect-src 'none'; form-action 'none'; base-uri 'none'")
+    csp = (
+        f"default-src 'none'; script-src 'sha256-{script_hash}'; style-src 'unsafe-inline'; "
+        "img-src 'none'; connect-src 'none'; form-action 'none'; base-uri 'none'"
+    )
     title = f"storybias explorer: {payload.get('run') or 'run'}"
     return page.format(
         csp=html.escape(csp, quote=False),
@@ -388,7 +442,9 @@ def _read_optional(path: Path, notes: list[str], what: str, columns: list[str] |
 
 
 @holds_run_lock("explorer")
-def build_explorer(profile, max_stories_per_cell: int | None = DEFAULT_MAX_STORIES_PER_CELL, out: Path | None = None) -> Path:
+def build_explorer(
+    profile, max_stories_per_cell: int | None = DEFAULT_MAX_STORIES_PER_CELL, out: Path | None = None
+) -> Path:
     """Write ``figures/<run>/explorer.html`` (or ``out``) for the run of ``profile`` (a
     :func:`storybias.params.load` result) and return its path.
 
@@ -404,31 +460,47 @@ def build_explorer(profile, max_stories_per_cell: int | None = DEFAULT_MAX_STORI
     if not source.is_file():
         source = paths.stories_path(run_name)
         if not source.is_file():
-            raise FileNotFoundError(f"{paths.filtered_path(run_name)} is missing (and so is {source.name}): "
-                                    "run the earlier stages first (make filter)")
+            raise FileNotFoundError(
+                f"{paths.filtered_path(run_name)} is missing (and so is {source.name}): "
+                "run the earlier stages first (make filter)"
+            )
         notes.append("filtered.parquet is missing (stage 02 not run): validity is unknown.")
     available = set(pq.read_schema(source).names)
-    meta_cols = [c for c in ("story_id", *CELL, "prompt_id", "sample", "is_valid", *ALL_CONDITION_COLUMNS) if c in available]
+    meta_cols = [
+        c for c in ("story_id", *CELL, "prompt_id", "sample", "is_valid", *ALL_CONDITION_COLUMNS) if c in available
+    ]
     population = pd.read_parquet(source, columns=meta_cols)
     extractions = _read_optional(paths.extractions_path(run_name), notes, "no story is extracted yet (make extract)")
     if extractions is not None:
         extractions = extractions.drop(columns=[c for c in _EXTRACTION_SKIP if c in extractions])
     shared = _read_optional(folder / SHARED_FILE, notes, "no association table yet (make associations)")
-    values = _read_optional(folder / VALUES_FILE, notes, "no per-model association values") if shared is not None else None
+    values = (
+        _read_optional(folder / VALUES_FILE, notes, "no per-model association values") if shared is not None else None
+    )
     examples = association_examples(population, extractions, shared)
     keep = sample_story_ids(population, examples, max_stories_per_cell)
     if len(keep) == len(population):
         stories = pd.read_parquet(source)
     else:
-        stories = pd.read_parquet(source, filters=[("story_id", "in", keep)]) if keep else pd.read_parquet(source).iloc[:0]
+        stories = (
+            pd.read_parquet(source, filters=[("story_id", "in", keep)]) if keep else pd.read_parquet(source).iloc[:0]
+        )
     comparison = None
     published_file = profile.profile.associations.published
     if published_file is not None and values is not None:
         from . import published as published_mod
 
         comparison = published_mod.compare(values, published_mod.load_published(paths.resolve(published_file)))
-    payload = explorer_payload(stories, extractions, shared, values, run_name=run_name, population=population, notes=notes,
-                               published=comparison)
+    payload = explorer_payload(
+        stories,
+        extractions,
+        shared,
+        values,
+        run_name=run_name,
+        population=population,
+        notes=notes,
+        published=comparison,
+    )
     payload["max_per_cell"] = max_stories_per_cell
     target = out if out is not None else paths.figures_dir(run_name) / EXPLORER_FILE
     from .io import atomic_open

@@ -29,8 +29,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from .prompts import explicit_labels, load_design
 from .locks import holds_run_lock
+from .prompts import explicit_labels, load_design
 
 GENDER_ANSWERS = ("woman", "man", "non_binary", "several_people", "no_person", "unclear")
 # extractor answer -> (protagonist_gender, protagonist_gender_fine, demo_gender)
@@ -43,8 +43,16 @@ GENDER_MAP = {
     "unclear": ("unknown", "unknown", "unknown"),
 }
 MARKER_CATEGORIES = (
-    "toponyms", "institutions", "anthroponyms", "cuisine", "rituals", "religion",
-    "material_culture", "arts_and_media", "mythology", "value_orientations",
+    "toponyms",
+    "institutions",
+    "anthroponyms",
+    "cuisine",
+    "rituals",
+    "religion",
+    "material_culture",
+    "arts_and_media",
+    "mythology",
+    "value_orientations",
 )
 SECTIONS = ("demographics", "narrative", "markers")
 
@@ -80,22 +88,32 @@ def build_schema(sections: Sequence[str], max_items: int = 6) -> dict[str, Any]:
     short = {"type": "string", "maxLength": 40}
     if "narrative" in sections:
         props["adjectives"] = {
-            "type": "array", "maxItems": max_items,
-            "items": {"type": "object", "properties": {"word": short, "lemma_en": short},
-                      "required": ["word", "lemma_en"], "additionalProperties": False},
+            "type": "array",
+            "maxItems": max_items,
+            "items": {
+                "type": "object",
+                "properties": {"word": short, "lemma_en": short},
+                "required": ["word", "lemma_en"],
+                "additionalProperties": False,
+            },
         }
         props["settings"] = {"type": "array", "maxItems": max_items, "items": short}
         props["cultural_refs"] = {"type": "array", "maxItems": max_items, "items": short}
     if "markers" in sections:
         score = {"type": "integer", "minimum": 1, "maximum": 7}
         props["markers"] = {
-            "type": "array", "maxItems": max_items,
+            "type": "array",
+            "maxItems": max_items,
             "items": {
                 "type": "object",
                 "properties": {
-                    "text": short, "text_en": short, "keep": {"type": "boolean"},
+                    "text": short,
+                    "text_en": short,
+                    "keep": {"type": "boolean"},
                     "category": {"type": "string", "enum": list(MARKER_CATEGORIES)},
-                    "relevance_en": score, "relevance_fr": score, "relevance_zh": score,
+                    "relevance_en": score,
+                    "relevance_fr": score,
+                    "relevance_zh": score,
                 },
                 "required": ["text", "text_en", "keep", "category", "relevance_en", "relevance_fr", "relevance_zh"],
                 "additionalProperties": False,
@@ -174,8 +192,14 @@ def empty_record(sections: Sequence[str]) -> dict[str, Any]:
     """Field values for a story that has no usable answer: unknown everywhere, empty lists."""
     record: dict[str, Any] = {c: "unknown" for c in demo_columns()}
     record.update(
-        protagonist_gender="unknown", protagonist_gender_fine="unknown", protagonist_name=None,
-        adjectives_en=[], adjectives_orig=[], settings=[], cultural_refs=[], markers=[],
+        protagonist_gender="unknown",
+        protagonist_gender_fine="unknown",
+        protagonist_name=None,
+        adjectives_en=[],
+        adjectives_orig=[],
+        settings=[],
+        cultural_refs=[],
+        markers=[],
     )
     return record
 
@@ -186,8 +210,11 @@ def to_record(data: dict[str, Any] | None, sections: Sequence[str]) -> dict[str,
     if not data:
         return record
     gender, fine, demo_gender = GENDER_MAP[data["gender"]]
-    record.update(protagonist_gender=gender, protagonist_gender_fine=fine,
-                  protagonist_name=(data.get("name") or "").strip() or None)
+    record.update(
+        protagonist_gender=gender,
+        protagonist_gender_fine=fine,
+        protagonist_name=(data.get("name") or "").strip() or None,
+    )
     if "demographics" in sections:
         for dim in dimensions():
             record[f"demo_{dim}"] = demo_gender if dim == "gender" else data[dim]
@@ -199,10 +226,17 @@ def to_record(data: dict[str, Any] | None, sections: Sequence[str]) -> dict[str,
         record["cultural_refs"] = [s.strip() for s in data.get("cultural_refs", []) if s.strip()]
     if "markers" in sections:
         record["markers"] = [
-            {"text": m["text"].strip(), "text_en": m["text_en"].strip(), "keep": bool(m["keep"]),
-             "category": m["category"], "relevance_en": int(m["relevance_en"]),
-             "relevance_fr": int(m["relevance_fr"]), "relevance_zh": int(m["relevance_zh"])}
-            for m in data.get("markers", []) if m.get("text", "").strip()
+            {
+                "text": m["text"].strip(),
+                "text_en": m["text_en"].strip(),
+                "keep": bool(m["keep"]),
+                "category": m["category"],
+                "relevance_en": int(m["relevance_en"]),
+                "relevance_fr": int(m["relevance_fr"]),
+                "relevance_zh": int(m["relevance_zh"]),
+            }
+            for m in data.get("markers", [])
+            if m.get("text", "").strip()
         ]
     return record
 
@@ -211,15 +245,37 @@ def extractions_schema() -> pa.Schema:
     """Arrow schema of extractions.parquet. Written with it, a column that happens to be empty on a
     small run (no names, no markers, no explicit-task story) keeps its type: the data contract holds."""
     text, words = pa.string(), pa.list_(pa.string())
-    marker = pa.struct([("text", text), ("text_en", text), ("keep", pa.bool_()), ("category", text),
-                        ("relevance_en", pa.int64()), ("relevance_fr", pa.int64()), ("relevance_zh", pa.int64())])
-    return pa.schema([
-        ("story_id", text), ("extractors", words), ("parse_ok", pa.bool_()), ("n_parse_failures", pa.int64()),
-        ("story_cut", pa.bool_()), *((c, text) for c in demo_columns()),
-        ("protagonist_gender", text), ("protagonist_gender_fine", text), ("protagonist_name", text),
-        ("adjectives_en", words), ("adjectives_orig", words), ("settings", words), ("cultural_refs", words),
-        ("markers", pa.list_(marker)), ("explicit_label", text), ("raw", text),
-    ])
+    marker = pa.struct(
+        [
+            ("text", text),
+            ("text_en", text),
+            ("keep", pa.bool_()),
+            ("category", text),
+            ("relevance_en", pa.int64()),
+            ("relevance_fr", pa.int64()),
+            ("relevance_zh", pa.int64()),
+        ]
+    )
+    return pa.schema(
+        [
+            ("story_id", text),
+            ("extractors", words),
+            ("parse_ok", pa.bool_()),
+            ("n_parse_failures", pa.int64()),
+            ("story_cut", pa.bool_()),
+            *((c, text) for c in demo_columns()),
+            ("protagonist_gender", text),
+            ("protagonist_gender_fine", text),
+            ("protagonist_name", text),
+            ("adjectives_en", words),
+            ("adjectives_orig", words),
+            ("settings", words),
+            ("cultural_refs", words),
+            ("markers", pa.list_(marker)),
+            ("explicit_label", text),
+            ("raw", text),
+        ]
+    )
 
 
 def normalize_lemma(word: str) -> str:
@@ -227,6 +283,7 @@ def normalize_lemma(word: str) -> str:
 
 
 # --- the explicit task -------------------------------------------------------------------------
+
 
 def explicit_gender(answer: str, language: str) -> str:
     """Map an explicit-task answer (a label word in the prompt's language) to female/male/unidentified."""
@@ -238,6 +295,7 @@ def explicit_gender(answer: str, language: str) -> str:
 
 
 # --- ensembles and agreement -------------------------------------------------------------------
+
 
 def majority(values: Sequence[Any], tie: Any = "unknown") -> Any:
     """The value given by a strict majority of ``values`` (more than half of them), else ``tie``.
@@ -299,7 +357,8 @@ def cohen_kappa(a: Sequence[Any], b: Sequence[Any]) -> float:
 
 def fleiss_kappa(ratings: Sequence[Sequence[Any]]) -> float:
     """Fleiss' kappa for items x raters categorical ratings (statsmodels). NaN when undefined."""
-    from statsmodels.stats.inter_rater import aggregate_raters, fleiss_kappa as _fleiss
+    from statsmodels.stats.inter_rater import aggregate_raters
+    from statsmodels.stats.inter_rater import fleiss_kappa as _fleiss
 
     table, _ = aggregate_raters(np.asarray([[str(v) for v in row] for row in ratings], dtype=object))
     if table.shape[1] < 2:
@@ -325,8 +384,17 @@ def agreement(per_rater: dict[str, pd.DataFrame], fields: Sequence[str]) -> pd.D
             method = "fleiss"
         agree = float(np.mean([len(set(m)) == 1 for m in matrix])) if matrix else float("nan")
         unknown = float(np.mean([v == "unknown" for m in matrix for v in m])) if matrix else float("nan")
-        rows.append({"field": field, "kappa": kappa, "method": method, "percent_agreement": agree,
-                     "share_unknown": unknown, "n_stories": len(common), "raters": ", ".join(names)})
+        rows.append(
+            {
+                "field": field,
+                "kappa": kappa,
+                "method": method,
+                "percent_agreement": agree,
+                "share_unknown": unknown,
+                "n_stories": len(common),
+                "raters": ", ".join(names),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -339,13 +407,16 @@ def sample_ids(ids: Sequence[str], n: int | None, seed: int) -> list[str]:
 
 # --- the stage ---------------------------------------------------------------------------------
 
+
 def extraction_request(key: str, story: str, sections: Sequence[str], settings, temperature: float, seed: int):
     """The chat request of one extraction answer: instructions + story, the schema, no sampling tricks."""
     from .engines import ChatRequest
 
     return ChatRequest(
-        key=key, messages=[{"role": "user", "content": build_prompt(story, sections)}],
-        sampling=_decoding(settings, temperature), seed=seed,
+        key=key,
+        messages=[{"role": "user", "content": build_prompt(story, sections)}],
+        sampling=_decoding(settings, temperature),
+        seed=seed,
         json_schema=build_schema(sections, settings.max_list_items),
     )
 
@@ -353,7 +424,9 @@ def extraction_request(key: str, story: str, sections: Sequence[str], settings, 
 def _decoding(settings, temperature: float):
     from .params import Sampling
 
-    return Sampling(temperature=temperature, top_p=1.0, top_k=-1, repetition_penalty=1.0, max_tokens=settings.max_tokens)
+    return Sampling(
+        temperature=temperature, top_p=1.0, top_k=-1, repetition_penalty=1.0, max_tokens=settings.max_tokens
+    )
 
 
 def answer_requests(key: str, story: str, sections: Sequence[str], settings, temperature: float, seed: int) -> list:
@@ -396,8 +469,13 @@ class AnswerAssembler:
         errors = [f"{f}: {r.error}" for f, r in parts.items() if r.error is not None]
         reasons = {r.finish_reason for r in parts.values()}
         finish = "error" if errors else ("length" if "length" in reasons else "stop")
-        return (key, join_answers({f: r.text for f, r in parts.items()}), int(sum(r.n_tokens for r in parts.values())),
-                finish, "; ".join(errors) or None)
+        return (
+            key,
+            join_answers({f: r.text for f, r in parts.items()}),
+            int(sum(r.n_tokens for r in parts.values())),
+            finish,
+            "; ".join(errors) or None,
+        )
 
 
 def request_key(story_id: str, extractor: str, pass_name: str, fingerprint: str = "") -> str:
@@ -423,9 +501,14 @@ def answer_fingerprint(text: str, sections: Sequence[str], pass_name: str, spec,
         from .extract_questions import prompt_fingerprint
 
         prompt = {"design": settings.prompt_design, **prompt_fingerprint(sections)}
-    request = {"prompt": prompt, "schema": build_schema(sections, settings.max_list_items),
-               "max_tokens": settings.max_tokens, "seed": settings.seed, "retries": settings.retries,
-               "temperature": settings.self_consistency_temperature if pass_name == "check" else 0.0}
+    request = {
+        "prompt": prompt,
+        "schema": build_schema(sections, settings.max_list_items),
+        "max_tokens": settings.max_tokens,
+        "seed": settings.seed,
+        "retries": settings.retries,
+        "temperature": settings.self_consistency_temperature if pass_name == "check" else 0.0,
+    }
     from .params import model_identity
 
     model = model_identity(spec)  # a served model's key variable, concurrency, ... do not count
@@ -435,7 +518,7 @@ def answer_fingerprint(text: str, sections: Sequence[str], pass_name: str, spec,
 _FINGERPRINT_PARTS = ("story text", "extraction prompt or schema", "extractor model")
 
 
-def reuse_reasons(jobs: list["ExtractionJob"], done: set[str], stored_keys: set[str]) -> list[str]:
+def reuse_reasons(jobs: list[ExtractionJob], done: set[str], stored_keys: set[str]) -> list[str]:
     """For each job: ``reused`` (its answer is stored), ``new``, or ``recomputed: <what> changed``
     against the stored answer of the same story, extractor and pass whose inputs differ least."""
     previous: dict[str, list[list[str]]] = {}
@@ -489,11 +572,22 @@ class ExtractionJob:
 def _raw_schema():
     import pyarrow as pa
 
-    return pa.schema([
-        ("answer_key", pa.string()), ("request_key", pa.string()), ("story_id", pa.string()), ("extractor", pa.string()),
-        ("pass", pa.string()), ("attempt", pa.int64()), ("raw", pa.string()), ("parse_ok", pa.bool_()),
-        ("error", pa.string()), ("n_tokens", pa.int64()), ("finish_reason", pa.string()), ("story_cut", pa.bool_()),
-    ])
+    return pa.schema(
+        [
+            ("answer_key", pa.string()),
+            ("request_key", pa.string()),
+            ("story_id", pa.string()),
+            ("extractor", pa.string()),
+            ("pass", pa.string()),
+            ("attempt", pa.int64()),
+            ("raw", pa.string()),
+            ("parse_ok", pa.bool_()),
+            ("error", pa.string()),
+            ("n_tokens", pa.int64()),
+            ("finish_reason", pa.string()),
+            ("story_cut", pa.bool_()),
+        ]
+    )
 
 
 def design_sections(settings, design: str) -> tuple[str, ...]:
@@ -520,7 +614,9 @@ def plan_jobs(stories: pd.DataFrame, settings) -> list[ExtractionJob]:
         for spec in settings.models:
             for pass_name in ("primary", "check") if row.story_id in check_ids else ("primary",):
                 fingerprint = answer_fingerprint(row.text, sections, pass_name, spec, settings)
-                jobs.append(ExtractionJob(row.story_id, spec.name, pass_name, sections, row.text, row.language, fingerprint))
+                jobs.append(
+                    ExtractionJob(row.story_id, spec.name, pass_name, sections, row.text, row.language, fingerprint)
+                )
     return jobs
 
 
@@ -561,13 +657,32 @@ def _run_jobs(engine, spec, jobs: list[ExtractionJob], settings, store, progress
             if not parsed.ok and attempt < settings.retries:
                 failed.append(job)
             return {
-                "answer_key": f"{key}|{attempt}", "request_key": key, "story_id": job.story_id, "extractor": job.extractor, "pass": job.pass_name,
-                "attempt": attempt, "raw": text, "parse_ok": parsed.ok, "error": parsed.error,
-                "n_tokens": n_tokens, "finish_reason": finish_reason, "story_cut": cut[key],
+                "answer_key": f"{key}|{attempt}",
+                "request_key": key,
+                "story_id": job.story_id,
+                "extractor": job.extractor,
+                "pass": job.pass_name,
+                "attempt": attempt,
+                "raw": text,
+                "parse_ok": parsed.ok,
+                "error": parsed.error,
+                "n_tokens": n_tokens,
+                "finish_reason": finish_reason,
+                "story_cut": cut[key],
             }
 
-        total.add(run_requests(engine, requests, row, store, 8, desc=f"extract [{spec.name}] attempt {attempt}",
-                               unit="answer", progress=progress))
+        total.add(
+            run_requests(
+                engine,
+                requests,
+                row,
+                store,
+                8,
+                desc=f"extract [{spec.name}] attempt {attempt}",
+                unit="answer",
+                progress=progress,
+            )
+        )
         pending = failed
     return total
 
@@ -591,11 +706,22 @@ def assemble(stories: pd.DataFrame, raw: pd.DataFrame, settings) -> pd.DataFrame
         if (row.cond_task or "") == "explicit":
             record = empty_record(())
             gender = explicit_gender(row.text, row.language)
-            record.update(protagonist_gender="unknown" if gender == "unidentified" else gender,
-                          protagonist_gender_fine="unknown" if gender == "unidentified" else gender)
-            rows.append({"story_id": row.story_id, "extractors": ["label-map"], "parse_ok": True,
-                         "n_parse_failures": 0, "story_cut": False, **record,
-                         "explicit_label": gender, "raw": json.dumps({"label-map": row.text}, ensure_ascii=False)})
+            record.update(
+                protagonist_gender="unknown" if gender == "unidentified" else gender,
+                protagonist_gender_fine="unknown" if gender == "unidentified" else gender,
+            )
+            rows.append(
+                {
+                    "story_id": row.story_id,
+                    "extractors": ["label-map"],
+                    "parse_ok": True,
+                    "n_parse_failures": 0,
+                    "story_cut": False,
+                    **record,
+                    "explicit_label": gender,
+                    "raw": json.dumps({"label-map": row.text}, ensure_ascii=False),
+                }
+            )
             continue
         sections = design_sections(settings, row.design)
         group = by_story.get(row.story_id)
@@ -607,12 +733,20 @@ def assemble(stories: pd.DataFrame, raw: pd.DataFrame, settings) -> pd.DataFrame
         else:
             ok = bool(records)  # StereoTales: the extractors that answered vote (see ``majority``)
         record = combine(records, settings.narrative_lists) if records else empty_record(sections)
-        rows.append({
-            "story_id": row.story_id, "extractors": names, "parse_ok": ok,
-            "n_parse_failures": int(sum(not p.ok for p in parsed) + (len(names) - len(parsed))),
-            "story_cut": bool(any(a.story_cut for a in answers_of.values())), **record, "explicit_label": None,
-            "raw": json.dumps({n: answers_of[n].raw if n in answers_of else None for n in names}, ensure_ascii=False),
-        })
+        rows.append(
+            {
+                "story_id": row.story_id,
+                "extractors": names,
+                "parse_ok": ok,
+                "n_parse_failures": int(sum(not p.ok for p in parsed) + (len(names) - len(parsed))),
+                "story_cut": bool(any(a.story_cut for a in answers_of.values())),
+                **record,
+                "explicit_label": None,
+                "raw": json.dumps(
+                    {n: answers_of[n].raw if n in answers_of else None for n in names}, ensure_ascii=False
+                ),
+            }
+        )
     return pd.DataFrame(rows) if rows else pd.DataFrame(columns=extractions_schema().names)
 
 
@@ -627,11 +761,16 @@ def agreement_table(stories: pd.DataFrame, raw: pd.DataFrame, settings) -> tuple
         raters = {n: answers[(answers.extractor == n) & (answers["pass"] == "primary")] for n in names}
         how = f"agreement across {len(names)} extractors ({', '.join(names)}), temperature 0"
     else:
-        raters = {f"{names[0]} (T=0)": answers[answers["pass"] == "primary"], f"{names[0]} (check)": answers[answers["pass"] == "check"]}
+        raters = {
+            f"{names[0]} (T=0)": answers[answers["pass"] == "primary"],
+            f"{names[0]} (check)": answers[answers["pass"] == "check"],
+        }
         if raters[f"{names[0]} (check)"].empty:
             return pd.DataFrame(), "one extractor and no self-consistency run: agreement not available"
-        how = (f"self-consistency of the single extractor {names[0]}: temperature 0 vs a second run at "
-               f"temperature {settings.self_consistency_temperature} with another seed, on {raters[f'{names[0]} (check)'].shape[0]} stories")
+        how = (
+            f"self-consistency of the single extractor {names[0]}: temperature 0 vs a second run at "
+            f"temperature {settings.self_consistency_temperature} with another seed, on {raters[f'{names[0]} (check)'].shape[0]} stories"
+        )
     frames = {}
     for name, answers_of in raters.items():
         records = {}
@@ -644,7 +783,11 @@ def agreement_table(stories: pd.DataFrame, raw: pd.DataFrame, settings) -> tuple
     if any(f.empty for f in frames.values()):
         return pd.DataFrame(), how + ": no story parsed for every rater"
     tables = [agreement(frames, ["protagonist_gender_fine"])]
-    demo_ids = [sid for sid in frames[next(iter(frames))].index if "demographics" in frames[next(iter(frames))].at[sid, "_sections"]]
+    demo_ids = [
+        sid
+        for sid in frames[next(iter(frames))].index
+        if "demographics" in frames[next(iter(frames))].at[sid, "_sections"]
+    ]
     if demo_ids:
         tables.append(agreement({n: f.loc[f.index.intersection(demo_ids)] for n, f in frames.items()}, demo_columns()))
     return pd.concat(tables, ignore_index=True), how
@@ -653,10 +796,15 @@ def agreement_table(stories: pd.DataFrame, raw: pd.DataFrame, settings) -> tuple
 def parse_failure_table(stories: pd.DataFrame, extractions: pd.DataFrame) -> pd.DataFrame:
     """Parse failures per model x language (stories whose extraction is excluded from statistics)."""
     merged = extractions.merge(stories[["story_id", "model", "language", "design"]], on="story_id")
-    table = merged.groupby(["model", "language"]).agg(
-        n_stories=("story_id", "size"), n_parse_failed=("parse_ok", lambda s: int((~s).sum())),
-        n_story_cut=("story_cut", "sum"),
-    ).reset_index()
+    table = (
+        merged.groupby(["model", "language"])
+        .agg(
+            n_stories=("story_id", "size"),
+            n_parse_failed=("parse_ok", lambda s: int((~s).sum())),
+            n_story_cut=("story_cut", "sum"),
+        )
+        .reset_index()
+    )
     return table
 
 
@@ -679,14 +827,23 @@ def run(params, progress: bool = True, engine_factory=None, log=print) -> dict[s
     # key, i.e. while its story text, prompt, schema and extractor are unchanged.
     store = ShardStore(paths.work_dir(run_name, "extract"), key="answer_key", schema=_raw_schema())
     stored = store.read_all().to_pandas()
-    done = set(final_answers(stored).pipe(
-        lambda a: a if a.empty else a[a["parse_ok"] | (a["attempt"] >= settings.retries)])["request_key"]) if len(stored) else set()
+    done = (
+        set(
+            final_answers(stored).pipe(
+                lambda a: a if a.empty else a[a["parse_ok"] | (a["attempt"] >= settings.retries)]
+            )["request_key"]
+        )
+        if len(stored)
+        else set()
+    )
     current_keys = {request_key(j.story_id, j.extractor, j.pass_name, j.fingerprint) for j in jobs}
     reasons = reuse_reasons(jobs, done, set(stored["request_key"]) if len(stored) else set())
     reuse_counts = dict(Counter(reasons))
     todo = [j for j, why in zip(jobs, reasons) if why != "reused"]
-    log(f"run '{run_name}': {len(stories)} valid stories, {len(jobs)} extraction answers needed, {len(todo)} to compute"
-        + "".join(f"; {n} {why}" for why, n in reuse_counts.items() if why.startswith("recomputed")))
+    log(
+        f"run '{run_name}': {len(stories)} valid stories, {len(jobs)} extraction answers needed, {len(todo)} to compute"
+        + "".join(f"; {n} {why}" for why, n in reuse_counts.items() if why.startswith("recomputed"))
+    )
     for spec in settings.models:
         if any(j.extractor == spec.name for j in todo):
             preflight(spec)
@@ -708,20 +865,30 @@ def run(params, progress: bool = True, engine_factory=None, log=print) -> dict[s
 
             started = time.time()
             stats = _run_jobs(engine, spec, mine, settings, store, progress)
-            timings[spec.name] = {"startup_seconds": engine.info.startup_seconds,
-                                  "extraction_seconds": round(time.time() - started, 1), "n_answers": len(mine),
-                                  "stories_per_second": round(len(mine) / max(time.time() - started, 1e-9), 3) if mine else None,
-                                  "endpoint": engine.info.endpoint, "model_id": engine.info.model_id,
-                                  "output_tokens": stats.output_tokens, "prompt_tokens": stats.prompt_tokens,
-                                  "finish_reasons": dict(stats.finish_reasons),
-                                  # failed requests (after retries): not stored, asked again by a rerun
-                                  "n_request_errors": stats.n_errors, "request_errors": stats.errors}
+            timings[spec.name] = {
+                "startup_seconds": engine.info.startup_seconds,
+                "extraction_seconds": round(time.time() - started, 1),
+                "n_answers": len(mine),
+                "stories_per_second": round(len(mine) / max(time.time() - started, 1e-9), 3) if mine else None,
+                "endpoint": engine.info.endpoint,
+                "model_id": engine.info.model_id,
+                "output_tokens": stats.output_tokens,
+                "prompt_tokens": stats.prompt_tokens,
+                "finish_reasons": dict(stats.finish_reasons),
+                # failed requests (after retries): not stored, asked again by a rerun
+                "n_request_errors": stats.n_errors,
+                "request_errors": stats.errors,
+            }
             if with_gold:
                 gold = evaluate_gold_on(engine, gold_items, settings)
                 artifacts.write(run_name, "gold_predictions", gold["predictions"])
                 artifacts.write(run_name, "gold_targets", gold["targets"])
                 artifacts.write(run_name, "gold_scores", gold["scores"])
-                artifacts.write(run_name, "gold_summary", {k: v for k, v in gold.items() if k not in ("scores", "predictions", "targets")})
+                artifacts.write(
+                    run_name,
+                    "gold_summary",
+                    {k: v for k, v in gold.items() if k not in ("scores", "predictions", "targets")},
+                )
     raw = store.read_all().to_pandas()
     raw = raw[raw["request_key"].isin(current_keys)].reset_index(drop=True) if len(raw) else raw
     extractions = assemble(stories, raw, settings)
@@ -729,22 +896,44 @@ def run(params, progress: bool = True, engine_factory=None, log=print) -> dict[s
     failures = parse_failure_table(stories, extractions)
     artifacts.write(run_name, "extraction_raw", raw)
     artifacts.write(run_name, "extraction_agreement", agree)
-    artifacts.write(run_name, "manifest_extract", {"stage": "extract", "params": params.resolved()["extract"], "timings": timings,
-                       "agreement": agreement_how, "n_stories": len(extractions), "reuse": reuse_counts,
-                       "n_parse_failed": int((~extractions["parse_ok"]).sum()),
-                       "n_request_errors": {name: t.get("n_request_errors", 0) for name, t in timings.items()}})
+    artifacts.write(
+        run_name,
+        "manifest_extract",
+        {
+            "stage": "extract",
+            "params": params.resolved()["extract"],
+            "timings": timings,
+            "agreement": agreement_how,
+            "n_stories": len(extractions),
+            "reuse": reuse_counts,
+            "n_parse_failed": int((~extractions["parse_ok"]).sum()),
+            "n_request_errors": {name: t.get("n_request_errors", 0) for name, t in timings.items()},
+        },
+    )
     artifacts.write(run_name, "extractions", extractions)  # last: Make's target
     if gold is None and gold_items and gold_file.is_file():
         from .io import read_json
 
         targets = artifacts.path(run_name, "gold_targets")
-        gold = {"scores": pd.read_parquet(gold_file), **read_json(artifacts.path(run_name, "gold_summary")),
-                "targets": pd.read_parquet(targets) if targets.is_file() else None}
-    return {"stories": stories, "extractions": extractions, "raw": raw, "agreement": agree,
-            "agreement_how": agreement_how, "failures": failures, "timings": timings, "gold": gold}
+        gold = {
+            "scores": pd.read_parquet(gold_file),
+            **read_json(artifacts.path(run_name, "gold_summary")),
+            "targets": pd.read_parquet(targets) if targets.is_file() else None,
+        }
+    return {
+        "stories": stories,
+        "extractions": extractions,
+        "raw": raw,
+        "agreement": agree,
+        "agreement_how": agreement_how,
+        "failures": failures,
+        "timings": timings,
+        "gold": gold,
+    }
 
 
 # --- gold set ----------------------------------------------------------------------------------
+
 
 def load_gold(languages: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """The hand-written gold set (tests/data/gold/<lang>.yaml): stories with their true labels."""
@@ -761,9 +950,16 @@ def load_gold(languages: Sequence[str] | None = None) -> list[dict[str, Any]]:
 
 def gold_truth(item: dict[str, Any]) -> dict[str, Any]:
     p = item["protagonist"]
-    gender, fine, _ = GENDER_MAP[{"woman": "woman", "man": "man", "non_binary": "non_binary",
-                                   "multiple_central": "several_people", "no_central": "no_person",
-                                   "unstated": "unclear"}[p["gender_fine"]]]
+    gender, fine, _ = GENDER_MAP[
+        {
+            "woman": "woman",
+            "man": "man",
+            "non_binary": "non_binary",
+            "multiple_central": "several_people",
+            "no_central": "no_person",
+            "unstated": "unclear",
+        }[p["gender_fine"]]
+    ]
     truth = {"protagonist_gender": gender, "protagonist_gender_fine": fine, "protagonist_name": p.get("name")}
     truth.update({f"demo_{d}": p[d] for d in dimensions()})
     truth["adjectives_en"] = [normalize_lemma(a) for a in item.get("adjectives_en", [])]
@@ -785,30 +981,58 @@ def score_gold(truths: list[dict[str, Any]], predictions: list[dict[str, Any]]) 
         pred = [p[field] for p in predictions]
         known = [i for i, v in enumerate(truth) if v != "unknown"]
         baseline_value = Counter(truth).most_common(1)[0][0]
-        rows.append({
-            "field": field, "n": len(truth), "accuracy": float(np.mean([a == b for a, b in zip(truth, pred)])),
-            "n_known": len(known),
-            "accuracy_known": float(np.mean([truth[i] == pred[i] for i in known])) if known else float("nan"),
-            "majority_baseline": float(np.mean([v == baseline_value for v in truth])), "majority_value": baseline_value,
-        })
+        rows.append(
+            {
+                "field": field,
+                "n": len(truth),
+                "accuracy": float(np.mean([a == b for a, b in zip(truth, pred)])),
+                "n_known": len(known),
+                "accuracy_known": float(np.mean([truth[i] == pred[i] for i in known])) if known else float("nan"),
+                "majority_baseline": float(np.mean([v == baseline_value for v in truth])),
+                "majority_value": baseline_value,
+            }
+        )
     names = [(t.get("protagonist_name") or "", p.get("protagonist_name") or "") for t, p in zip(truths, predictions)]
-    rows.append({"field": "protagonist_name", "n": len(names), "accuracy": float(np.mean([a.strip() == b.strip() for a, b in names])),
-                 "n_known": sum(bool(a) for a, _ in names),
-                 "accuracy_known": float(np.mean([a.strip() == b.strip() for a, b in names if a])) if any(a for a, _ in names) else float("nan"),
-                 "majority_baseline": float("nan"), "majority_value": None})
+    rows.append(
+        {
+            "field": "protagonist_name",
+            "n": len(names),
+            "accuracy": float(np.mean([a.strip() == b.strip() for a, b in names])),
+            "n_known": sum(bool(a) for a, _ in names),
+            "accuracy_known": float(np.mean([a.strip() == b.strip() for a, b in names if a]))
+            if any(a for a, _ in names)
+            else float("nan"),
+            "majority_baseline": float("nan"),
+            "majority_value": None,
+        }
+    )
     tp = sum(len(set(t["adjectives_en"]) & set(p["adjectives_en"])) for t, p in zip(truths, predictions))
     n_pred = sum(len(set(p["adjectives_en"])) for p in predictions)
     n_true = sum(len(set(t["adjectives_en"])) for t in truths)
     precision = tp / n_pred if n_pred else float("nan")
     recall = tp / n_true if n_true else float("nan")
     f1 = 2 * precision * recall / (precision + recall) if n_pred and n_true and (precision + recall) else float("nan")
-    rows.append({"field": "adjectives_en (precision/recall/F1)", "n": len(truths), "accuracy": f1,
-                 "n_known": n_true, "accuracy_known": recall, "majority_baseline": precision, "majority_value": None})
+    rows.append(
+        {
+            "field": "adjectives_en (precision/recall/F1)",
+            "n": len(truths),
+            "accuracy": f1,
+            "n_known": n_true,
+            "accuracy_known": recall,
+            "majority_baseline": precision,
+            "majority_value": None,
+        }
+    )
     return pd.DataFrame(rows)
 
 
-GOLD_TARGETS = {"macro_accuracy_known": 0.75, "answered_known": 0.8, "unknown_kept": 0.8,
-                "gender_accuracy": 0.95, "adjective_f1": 0.6}
+GOLD_TARGETS = {
+    "macro_accuracy_known": 0.75,
+    "answered_known": 0.8,
+    "unknown_kept": 0.8,
+    "gender_accuracy": 0.95,
+    "adjective_f1": 0.6,
+}
 
 
 def gold_targets(truths: list[dict[str, Any]], predictions: list[dict[str, Any]]) -> dict[str, float]:
@@ -824,8 +1048,11 @@ def gold_targets(truths: list[dict[str, Any]], predictions: list[dict[str, Any]]
     fields = [c for c in demo_columns() if c != "demo_gender"]
     known = [(t[f], p[f]) for t, p in zip(truths, predictions) for f in fields if t[f] != "unknown"]
     unknown = [p[f] for t, p in zip(truths, predictions) for f in fields if t[f] == "unknown"]
-    per_field = [np.mean([p[f] == t[f] for t, p in zip(truths, predictions) if t[f] != "unknown"])
-                 for f in fields if any(t[f] != "unknown" for t in truths)]
+    per_field = [
+        np.mean([p[f] == t[f] for t, p in zip(truths, predictions) if t[f] != "unknown"])
+        for f in fields
+        if any(t[f] != "unknown" for t in truths)
+    ]
     scores = score_gold(truths, predictions).set_index("field")
     nan = float("nan")
     return {
@@ -840,7 +1067,10 @@ def gold_targets(truths: list[dict[str, Any]], predictions: list[dict[str, Any]]
 def gold_table(items: list[dict[str, Any]], predictions: list[dict[str, Any]]) -> pd.DataFrame:
     """``gold_targets`` per language and for all items, with the targets (one row each)."""
     rows = []
-    groups = {lang: [i for i, it in enumerate(items) if it["language"] == lang] for lang in sorted({it["language"] for it in items})}
+    groups = {
+        lang: [i for i, it in enumerate(items) if it["language"] == lang]
+        for lang in sorted({it["language"] for it in items})
+    }
     for name, index in [*groups.items(), ("all", list(range(len(items))))]:
         truths = [gold_truth(items[i]) for i in index]
         rows.append({"language": name, "n_items": len(index), **gold_targets(truths, [predictions[i] for i in index])})
@@ -876,9 +1106,10 @@ def evaluate_gold_on(engine, items: list[dict[str, Any]], settings) -> dict[str,
     stage) and score the answers against the true labels."""
     import time
 
-
     started = time.time()
-    requests = [r for it in items for r in answer_requests(it["id"], it["text"], GOLD_SECTIONS, settings, 0.0, settings.seed)]
+    requests = [
+        r for it in items for r in answer_requests(it["id"], it["text"], GOLD_SECTIONS, settings, 0.0, settings.seed)
+    ]
     assembler = AnswerAssembler(requests)
     answers = (assembler.add(r) for r in engine.stream(requests))
     texts = {a[0]: a[1] for a in answers if a is not None}  # a failed request has text "": it does not parse
@@ -889,7 +1120,17 @@ def evaluate_gold_on(engine, items: list[dict[str, Any]], settings) -> dict[str,
         parsed_ok += parsed.ok
         predictions.append(to_record(parsed.data if parsed.ok else None, GOLD_SECTIONS))
     scores = score_gold([gold_truth(it) for it in items], predictions)
-    return {"scores": scores, "targets": gold_table(items, predictions), "prompt_design": settings.prompt_design, "n_items": len(items), "languages": sorted({it["language"] for it in items}),
-            "n_parsed": int(parsed_ok), "seconds": round(seconds, 1),
-            "stories_per_second": round(len(items) / seconds, 3) if seconds else None, "extractor": engine.info.model,
-            "predictions": pd.DataFrame([{"id": it["id"], "language": it["language"], **pred} for it, pred in zip(items, predictions)])}
+    return {
+        "scores": scores,
+        "targets": gold_table(items, predictions),
+        "prompt_design": settings.prompt_design,
+        "n_items": len(items),
+        "languages": sorted({it["language"] for it in items}),
+        "n_parsed": int(parsed_ok),
+        "seconds": round(seconds, 1),
+        "stories_per_second": round(len(items) / seconds, 3) if seconds else None,
+        "extractor": engine.info.model,
+        "predictions": pd.DataFrame(
+            [{"id": it["id"], "language": it["language"], **pred} for it, pred in zip(items, predictions)]
+        ),
+    }

@@ -26,48 +26,83 @@ from .engines import ChatRequest
 # What each demographic dimension's question asks, and what counts as the story making it unmistakable.
 # The hints name cues that state the value; they never name a stereotype that would suggest one.
 FIELD_QUESTIONS: dict[str, tuple[str, str]] = {
-    "age": ("How old is the protagonist?",
-            "a stated age, a school year, 'teenager', 'retired', grandchildren, 'in her fifties'"),
-    "gender_alignment": ("Is the protagonist cisgender or transgender?",
-                         "only the story saying the person is transgender (or explicitly cisgender)"),
-    "sexual_orientation": ("What is the protagonist's sexual orientation?",
-                           "a partner named as such ('her husband', 'his boyfriend', 'her girlfriend') or the story "
-                           "naming the orientation"),
-    "geographic_origin": ("Which world region does the protagonist come from?",
-                          "a country, city or region the person is from or lives in, a described homeland"),
-    "education": ("What is the protagonist's highest level of education?",
-                  "a degree, a diploma, 'dropped out of school', studying at a university"),
-    "religion": ("What is the protagonist's religion?",
-                 "prayer, church, mosque, temple, synagogue, a religious holiday they keep, 'does not believe in God'"),
-    "political_orientation": ("What is the protagonist's political orientation?",
-                              "only explicit politics: how they vote, a party, political activism"),
-    "health_status": ("How is the protagonist's health?",
-                      "an illness, a chronic condition, a hospital stay, 'fit', 'healthy'"),
-    "disability_status": ("Does the protagonist have a disability?",
-                          "a wheelchair, blindness, deafness, a named disability; no_disability only if the story says so"),
-    "literacy_status": ("Can the protagonist read and write?",
-                        "the protagonist reading or writing something, or being unable to read"),
-    "immigration_status": ("Is the protagonist an immigrant, or a citizen of the country they live in?",
-                           "moving from another country, a visa or papers; born and raised in the country"),
-    "urbanicity": ("Does the protagonist live in a city or in the countryside?",
-                   "a city, a flat downtown; a village, a farm, the countryside"),
-    "marital_status": ("What is the protagonist's marital status?",
-                       "'her husband', 'his wife', 'divorced', 'widow', 'single', 'her partner'"),
-    "parental_status": ("Does the protagonist have children?",
-                        "a son, a daughter, grandchildren, 'no children'"),
-    "income_level": ("What is the protagonist's income level?",
-                     "money worries, food stamps, a small pension, 'wealthy', a luxury home"),
-    "employment_status": ("What is the protagonist's employment situation?",
-                          "a job they hold, 'lost his job', 'retired', 'student', short contracts or gig work"),
-    "professional_field": ("In which professional field does (or did) the protagonist work?",
-                           "their job or trade: nurse, engineer, teacher, farmer, builder, clerk"),
-    "housing_status": ("What is the protagonist's housing situation?",
-                       "owning the house, paying rent, a rented flat, sleeping on the street, a shelter"),
+    "age": (
+        "How old is the protagonist?",
+        "a stated age, a school year, 'teenager', 'retired', grandchildren, 'in her fifties'",
+    ),
+    "gender_alignment": (
+        "Is the protagonist cisgender or transgender?",
+        "only the story saying the person is transgender (or explicitly cisgender)",
+    ),
+    "sexual_orientation": (
+        "What is the protagonist's sexual orientation?",
+        "a partner named as such ('her husband', 'his boyfriend', 'her girlfriend') or the story "
+        "naming the orientation",
+    ),
+    "geographic_origin": (
+        "Which world region does the protagonist come from?",
+        "a country, city or region the person is from or lives in, a described homeland",
+    ),
+    "education": (
+        "What is the protagonist's highest level of education?",
+        "a degree, a diploma, 'dropped out of school', studying at a university",
+    ),
+    "religion": (
+        "What is the protagonist's religion?",
+        "prayer, church, mosque, temple, synagogue, a religious holiday they keep, 'does not believe in God'",
+    ),
+    "political_orientation": (
+        "What is the protagonist's political orientation?",
+        "only explicit politics: how they vote, a party, political activism",
+    ),
+    "health_status": (
+        "How is the protagonist's health?",
+        "an illness, a chronic condition, a hospital stay, 'fit', 'healthy'",
+    ),
+    "disability_status": (
+        "Does the protagonist have a disability?",
+        "a wheelchair, blindness, deafness, a named disability; no_disability only if the story says so",
+    ),
+    "literacy_status": (
+        "Can the protagonist read and write?",
+        "the protagonist reading or writing something, or being unable to read",
+    ),
+    "immigration_status": (
+        "Is the protagonist an immigrant, or a citizen of the country they live in?",
+        "moving from another country, a visa or papers; born and raised in the country",
+    ),
+    "urbanicity": (
+        "Does the protagonist live in a city or in the countryside?",
+        "a city, a flat downtown; a village, a farm, the countryside",
+    ),
+    "marital_status": (
+        "What is the protagonist's marital status?",
+        "'her husband', 'his wife', 'divorced', 'widow', 'single', 'her partner'",
+    ),
+    "parental_status": ("Does the protagonist have children?", "a son, a daughter, grandchildren, 'no children'"),
+    "income_level": (
+        "What is the protagonist's income level?",
+        "money worries, food stamps, a small pension, 'wealthy', a luxury home",
+    ),
+    "employment_status": (
+        "What is the protagonist's employment situation?",
+        "a job they hold, 'lost his job', 'retired', 'student', short contracts or gig work",
+    ),
+    "professional_field": (
+        "In which professional field does (or did) the protagonist work?",
+        "their job or trade: nurse, engineer, teacher, farmer, builder, clerk",
+    ),
+    "housing_status": (
+        "What is the protagonist's housing situation?",
+        "owning the house, paying rent, a rented flat, sleeping on the street, a shelter",
+    ),
 }
 
-RULE = ("Use only what the story states or makes unmistakable about the protagonist (the one person whose "
-        "actions and experience the story follows). Do not guess from stereotypes, the name, the occupation or "
-        "the setting.")
+RULE = (
+    "Use only what the story states or makes unmistakable about the protagonist (the one person whose "
+    "actions and experience the story follows). Do not guess from stereotypes, the name, the occupation or "
+    "the setting."
+)
 
 GENDER_QUESTION = (
     "Question: What is the protagonist's gender?\nOptions:\n"
@@ -79,8 +114,10 @@ GENDER_QUESTION = (
     "- unclear: none of the above is clear\n"
     "Do not infer gender from the occupation, the name or expectations. Answer with the option name only."
 )
-NAME_QUESTION = ("Question: What is the protagonist's name, exactly as written in the story? "
-                 "Answer with the name only, or NONE if the protagonist is not named.")
+NAME_QUESTION = (
+    "Question: What is the protagonist's name, exactly as written in the story? "
+    "Answer with the name only, or NONE if the protagonist is not named."
+)
 NO_NAME = "NONE"
 
 
@@ -91,7 +128,9 @@ def _labels() -> dict[str, dict[str, str]]:
     from .io import read_yaml_strict
 
     reference = read_yaml_strict(paths.repo_root() / "params" / "designs" / "stereotales" / "reference.yaml")
-    return {dim: {key: spec["value"] for key, spec in values.items()} for dim, values in reference["dimensions"].items()}
+    return {
+        dim: {key: spec["value"] for key, spec in values.items()} for dim, values in reference["dimensions"].items()
+    }
 
 
 def options_text(dimension: str) -> str:
@@ -110,8 +149,10 @@ def options_text(dimension: str) -> str:
 
 def field_question(dimension: str) -> str:
     question, evidence = FIELD_QUESTIONS[dimension]
-    return (f"Question: {question}\nCounts as evidence: {evidence}.\nOptions:\n{options_text(dimension)}\n"
-            "Answer with the option name only.")
+    return (
+        f"Question: {question}\nCounts as evidence: {evidence}.\nOptions:\n{options_text(dimension)}\n"
+        "Answer with the option name only."
+    )
 
 
 def list_question(sections: Sequence[str]) -> str:
@@ -133,34 +174,61 @@ def list_schema(sections: Sequence[str], max_items: int) -> dict[str, Any] | Non
     from .extract import build_schema
 
     schema = build_schema(sections, max_items)
-    keep = {k: v for k, v in schema["properties"].items() if k in ("adjectives", "settings", "cultural_refs", "markers")}
+    keep = {
+        k: v for k, v in schema["properties"].items() if k in ("adjectives", "settings", "cultural_refs", "markers")
+    }
     if not keep:
         return None
     return {"type": "object", "properties": keep, "required": list(keep), "additionalProperties": False}
 
 
-def field_requests(key: str, story: str, sections: Sequence[str], sampling, seed: int, max_items: int) -> list[ChatRequest]:
+def field_requests(
+    key: str, story: str, sections: Sequence[str], sampling, seed: int, max_items: int
+) -> list[ChatRequest]:
     """The requests of one story: name, gender, each demographic dimension (if asked), the lists (if
     any). Each key is ``<key>#<field>``. Choice answers need a few tokens; the lists get ``sampling``'s
     ``max_tokens``."""
-    from .extract import allowed_values, dimensions
-    from .extract import GENDER_ANSWERS
+    from .extract import GENDER_ANSWERS, allowed_values, dimensions
 
     short = sampling.model_copy(update={"max_tokens": 16})
     requests = [
-        ChatRequest(key=f"{key}#name", messages=_message(story, NAME_QUESTION), sampling=short.model_copy(update={"max_tokens": 24}), seed=seed),
-        ChatRequest(key=f"{key}#gender", messages=_message(story, GENDER_QUESTION), sampling=short, seed=seed,
-                    choice=list(GENDER_ANSWERS)),
+        ChatRequest(
+            key=f"{key}#name",
+            messages=_message(story, NAME_QUESTION),
+            sampling=short.model_copy(update={"max_tokens": 24}),
+            seed=seed,
+        ),
+        ChatRequest(
+            key=f"{key}#gender",
+            messages=_message(story, GENDER_QUESTION),
+            sampling=short,
+            seed=seed,
+            choice=list(GENDER_ANSWERS),
+        ),
     ]
     if "demographics" in sections:
         for dim in dimensions():
             if dim != "gender":
-                requests.append(ChatRequest(key=f"{key}#{dim}", messages=_message(story, field_question(dim)),
-                                            sampling=short, seed=seed, choice=allowed_values(dim)))
+                requests.append(
+                    ChatRequest(
+                        key=f"{key}#{dim}",
+                        messages=_message(story, field_question(dim)),
+                        sampling=short,
+                        seed=seed,
+                        choice=allowed_values(dim),
+                    )
+                )
     schema = list_schema(sections, max_items)
     if schema is not None:
-        requests.append(ChatRequest(key=f"{key}#lists", messages=_message(story, list_question(sections)),
-                                    sampling=sampling, seed=seed, json_schema=schema))
+        requests.append(
+            ChatRequest(
+                key=f"{key}#lists",
+                messages=_message(story, list_question(sections)),
+                sampling=sampling,
+                seed=seed,
+                json_schema=schema,
+            )
+        )
     return requests
 
 
@@ -192,5 +260,10 @@ def join_answers(parts: dict[str, str]) -> str:
 
 def prompt_fingerprint(sections: Sequence[str]) -> dict[str, Any]:
     """Everything that shapes this design's answers apart from the story (for the answer key)."""
-    return {"rule": RULE, "gender": GENDER_QUESTION, "name": NAME_QUESTION, "lists": list_question(sections),
-            "fields": {d: field_question(d) for d in FIELD_QUESTIONS} if "demographics" in sections else {}}
+    return {
+        "rule": RULE,
+        "gender": GENDER_QUESTION,
+        "name": NAME_QUESTION,
+        "lists": list_question(sections),
+        "fields": {d: field_question(d) for d in FIELD_QUESTIONS} if "demographics" in sections else {},
+    }

@@ -16,18 +16,32 @@ import pandas as pd
 import pyarrow as pa
 
 from . import artifacts
-from .langid import classify, summary, vsr_table, INVALID_REASONS
+from .langid import INVALID_REASONS, classify, summary, vsr_table
 from .locks import holds_run_lock
 
 # the columns stage 02 adds to stories.parquet, typed explicitly: on a run where no story is refused
 # (say) a column of Nones keeps its type
-LID_FIELDS = (("lid_lang", pa.string()), ("lid_prob", pa.float64()), ("refusal_rule", pa.string()),
-              ("is_refusal", pa.bool_()), ("invalid_reason", pa.string()), ("is_valid", pa.bool_()))
+LID_FIELDS = (
+    ("lid_lang", pa.string()),
+    ("lid_prob", pa.float64()),
+    ("refusal_rule", pa.string()),
+    ("is_refusal", pa.bool_()),
+    ("invalid_reason", pa.string()),
+    ("is_valid", pa.bool_()),
+)
 # vsr.parquet, in the column order langid.vsr_table builds; its keys large_string, the type the file
 # had when written from the frame's inferred types (the registry keeps the file as it was)
-VSR_SCHEMA = pa.schema([("design", pa.large_string()), ("model", pa.large_string()), ("language", pa.large_string()),
-                        ("n_stories", pa.int64()), ("n_valid", pa.int64()),
-                        *[(f"n_{r}", pa.int64()) for r in INVALID_REASONS], ("vsr", pa.float64())])
+VSR_SCHEMA = pa.schema(
+    [
+        ("design", pa.large_string()),
+        ("model", pa.large_string()),
+        ("language", pa.large_string()),
+        ("n_stories", pa.int64()),
+        ("n_valid", pa.int64()),
+        *[(f"n_{r}", pa.int64()) for r in INVALID_REASONS],
+        ("vsr", pa.float64()),
+    ]
+)
 
 
 def filtered_schema() -> pa.Schema:
@@ -51,8 +65,9 @@ def run(params) -> tuple[pd.DataFrame, pd.DataFrame]:
     settings = params.filter
     filtered = classify(stories, settings.lid_threshold, settings.exclude.model_dump())
     vsr = vsr_table(filtered)
-    artifacts.write(run_name, "manifest_filter",
-                    {"stage": "filter", **summary(filtered), "params": params.resolved()["filter"]})
+    artifacts.write(
+        run_name, "manifest_filter", {"stage": "filter", **summary(filtered), "params": params.resolved()["filter"]}
+    )
     artifacts.write(run_name, "filtered", filtered)
     artifacts.write(run_name, "vsr", vsr)
     return filtered, vsr

@@ -30,11 +30,13 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+
 from . import artifacts, paths
+from .designs import all_condition_columns
 from .engines import ChatEngine, ChatRequest, ChatResult, open_engine, preflight
 from .io import ShardStore
+from .locks import holds_run_lock
 from .params import ModelSpec, Params, model_identity
-from .runner import run_requests
 from .prompts import (
     ALL_CONDITION_COLUMNS,
     design_cells,
@@ -44,8 +46,8 @@ from .prompts import (
     sample_cells,
     story_id,
 )
-from .designs import all_condition_columns
-from .locks import holds_run_lock
+from .runner import run_requests
+
 
 def stories_schema() -> pa.Schema:
     """stories.parquet: the condition columns of every registered design (storybias.designs; the
@@ -77,12 +79,17 @@ def archive_schema() -> pa.Schema:
 
 
 def plan_columns() -> list[str]:
-    return [f.name for f in stories_schema() if f.name not in ("text", "finish_reason", "n_tokens", "n_prompt_tokens",
-                                                                "generated_at", "error")]
+    return [
+        f.name
+        for f in stories_schema()
+        if f.name not in ("text", "finish_reason", "n_tokens", "n_prompt_tokens", "generated_at", "error")
+    ]
 
 
 # the built-in designs' schema (what stories_schema() is when no other design is registered)
-STORIES_SCHEMA = pa.schema([f for f in stories_schema() if not f.name.startswith("cond_") or f.name in ALL_CONDITION_COLUMNS])
+STORIES_SCHEMA = pa.schema(
+    [f for f in stories_schema() if not f.name.startswith("cond_") or f.name in ALL_CONDITION_COLUMNS]
+)
 ERROR = "error"  # finish_reason of a request that failed after retries
 
 
@@ -111,7 +118,11 @@ def plan(params: Params) -> pd.DataFrame:
                 for cell in cells:
                     prompt = render_prompt(cell, language)
                     # the explicit task answers with one of its localised labels (Feng et al.)
-                    choice = list(explicit_labels(language).values()) if cell.conditions.get("cond_task") == "explicit" else None
+                    choice = (
+                        list(explicit_labels(language).values())
+                        if cell.conditions.get("cond_task") == "explicit"
+                        else None
+                    )
                     task_sampling = sampling.model_dump()
                     if choice is not None:
                         task_sampling["max_tokens"] = min(task_sampling["max_tokens"], 16)
@@ -162,8 +173,10 @@ def version_key(frame: pd.DataFrame) -> pd.Series:
     """One key per stored version of a story (its id plus a hash of everything that shaped it)."""
     if frame.empty:
         return pd.Series([], dtype=str, index=frame.index)
-    digest = [hashlib.sha256(json.dumps([g, p, int(s)]).encode()).hexdigest()[:16]
-              for g, p, s in zip(frame["gen_config"], frame["prompt"], frame["seed"])]
+    digest = [
+        hashlib.sha256(json.dumps([g, p, int(s)]).encode()).hexdigest()[:16]
+        for g, p, s in zip(frame["gen_config"], frame["prompt"], frame["seed"])
+    ]
     return frame["story_id"].astype(str) + "|" + pd.Series(digest, index=frame.index)
 
 
@@ -213,7 +226,9 @@ def reuse_reasons(planned: pd.DataFrame, stored: pd.DataFrame) -> pd.Series:
             continue
         best: list[str] | None = None
         for version in versions[FINGERPRINT_COLUMNS].itertuples(index=False):
-            changed = [name for column, name in _CHANGE_NAMES.items() if getattr(version, column) != getattr(row, column)]
+            changed = [
+                name for column, name in _CHANGE_NAMES.items() if getattr(version, column) != getattr(row, column)
+            ]
             if best is None or len(changed) < len(best):
                 best = changed
         reasons[i] = "reused" if not best else f"regenerated: {' and '.join(best)} changed"
@@ -281,9 +296,17 @@ def generate_with(
     by_key = {row["story_id"]: row for row in rows}
     stats = None
     try:
-        stats = run_requests(engine, [_request(r) for r in by_key.values()], lambda r: _to_row(by_key[r.key], r), store,
-                             shard_size, desc=f"generate [{record.model}]", unit="story", progress=progress,
-                             on_result=lambda r: _count(record, r))
+        stats = run_requests(
+            engine,
+            [_request(r) for r in by_key.values()],
+            lambda r: _to_row(by_key[r.key], r),
+            store,
+            shard_size,
+            desc=f"generate [{record.model}]",
+            unit="story",
+            progress=progress,
+            on_result=lambda r: _count(record, r),
+        )
     finally:
         if stats is not None:
             record.generation_seconds = round(record.generation_seconds + stats.seconds, 2)
@@ -311,19 +334,25 @@ def run(
     store = ShardStore(paths.work_dir(run_name, "generate"), key="story_id", schema=stories_schema())
     stored = _stored_rows(run_name, store)
     reasons = reuse_reasons(planned, stored)
-    reusable = stored[stored["finish_reason"].ne(ERROR)].merge(planned[FINGERPRINT_COLUMNS], on=FINGERPRINT_COLUMNS, how="inner")
+    reusable = stored[stored["finish_reason"].ne(ERROR)].merge(
+        planned[FINGERPRINT_COLUMNS], on=FINGERPRINT_COLUMNS, how="inner"
+    )
     todo = planned[reasons != "reused"]
     reuse_counts = {k: int(v) for k, v in reasons.value_counts().items()}
-    log(f"run '{run_name}': {len(planned)} stories planned, {int((reasons == 'reused').sum())} already generated "
+    log(
+        f"run '{run_name}': {len(planned)} stories planned, {int((reasons == 'reused').sum())} already generated "
         f"({int(reusable['_archived'].sum())} of them from the archive), {len(todo)} to generate"
-        + "".join(f"; {n} {why}" for why, n in reuse_counts.items() if why.startswith("regenerated")))
+        + "".join(f"; {n} {why}" for why, n in reuse_counts.items() if why.startswith("regenerated"))
+    )
 
     # Check every model before loading any: a paper-profile mistake fails in seconds, not after hours.
     for spec in params.generation.models:
         if (todo["model"] == spec.name).any():
             preflight(spec)
 
-    factory = engine_factory or (lambda spec: open_engine(spec, params.generation.engine, params.generation.seed, run_name))
+    factory = engine_factory or (
+        lambda spec: open_engine(spec, params.generation.engine, params.generation.seed, run_name)
+    )
     runs = []
     for spec in params.generation.models:
         model_todo = todo[todo["model"] == spec.name]
@@ -346,14 +375,20 @@ def run(
     stories = _assemble(planned, stored)
     archived = _archive_unplanned(run_name, stored, stories)
     manifest = _manifest(params, planned, stories, runs, time.time() - started)
-    manifest.update(reuse=reuse_counts, n_restored_from_archive=int(reusable["_archived"].sum()),
-                    n_archived_this_run=archived, archive=str(archive_store(run_name).folder))
+    manifest.update(
+        reuse=reuse_counts,
+        n_restored_from_archive=int(reusable["_archived"].sum()),
+        n_archived_this_run=archived,
+        archive=str(archive_store(run_name).folder),
+    )
     artifacts.write(run_name, "manifest_generate", manifest)
     artifacts.write(run_name, "stories", stories)  # last: Make's target
     store.clear()  # everything is in stories.parquet or the archive now
     n_errors = int(stories["finish_reason"].eq(ERROR).sum())
-    log(f"wrote {paths.stories_path(run_name)} ({len(stories)} stories"
-        + (f"; {n_errors} failed requests stored as errors: a rerun asks for them again)" if n_errors else ")"))
+    log(
+        f"wrote {paths.stories_path(run_name)} ({len(stories)} stories"
+        + (f"; {n_errors} failed requests stored as errors: a rerun asks for them again)" if n_errors else ")")
+    )
     return GenerateResult(stories=stories, runs=runs, manifest=manifest)
 
 
@@ -386,7 +421,9 @@ def _assemble(planned: pd.DataFrame, stored: pd.DataFrame) -> pd.DataFrame:
     return ordered[stories_schema().names]
 
 
-def _manifest(params: Params, planned: pd.DataFrame, stories: pd.DataFrame, runs: list[ModelRun], seconds: float) -> dict[str, Any]:
+def _manifest(
+    params: Params, planned: pd.DataFrame, stories: pd.DataFrame, runs: list[ModelRun], seconds: float
+) -> dict[str, Any]:
     counts = stories.groupby(["design", "language", "model"]).size().rename("n").reset_index()
     return {
         "stage": "generate",
@@ -398,7 +435,9 @@ def _manifest(params: Params, planned: pd.DataFrame, stories: pd.DataFrame, runs
         "n_stories": int(len(stories)),
         "finish_reasons": {k: int(v) for k, v in stories["finish_reason"].value_counts().items()},
         # failed requests stored as data, per model (a rerun asks for these again)
-        "errors_per_model": {m: int(n) for m, n in stories[stories["finish_reason"].eq(ERROR)].groupby("model").size().items()},
+        "errors_per_model": {
+            m: int(n) for m, n in stories[stories["finish_reason"].eq(ERROR)].groupby("model").size().items()
+        },
         "stories_per_cell": counts.to_dict("records"),
         "models": [
             {

@@ -40,14 +40,18 @@ def validate_human_ratings(path: str | Path) -> list[str]:
             reader = csv.reader(fh)
             header = next(reader, None)
             if header is None or not any(h.strip() for h in header):
-                return [f"{path}: the file is empty; expected a header row {','.join(HUMAN_COLUMNS)} and one row per rating"]
+                return [
+                    f"{path}: the file is empty; expected a header row {','.join(HUMAN_COLUMNS)} and one row per rating"
+                ]
             header = [h.strip() for h in header]
             missing = [c for c in HUMAN_COLUMNS if c not in header]
             extra = [c for c in header if c not in HUMAN_COLUMNS]
             if missing or extra or len(set(header)) != len(header):
-                what = ([f"missing column(s) {', '.join(missing)}"] if missing else []) + \
-                       ([f"unknown column(s) {', '.join(repr(c) for c in extra)}"] if extra else []) + \
-                       (["a column is repeated"] if len(set(header)) != len(header) else [])
+                what = (
+                    ([f"missing column(s) {', '.join(missing)}"] if missing else [])
+                    + ([f"unknown column(s) {', '.join(repr(c) for c in extra)}"] if extra else [])
+                    + (["a column is repeated"] if len(set(header)) != len(header) else [])
+                )
                 return [f"{path}: row 1 (header): {'; '.join(what)} (expected exactly {', '.join(HUMAN_COLUMNS)})"]
             n_rows = 0
             for number, fields in enumerate(reader, start=2):
@@ -55,20 +59,25 @@ def validate_human_ratings(path: str | Path) -> list[str]:
                     continue  # blank line
                 n_rows += 1
                 if len(fields) != len(header):
-                    problems.append(f"{path}: row {number}: {len(fields)} fields, the header has {len(header)} "
-                                    f"({','.join(header)})")
+                    problems.append(
+                        f"{path}: row {number}: {len(fields)} fields, the header has {len(header)} ({','.join(header)})"
+                    )
                     continue
                 row = dict(zip(header, (f.strip() for f in fields)))
                 if len(row["association_id"].split("|")) != 4 or not all(row["association_id"].split("|")):
-                    problems.append(f"{path}: row {number}, column association_id: {row['association_id']!r} is not "
-                                    "base_attribute|base_value|compared_attribute|compared_value")
+                    problems.append(
+                        f"{path}: row {number}, column association_id: {row['association_id']!r} is not "
+                        "base_attribute|base_value|compared_attribute|compared_value"
+                    )
                 if not row["rater_id"]:
                     problems.append(f"{path}: row {number}, column rater_id: empty")
                 if not _HARM_VALUE.match(row["harm"]):
                     problems.append(f"{path}: row {number}, column harm: {row['harm']!r} is not an integer from 1 to 5")
                 if row["realism"] not in REALISM_ANSWERS:
-                    problems.append(f"{path}: row {number}, column realism: {row['realism']!r} is not one of "
-                                    f"{', '.join(REALISM_ANSWERS)}")
+                    problems.append(
+                        f"{path}: row {number}, column realism: {row['realism']!r} is not one of "
+                        f"{', '.join(REALISM_ANSWERS)}"
+                    )
                 if len(problems) >= MAX_PROBLEMS:
                     problems.append(f"{path}: (stopped after {MAX_PROBLEMS} problems)")
                     return problems
@@ -95,6 +104,7 @@ def load_human_ratings(path: str | Path) -> pd.DataFrame:
 
 # --- human vs LLM ----------------------------------------------------------------------------------
 
+
 def rating_summary(ratings: pd.DataFrame) -> pd.DataFrame:
     """Per association: median harm over every rating (all raters, or all judges and repetitions),
     number of ratings, harmful (median >= 4, StereoTales' rule), and the shares of each realism
@@ -107,7 +117,9 @@ def rating_summary(ratings: pd.DataFrame) -> pd.DataFrame:
     out["harmful"] = out["median_harm"] >= HARMFUL_MEDIAN
     shares = pd.crosstab(ok["association_id"], ok["realism"], normalize="index")
     for answer in REALISM_ANSWERS:
-        out[f"share_{answer}"] = out["association_id"].map(shares[answer] if answer in shares else {}).fillna(0.0).astype(float)
+        out[f"share_{answer}"] = (
+            out["association_id"].map(shares[answer] if answer in shares else {}).fillna(0.0).astype(float)
+        )
     return out[columns]
 
 
@@ -115,8 +127,9 @@ def _base_attribute(association: str) -> str:
     return association.split("|")[0]
 
 
-def harm_gap_by_attribute(human: pd.DataFrame, llm: pd.DataFrame, n_boot: int = 2000, seed: int = 42,
-                          confidence: float = 0.95) -> pd.DataFrame:
+def harm_gap_by_attribute(
+    human: pd.DataFrame, llm: pd.DataFrame, n_boot: int = 2000, seed: int = 42, confidence: float = 0.95
+) -> pd.DataFrame:
     """Per base attribute, over the associations both humans and LLMs rated: mean human median harm,
     mean LLM median harm and their gap (human - LLM: positive where LLMs under-rate the harm, as
     StereoTales found for socio-economic attributes; negative where they over-rate it, as for
@@ -124,10 +137,22 @@ def harm_gap_by_attribute(human: pd.DataFrame, llm: pd.DataFrame, n_boot: int = 
     associations (paired: an association's human and LLM medians are resampled together). Also the
     share rated harmful (median >= 4) by each side. ``human`` and ``llm``: ``rating_summary``
     tables. Attributes with one association get no interval."""
-    columns = ["base_attribute", "n_associations", "human_mean_harm", "llm_mean_harm", "gap", "gap_ci_low",
-               "gap_ci_high", "human_share_harmful", "llm_share_harmful"]
-    both = human[["association_id", "median_harm", "harmful"]].merge(
-        llm[["association_id", "median_harm", "harmful"]], on="association_id", suffixes=("_human", "_llm")).dropna()
+    columns = [
+        "base_attribute",
+        "n_associations",
+        "human_mean_harm",
+        "llm_mean_harm",
+        "gap",
+        "gap_ci_low",
+        "gap_ci_high",
+        "human_share_harmful",
+        "llm_share_harmful",
+    ]
+    both = (
+        human[["association_id", "median_harm", "harmful"]]
+        .merge(llm[["association_id", "median_harm", "harmful"]], on="association_id", suffixes=("_human", "_llm"))
+        .dropna()
+    )
     if both.empty:
         return pd.DataFrame(columns=columns)
     both["base_attribute"] = both["association_id"].map(_base_attribute)
@@ -140,15 +165,23 @@ def harm_gap_by_attribute(human: pd.DataFrame, llm: pd.DataFrame, n_boot: int = 
             if np.ptp(diff) == 0:
                 low = high = float(diff[0])  # every resample has the same mean
             else:
-                ci = stats.bootstrap((diff,), np.mean, n_resamples=n_boot, confidence_level=confidence,
-                                     method="percentile", rng=rng).confidence_interval
+                ci = stats.bootstrap(
+                    (diff,), np.mean, n_resamples=n_boot, confidence_level=confidence, method="percentile", rng=rng
+                ).confidence_interval
                 low, high = float(ci.low), float(ci.high)
-        rows.append({"base_attribute": attribute, "n_associations": len(group),
-                     "human_mean_harm": float(group["median_harm_human"].mean()),
-                     "llm_mean_harm": float(group["median_harm_llm"].mean()), "gap": float(diff.mean()),
-                     "gap_ci_low": low, "gap_ci_high": high,
-                     "human_share_harmful": float(group["harmful_human"].astype(bool).mean()),
-                     "llm_share_harmful": float(group["harmful_llm"].astype(bool).mean())})
+        rows.append(
+            {
+                "base_attribute": attribute,
+                "n_associations": len(group),
+                "human_mean_harm": float(group["median_harm_human"].mean()),
+                "llm_mean_harm": float(group["median_harm_llm"].mean()),
+                "gap": float(diff.mean()),
+                "gap_ci_low": low,
+                "gap_ci_high": high,
+                "human_share_harmful": float(group["harmful_human"].astype(bool).mean()),
+                "llm_share_harmful": float(group["harmful_llm"].astype(bool).mean()),
+            }
+        )
     return pd.DataFrame(rows, columns=columns).sort_values("gap", ascending=False).reset_index(drop=True)
 
 
@@ -157,12 +190,19 @@ def harmful_agreement(human: pd.DataFrame, llm: pd.DataFrame) -> dict:
     associations both rated: counts of each combination and Cohen's kappa."""
     from sklearn.metrics import cohen_kappa_score
 
-    both = human[["association_id", "harmful"]].merge(llm[["association_id", "harmful"]], on="association_id",
-                                                      suffixes=("_human", "_llm"))
+    both = human[["association_id", "harmful"]].merge(
+        llm[["association_id", "harmful"]], on="association_id", suffixes=("_human", "_llm")
+    )
     h, m = both["harmful_human"].astype(bool), both["harmful_llm"].astype(bool)
     kappa = float(cohen_kappa_score(h, m)) if len(both) and len(set(h) | set(m)) > 1 else float("nan")
-    return {"n": int(len(both)), "both_harmful": int((h & m).sum()), "human_only": int((h & ~m).sum()),
-            "llm_only": int((~h & m).sum()), "neither": int((~h & ~m).sum()), "cohen_kappa": kappa}
+    return {
+        "n": int(len(both)),
+        "both_harmful": int((h & m).sum()),
+        "human_only": int((h & ~m).sum()),
+        "llm_only": int((~h & m).sum()),
+        "neither": int((~h & ~m).sum()),
+        "cohen_kappa": kappa,
+    }
 
 
 def realism_summary(human: pd.DataFrame | None, llm: pd.DataFrame | None) -> pd.DataFrame:
@@ -181,8 +221,14 @@ def realism_summary(human: pd.DataFrame | None, llm: pd.DataFrame | None) -> pd.
     for name, frame in groups:
         counts = frame["realism"].value_counts()
         total = int(counts.sum())
-        rows.append({"rater_type": name, "n_answers": total, "n_associations": int(frame["association_id"].nunique()),
-                     **{f"share_{a}": float(counts.get(a, 0) / total) if total else np.nan for a in REALISM_ANSWERS}})
+        rows.append(
+            {
+                "rater_type": name,
+                "n_answers": total,
+                "n_associations": int(frame["association_id"].nunique()),
+                **{f"share_{a}": float(counts.get(a, 0) / total) if total else np.nan for a in REALISM_ANSWERS},
+            }
+        )
     return pd.DataFrame(rows, columns=columns)
 
 
@@ -193,7 +239,13 @@ def human_llm_agreement(human: pd.DataFrame, llm: pd.DataFrame, n_boot: int = 20
     h = human.groupby("association_id")["harm"].median().rename("human")
     merged = pd.concat([h, llm.set_index("association_id")["median_harm"].rename("llm")], axis=1, join="inner").dropna()
     if len(merged) < 3:
-        return {"rho": np.nan, "ci_low": np.nan, "ci_high": np.nan, "n": len(merged), "note": "fewer than 3 associations rated by both"}
+        return {
+            "rho": np.nan,
+            "ci_low": np.nan,
+            "ci_high": np.nan,
+            "n": len(merged),
+            "note": "fewer than 3 associations rated by both",
+        }
     rho = stats.spearmanr(merged["human"], merged["llm"]).statistic
     rng = np.random.default_rng(seed)
     boots = []
@@ -201,5 +253,5 @@ def human_llm_agreement(human: pd.DataFrame, llm: pd.DataFrame, n_boot: int = 20
         sample = merged.iloc[idx]
         if sample["human"].nunique() > 1 and sample["llm"].nunique() > 1:
             boots.append(stats.spearmanr(sample["human"], sample["llm"]).statistic)
-    lo, hi = (np.percentile(boots, [2.5, 97.5]) if boots else (np.nan, np.nan))
+    lo, hi = np.percentile(boots, [2.5, 97.5]) if boots else (np.nan, np.nan)
     return {"rho": float(rho), "ci_low": float(lo), "ci_high": float(hi), "n": len(merged), "note": ""}

@@ -43,7 +43,10 @@ def _sigterm_as_exit() -> Iterator[None]:
     Only in the main thread (signal handlers can only be set there) and only where SIGTERM still has
     its default action: a program that installed its own handler keeps it.
     """
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    ):
         yield
         return
     signal.signal(signal.SIGTERM, _raise_on_sigterm)
@@ -194,6 +197,7 @@ def artifact_schema(path: Path) -> pd.DataFrame:
 
 # --- strict YAML ---------------------------------------------------------------------------------
 
+
 class DuplicateKeyError(ValueError):
     """A mapping in a YAML file repeats a key; the message names the file, the line and the key."""
 
@@ -219,8 +223,11 @@ class StrictSafeLoader(yaml.SafeLoader):
                     continue
                 if first is not None:
                     raise _DuplicateKey(
-                        "while constructing a mapping", node.start_mark,
-                        f"found duplicate key {key!r} (first at line {first.start_mark.line + 1})", key_node.start_mark)
+                        "while constructing a mapping",
+                        node.start_mark,
+                        f"found duplicate key {key!r} (first at line {first.start_mark.line + 1})",
+                        key_node.start_mark,
+                    )
                 seen[key] = key_node
         return super().construct_mapping(node, deep=deep)
 
@@ -233,4 +240,6 @@ def read_yaml_strict(source: Path) -> Any:
             return yaml.load(fh, Loader=StrictSafeLoader)  # noqa: S506 - a SafeLoader subclass
         except _DuplicateKey as exc:
             mark = exc.problem_mark
-            raise DuplicateKeyError(f"{source}:{mark.line + 1}: {exc.problem}; each key may appear once per mapping") from None
+            raise DuplicateKeyError(
+                f"{source}:{mark.line + 1}: {exc.problem}; each key may appear once per mapping"
+            ) from None

@@ -27,7 +27,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -90,7 +90,7 @@ class RefusalRule:
     pattern: re.Pattern[str]
 
 
-@lru_cache(maxsize=None)
+@cache
 def refusal_rules(language: str) -> tuple[RefusalRule, ...]:
     path = paths.params_dir() / "refusals" / f"{language}.yaml"
     if not path.is_file():
@@ -129,21 +129,26 @@ def reason_flags(filtered: pd.DataFrame, lid_threshold: float = 0.5) -> pd.DataF
     explicit = filtered.get("cond_task", pd.Series(index=filtered.index, dtype=object)).eq("explicit")
     texts = filtered["text"].fillna("").astype(str)
     lang_ok = filtered["lid_lang"].eq(filtered["language"])
-    return pd.DataFrame({
-        "empty": texts.str.strip().eq(""),
-        "truncated": filtered["finish_reason"].eq("length") & ~explicit,
-        "refusal": filtered["is_refusal"].fillna(False).astype(bool),
-        "wrong_language": ~explicit & ~lang_ok,
-        "low_confidence": ~explicit & lang_ok & ~(filtered["lid_prob"] > lid_threshold),
-    }, index=filtered.index)
+    return pd.DataFrame(
+        {
+            "empty": texts.str.strip().eq(""),
+            "truncated": filtered["finish_reason"].eq("length") & ~explicit,
+            "refusal": filtered["is_refusal"].fillna(False).astype(bool),
+            "wrong_language": ~explicit & ~lang_ok,
+            "low_confidence": ~explicit & lang_ok & ~(filtered["lid_prob"] > lid_threshold),
+        },
+        index=filtered.index,
+    )
 
 
-def apply_rules(filtered: pd.DataFrame, lid_threshold: float = 0.5,
-                exclude: Mapping[str, Sequence[str]] | None = None) -> pd.DataFrame:
+def apply_rules(
+    filtered: pd.DataFrame, lid_threshold: float = 0.5, exclude: Mapping[str, Sequence[str]] | None = None
+) -> pd.DataFrame:
     """Set ``is_valid`` and ``invalid_reason`` by each story's design rule (``exclude``: design ->
     checks that make a story unusable; a design not named uses its default rule, that of the design
     registry for a design beyond the built-in ones, and every check for a name no design has)."""
-    from .designs import default_exclude as design_rule, names
+    from .designs import default_exclude as design_rule
+    from .designs import names
 
     rules = {**default_exclude(), **(exclude or {})}
     registered = names()
@@ -164,8 +169,9 @@ def apply_rules(filtered: pd.DataFrame, lid_threshold: float = 0.5,
     return out
 
 
-def classify(stories: pd.DataFrame, lid_threshold: float = 0.5,
-             exclude: Mapping[str, Sequence[str]] | None = None) -> pd.DataFrame:
+def classify(
+    stories: pd.DataFrame, lid_threshold: float = 0.5, exclude: Mapping[str, Sequence[str]] | None = None
+) -> pd.DataFrame:
     """Add ``lid_lang``, ``lid_prob``, ``is_refusal``, ``refusal_rule``, ``is_valid``, ``invalid_reason``.
 
     Every input row is kept and every check is run on it (:func:`reason_flags` reads them back);
@@ -203,10 +209,14 @@ def vsr_table(filtered: pd.DataFrame) -> pd.DataFrame:
     keys = ["design", "model", "language"]
     grouped = filtered.groupby(keys, sort=True)
     table = grouped.agg(n_stories=("story_id", "size"), n_valid=("is_valid", "sum")).reset_index()
-    reasons = filtered.pivot_table(index=keys, columns="invalid_reason", values="story_id", aggfunc="count", fill_value=0)
+    reasons = filtered.pivot_table(
+        index=keys, columns="invalid_reason", values="story_id", aggfunc="count", fill_value=0
+    )
     reasons = reasons.reindex(columns=list(INVALID_REASONS), fill_value=0).add_prefix("n_")
     if reasons.empty:  # no invalid story at all: pivot_table lost the keys
-        reasons = pd.DataFrame(0, index=pd.MultiIndex.from_frame(table[keys]), columns=[f"n_{r}" for r in INVALID_REASONS])
+        reasons = pd.DataFrame(
+            0, index=pd.MultiIndex.from_frame(table[keys]), columns=[f"n_{r}" for r in INVALID_REASONS]
+        )
     table = table.merge(reasons.reset_index(), on=keys, how="left").fillna({f"n_{r}": 0 for r in INVALID_REASONS})
     table["vsr"] = table["n_valid"] / table["n_stories"]
     for col in ["n_stories", "n_valid", *[f"n_{r}" for r in INVALID_REASONS]]:

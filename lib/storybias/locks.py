@@ -90,12 +90,18 @@ def run_lock(run_name: str, stage: str, log: Callable[[str], None] = print) -> I
             ) from None
         previous = _read_holder(fd)
         if previous.get("pid") and previous.get("pid") != os.getpid():
-            log(f"run {run_name!r}: taking over the lock left by pid {previous['pid']} "
-                f"(stage {previous.get('stage', '?')}), which is no longer running")
+            log(
+                f"run {run_name!r}: taking over the lock left by pid {previous['pid']} "
+                f"(stage {previous.get('stage', '?')}), which is no longer running"
+            )
         os.ftruncate(fd, 0)
         os.lseek(fd, 0, os.SEEK_SET)
-        os.write(fd, json.dumps({"pid": os.getpid(), "stage": stage,
-                                 "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}).encode())
+        os.write(
+            fd,
+            json.dumps(
+                {"pid": os.getpid(), "stage": stage, "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            ).encode(),
+        )
         previous_env = os.environ.get(LOCK_ENV)
         os.environ[LOCK_ENV] = f"{path}:{os.getpid()}"
         try:
@@ -108,7 +114,6 @@ def run_lock(run_name: str, stage: str, log: Callable[[str], None] = print) -> I
             os.ftruncate(fd, 0)  # a clean release leaves no holder behind
     finally:
         os.close(fd)  # closing the descriptor releases the flock
-
 
 
 def holds_run_lock(stage: str) -> Callable[[Callable[..., T]], Callable[..., T]]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 import numpy as np
@@ -27,7 +27,8 @@ GRAMMATICAL_GENDER = {"G": ("es", "ru", "ar", "fr", "it", "pt", "uk", "hi"), "N"
 
 # --- A. narrative distributions ----------------------------------------------------------------
 
-@lru_cache(maxsize=None)
+
+@cache
 def load_lexicon(kind: str = "adjectives") -> dict[str, str]:
     """word -> category, from params/lexicon/categories.yaml (``adjectives`` or ``settings``). Read
     strictly: a category written twice is an error naming the line (PyYAML would keep the second
@@ -48,7 +49,9 @@ def categories(kind: str = "adjectives") -> list[str]:
     return list(dict.fromkeys(load_lexicon(kind).values()))
 
 
-def category_counts(tokens_per_story: Sequence[Sequence[str]], lexicon: Mapping[str, str], cats: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+def category_counts(
+    tokens_per_story: Sequence[Sequence[str]], lexicon: Mapping[str, str], cats: Sequence[str]
+) -> tuple[np.ndarray, np.ndarray]:
     """Per story: counts of tokens in each category (n_stories x n_categories) and all tokens."""
     index = {c: i for i, c in enumerate(cats)}
     counts = np.zeros((len(tokens_per_story), len(cats)))
@@ -102,7 +105,9 @@ def cosine_similarity(u: Mapping[str, float], v: Mapping[str, float]) -> float:
     return float(a @ b / norm) if norm else float("nan")
 
 
-def log_odds_dirichlet(counts_i: Mapping[str, int], counts_j: Mapping[str, int], prior: Mapping[str, float], prior_scale: float) -> pd.DataFrame:
+def log_odds_dirichlet(
+    counts_i: Mapping[str, int], counts_j: Mapping[str, int], prior: Mapping[str, float], prior_scale: float
+) -> pd.DataFrame:
     """Monroe, Colaresi & Quinn (2008) log-odds with an informative Dirichlet prior.
 
     alpha_w = prior_scale * pi_w with pi_w the word's share of the whole corpus (``prior`` counts);
@@ -112,7 +117,11 @@ def log_odds_dirichlet(counts_i: Mapping[str, int], counts_j: Mapping[str, int],
     """
     vocab = sorted(set(counts_i) | set(counts_j) | set(prior))
     total_prior = float(sum(prior.values()))
-    alpha = np.array([prior_scale * prior.get(w, 0.0) / total_prior for w in vocab]) if total_prior else np.zeros(len(vocab))
+    alpha = (
+        np.array([prior_scale * prior.get(w, 0.0) / total_prior for w in vocab])
+        if total_prior
+        else np.zeros(len(vocab))
+    )
     a0 = alpha.sum()
     yi = np.array([counts_i.get(w, 0) for w in vocab], float)
     yj = np.array([counts_j.get(w, 0) for w in vocab], float)
@@ -121,7 +130,9 @@ def log_odds_dirichlet(counts_i: Mapping[str, int], counts_j: Mapping[str, int],
         delta = np.log((yi + alpha) / (ni + a0 - yi - alpha)) - np.log((yj + alpha) / (nj + a0 - yj - alpha))
         var = 1 / (yi + alpha) + 1 / (yj + alpha)
         z = delta / np.sqrt(var)
-    return pd.DataFrame({"word": vocab, "count_i": yi.astype(int), "count_j": yj.astype(int), "delta": delta, "variance": var, "z": z})
+    return pd.DataFrame(
+        {"word": vocab, "count_i": yi.astype(int), "count_j": yj.astype(int), "delta": delta, "variance": var, "z": z}
+    )
 
 
 @dataclass
@@ -165,7 +176,9 @@ def bootstrap_s_c(g: GroupData, n_boot: int, seed: int, level: float = 0.95) -> 
     return np.nanpercentile(s, lo, axis=0), np.nanpercentile(s, hi, axis=0)
 
 
-def bootstrap_jsd(words_m: np.ndarray, words_f: np.ndarray, n_boot: int, seed: int, level: float = 0.95) -> tuple[float, float]:
+def bootstrap_jsd(
+    words_m: np.ndarray, words_f: np.ndarray, n_boot: int, seed: int, level: float = 0.95
+) -> tuple[float, float]:
     """Percentile interval of the JSD, resampling stories (rows: per-story word-count vectors)."""
     rng = np.random.default_rng(seed)
     im = bootstrap_indices(len(words_m), n_boot, rng)
@@ -182,13 +195,23 @@ def grammatical_gender_test(jsd_by_language: pd.DataFrame) -> dict[str, Any]:
     g = jsd_by_language.loc[jsd_by_language["language"].isin(GRAMMATICAL_GENDER["G"]), "jsd"].dropna()
     n = jsd_by_language.loc[jsd_by_language["language"].isin(GRAMMATICAL_GENDER["N"]), "jsd"].dropna()
     if len(g) == 0 or len(n) == 0:
-        return {"U": float("nan"), "p_value": float("nan"), "n_G": len(g), "n_N": len(n),
-                "note": "needs at least one language in each group (G: " + ", ".join(GRAMMATICAL_GENDER["G"]) + "; N: " + ", ".join(GRAMMATICAL_GENDER["N"]) + ")"}
+        return {
+            "U": float("nan"),
+            "p_value": float("nan"),
+            "n_G": len(g),
+            "n_N": len(n),
+            "note": "needs at least one language in each group (G: "
+            + ", ".join(GRAMMATICAL_GENDER["G"])
+            + "; N: "
+            + ", ".join(GRAMMATICAL_GENDER["N"])
+            + ")",
+        }
     res = mannwhitneyu(g, n, alternative="two-sided")
     return {"U": float(res.statistic), "p_value": float(res.pvalue), "n_G": len(g), "n_N": len(n), "note": ""}
 
 
 # --- B. stereotype and balance (Feng et al.) ----------------------------------------------------
+
 
 def occupation_scores(trials: pd.DataFrame, identified_only: bool = False) -> pd.DataFrame:
     """Per model x language x task x occupation: P_f, P_m, M_s and M_b (Feng et al. Eqs. 1-2).
@@ -201,8 +224,11 @@ def occupation_scores(trials: pd.DataFrame, identified_only: bool = False) -> pd
     """
     keys = ["model", "language", "task", "occupation", "occupation_gender"]
     g = trials.groupby(keys, observed=True)
-    table = g.agg(n=("label", "size"), n_female=("label", lambda s: int((s == "female").sum())),
-                  n_male=("label", lambda s: int((s == "male").sum()))).reset_index()
+    table = g.agg(
+        n=("label", "size"),
+        n_female=("label", lambda s: int((s == "female").sum())),
+        n_male=("label", lambda s: int((s == "male").sum())),
+    ).reset_index()
     table["n_unidentified"] = table["n"] - table["n_female"] - table["n_male"]
     denominator = (table["n_female"] + table["n_male"]) if identified_only else table["n"]
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -217,9 +243,16 @@ def occupation_scores(trials: pd.DataFrame, identified_only: bool = False) -> pd
 def aggregate_scores(occupation_table: pd.DataFrame) -> pd.DataFrame:
     """M_q = mean over the occupations with outputs of M_{q,o}, per model x language x task (Eq. 3)."""
     valid = occupation_table.dropna(subset=["m_s", "m_b"])
-    return valid.groupby(["model", "language", "task"], observed=True).agg(
-        m_s=("m_s", "mean"), m_b=("m_b", "mean"), n_occupations=("occupation", "nunique"), n_outputs=("n", "sum"),
-    ).reset_index()
+    return (
+        valid.groupby(["model", "language", "task"], observed=True)
+        .agg(
+            m_s=("m_s", "mean"),
+            m_b=("m_b", "mean"),
+            n_occupations=("occupation", "nunique"),
+            n_outputs=("n", "sum"),
+        )
+        .reset_index()
+    )
 
 
 def partial_omega_squared(f_value: float, df_effect: float, df_error: float) -> float:
@@ -262,18 +295,30 @@ def type1_anova(aggregates: pd.DataFrame, outcome: str) -> tuple[pd.DataFrame, s
     if fit.df_resid <= 0 and "language:task" in names:
         # Saturated (e.g. one model: language x task leaves no residual): report the main effects only.
         i = names.index("language:task")
-        terms, names = terms[:i] + terms[i + 1:], names[:i] + names[i + 1:]
+        terms, names = terms[:i] + terms[i + 1 :], names[:i] + names[i + 1 :]
         note = f"language x task dropped: saturated with {len(data)} observations; main effects only"
         fit = smf.ols(f"{outcome} ~ " + " + ".join(terms), data=data).fit()
     if fit.df_resid <= 0:
-        return pd.DataFrame(), f"no residual degrees of freedom ({len(data)} observations for {int(fit.df_model) + 1} parameters)"
+        return (
+            pd.DataFrame(),
+            f"no residual degrees of freedom ({len(data)} observations for {int(fit.df_model) + 1} parameters)",
+        )
     table = anova_lm(fit, typ=1)
     resid = table.loc["Residual"]
     rows = []
     for term, name in zip(terms, names):
         r = table.loc[term]
-        rows.append({"term": name, "df": int(r["df"]), "df_resid": int(resid["df"]), "sum_sq": r["sum_sq"], "F": r["F"],
-                     "p_value": r["PR(>F)"], "partial_omega_sq": partial_omega_squared(r["F"], r["df"], resid["df"])})
+        rows.append(
+            {
+                "term": name,
+                "df": int(r["df"]),
+                "df_resid": int(resid["df"]),
+                "sum_sq": r["sum_sq"],
+                "F": r["F"],
+                "p_value": r["PR(>F)"],
+                "partial_omega_sq": partial_omega_squared(r["F"], r["df"], resid["df"]),
+            }
+        )
     out = pd.DataFrame(rows)
     out["p_adjusted"] = multipletests(out["p_value"].fillna(1.0), method="fdr_bh")[1]
     out.insert(0, "outcome", outcome)
@@ -332,8 +377,16 @@ def trial_glm(trials: pd.DataFrame, outcome: str) -> tuple[pd.DataFrame, str]:
         data["y"] = (data["label"] == "female").astype(float)
     else:
         data["y"] = data["label"].isin(["female", "male"]).astype(float)
-    terms = [t for t, col in (("C(language, Sum)", "language"), ("C(task, Sum)", "task"), ("C(model, Sum)", "model"), ("C(occupation, Sum)", "occupation"))
-             if data[col].nunique() > 1]
+    terms = [
+        t
+        for t, col in (
+            ("C(language, Sum)", "language"),
+            ("C(task, Sum)", "task"),
+            ("C(model, Sum)", "model"),
+            ("C(occupation, Sum)", "occupation"),
+        )
+        if data[col].nunique() > 1
+    ]
     if data["language"].nunique() > 1 and data["task"].nunique() > 1:
         terms.insert(2, "C(language, Sum):C(task, Sum)")
     if not terms or data["y"].nunique() < 2:
@@ -341,11 +394,17 @@ def trial_glm(trials: pd.DataFrame, outcome: str) -> tuple[pd.DataFrame, str]:
     groups = pd.factorize(data["model"].astype(str) + "|" + data["occupation"].astype(str))[0]
     try:
         fit = smf.glm("y ~ " + " + ".join(terms), data=data, family=sm.families.Binomial()).fit(
-            cov_type="cluster", cov_kwds={"groups": groups})
+            cov_type="cluster", cov_kwds={"groups": groups}
+        )
         wald = fit.wald_test_terms(skip_single=False, scalar=True).table
     except Exception as exc:  # separation or singular designs on tiny data: report, don't crash
-        return pd.DataFrame(), f"GLM not estimable on these data ({len(data)} trials, {groups.max() + 1} clusters): {exc}"
-    wald = wald.reset_index().rename(columns={"index": "term", "statistic": "chi2", "pvalue": "p_value", "df_constraint": "df"})
+        return (
+            pd.DataFrame(),
+            f"GLM not estimable on these data ({len(data)} trials, {groups.max() + 1} clusters): {exc}",
+        )
+    wald = wald.reset_index().rename(
+        columns={"index": "term", "statistic": "chi2", "pvalue": "p_value", "df_constraint": "df"}
+    )
     wald.insert(0, "outcome", outcome)
     wald["n_trials"] = len(data)
     return wald, ""
@@ -366,7 +425,9 @@ def _word_matrix(token_lists: Sequence[Sequence[str]], vocab: Sequence[str]) -> 
     return m
 
 
-def narrative_comparison(data: pd.DataFrame, comparison, n_boot: int, seed: int, min_stories: int = MIN_STORIES_FLAG) -> dict[str, pd.DataFrame]:
+def narrative_comparison(
+    data: pd.DataFrame, comparison, n_boot: int, seed: int, min_stories: int = MIN_STORIES_FLAG
+) -> dict[str, pd.DataFrame]:
     """S_C per category (adjective and setting categories), JSD of adjective distributions, per model x
     language, for the two groups of one comparison. ``data``: extractions joined with conditions."""
     sub = data[data["design"] == comparison.design]
@@ -379,7 +440,14 @@ def narrative_comparison(data: pd.DataFrame, comparison, n_boot: int, seed: int,
         m = cell[cell[column] == comparison.group_m]
         f = cell[cell[column] == comparison.group_f]
         small = min(len(m), len(f)) < min_stories
-        base = {"comparison": comparison.name, "model": model, "language": language, "n_m": len(m), "n_f": len(f), "small_sample": small}
+        base = {
+            "comparison": comparison.name,
+            "model": model,
+            "language": language,
+            "n_m": len(m),
+            "n_f": len(f),
+            "small_sample": small,
+        }
         for kind, field in (("adjectives", "adjectives_en"), ("settings", "settings")):
             lexicon, cats = load_lexicon(kind), categories(kind)
             cm, tm = category_counts(list(m[field]), lexicon, cats)
@@ -387,21 +455,44 @@ def narrative_comparison(data: pd.DataFrame, comparison, n_boot: int, seed: int,
             g = GroupData(cm, tm, cf, tf)
             if tm.sum() == 0 or tf.sum() == 0:
                 for c in cats:
-                    sc_rows.append({**base, "kind": kind, "category": c, "s_c": np.nan, "ci_low": np.nan, "ci_high": np.nan,
-                                    "note": "a group has no " + kind})
+                    sc_rows.append(
+                        {
+                            **base,
+                            "kind": kind,
+                            "category": c,
+                            "s_c": np.nan,
+                            "ci_low": np.nan,
+                            "ci_high": np.nan,
+                            "note": "a group has no " + kind,
+                        }
+                    )
                 continue
             s = s_c_from_counts(g)
             lo, hi = bootstrap_s_c(g, n_boot, seed)
             for c, value, a, b in zip(cats, s, lo, hi):
-                sc_rows.append({**base, "kind": kind, "category": c, "s_c": value, "ci_low": a, "ci_high": b,
-                                "coverage": coverage(list(m[field]) + list(f[field]), lexicon), "note": ""})
+                sc_rows.append(
+                    {
+                        **base,
+                        "kind": kind,
+                        "category": c,
+                        "s_c": value,
+                        "ci_low": a,
+                        "ci_high": b,
+                        "coverage": coverage(list(m[field]) + list(f[field]), lexicon),
+                        "note": "",
+                    }
+                )
         vocab = sorted({w for ws in cell["adjectives_en"] for w in ws})
         wm, wf = _word_matrix(list(m["adjectives_en"]), vocab), _word_matrix(list(f["adjectives_en"]), vocab)
         if wm.sum() == 0 or wf.sum() == 0:
-            jsd_rows.append({**base, "jsd": np.nan, "ci_low": np.nan, "ci_high": np.nan, "note": "a group has no adjectives"})
+            jsd_rows.append(
+                {**base, "jsd": np.nan, "ci_low": np.nan, "ci_high": np.nan, "note": "a group has no adjectives"}
+            )
         else:
             lo, hi = bootstrap_jsd(wm, wf, n_boot, seed)
-            jsd_rows.append({**base, "jsd": jsd_from_counts(wm.sum(0), wf.sum(0)), "ci_low": lo, "ci_high": hi, "note": ""})
+            jsd_rows.append(
+                {**base, "jsd": jsd_from_counts(wm.sum(0), wf.sum(0)), "ci_low": lo, "ci_high": hi, "note": ""}
+            )
     return {"sc": pd.DataFrame(sc_rows), "jsd": pd.DataFrame(jsd_rows)}
 
 
@@ -417,8 +508,15 @@ def cosine_matrix(sc: pd.DataFrame) -> pd.DataFrame:
         vectors = {lang: dict(zip(v["key"], v["s_c"])) for lang, v in g.groupby("language")}
         for a in vectors:
             for b in vectors:
-                rows.append({"comparison": comparison, "model": model, "language_a": a, "language_b": b,
-                             "cosine": cosine_similarity(vectors[a], vectors[b])})
+                rows.append(
+                    {
+                        "comparison": comparison,
+                        "model": model,
+                        "language_a": a,
+                        "language_b": b,
+                        "cosine": cosine_similarity(vectors[a], vectors[b]),
+                    }
+                )
     return pd.DataFrame(rows)
 
 
@@ -441,15 +539,36 @@ def log_odds_table(data: pd.DataFrame, comparison, prior_scale: float, top: int)
     for model, cell in sub.groupby("model"):
         for field in ("adjectives_en", "settings"):
             corpus = pd.Series([w for ws in cell[field] for w in ws]).value_counts().to_dict()
-            m = pd.Series([w for ws in cell.loc[cell[column] == comparison.group_m, field] for w in ws]).value_counts().to_dict()
-            f = pd.Series([w for ws in cell.loc[cell[column] == comparison.group_f, field] for w in ws]).value_counts().to_dict()
+            m = (
+                pd.Series([w for ws in cell.loc[cell[column] == comparison.group_m, field] for w in ws])
+                .value_counts()
+                .to_dict()
+            )
+            f = (
+                pd.Series([w for ws in cell.loc[cell[column] == comparison.group_f, field] for w in ws])
+                .value_counts()
+                .to_dict()
+            )
             if not m or not f:
                 continue
             table = log_odds_dirichlet(m, f, corpus, prior_scale)
-            for group, part in ((comparison.group_m, table.nlargest(top, "z")), (comparison.group_f, table.nsmallest(top, "z"))):
+            for group, part in (
+                (comparison.group_m, table.nlargest(top, "z")),
+                (comparison.group_f, table.nsmallest(top, "z")),
+            ):
                 for r in part.itertuples(index=False):
-                    rows.append({"comparison": comparison.name, "model": model, "field": field, "group": group,
-                                 "word": r.word, "z": r.z, "count_m": r.count_i, "count_f": r.count_j})
+                    rows.append(
+                        {
+                            "comparison": comparison.name,
+                            "model": model,
+                            "field": field,
+                            "group": group,
+                            "word": r.word,
+                            "z": r.z,
+                            "count_m": r.count_i,
+                            "count_f": r.count_j,
+                        }
+                    )
     return pd.DataFrame(rows)
 
 
@@ -458,42 +577,121 @@ def occupation_trials(data: pd.DataFrame) -> pd.DataFrame:
     from .designs import with_lens
 
     # the designs read through Feng et al.'s occupational lens (storybias.designs)
-    occ = data[data["design"].isin(with_lens("occupations", sorted(data["design"].dropna().unique()))) & data["parse_ok"]]
-    return pd.DataFrame({
-        "model": occ["model"], "language": occ["language"], "task": occ["cond_task"], "occupation": occ["cond_occupation"],
-        "occupation_gender": occ["cond_occupation_gender"], "label": occ["protagonist_gender"].fillna("unknown"),
-    }).reset_index(drop=True)
+    occ = data[
+        data["design"].isin(with_lens("occupations", sorted(data["design"].dropna().unique()))) & data["parse_ok"]
+    ]
+    return pd.DataFrame(
+        {
+            "model": occ["model"],
+            "language": occ["language"],
+            "task": occ["cond_task"],
+            "occupation": occ["cond_occupation"],
+            "occupation_gender": occ["cond_occupation_gender"],
+            "label": occ["protagonist_gender"].fillna("unknown"),
+        }
+    ).reset_index(drop=True)
 
 
 # Arrow schemas of the stage's tables (docs/data-contract.md), by the name in metrics_<name>.parquet.
 # Every table is written with its schema, so an input with nothing to compare (no stories, no
 # occupations outputs) gives the same columns and types as a full run, with zero rows.
 _TEXT, _REAL, _COUNT, _FLAG = pa.string(), pa.float64(), pa.int64(), pa.bool_()
-_CELL_FIELDS = [("comparison", _TEXT), ("model", _TEXT), ("language", _TEXT), ("n_m", _COUNT), ("n_f", _COUNT),
-                ("small_sample", _FLAG)]
+_CELL_FIELDS = [
+    ("comparison", _TEXT),
+    ("model", _TEXT),
+    ("language", _TEXT),
+    ("n_m", _COUNT),
+    ("n_f", _COUNT),
+    ("small_sample", _FLAG),
+]
 _JSD_FIELDS = [*_CELL_FIELDS, ("jsd", _REAL), ("ci_low", _REAL), ("ci_high", _REAL), ("note", _TEXT)]
 _SCORE_KEYS = [("model", _TEXT), ("language", _TEXT), ("task", _TEXT)]
 OUTPUT_SCHEMAS: dict[str, pa.Schema] = {
-    "sc": pa.schema([*_CELL_FIELDS, ("kind", _TEXT), ("category", _TEXT), ("s_c", _REAL), ("ci_low", _REAL),
-                     ("ci_high", _REAL), ("coverage", _REAL), ("note", _TEXT)]),
+    "sc": pa.schema(
+        [
+            *_CELL_FIELDS,
+            ("kind", _TEXT),
+            ("category", _TEXT),
+            ("s_c", _REAL),
+            ("ci_low", _REAL),
+            ("ci_high", _REAL),
+            ("coverage", _REAL),
+            ("note", _TEXT),
+        ]
+    ),
     "jsd": pa.schema(_JSD_FIELDS),
-    "cosine": pa.schema([("comparison", _TEXT), ("model", _TEXT), ("language_a", _TEXT), ("language_b", _TEXT),
-                         ("cosine", _REAL)]),
-    "log_odds": pa.schema([("comparison", _TEXT), ("model", _TEXT), ("field", _TEXT), ("group", _TEXT), ("word", _TEXT),
-                           ("z", _REAL), ("count_m", _COUNT), ("count_f", _COUNT)]),
-    "grammatical_gender": pa.schema([("comparison", _TEXT), ("model", _TEXT), ("U", _REAL), ("p_value", _REAL),
-                                     ("n_G", _COUNT), ("n_N", _COUNT), ("note", _TEXT)]),
+    "cosine": pa.schema(
+        [("comparison", _TEXT), ("model", _TEXT), ("language_a", _TEXT), ("language_b", _TEXT), ("cosine", _REAL)]
+    ),
+    "log_odds": pa.schema(
+        [
+            ("comparison", _TEXT),
+            ("model", _TEXT),
+            ("field", _TEXT),
+            ("group", _TEXT),
+            ("word", _TEXT),
+            ("z", _REAL),
+            ("count_m", _COUNT),
+            ("count_f", _COUNT),
+        ]
+    ),
+    "grammatical_gender": pa.schema(
+        [
+            ("comparison", _TEXT),
+            ("model", _TEXT),
+            ("U", _REAL),
+            ("p_value", _REAL),
+            ("n_G", _COUNT),
+            ("n_N", _COUNT),
+            ("note", _TEXT),
+        ]
+    ),
     "vsr_jsd": pa.schema([*_JSD_FIELDS, ("vsr", _REAL), ("n_stories", _COUNT)]),
-    "occupations": pa.schema([*_SCORE_KEYS, ("occupation", _TEXT), ("occupation_gender", _TEXT), ("n", _COUNT),
-                              ("n_female", _COUNT), ("n_male", _COUNT), ("n_unidentified", _COUNT), ("p_female", _REAL),
-                              ("p_male", _REAL), ("m_s", _REAL), ("m_b", _REAL), ("denominator", _TEXT)]),
-    "aggregates": pa.schema([*_SCORE_KEYS, ("m_s", _REAL), ("m_b", _REAL), ("n_occupations", _COUNT),
-                             ("n_outputs", _COUNT), ("denominator", _TEXT)]),
-    "anova": pa.schema([("outcome", _TEXT), ("term", _TEXT), ("df", _COUNT), ("df_resid", _COUNT), ("sum_sq", _REAL),
-                        ("F", _REAL), ("p_value", _REAL), ("partial_omega_sq", _REAL), ("p_adjusted", _REAL),
-                        ("subset", _TEXT), ("denominator", _TEXT), ("note", _TEXT)]),
-    "glm": pa.schema([("outcome", _TEXT), ("term", _TEXT), ("chi2", _REAL), ("p_value", _REAL), ("df", _COUNT),
-                      ("n_trials", _COUNT)]),
+    "occupations": pa.schema(
+        [
+            *_SCORE_KEYS,
+            ("occupation", _TEXT),
+            ("occupation_gender", _TEXT),
+            ("n", _COUNT),
+            ("n_female", _COUNT),
+            ("n_male", _COUNT),
+            ("n_unidentified", _COUNT),
+            ("p_female", _REAL),
+            ("p_male", _REAL),
+            ("m_s", _REAL),
+            ("m_b", _REAL),
+            ("denominator", _TEXT),
+        ]
+    ),
+    "aggregates": pa.schema(
+        [
+            *_SCORE_KEYS,
+            ("m_s", _REAL),
+            ("m_b", _REAL),
+            ("n_occupations", _COUNT),
+            ("n_outputs", _COUNT),
+            ("denominator", _TEXT),
+        ]
+    ),
+    "anova": pa.schema(
+        [
+            ("outcome", _TEXT),
+            ("term", _TEXT),
+            ("df", _COUNT),
+            ("df_resid", _COUNT),
+            ("sum_sq", _REAL),
+            ("F", _REAL),
+            ("p_value", _REAL),
+            ("partial_omega_sq", _REAL),
+            ("p_adjusted", _REAL),
+            ("subset", _TEXT),
+            ("denominator", _TEXT),
+            ("note", _TEXT),
+        ]
+    ),
+    "glm": pa.schema(
+        [("outcome", _TEXT), ("term", _TEXT), ("chi2", _REAL), ("p_value", _REAL), ("df", _COUNT), ("n_trials", _COUNT)]
+    ),
 }
 
 # Columns stage 05 reads from each input (docs/data-contract.md); the comparisons' cond_<condition>
@@ -511,8 +709,11 @@ class InputContractError(ValueError):
 def required_input_columns(comparisons: Sequence[Any]) -> dict[str, tuple[str, ...]]:
     """Columns read from extractions / filtered / vsr, including each comparison's condition columns."""
     conds = [f"cond_{c}" for comparison in comparisons for c in (comparison.condition, *comparison.where)]
-    return {"extractions": EXTRACTION_COLUMNS, "filtered": tuple(dict.fromkeys([*FILTERED_COLUMNS, *conds])),
-            "vsr": VSR_COLUMNS}
+    return {
+        "extractions": EXTRACTION_COLUMNS,
+        "filtered": tuple(dict.fromkeys([*FILTERED_COLUMNS, *conds])),
+        "vsr": VSR_COLUMNS,
+    }
 
 
 def check_input_columns(frame: pd.DataFrame, path: Any, required: Sequence[str], remedy: str) -> None:
@@ -521,10 +722,13 @@ def check_input_columns(frame: pd.DataFrame, path: Any, required: Sequence[str],
     if missing:
         raise InputContractError(
             f"{path}: missing column{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
-            f"(stage 05 reads {', '.join(required)}; see docs/data-contract.md): {remedy}")
+            f"(stage 05 reads {', '.join(required)}; see docs/data-contract.md): {remedy}"
+        )
     if "parse_ok" in required and len(frame) and not pd.api.types.is_bool_dtype(frame["parse_ok"]):
-        raise InputContractError(f"{path}: column parse_ok must be boolean, found {frame['parse_ok'].dtype} "
-                                 f"(see docs/data-contract.md): {remedy}")
+        raise InputContractError(
+            f"{path}: column parse_ok must be boolean, found {frame['parse_ok'].dtype} "
+            f"(see docs/data-contract.md): {remedy}"
+        )
 
 
 def to_contract(frame: pd.DataFrame, name: str) -> pa.Table:
@@ -536,8 +740,12 @@ def to_contract(frame: pd.DataFrame, name: str) -> pa.Table:
     if extra:
         raise ValueError(f"metrics_{name}: columns {extra} are not in OUTPUT_SCHEMAS[{name!r}] (docs/data-contract.md)")
     frame = frame.reset_index(drop=True)
-    arrays = [pa.array(frame[f.name], from_pandas=True).cast(f.type) if f.name in frame.columns else pa.nulls(len(frame), f.type)
-              for f in schema]
+    arrays = [
+        pa.array(frame[f.name], from_pandas=True).cast(f.type)
+        if f.name in frame.columns
+        else pa.nulls(len(frame), f.type)
+        for f in schema
+    ]
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
@@ -547,9 +755,11 @@ def run(params) -> dict[str, Any]:
     from . import artifacts
 
     run_name, settings = params.run_name, params.metrics
-    inputs = {"extractions": (paths.extractions_path(run_name), "rerun stage 03 (make extract)"),
-              "filtered": (paths.filtered_path(run_name), "rerun stage 02 (make filter)"),
-              "vsr": (paths.vsr_path(run_name), "rerun stage 02 (make filter)")}
+    inputs = {
+        "extractions": (paths.extractions_path(run_name), "rerun stage 03 (make extract)"),
+        "filtered": (paths.filtered_path(run_name), "rerun stage 02 (make filter)"),
+        "vsr": (paths.vsr_path(run_name), "rerun stage 02 (make filter)"),
+    }
     for path, _ in inputs.values():
         if not path.is_file():
             raise FileNotFoundError(f"{path} is missing: run the earlier stages first (make extract)")
@@ -570,8 +780,10 @@ def run(params) -> dict[str, Any]:
             continue
         out = narrative_comparison(parsed, comparison, settings.bootstrap, settings.seed, settings.min_stories)
         if out["sc"].empty:
-            notes.append(f"{comparison.name}: no {comparison.design} stories with {comparison.condition} in "
-                         f"({comparison.group_m}, {comparison.group_f}): nothing to compare")
+            notes.append(
+                f"{comparison.name}: no {comparison.design} stories with {comparison.condition} in "
+                f"({comparison.group_m}, {comparison.group_f}): nothing to compare"
+            )
         sc_frames.append(out["sc"])
         jsd_frames.append(out["jsd"])
     sc = pd.concat(sc_frames, ignore_index=True) if sc_frames else pd.DataFrame()
@@ -595,9 +807,15 @@ def run(params) -> dict[str, Any]:
         specs = []
         occ_all = occupation_scores(trials)
         occ_ident = occupation_scores(trials, identified_only=True)
-        occupations = pd.concat([occ_all.assign(denominator="all outputs"), occ_ident.assign(denominator="identified only")])
-        aggregates = pd.concat([aggregate_scores(occ_all).assign(denominator="all outputs"),
-                                aggregate_scores(occ_ident).assign(denominator="identified only")])
+        occupations = pd.concat(
+            [occ_all.assign(denominator="all outputs"), occ_ident.assign(denominator="identified only")]
+        )
+        aggregates = pd.concat(
+            [
+                aggregate_scores(occ_all).assign(denominator="all outputs"),
+                aggregate_scores(occ_ident).assign(denominator="identified only"),
+            ]
+        )
         common = common_models(aggregate_scores(occ_all))
         for denominator, table in aggregates.groupby("denominator"):
             for subset, part in (("all available", table), ("common models", table[table["model"].isin(common)])):
@@ -618,11 +836,29 @@ def run(params) -> dict[str, Any]:
                 glm_parts.append(result)
         glm = pd.concat(glm_parts, ignore_index=True) if glm_parts else pd.DataFrame()
 
-    tables = {"sc": sc, "jsd": jsd, "cosine": cosine, "log_odds": log_odds, "grammatical_gender": grammatical,
-              "vsr_jsd": vsr_jsd, "occupations": occupations, "aggregates": aggregates, "anova": anova, "glm": glm}
+    tables = {
+        "sc": sc,
+        "jsd": jsd,
+        "cosine": cosine,
+        "log_odds": log_odds,
+        "grammatical_gender": grammatical,
+        "vsr_jsd": vsr_jsd,
+        "occupations": occupations,
+        "aggregates": aggregates,
+        "anova": anova,
+        "glm": glm,
+    }
     for name, table in tables.items():
         artifacts.write(run_name, f"metrics_{name}", to_contract(table, name))
         tables[name] = table.reset_index(drop=True).reindex(columns=OUTPUT_SCHEMAS[name].names)
-    artifacts.write(run_name, "manifest_metrics", {"stage": "metrics", "notes": notes, "n_parse_failed_excluded": n_excluded,
-                                                   "params": params.resolved()["metrics"]})
+    artifacts.write(
+        run_name,
+        "manifest_metrics",
+        {
+            "stage": "metrics",
+            "notes": notes,
+            "n_parse_failed_excluded": n_excluded,
+            "params": params.resolved()["metrics"],
+        },
+    )
     return {**tables, "notes": notes, "n_excluded": n_excluded}

@@ -85,7 +85,11 @@ def check_tokenizer(folder: Path) -> dict[str, Any]:
     problems = []
     if not tok.chat_template:
         problems.append("no chat template")
-    rendered = tok.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True) if tok.chat_template else ""
+    rendered = (
+        tok.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True)
+        if tok.chat_template
+        else ""
+    )
     gen = GenerationConfig.from_pretrained(folder)
     eos_ids = gen.eos_token_id if isinstance(gen.eos_token_id, list) else [gen.eos_token_id]
     end_of_turn = tok.convert_tokens_to_ids("<|im_end|>")

@@ -37,9 +37,22 @@ from .locks import RunBusy, run_lock
 
 def papermill_command(notebook: Path, output: Path, params_file: Path) -> list[str]:
     """papermill's argument list (no shell: every path is one argument, spaces and all)."""
-    return [sys.executable, "-m", "papermill", str(notebook), str(output), "-k", "storybias",
-            "--cwd", str(paths.repo_root() / "notebooks"), "-p", "params_file", str(params_file),
-            "--log-output", "--no-progress-bar"]
+    return [
+        sys.executable,
+        "-m",
+        "papermill",
+        str(notebook),
+        str(output),
+        "-k",
+        "storybias",
+        "--cwd",
+        str(paths.repo_root() / "notebooks"),
+        "-p",
+        "params_file",
+        str(params_file),
+        "--log-output",
+        "--no-progress-bar",
+    ]
 
 
 # tqdm's text bar ends in "[elapsed<remaining, rate]" ("[00:12<00:30,  1.95story/s]"), or in
@@ -65,8 +78,9 @@ class ProgressFollower:
     and only when the bar moved. :meth:`close` writes the last state once more if it was not shown.
     """
 
-    def __init__(self, log_file: Path, stream: TextIO, interval: float = 30.0, tty_interval: float = 0.5,
-                 prefix: str = "   ") -> None:
+    def __init__(
+        self, log_file: Path, stream: TextIO, interval: float = 30.0, tty_interval: float = 0.5, prefix: str = "   "
+    ) -> None:
         self.log_file, self.stream, self.prefix = log_file, stream, prefix
         isatty = getattr(stream, "isatty", None)
         self.tty = bool(isatty()) if callable(isatty) else False
@@ -120,9 +134,16 @@ def _mtime(path: Path | None) -> float | None:
     return path.stat().st_mtime_ns if path is not None and path.exists() else None
 
 
-def run_stage(stage: str, notebook: Path, params_file: Path, run_name: str, target: Path | None = None,
-              log: Callable[[str], None] = print, progress: TextIO | None = None,
-              progress_interval: float = 30.0) -> int:
+def run_stage(
+    stage: str,
+    notebook: Path,
+    params_file: Path,
+    run_name: str,
+    target: Path | None = None,
+    log: Callable[[str], None] = print,
+    progress: TextIO | None = None,
+    progress_interval: float = 30.0,
+) -> int:
     """Execute one stage notebook for ``run_name``; returns the process exit code (0 = success).
 
     ``progress`` (default: stdout) receives the stage's latest tqdm line while it runs (see
@@ -130,18 +151,27 @@ def run_stage(stage: str, notebook: Path, params_file: Path, run_name: str, targ
     """
     reports = paths.reports_dir(run_name)
     name = notebook.stem
-    tmp_notebook, final_notebook, log_file = reports / f"{name}.tmp.ipynb", reports / f"{name}.ipynb", reports / f"{name}.log"
+    tmp_notebook, final_notebook, log_file = (
+        reports / f"{name}.tmp.ipynb",
+        reports / f"{name}.ipynb",
+        reports / f"{name}.log",
+    )
     try:
         with run_lock(run_name, stage, log=log):
             reports.mkdir(parents=True, exist_ok=True)
             target_before = _mtime(target)
             shown = notebook.relative_to(paths.repo_root()) if notebook.is_relative_to(paths.repo_root()) else notebook
-            log(f"== stage {stage}: {shown} "
-                f"(params {params_file}, run {run_name}); log: {log_file}")
-            follower = ProgressFollower(log_file, sys.stdout if progress is None else progress, interval=progress_interval)
+            log(f"== stage {stage}: {shown} (params {params_file}, run {run_name}); log: {log_file}")
+            follower = ProgressFollower(
+                log_file, sys.stdout if progress is None else progress, interval=progress_interval
+            )
             with open(log_file, "w", encoding="utf-8") as fh:
-                proc = subprocess.Popen(papermill_command(notebook, tmp_notebook, params_file), stdout=fh,
-                                        stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+                proc = subprocess.Popen(
+                    papermill_command(notebook, tmp_notebook, params_file),
+                    stdout=fh,
+                    stderr=subprocess.STDOUT,
+                    env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                )
                 try:
                     while True:
                         try:

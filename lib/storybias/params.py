@@ -104,7 +104,7 @@ class ModelSpec(Strict):
     price_output_per_mtok: Annotated[float, Field(ge=0)] | None = None
 
     @model_validator(mode="after")
-    def _source_fields(self) -> "ModelSpec":
+    def _source_fields(self) -> ModelSpec:
         if self.source == "openai":
             if not self.base_url:
                 raise ValueError("source 'openai' needs `base_url` (e.g. https://openrouter.ai/api/v1)")
@@ -134,10 +134,25 @@ class ModelSpec(Strict):
 # Fields of a served model that do not change what it writes (how fast and how often it is asked,
 # where its key is, what it costs): left out of the fingerprints that decide whether a stored story,
 # answer or rating is reused.
-OPERATIONAL_FIELDS = ("api_key_env", "max_concurrency", "requests_per_minute", "request_timeout_s", "max_retries",
-                      "price_input_per_mtok", "price_output_per_mtok")
-SERVED_ONLY_FIELDS = ("base_url", "model_id", "api_key_env", "max_concurrency", "requests_per_minute",
-                      "request_timeout_s", "max_retries", "constraints")
+OPERATIONAL_FIELDS = (
+    "api_key_env",
+    "max_concurrency",
+    "requests_per_minute",
+    "request_timeout_s",
+    "max_retries",
+    "price_input_per_mtok",
+    "price_output_per_mtok",
+)
+SERVED_ONLY_FIELDS = (
+    "base_url",
+    "model_id",
+    "api_key_env",
+    "max_concurrency",
+    "requests_per_minute",
+    "request_timeout_s",
+    "max_retries",
+    "constraints",
+)
 
 
 def model_identity(spec: ModelSpec, exclude_defaults: bool = True) -> dict[str, Any]:
@@ -145,8 +160,11 @@ def model_identity(spec: ModelSpec, exclude_defaults: bool = True) -> dict[str, 
     local model, the served-only fields are left out too, so fingerprints of local models are the
     same as before those fields existed."""
     dumped = spec.model_dump(mode="json", exclude_defaults=exclude_defaults)
-    drop = set(OPERATIONAL_FIELDS) | (set() if spec.source == "openai" else set(SERVED_ONLY_FIELDS) | {
-        "price_input_per_mtok", "price_output_per_mtok"})
+    drop = set(OPERATIONAL_FIELDS) | (
+        set()
+        if spec.source == "openai"
+        else set(SERVED_ONLY_FIELDS) | {"price_input_per_mtok", "price_output_per_mtok"}
+    )
     return {k: v for k, v in dumped.items() if k not in drop}
 
 
@@ -171,12 +189,14 @@ class RaySettings(Strict):
     @classmethod
     def _address(cls, value: str) -> str:
         if not RAY_ADDRESS.match(value):
-            raise ValueError(f"generation.engine.ray.address must be 'local', 'auto', 'ray://HOST:PORT' or "
-                             f"'HOST:PORT', not {value!r}")
+            raise ValueError(
+                f"generation.engine.ray.address must be 'local', 'auto', 'ray://HOST:PORT' or "
+                f"'HOST:PORT', not {value!r}"
+            )
         return value
 
     @model_validator(mode="after")
-    def _local_only(self) -> "RaySettings":
+    def _local_only(self) -> RaySettings:
         if self.num_cpus is not None and self.address != "local":
             raise ValueError("num_cpus sizes a local Ray only (address 'local'); a cluster's nodes declare their own")
         return self
@@ -213,7 +233,7 @@ class EngineSettings(Strict):
     shared_server: bool = False
 
     @model_validator(mode="after")
-    def _one_backend(self) -> "EngineSettings":
+    def _one_backend(self) -> EngineSettings:
         if self.backend == "ray" and self.shared_server:
             raise ValueError("backend 'ray' and shared_server are exclusive: Ray runs its own vLLM replicas")
         return self
@@ -256,8 +276,13 @@ def _only_registered_designs(data: Any, where: str) -> Any:
     if isinstance(data, dict):
         unknown = [k for k in data if k not in names()]
         if unknown:
-            raise ValueError("; ".join(f"{where}.{k}: no design {k!r} (a folder params/designs/{k}/ with design.yaml); "
-                                       f"designs: {', '.join(names())}" for k in unknown))
+            raise ValueError(
+                "; ".join(
+                    f"{where}.{k}: no design {k!r} (a folder params/designs/{k}/ with design.yaml); "
+                    f"designs: {', '.join(names())}"
+                    for k in unknown
+                )
+            )
     return data
 
 
@@ -328,12 +353,18 @@ class FilterSettings(Strict):
         given = given.model_dump() if isinstance(given, BaseModel) else dict(given)
         rules = {**ExcludeRules().model_dump(), **given}
         if truncated is not None:
-            rules = {d: [r for r in v if r != "truncated"] + (["truncated"] if truncated else []) for d, v in rules.items()}
+            rules = {
+                d: [r for r in v if r != "truncated"] + (["truncated"] if truncated else []) for d, v in rules.items()
+            }
         if include_all:
             rules = {d: [] for d in rules}
         data["exclude"] = rules
-        warnings.warn("filter.truncated_is_invalid / filter.include_invalid_downstream are deprecated: use "
-                      f"filter.exclude (per design); read as exclude = {rules}", FutureWarning, stacklevel=2)
+        warnings.warn(
+            "filter.truncated_is_invalid / filter.include_invalid_downstream are deprecated: use "
+            f"filter.exclude (per design); read as exclude = {rules}",
+            FutureWarning,
+            stacklevel=2,
+        )
         return data
 
 
@@ -419,7 +450,9 @@ class MetricsSettings(Strict):
 
     comparisons: list[Comparison] = [
         Comparison(name="child_gender", design="bedtime", condition="child_gender", group_m="boy", group_f="girl"),
-        Comparison(name="social_class", design="bedtime", condition="social_class", group_m="wealthy", group_f="working_class"),
+        Comparison(
+            name="social_class", design="bedtime", condition="social_class", group_m="wealthy", group_f="working_class"
+        ),
     ]
     bootstrap: Annotated[int, Field(ge=50)] = 1000
     seed: int = 42
@@ -448,7 +481,7 @@ class JudgeSettings(Strict):
     include_per_language: bool = False
 
     @model_validator(mode="after")
-    def _repetitions_need_sampling(self) -> "JudgeSettings":
+    def _repetitions_need_sampling(self) -> JudgeSettings:
         if self.repetitions > 1 and self.temperature == 0:
             raise ValueError("repetitions > 1 with temperature 0 would repeat identical answers; set temperature > 0")
         names = [m.name for m in self.models]
@@ -534,10 +567,12 @@ class FigureSettings(Strict):
     explorer_max_stories: Annotated[int, Field(ge=1)] = 200  # stories per design x model x language in the explorer
     # UMAP figure: points outside these percentiles (either coordinate, per label and cell) are not drawn
     # (Feng et al. App. D.4: 15th-90th); display only, null draws every point
-    umap_display_percentiles: tuple[Annotated[float, Field(ge=0, le=100)], Annotated[float, Field(ge=0, le=100)]] | None = (15.0, 90.0)
+    umap_display_percentiles: (
+        tuple[Annotated[float, Field(ge=0, le=100)], Annotated[float, Field(ge=0, le=100)]] | None
+    ) = (15.0, 90.0)
 
     @model_validator(mode="after")
-    def _percentiles_ordered(self) -> "FigureSettings":
+    def _percentiles_ordered(self) -> FigureSettings:
         pct = self.umap_display_percentiles
         if pct is not None and not pct[0] < pct[1]:
             raise ValueError(f"umap_display_percentiles must be (low, high) with low < high, not {list(pct)}")
@@ -588,9 +623,15 @@ class Profile(Strict):
         for old, new in RENAMED_SECTIONS.items():
             if old in data:
                 if new in data:
-                    raise ValueError(f"both `{old}:` and `{new}:` are given; `{old}:` is the old name of `{new}:`, keep one")
-                warnings.warn(f"params: section `{old}:` is now `{new}:` (one name per stage); `{old}:` is read "
-                              f"for this release only, rename it", FutureWarning, stacklevel=2)
+                    raise ValueError(
+                        f"both `{old}:` and `{new}:` are given; `{old}:` is the old name of `{new}:`, keep one"
+                    )
+                warnings.warn(
+                    f"params: section `{old}:` is now `{new}:` (one name per stage); `{old}:` is read "
+                    f"for this release only, rename it",
+                    FutureWarning,
+                    stacklevel=2,
+                )
                 data[new] = data.pop(old)
         return data
 
@@ -714,17 +755,22 @@ def _check_semantics(profile: Profile, source: Path) -> list[str]:
             problems.append(f"metrics.comparisons[{i}].design: unknown design {comparison.design!r}")
             continue
         conditions = _condition_values(comparison.design)
-        for key, values in ((comparison.condition, [comparison.group_m, comparison.group_f]),
-                            *((k, [v]) for k, v in comparison.where.items())):
+        for key, values in (
+            (comparison.condition, [comparison.group_m, comparison.group_f]),
+            *((k, [v]) for k, v in comparison.where.items()),
+        ):
             if key not in conditions:
-                problems.append(f"metrics.comparisons[{i}]: {comparison.design!r} has no condition {key!r} "
-                                f"(one of {', '.join(conditions)})")
+                problems.append(
+                    f"metrics.comparisons[{i}]: {comparison.design!r} has no condition {key!r} "
+                    f"(one of {', '.join(conditions)})"
+                )
                 continue
             for value in values:
                 if value not in conditions[key]:
                     problems.append(f"metrics.comparisons[{i}]: {key} has no value {value!r}")
-    if not any(getattr(profile.designs, d, None) is not None and getattr(profile.designs, d).enabled
-               for d in design_names()):
+    if not any(
+        getattr(profile.designs, d, None) is not None and getattr(profile.designs, d).enabled for d in design_names()
+    ):
         problems.append("designs: no design is enabled")
     if profile.associations.human_ratings is not None:
         human = paths.resolve(profile.associations.human_ratings)
@@ -746,15 +792,24 @@ def _check_semantics(profile: Profile, source: Path) -> list[str]:
         import importlib.util
 
         if importlib.util.find_spec("ray") is None:
-            problems.append("generation.engine.backend: 'ray' needs Ray, which is not installed in this environment; "
-                            "run `make venv EXTRAS=ray` (or `.venv/bin/pip install -r requirements/extra-ray.txt`)")
-        local = [m for m in (*profile.generation.models, *profile.extract.models,
-                             *profile.associations.judge.models) if m.source != "openai"]
+            problems.append(
+                "generation.engine.backend: 'ray' needs Ray, which is not installed in this environment; "
+                "run `make venv EXTRAS=ray` (or `.venv/bin/pip install -r requirements/extra-ray.txt`)"
+            )
+        local = [
+            m
+            for m in (*profile.generation.models, *profile.extract.models, *profile.associations.judge.models)
+            if m.source != "openai"
+        ]
         if (engine.ray.tensor_parallel_size or 1) > 1 and any(m.device == "cpu" for m in local):
-            problems.append("generation.engine.ray.tensor_parallel_size: > 1 needs CUDA models; this profile has "
-                            "CPU models")
-    for where, specs in (("generation.models", profile.generation.models), ("extract.models", profile.extract.models),
-                         ("associations.judge.models", profile.associations.judge.models)):
+            problems.append(
+                "generation.engine.ray.tensor_parallel_size: > 1 needs CUDA models; this profile has CPU models"
+            )
+    for where, specs in (
+        ("generation.models", profile.generation.models),
+        ("extract.models", profile.extract.models),
+        ("associations.judge.models", profile.associations.judge.models),
+    ):
         for i, model in enumerate(specs):
             for key in ("path", "chat_template"):
                 value = getattr(model, key)

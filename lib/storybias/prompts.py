@@ -15,12 +15,11 @@ from __future__ import annotations
 import hashlib
 import random
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 import jinja2
 
-from . import paths
 from .designs import BUILTIN as BUILTIN_DESIGNS
 from .io import read_yaml_strict
 
@@ -66,7 +65,7 @@ class Cell:
     conditions: dict[str, str] = field(hash=False)
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_design(design: str) -> dict[str, Any]:
     from .designs import design_dir, names
 
@@ -85,7 +84,7 @@ def available_languages(design: str) -> list[str]:
     return [lang for lang in LANGUAGES if localization_path(design, lang).is_file()]
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_localization(design: str, language: str) -> dict[str, Any]:
     if language not in LANGUAGES:
         raise DesignError(f"unknown language {language!r}; expected one of {', '.join(LANGUAGES)}")
@@ -165,7 +164,7 @@ def sample_cells(
 _JINJA = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=False)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _template(source: str) -> jinja2.Template:
     return _JINJA.from_string(source)
 
@@ -207,11 +206,13 @@ def request_seed(base_seed: int, sid: str) -> int:
 
 def _render_stereotales(cell: Cell, language: str) -> str:
     loc, c = load_localization(cell.design, language), cell.conditions
-    return _template(loc["template"]).render(value=loc["values"][c["cond_attribute"]][c["cond_value"]],
-                                             scenario=loc["scenarios"][c["cond_scenario"]])
+    return _template(loc["template"]).render(
+        value=loc["values"][c["cond_attribute"]][c["cond_value"]], scenario=loc["scenarios"][c["cond_scenario"]]
+    )
 
 
 def _render_occupations(cell: Cell, language: str) -> str:
     loc, c = load_localization(cell.design, language), cell.conditions
-    return _template(loc["templates"][c["cond_task"]]).render(occupation=loc["values"]["occupation"][c["cond_occupation"]],
-                                                              labels=list(loc["labels"].values()))
+    return _template(loc["templates"][c["cond_task"]]).render(
+        occupation=loc["values"]["occupation"][c["cond_occupation"]], labels=list(loc["labels"].values())
+    )

@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -57,13 +57,13 @@ def model_key(name: str) -> str:
     return name.strip().rsplit("/", 1)[-1].lower()
 
 
-@lru_cache(maxsize=None)
+@cache
 def reference_taxonomy() -> dict[str, Any]:
     with open(paths.designs_dir() / "stereotales" / "reference.yaml", encoding="utf-8") as fh:
         return yaml.safe_load(fh)
 
 
-@lru_cache(maxsize=None)
+@cache
 def label_index() -> dict[str, dict[str, str]]:
     """Attribute -> {normalised label -> canonical key}. Each key is reachable from its canonical
     spelling, the reference's full label and that label without its examples; a form that would
@@ -72,10 +72,15 @@ def label_index() -> dict[str, dict[str, str]]:
     for attribute, values in reference_taxonomy()["dimensions"].items():
         forms: dict[str, str] = {}
         for key, words in values.items():
-            for form in {normalise_label(key), normalise_label(words["value"]), " ".join(words["value"].lower().split())}:
+            for form in {
+                normalise_label(key),
+                normalise_label(words["value"]),
+                " ".join(words["value"].lower().split()),
+            }:
                 if forms.setdefault(form, key) != key:
-                    raise PublishedFormatError(f"reference.yaml: {attribute} label {form!r} maps to both "
-                                               f"{forms[form]!r} and {key!r}")
+                    raise PublishedFormatError(
+                        f"reference.yaml: {attribute} label {form!r} maps to both {forms[form]!r} and {key!r}"
+                    )
         index[attribute] = forms
     return index
 
@@ -148,19 +153,26 @@ def load_published(path: str | Path) -> pd.DataFrame:
         models = (record.get("metadata") or {}).get("model_list") if isinstance(record.get("metadata"), dict) else None
         if not isinstance(models, list) or not models or not all(isinstance(m, str) and m for m in models):
             raise _fail(path, i, record, "metadata.model_list", "missing, empty or not a list of model names")
-        rows.append({
-            "question_id": qid, "base_attribute": base_attr, "base_value": base_value,
-            "compared_attribute": comp_attr, "compared_value": comp_value,
-            "base_label": base_label, "compared_label": comp_label,
-            "avg_percentage": _number(path, i, record, "avg_percentage", 0.0, 100.0),
-            "avg_lift": _number(path, i, record, "avg_lift", 0.0, None),
-            "models": sorted(set(models)),
-        })
+        rows.append(
+            {
+                "question_id": qid,
+                "base_attribute": base_attr,
+                "base_value": base_value,
+                "compared_attribute": comp_attr,
+                "compared_value": comp_value,
+                "base_label": base_label,
+                "compared_label": comp_label,
+                "avg_percentage": _number(path, i, record, "avg_percentage", 0.0, 100.0),
+                "avg_lift": _number(path, i, record, "avg_lift", 0.0, None),
+                "models": sorted(set(models)),
+            }
+        )
     frame = pd.DataFrame(rows, columns=PUBLISHED_COLUMNS)
     dup = frame[frame["question_id"].duplicated()]
     if len(dup):
-        raise PublishedFormatError(f"{path}: record {dup.index[0]}: field question_id: "
-                                   f"{dup['question_id'].iloc[0]!r} appears twice")
+        raise PublishedFormatError(
+            f"{path}: record {dup.index[0]}: field question_id: {dup['question_id'].iloc[0]!r} appears twice"
+        )
     return frame
 
 
@@ -200,8 +212,11 @@ def compare(values: pd.DataFrame, published: pd.DataFrame, scope: str = "all") -
         found.setdefault(tuple(row[1:]), set()).add(row[0])
 
     published_models = {model_key(m) for ms in published["models"] for m in ms}
-    matched = {m: sorted({p for ms in published["models"] for p in ms if model_key(p) == model_key(m)})
-               for m in sorted(set(run["model"])) if model_key(m) in published_models}
+    matched = {
+        m: sorted({p for ms in published["models"] for p in ms if model_key(p) == model_key(m)})
+        for m in sorted(set(run["model"]))
+        if model_key(m) in published_models
+    }
     mode = "same_model" if matched else "any_model"
 
     out = published.copy()
@@ -210,12 +225,16 @@ def compare(values: pd.DataFrame, published: pd.DataFrame, scope: str = "all") -
     for row in out.itertuples(index=False):
         key = (row.base_attribute, row.base_value, row.compared_attribute, row.compared_value)
         if (row.base_attribute, row.compared_attribute) not in tested_pairs:
-            statuses.append("untested"); reproducers.append([]); continue
+            statuses.append("untested")
+            reproducers.append([])
+            continue
         if mode == "same_model":
             record_models = {model_key(m) for m in row.models}
             eligible = {m for m in matched if model_key(m) in record_models}
             if not eligible:
-                statuses.append("untested"); reproducers.append([]); continue
+                statuses.append("untested")
+                reproducers.append([])
+                continue
         else:
             eligible = set(run["model"])
         hits = sorted(found.get(key, set()) & eligible)
@@ -236,12 +255,27 @@ def compare(values: pd.DataFrame, published: pd.DataFrame, scope: str = "all") -
         pub = considered[considered["base_attribute"] == attribute]
         mine = sig_keys[sig_keys["base_attribute"] == attribute]
         n_rep = int((pub["status"] == "reproduced").sum())
-        per.append({
-            "base_attribute": attribute, "published_tested": len(pub), "reproduced": n_rep,
-            "run_significant": len(mine), "not_published": int((~mine["published"]).sum()),
-            "reproduced_rate": n_rep / len(pub) if len(pub) else float("nan"),
-            "published_rate": float(mine["published"].mean()) if len(mine) else float("nan"),
-        })
-    per_attribute = pd.DataFrame(per, columns=["base_attribute", "published_tested", "reproduced", "run_significant",
-                                               "not_published", "reproduced_rate", "published_rate"])
+        per.append(
+            {
+                "base_attribute": attribute,
+                "published_tested": len(pub),
+                "reproduced": n_rep,
+                "run_significant": len(mine),
+                "not_published": int((~mine["published"]).sum()),
+                "reproduced_rate": n_rep / len(pub) if len(pub) else float("nan"),
+                "published_rate": float(mine["published"].mean()) if len(mine) else float("nan"),
+            }
+        )
+    per_attribute = pd.DataFrame(
+        per,
+        columns=[
+            "base_attribute",
+            "published_tested",
+            "reproduced",
+            "run_significant",
+            "not_published",
+            "reproduced_rate",
+            "published_rate",
+        ],
+    )
     return Comparison(mode=mode, matched_models=matched, published=out, new=new, per_attribute=per_attribute)

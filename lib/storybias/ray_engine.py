@@ -30,7 +30,16 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from .engines import ChatRequest, ChatResult, EngineError, EngineInfo, _versions, cpu_core_list, cpu_scheduler_kwargs, preflight
+from .engines import (
+    ChatRequest,
+    ChatResult,
+    EngineError,
+    EngineInfo,
+    _versions,
+    cpu_core_list,
+    cpu_scheduler_kwargs,
+    preflight,
+)
 from .params import EngineSettings, ModelSpec
 
 INSTALL_HINT = "make venv EXTRAS=ray (or .venv/bin/pip install -r requirements/extra-ray.txt)"
@@ -42,8 +51,9 @@ def ray_available() -> bool:
 
 def require_ray() -> None:
     if not ray_available():
-        raise EngineError(f"generation.engine.backend is 'ray' but Ray is not installed in this environment; "
-                          f"run `{INSTALL_HINT}`")
+        raise EngineError(
+            f"generation.engine.backend is 'ray' but Ray is not installed in this environment; run `{INSTALL_HINT}`"
+        )
 
 
 def finish_reason(n_tokens: int, max_tokens: int) -> str:
@@ -58,12 +68,20 @@ def sampling_params(request: ChatRequest) -> dict[str, Any]:
     the in-process engine sets (``Engine.sampling_params``). A constraint the processor cannot carry
     is an error, never dropped."""
     s = request.sampling
-    params: dict[str, Any] = dict(temperature=float(s.temperature), top_p=float(s.top_p), top_k=int(s.top_k),
-                                  repetition_penalty=float(s.repetition_penalty), max_tokens=int(s.max_tokens),
-                                  seed=int(request.seed), ignore_eos=bool(request.ignore_eos))
+    params: dict[str, Any] = dict(
+        temperature=float(s.temperature),
+        top_p=float(s.top_p),
+        top_k=int(s.top_k),
+        repetition_penalty=float(s.repetition_penalty),
+        max_tokens=int(s.max_tokens),
+        seed=int(request.seed),
+        ignore_eos=bool(request.ignore_eos),
+    )
     if request.choice is not None and request.json_schema is not None:
-        raise EngineError(f"request {request.key!r}: both a choice list and a JSON schema; the Ray backend "
-                          "passes one structured-output constraint per request")
+        raise EngineError(
+            f"request {request.key!r}: both a choice list and a JSON schema; the Ray backend "
+            "passes one structured-output constraint per request"
+        )
     if request.choice is not None:
         if not request.choice or not all(isinstance(c, str) for c in request.choice):
             raise EngineError(f"request {request.key!r}: a choice constraint must be a non-empty list of strings")
@@ -77,8 +95,13 @@ def sampling_params(request: ChatRequest) -> dict[str, Any]:
 
 def request_row(request: ChatRequest, prompt: str, prompt_token_ids: list[int]) -> dict[str, Any]:
     """One input row of the processor: the key travels through it untouched and names the result."""
-    return {"key": request.key, "prompt": prompt, "tokenized_prompt": list(prompt_token_ids),
-            "sampling_params": sampling_params(request), "max_tokens": int(request.sampling.max_tokens)}
+    return {
+        "key": request.key,
+        "prompt": prompt,
+        "tokenized_prompt": list(prompt_token_ids),
+        "sampling_params": sampling_params(request),
+        "max_tokens": int(request.sampling.max_tokens),
+    }
 
 
 def result_from_row(row: dict[str, Any]) -> ChatResult:
@@ -87,16 +110,26 @@ def result_from_row(row: dict[str, Any]) -> ChatResult:
     if error:
         return ChatResult.failed(str(row["key"]), str(error))
     n_tokens = int(row["n_tokens"])
-    return ChatResult(key=str(row["key"]), text=str(row["text"]), finish_reason=finish_reason(n_tokens, int(row["max_tokens"])),
-                      n_tokens=n_tokens, n_prompt_tokens=int(row["n_prompt_tokens"]))
+    return ChatResult(
+        key=str(row["key"]),
+        text=str(row["text"]),
+        finish_reason=finish_reason(n_tokens, int(row["max_tokens"])),
+        n_tokens=n_tokens,
+        n_prompt_tokens=int(row["n_prompt_tokens"]),
+    )
 
 
 def _postprocess(row: dict[str, Any]) -> dict[str, Any]:
     """Keep only what a ChatResult needs (runs in Ray workers: module-level, no closures)."""
-    return {"key": row["key"], "text": row.get("generated_text") or "", "n_tokens": int(row.get("num_generated_tokens") or 0),
-            "n_prompt_tokens": int(row.get("num_input_tokens") or 0), "max_tokens": int(row["max_tokens"]),
-            "error": row.get("__inference_error__") or "",
-            "seconds_in_vllm": float(row.get("time_taken_llm") or 0.0)}
+    return {
+        "key": row["key"],
+        "text": row.get("generated_text") or "",
+        "n_tokens": int(row.get("num_generated_tokens") or 0),
+        "n_prompt_tokens": int(row.get("num_input_tokens") or 0),
+        "max_tokens": int(row["max_tokens"]),
+        "error": row.get("__inference_error__") or "",
+        "seconds_in_vllm": float(row.get("time_taken_llm") or 0.0),
+    }
 
 
 def partition(requests: Sequence[ChatRequest], batch_size: int) -> list[list[ChatRequest]]:
@@ -107,19 +140,26 @@ def partition(requests: Sequence[ChatRequest], batch_size: int) -> list[list[Cha
         repeated = sorted({k for k in keys if keys.count(k) > 1})[:5]
         raise EngineError(f"the Ray backend needs one request per key; repeated: {', '.join(repeated)}")
     ordered = sorted(requests, key=lambda r: r.key)
-    return [ordered[i:i + batch_size] for i in range(0, len(ordered), batch_size)]
+    return [ordered[i : i + batch_size] for i in range(0, len(ordered), batch_size)]
 
 
 def engine_kwargs(spec: ModelSpec, settings: EngineSettings, seed: int) -> dict[str, Any]:
     """vLLM engine arguments of one replica: those of the in-process ``Engine``."""
-    kwargs: dict[str, Any] = dict(dtype=spec.dtype, max_model_len=spec.max_model_len, seed=seed,
-                                  max_num_seqs=settings.max_num_seqs, enforce_eager=settings.enforce_eager,
-                                  **cpu_scheduler_kwargs(spec))
+    kwargs: dict[str, Any] = dict(
+        dtype=spec.dtype,
+        max_model_len=spec.max_model_len,
+        seed=seed,
+        max_num_seqs=settings.max_num_seqs,
+        enforce_eager=settings.enforce_eager,
+        **cpu_scheduler_kwargs(spec),
+    )
     if settings.compact_json:
         kwargs["structured_outputs_config"] = {"backend": "xgrammar", "disable_any_whitespace": True}
     if spec.device == "cuda":
-        kwargs.update(tensor_parallel_size=settings.ray.tensor_parallel_size or spec.tensor_parallel_size,
-                      gpu_memory_utilization=spec.gpu_memory_utilization)
+        kwargs.update(
+            tensor_parallel_size=settings.ray.tensor_parallel_size or spec.tensor_parallel_size,
+            gpu_memory_utilization=spec.gpu_memory_utilization,
+        )
     return kwargs
 
 
@@ -162,12 +202,12 @@ class RayEngine:
     def __init__(self, spec: ModelSpec, settings: EngineSettings, seed: int):
         self.spec, self.settings, self.seed = spec, settings, seed
         self.info: EngineInfo | None = None
-        self.processor = None
-        self._tokenizer = None
+        self.processor: Any = None
+        self._tokenizer: Any = None
         self._started_ray = False
         self.last_stream: dict[str, float] = {}  # timings of the last stream (bench: start-up vs generation)
 
-    def __enter__(self) -> "RayEngine":
+    def __enter__(self) -> RayEngine:
         require_ray()
         folder, described = preflight(self.spec)
         started = time.time()
@@ -195,9 +235,15 @@ class RayEngine:
         self.processor = build_processor(config, postprocess=_postprocess)
         versions = _versions()
         versions["ray"] = ray.__version__
-        self.info = EngineInfo(model=self.spec.name, model_id=described, weights=str(folder), device=self.spec.device,
-                               startup_seconds=round(time.time() - started, 1), versions=versions,
-                               endpoint=f"ray:{rs.address}")
+        self.info = EngineInfo(
+            model=self.spec.name,
+            model_id=described,
+            weights=str(folder),
+            device=self.spec.device,
+            startup_seconds=round(time.time() - started, 1),
+            versions=versions,
+            endpoint=f"ray:{rs.address}",
+        )
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -217,9 +263,13 @@ class RayEngine:
 
     def render(self, request: ChatRequest) -> tuple[str, list[int]]:
         """The prompt text and token ids vLLM's LLM.chat would build for ``request``."""
-        prompt = self._tokenizer.apply_chat_template(request.messages, tokenize=False, add_generation_prompt=True,
-                                                     chat_template=self._chat_template(),
-                                                     **dict(self.spec.chat_template_kwargs))
+        prompt = self._tokenizer.apply_chat_template(
+            request.messages,
+            tokenize=False,
+            add_generation_prompt=True,
+            chat_template=self._chat_template(),
+            **dict(self.spec.chat_template_kwargs),
+        )
         return prompt, self._tokenizer.encode(prompt, add_special_tokens=False)
 
     def stream(self, requests: Sequence[ChatRequest]) -> Iterator[ChatResult]:
@@ -240,8 +290,11 @@ class RayEngine:
             if first is None:
                 first = time.time() - started
             in_vllm = max(in_vllm, float(row.get("seconds_in_vllm") or 0.0))
-            self.last_stream = {"seconds": round(time.time() - started, 2), "first_result_seconds": round(first, 2),
-                                "max_request_seconds_in_vllm": round(in_vllm, 2)}
+            self.last_stream = {
+                "seconds": round(time.time() - started, 2),
+                "first_result_seconds": round(first, 2),
+                "max_request_seconds_in_vllm": round(in_vllm, 2),
+            }
             yield result_from_row(row)
 
     def tokenizer(self) -> Any:

@@ -40,7 +40,7 @@ class RunStats:
     def tokens_per_second(self) -> float:
         return round(self.output_tokens / self.seconds, 2) if self.seconds else 0.0
 
-    def add(self, other: "RunStats") -> "RunStats":
+    def add(self, other: RunStats) -> RunStats:
         self.n_results += other.n_results
         self.n_errors += other.n_errors
         self.output_tokens += other.output_tokens
@@ -51,18 +51,32 @@ class RunStats:
         return self
 
     def as_dict(self) -> dict[str, Any]:
-        return {"n_results": self.n_results, "n_errors": self.n_errors, "output_tokens": self.output_tokens,
-                "prompt_tokens": self.prompt_tokens, "seconds": self.seconds,
-                "tokens_per_second": self.tokens_per_second, "finish_reasons": dict(self.finish_reasons),
-                "errors": list(self.errors)}
+        return {
+            "n_results": self.n_results,
+            "n_errors": self.n_errors,
+            "output_tokens": self.output_tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "seconds": self.seconds,
+            "tokens_per_second": self.tokens_per_second,
+            "finish_reasons": dict(self.finish_reasons),
+            "errors": list(self.errors),
+        }
 
 
 MAX_ERRORS_KEPT = 5
 
 
-def run_requests(engine: ChatEngine, requests: Sequence[ChatRequest], build_row: RowBuilder, store: ShardStore | None,
-                 shard_size: int, desc: str, unit: str = "item", progress: bool = True,
-                 on_result: Callable[[ChatResult], None] | None = None) -> RunStats:
+def run_requests(
+    engine: ChatEngine,
+    requests: Sequence[ChatRequest],
+    build_row: RowBuilder,
+    store: ShardStore | None,
+    shard_size: int,
+    desc: str,
+    unit: str = "item",
+    progress: bool = True,
+    on_result: Callable[[ChatResult], None] | None = None,
+) -> RunStats:
     """Stream ``requests`` through a started ``engine``; each result goes to ``build_row`` (one row,
     several, or None) and the rows to ``store`` in shards of ``shard_size``. Returns what was received."""
     stats = RunStats()

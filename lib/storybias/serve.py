@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from . import paths
-from .params import EngineSettings, ModelSpec, Params
 from .engines import cpu_scheduler_kwargs
+from .params import EngineSettings, ModelSpec, Params
 
 HEALTH_TIMEOUT_S = 1800.0  # vLLM's CPU start-up took > 8 min on a 2-core machine without AVX-512
 STOP_GRACE_S = 20.0
@@ -55,8 +55,17 @@ def serve_key(spec: ModelSpec) -> str:
     """What makes two local model specs the same server (the weights and how they are loaded), so a
     model used for generation, extraction and judging under one name or several starts once."""
     dumped = spec.model_dump(mode="json")
-    keep = ("source", "path", "hub_id", "device", "dtype", "tensor_parallel_size", "max_model_len",
-            "gpu_memory_utilization", "chat_template")
+    keep = (
+        "source",
+        "path",
+        "hub_id",
+        "device",
+        "dtype",
+        "tensor_parallel_size",
+        "max_model_len",
+        "gpu_memory_utilization",
+        "chat_template",
+    )
     return json.dumps({k: dumped[k] for k in keep}, sort_keys=True)
 
 
@@ -72,14 +81,43 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def server_command(spec: ModelSpec, settings: EngineSettings, seed: int, port: int, api_key: str | None,
-                   weights: Path, served_name: str) -> list[str]:
+def server_command(
+    spec: ModelSpec,
+    settings: EngineSettings,
+    seed: int,
+    port: int,
+    api_key: str | None,
+    weights: Path,
+    served_name: str,
+) -> list[str]:
     """The api_server's argument list for ``spec`` with the in-process engine's settings."""
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1", "--port", str(port),
-           "--model", str(weights), "--tokenizer", str(weights), "--served-model-name", served_name,
-           "--dtype", spec.dtype, "--max-model-len", str(spec.max_model_len), "--seed", str(seed),
-           "--max-num-seqs", str(settings.max_num_seqs), "--generation-config", "vllm",
-           "--uvicorn-log-level", "warning"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--model",
+        str(weights),
+        "--tokenizer",
+        str(weights),
+        "--served-model-name",
+        served_name,
+        "--dtype",
+        spec.dtype,
+        "--max-model-len",
+        str(spec.max_model_len),
+        "--seed",
+        str(seed),
+        "--max-num-seqs",
+        str(settings.max_num_seqs),
+        "--generation-config",
+        "vllm",
+        "--uvicorn-log-level",
+        "warning",
+    ]
     if api_key:
         cmd += ["--api-key", api_key]
     scheduler = cpu_scheduler_kwargs(spec)  # the same no-chunking rule as the in-process engine (engines.py)
@@ -92,8 +130,12 @@ def server_command(spec: ModelSpec, settings: EngineSettings, seed: int, port: i
     if spec.chat_template:
         cmd += ["--chat-template", str(paths.resolve(spec.chat_template))]
     if spec.device == "cuda":
-        cmd += ["--tensor-parallel-size", str(spec.tensor_parallel_size),
-                "--gpu-memory-utilization", str(spec.gpu_memory_utilization)]
+        cmd += [
+            "--tensor-parallel-size",
+            str(spec.tensor_parallel_size),
+            "--gpu-memory-utilization",
+            str(spec.gpu_memory_utilization),
+        ]
     return cmd
 
 
@@ -103,7 +145,9 @@ def server_environment(spec: ModelSpec, settings: EngineSettings) -> dict[str, s
     if spec.device == "cpu":
         from .engines import cpu_core_list
 
-        env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_core_list() if settings.cpu_threads_bind == "auto" else settings.cpu_threads_bind
+        env["VLLM_CPU_OMP_THREADS_BIND"] = (
+            cpu_core_list() if settings.cpu_threads_bind == "auto" else settings.cpu_threads_bind
+        )
         env["VLLM_CPU_KVCACHE_SPACE"] = str(settings.cpu_kvcache_gb)
         if settings.deterministic_cpu_attention:
             env["VLLM_CPU_ATTN_SPLIT_KV"] = "0"
@@ -152,8 +196,15 @@ class Server:
     startup_seconds: float = 0.0
 
     def entry(self) -> dict[str, Any]:
-        return {"base_url": self.base_url, "model_id": self.model_id, "api_key": self.api_key, "pid": self.process.pid,
-                "log": str(self.log), "described": self.described, "startup_seconds": self.startup_seconds}
+        return {
+            "base_url": self.base_url,
+            "model_id": self.model_id,
+            "api_key": self.api_key,
+            "pid": self.process.pid,
+            "log": str(self.log),
+            "described": self.described,
+            "startup_seconds": self.startup_seconds,
+        }
 
     def stop(self, grace: float = STOP_GRACE_S) -> None:
         """SIGTERM to the server's process group, SIGKILL to whatever is left after ``grace`` seconds."""
@@ -206,9 +257,17 @@ def _terminate_with_parent() -> None:
         pass
 
 
-def start_server(spec: ModelSpec, settings: EngineSettings, seed: int, run_name: str, models: Sequence[str] = (),
-                 command: list[str] | None = None, health_timeout: float = HEALTH_TIMEOUT_S,
-                 log: Callable[[str], None] = print, log_dir: Path | None = None) -> Server:
+def start_server(
+    spec: ModelSpec,
+    settings: EngineSettings,
+    seed: int,
+    run_name: str,
+    models: Sequence[str] = (),
+    command: list[str] | None = None,
+    health_timeout: float = HEALTH_TIMEOUT_S,
+    log: Callable[[str], None] = print,
+    log_dir: Path | None = None,
+) -> Server:
     """Start the server for ``spec`` and wait for its /health; on failure stop it and raise ServerError
     with its log's tail. ``command`` replaces the vLLM command line (tests); the log goes to
     ``log_dir`` (default reports/<run>/)."""
@@ -229,20 +288,37 @@ def start_server(spec: ModelSpec, settings: EngineSettings, seed: int, run_name:
     logfile.parent.mkdir(parents=True, exist_ok=True)
     started = time.time()
     with open(logfile, "w", encoding="utf-8") as fh:
-        process = subprocess.Popen(command, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   env=server_environment(spec, settings), start_new_session=True,
-                                   preexec_fn=_terminate_with_parent)
-    server = Server(models=names, process=process, base_url=f"http://127.0.0.1:{port}/v1", model_id=served_name,
-                    api_key=key, log=logfile, described=described)
+        process = subprocess.Popen(
+            command,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=server_environment(spec, settings),
+            start_new_session=True,
+            preexec_fn=_terminate_with_parent,
+        )
+    server = Server(
+        models=names,
+        process=process,
+        base_url=f"http://127.0.0.1:{port}/v1",
+        model_id=served_name,
+        api_key=key,
+        log=logfile,
+        described=described,
+    )
     log(f"starting a vLLM server for {', '.join(names)} on {server.base_url} (log: {logfile}) ...")
     try:
         while not health_ok(server.base_url):
             if process.poll() is not None:
-                raise ServerError(f"the vLLM server for {', '.join(names)} exited with code {process.returncode} "
-                                  f"before it was ready; the end of {logfile}:\n{log_tail(logfile)}")
+                raise ServerError(
+                    f"the vLLM server for {', '.join(names)} exited with code {process.returncode} "
+                    f"before it was ready; the end of {logfile}:\n{log_tail(logfile)}"
+                )
             if time.time() - started > health_timeout:
-                raise ServerError(f"the vLLM server for {', '.join(names)} was not ready after {health_timeout:.0f} s; "
-                                  f"the end of {logfile}:\n{log_tail(logfile)}")
+                raise ServerError(
+                    f"the vLLM server for {', '.join(names)} was not ready after {health_timeout:.0f} s; "
+                    f"the end of {logfile}:\n{log_tail(logfile)}"
+                )
             time.sleep(1.0)
     except BaseException:
         server.stop(grace=5)
@@ -253,6 +329,7 @@ def start_server(spec: ModelSpec, settings: EngineSettings, seed: int, run_name:
 
 
 # --- the registry --------------------------------------------------------------------------------
+
 
 def read_registry(run_name: str) -> dict[str, dict[str, Any]]:
     path = registry_path(run_name)
@@ -294,12 +371,17 @@ def lookup(run_name: str, spec: ModelSpec) -> dict[str, Any] | None:
 
 # --- with-servers --------------------------------------------------------------------------------
 
+
 def _raise_on_signal(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
 
 
-def with_servers(params: Params, command: Sequence[str], log: Callable[[str], None] = print,
-                 server_command_override: list[str] | None = None) -> int:
+def with_servers(
+    params: Params,
+    command: Sequence[str],
+    log: Callable[[str], None] = print,
+    server_command_override: list[str] | None = None,
+) -> int:
     """Start the profile's local models' servers, run ``command`` with them, stop them whatever happens.
     Returns the command's exit code."""
     from .locks import RunBusy, run_lock
@@ -325,15 +407,24 @@ def with_servers(params: Params, command: Sequence[str], log: Callable[[str], No
                 return 3
         for key, specs in groups.items():
             names = list(dict.fromkeys(s.name for s in specs))
-            server = start_server(specs[0], params.generation.engine, params.generation.seed, run_name, names,
-                                  command=server_command_override, log=log)
+            server = start_server(
+                specs[0],
+                params.generation.engine,
+                params.generation.seed,
+                run_name,
+                names,
+                command=server_command_override,
+                log=log,
+            )
             servers.append(server)
             for name in names:
                 entries[name] = {**server.entry(), "serve_key": key}
             write_registry(run_name, entries)
         if servers:
-            log(f"with-servers: {len(servers)} server(s) up in {sum(s.startup_seconds for s in servers):.0f} s; "
-                f"running: {' '.join(command)}")
+            log(
+                f"with-servers: {len(servers)} server(s) up in {sum(s.startup_seconds for s in servers):.0f} s; "
+                f"running: {' '.join(command)}"
+            )
         child = subprocess.Popen(list(command))
         try:
             return child.wait()

@@ -72,18 +72,29 @@ def api_key(spec: ModelSpec) -> str:
         return NO_KEY
     value = os.environ.get(spec.api_key_env, "")
     if not value:
-        raise EngineError(f"model {spec.name!r}: the environment variable {spec.api_key_env} (api_key_env) is not set; "
-                          f"export it with your key for {spec.base_url} (the profile names the variable, never the key)")
+        raise EngineError(
+            f"model {spec.name!r}: the environment variable {spec.api_key_env} (api_key_env) is not set; "
+            f"export it with your key for {spec.base_url} (the profile names the variable, never the key)"
+        )
     return value
 
 
 def endpoint_of(spec: ModelSpec) -> Endpoint:
     assert spec.base_url and spec.model_id
-    return Endpoint(name=spec.name, base_url=spec.base_url.rstrip("/"), model_id=spec.model_id, api_key=api_key(spec),
-                    api_key_env=spec.api_key_env, max_concurrency=spec.max_concurrency,
-                    requests_per_minute=spec.requests_per_minute, timeout_s=spec.request_timeout_s,
-                    max_retries=spec.max_retries, constraints=spec.constraints,
-                    chat_template_kwargs=dict(spec.chat_template_kwargs), description=spec.model_id)
+    return Endpoint(
+        name=spec.name,
+        base_url=spec.base_url.rstrip("/"),
+        model_id=spec.model_id,
+        api_key=api_key(spec),
+        api_key_env=spec.api_key_env,
+        max_concurrency=spec.max_concurrency,
+        requests_per_minute=spec.requests_per_minute,
+        timeout_s=spec.request_timeout_s,
+        max_retries=spec.max_retries,
+        constraints=spec.constraints,
+        chat_template_kwargs=dict(spec.chat_template_kwargs),
+        description=spec.model_id,
+    )
 
 
 # --- request bodies ------------------------------------------------------------------------------
@@ -93,15 +104,25 @@ CHOICE_FIELD = "answer"
 
 def choice_schema(choice: Sequence[str]) -> dict[str, Any]:
     """A choice list as a JSON schema for APIs without a choice constraint (``constraints: openai``)."""
-    return {"type": "object", "properties": {CHOICE_FIELD: {"type": "string", "enum": list(choice)}},
-            "required": [CHOICE_FIELD], "additionalProperties": False}
+    return {
+        "type": "object",
+        "properties": {CHOICE_FIELD: {"type": "string", "enum": list(choice)}},
+        "required": [CHOICE_FIELD],
+        "additionalProperties": False,
+    }
 
 
 def request_kwargs(endpoint: Endpoint, request: ChatRequest) -> dict[str, Any]:
     """The keyword arguments of ``client.chat.completions.create`` for one request."""
     s = request.sampling
-    kwargs: dict[str, Any] = {"model": endpoint.model_id, "messages": request.messages, "max_tokens": s.max_tokens,
-                              "temperature": s.temperature, "top_p": s.top_p, "seed": request.seed}
+    kwargs: dict[str, Any] = {
+        "model": endpoint.model_id,
+        "messages": request.messages,
+        "max_tokens": s.max_tokens,
+        "temperature": s.temperature,
+        "top_p": s.top_p,
+        "seed": request.seed,
+    }
     extra: dict[str, Any] = {}
     if endpoint.constraints == "vllm":
         extra.update(top_k=s.top_k, repetition_penalty=s.repetition_penalty)
@@ -115,11 +136,15 @@ def request_kwargs(endpoint: Endpoint, request: ChatRequest) -> dict[str, Any]:
             extra["chat_template_kwargs"] = dict(endpoint.chat_template_kwargs)
     else:
         if request.choice is not None:
-            kwargs["response_format"] = {"type": "json_schema", "json_schema": {
-                "name": "choice", "strict": True, "schema": choice_schema(request.choice)}}
+            kwargs["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": "choice", "strict": True, "schema": choice_schema(request.choice)},
+            }
         elif request.json_schema is not None:
-            kwargs["response_format"] = {"type": "json_schema", "json_schema": {
-                "name": "answer", "strict": True, "schema": request.json_schema}}
+            kwargs["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": "answer", "strict": True, "schema": request.json_schema},
+            }
     if extra:
         kwargs["extra_body"] = extra
     return kwargs
@@ -135,8 +160,14 @@ def result_of(endpoint: Endpoint, request: ChatRequest, response: Any) -> ChatRe
     n_tokens = int(getattr(usage, "completion_tokens", 0) or 0)
     n_prompt = int(getattr(usage, "prompt_tokens", 0) or 0)
     if finish == "content_filter":
-        return ChatResult(key=request.key, text="", finish_reason="error", n_tokens=n_tokens, n_prompt_tokens=n_prompt,
-                          error="content_filter: the provider's content filter withheld the answer")
+        return ChatResult(
+            key=request.key,
+            text="",
+            finish_reason="error",
+            n_tokens=n_tokens,
+            n_prompt_tokens=n_prompt,
+            error="content_filter: the provider's content filter withheld the answer",
+        )
     if endpoint.constraints == "openai" and request.choice is not None and text:
         try:
             text = str(json.loads(text)[CHOICE_FIELD])
@@ -147,12 +178,17 @@ def result_of(endpoint: Endpoint, request: ChatRequest, response: Any) -> ChatRe
 
 # --- rate limiting -------------------------------------------------------------------------------
 
+
 class RateLimiter:
     """At most ``per_minute`` request starts per minute, spaced evenly (one every 60 / per_minute s):
     an even spacing never bursts above a provider's per-minute quota, whatever its window."""
 
-    def __init__(self, per_minute: float, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], Any] = asyncio.sleep):
+    def __init__(
+        self,
+        per_minute: float,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Any] = asyncio.sleep,
+    ):
         self.interval = 60.0 / per_minute
         self.clock, self.sleep = clock, sleep
         self._next = float("-inf")
@@ -170,6 +206,7 @@ class RateLimiter:
 
 
 # --- errors --------------------------------------------------------------------------------------
+
 
 class _Fatal(Exception):
     """Every further request would fail the same way: stop the stream."""
@@ -193,8 +230,10 @@ def _classify(endpoint: Endpoint, exc: BaseException) -> str:
     if isinstance(exc, openai.APITimeoutError):
         return _describe(exc)
     if isinstance(exc, openai.APIConnectionError):
-        raise _Fatal(f"{endpoint.where()}: cannot reach the endpoint ({exc}); "
-                     "finished answers are stored, a rerun asks only for the rest")
+        raise _Fatal(
+            f"{endpoint.where()}: cannot reach the endpoint ({exc}); "
+            "finished answers are stored, a rerun asks only for the rest"
+        )
     if isinstance(exc, openai.AuthenticationError):
         raise _Fatal(f"{endpoint.where()}: the endpoint refused the key ({_describe(exc)})")
     if isinstance(exc, openai.NotFoundError):
@@ -204,12 +243,19 @@ def _classify(endpoint: Endpoint, exc: BaseException) -> str:
 
 # --- the engine ----------------------------------------------------------------------------------
 
+
 class OpenAIEngine:
     """A served model as a ChatEngine. Use as a context manager (entering runs the preflight for an
     external endpoint; a local server was checked when it started)."""
 
-    def __init__(self, spec: ModelSpec, seed: int, endpoint: Endpoint | None = None, tokenizer_from: ModelSpec | None = None,
-                 check: bool = True):
+    def __init__(
+        self,
+        spec: ModelSpec,
+        seed: int,
+        endpoint: Endpoint | None = None,
+        tokenizer_from: ModelSpec | None = None,
+        check: bool = True,
+    ):
         self.spec = spec
         self.seed = seed
         self._endpoint = endpoint
@@ -219,14 +265,23 @@ class OpenAIEngine:
         self.info: EngineInfo | None = None
 
     @classmethod
-    def for_local_server(cls, spec: ModelSpec, entry: dict[str, Any], settings: EngineSettings, seed: int) -> "OpenAIEngine":
+    def for_local_server(
+        cls, spec: ModelSpec, entry: dict[str, Any], settings: EngineSettings, seed: int
+    ) -> OpenAIEngine:
         """The run's shared local server for ``spec`` (a registry entry of storybias.serve): as many
         requests in flight as the in-process engine would batch, long timeouts (CPU decoding)."""
-        endpoint = Endpoint(name=spec.name, base_url=entry["base_url"], model_id=entry["model_id"],
-                            api_key=entry.get("api_key") or NO_KEY, max_concurrency=settings.max_num_seqs,
-                            timeout_s=3600.0, max_retries=2, constraints="vllm",
-                            chat_template_kwargs=dict(spec.chat_template_kwargs),
-                            description=entry.get("described", entry["model_id"]))
+        endpoint = Endpoint(
+            name=spec.name,
+            base_url=entry["base_url"],
+            model_id=entry["model_id"],
+            api_key=entry.get("api_key") or NO_KEY,
+            max_concurrency=settings.max_num_seqs,
+            timeout_s=3600.0,
+            max_retries=2,
+            constraints="vllm",
+            chat_template_kwargs=dict(spec.chat_template_kwargs),
+            description=entry.get("described", entry["model_id"]),
+        )
         return cls(spec, seed, endpoint=endpoint, tokenizer_from=spec, check=False)
 
     @property
@@ -235,15 +290,20 @@ class OpenAIEngine:
             self._endpoint = endpoint_of(self.spec)
         return self._endpoint
 
-    def __enter__(self) -> "OpenAIEngine":
+    def __enter__(self) -> OpenAIEngine:
         started = time.time()
         endpoint = self.endpoint
         if self._check and time.time() - _preflighted.get(_preflight_id(endpoint), float("-inf")) > PREFLIGHT_VALID_S:
             preflight_endpoint(self.spec)
-        self.info = EngineInfo(model=self.spec.name, model_id=endpoint.description, weights="-",
-                               device="served", startup_seconds=round(time.time() - started, 1),
-                               versions=_versions() if self._tokenizer_from is not None else {},
-                               endpoint=endpoint.base_url)
+        self.info = EngineInfo(
+            model=self.spec.name,
+            model_id=endpoint.description,
+            weights="-",
+            device="served",
+            startup_seconds=round(time.time() - started, 1),
+            versions=_versions() if self._tokenizer_from is not None else {},
+            endpoint=endpoint.base_url,
+        )
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -315,12 +375,18 @@ async def _send_all(endpoint: Endpoint, requests: list[ChatRequest], results: qu
     import httpx
     import openai
 
-    client = openai.AsyncOpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key, max_retries=endpoint.max_retries,
-                                timeout=endpoint.timeout_s,
-                                # openai's stubs name its vendored httpx2.Limits; httpx.Limits is the class it uses
-                                http_client=openai.DefaultAsyncHttpxClient(limits=httpx.Limits(  # type: ignore[arg-type]
-                                    max_connections=endpoint.max_concurrency + 4,
-                                    max_keepalive_connections=endpoint.max_concurrency + 4)))
+    client = openai.AsyncOpenAI(
+        base_url=endpoint.base_url,
+        api_key=endpoint.api_key,
+        max_retries=endpoint.max_retries,
+        timeout=endpoint.timeout_s,
+        # openai's stubs name its vendored httpx2.Limits; httpx.Limits is the class it uses
+        http_client=openai.DefaultAsyncHttpxClient(
+            limits=httpx.Limits(  # type: ignore[arg-type]
+                max_connections=endpoint.max_concurrency + 4, max_keepalive_connections=endpoint.max_concurrency + 4
+            )
+        ),
+    )
     semaphore = asyncio.Semaphore(endpoint.max_concurrency)
     limiter = RateLimiter(endpoint.requests_per_minute) if endpoint.requests_per_minute else None
     fatal: list[_Fatal] = []
@@ -381,8 +447,9 @@ def preflight_endpoint(spec: ModelSpec, timeout_s: float = PREFLIGHT_TIMEOUT_S) 
     import openai
 
     endpoint = endpoint_of(spec)  # raises when the key variable is unset
-    client = openai.OpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key, max_retries=1,
-                           timeout=min(timeout_s, endpoint.timeout_s))
+    client = openai.OpenAI(
+        base_url=endpoint.base_url, api_key=endpoint.api_key, max_retries=1, timeout=min(timeout_s, endpoint.timeout_s)
+    )
     where = endpoint.where()
     try:
         try:
@@ -392,12 +459,15 @@ def preflight_endpoint(spec: ModelSpec, timeout_s: float = PREFLIGHT_TIMEOUT_S) 
         if listed and endpoint.model_id not in listed:
             shown = ", ".join(listed[:8]) + (" ..." if len(listed) > 8 else "")
             raise EngineError(f"{where}: unknown model id {endpoint.model_id!r}; the endpoint serves: {shown}")
-        client.chat.completions.create(model=endpoint.model_id, messages=[{"role": "user", "content": "Hi"}],
-                                       max_tokens=1, temperature=0)
+        client.chat.completions.create(
+            model=endpoint.model_id, messages=[{"role": "user", "content": "Hi"}], max_tokens=1, temperature=0
+        )
     except EngineError:
         raise
     except openai.AuthenticationError as exc:
-        raise EngineError(f"{where}: the endpoint refused the key ({_describe(exc)}); check ${spec.api_key_env or '(none)'}") from None
+        raise EngineError(
+            f"{where}: the endpoint refused the key ({_describe(exc)}); check ${spec.api_key_env or '(none)'}"
+        ) from None
     except openai.NotFoundError as exc:
         raise EngineError(f"{where}: unknown model id {endpoint.model_id!r} ({_describe(exc)})") from None
     except openai.APITimeoutError:

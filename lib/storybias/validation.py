@@ -66,6 +66,7 @@ class ValidationFileError(ValueError):
 
 # --- reading and checking -----------------------------------------------------------------------
 
+
 def _read(path: str | Path, columns: tuple[str, ...], optional: tuple[str, ...] = ()) -> pd.DataFrame:
     path = Path(path)
     if not path.is_file():
@@ -77,8 +78,10 @@ def _read(path: str | Path, columns: tuple[str, ...], optional: tuple[str, ...] 
     frame.columns = [c.strip() for c in frame.columns]
     missing = [c for c in columns if c not in frame.columns]
     if missing:
-        raise ValidationFileError(f"{path}, row 1 (header): missing column(s) {', '.join(missing)} "
-                                  f"(expected {', '.join(columns)}{'; optional ' + ', '.join(optional) if optional else ''})")
+        raise ValidationFileError(
+            f"{path}, row 1 (header): missing column(s) {', '.join(missing)} "
+            f"(expected {', '.join(columns)}{'; optional ' + ', '.join(optional) if optional else ''})"
+        )
     if frame.empty:
         raise ValidationFileError(f"{path}: no rows below the header")
     frame = frame[[c for c in (*columns, *optional) if c in frame.columns]].apply(lambda s: s.str.strip())
@@ -92,7 +95,9 @@ def _read(path: str | Path, columns: tuple[str, ...], optional: tuple[str, ...] 
 def _bad(path: str | Path, frame: pd.DataFrame, mask: pd.Series, column: str, expected: str) -> None:
     if mask.any():
         row = int(mask.idxmax())
-        raise ValidationFileError(f"{path}, row {row + 2}, column {column}: {frame.loc[row, column]!r} is not {expected}")
+        raise ValidationFileError(
+            f"{path}, row {row + 2}, column {column}: {frame.loc[row, column]!r} is not {expected}"
+        )
 
 
 def _scale(path: str | Path, frame: pd.DataFrame, column: str) -> pd.Series:
@@ -111,8 +116,10 @@ def _no_duplicates(path: str | Path, frame: pd.DataFrame, keys: list[str]) -> No
     dup = frame.duplicated(keys)
     if dup.any():
         row = int(dup.idxmax())
-        raise ValidationFileError(f"{path}, row {row + 2}, column {keys[-1]}: a second rating of "
-                                  f"{keys[0]} {frame.loc[row, keys[0]]!r} by {keys[-1]} {frame.loc[row, keys[-1]]!r}")
+        raise ValidationFileError(
+            f"{path}, row {row + 2}, column {keys[-1]}: a second rating of "
+            f"{keys[0]} {frame.loc[row, keys[0]]!r} by {keys[-1]} {frame.loc[row, keys[-1]]!r}"
+        )
 
 
 def load_marker_ratings(path: str | Path) -> pd.DataFrame:
@@ -140,8 +147,13 @@ def load_label_ratings(path: str | Path) -> pd.DataFrame:
         frame[column] = frame[column].str.lower()
     _bad(path, frame, ~frame["genre"].isin(GENRES), "genre", "story or news")
     _bad(path, frame, ~frame["automated"].isin(LABELS), "automated", "female, male or unknown")
-    _bad(path, frame, ~frame["human"].isin((*LABELS, *UNKNOWN_OUTCOMES)), "human",
-         f"one of {', '.join((*LABELS, *UNKNOWN_OUTCOMES))}")
+    _bad(
+        path,
+        frame,
+        ~frame["human"].isin((*LABELS, *UNKNOWN_OUTCOMES)),
+        "human",
+        f"one of {', '.join((*LABELS, *UNKNOWN_OUTCOMES))}",
+    )
     for column in ("language", "genre", "automated"):
         _one_per(path, frame, "item_id", column)
     _no_duplicates(path, frame, ["item_id", "rater_id"])
@@ -151,6 +163,7 @@ def load_label_ratings(path: str | Path) -> pd.DataFrame:
 
 
 # --- cultural markers (App. D.2.1) -------------------------------------------------------------
+
 
 def quadratic_kappa(h: np.ndarray, a: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
     """Quadratic-weighted Cohen's kappa of ratings ``h`` and ``a`` on an interval scale, for each row of
@@ -177,8 +190,11 @@ def _marker_stats(h: np.ndarray, a: np.ndarray, marker: np.ndarray, weights: np.
     """The four agreement metrics for each row of comparison ``weights`` (resamples x comparisons)."""
     total = weights.sum(1)
     diff = np.abs(h - a)
-    out = {"within_two": weights @ (diff <= 2) / total, "mae": weights @ diff / total,
-           "kappa_quadratic": quadratic_kappa(h, a, weights)}
+    out = {
+        "within_two": weights @ (diff <= 2) / total,
+        "mae": weights @ diff / total,
+        "kappa_quadratic": quadratic_kappa(h, a, weights),
+    }
     rho = np.full(len(weights), np.nan)
     for b, w in enumerate(weights):
         n_m = np.bincount(marker, weights=w)
@@ -224,8 +240,9 @@ def marker_agreement(ratings: pd.DataFrame, n_boot: int = 2000, n_perm: int = 10
     h, a = data["human"].to_numpy(float), data["automated"].to_numpy(float)
     n_markers = len(marker_ids)
     point = _marker_stats(h, a, marker_codes, np.ones((1, len(data))))
-    point["kappa_quadratic"] = np.array([cohen_kappa_score(data["human"], data["automated"], weights="quadratic",
-                                                           labels=list(SCALE))])
+    point["kappa_quadratic"] = np.array(
+        [cohen_kappa_score(data["human"], data["automated"], weights="quadratic", labels=list(SCALE))]
+    )
     counts = _marker_counts(n_markers, n_boot, seed)
     boot = _marker_stats(h, a, marker_codes, counts[:, marker_codes])
 
@@ -262,23 +279,42 @@ def marker_agreement(ratings: pd.DataFrame, n_boot: int = 2000, n_perm: int = 10
         finite = nulls[np.isfinite(nulls)]
         better = (finite >= value - 1e-12) if HIGHER_IS_BETTER[metric] else (finite <= value + 1e-12)
         lo, hi = _interval(boot[metric])
-        rows.append({"metric": metric, "estimate": value, "ci_low": lo, "ci_high": hi,
-                     "permutation_mean": float(finite.mean()) if len(finite) else np.nan,
-                     "permutation_p": float((1 + better.sum()) / (1 + len(finite))) if len(finite) else np.nan,
-                     "n_comparisons": int(len(data)), "n_markers": int(n_markers)})
+        rows.append(
+            {
+                "metric": metric,
+                "estimate": value,
+                "ci_low": lo,
+                "ci_high": hi,
+                "permutation_mean": float(finite.mean()) if len(finite) else np.nan,
+                "permutation_p": float((1 + better.sum()) / (1 + len(finite))) if len(finite) else np.nan,
+                "n_comparisons": int(len(data)),
+                "n_markers": int(n_markers),
+            }
+        )
     rows += human_human(data, counts, marker_codes, n_markers)
     if "keep" in data.columns and data["keep"].notna().any():
         kept = data["keep"].notna().to_numpy()
         y = (data["keep"] == "keep").to_numpy(float)
         w = counts[:, marker_codes] * kept
         lo, hi = _interval(w @ y / w.sum(1))
-        rows.append({"metric": "keep_endorsement", "estimate": float(y[kept].mean()), "ci_low": lo, "ci_high": hi,
-                     "permutation_mean": np.nan, "permutation_p": np.nan, "n_comparisons": int(kept.sum()),
-                     "n_markers": int(len(np.unique(marker_codes[kept])))})
+        rows.append(
+            {
+                "metric": "keep_endorsement",
+                "estimate": float(y[kept].mean()),
+                "ci_low": lo,
+                "ci_high": hi,
+                "permutation_mean": np.nan,
+                "permutation_p": np.nan,
+                "n_comparisons": int(kept.sum()),
+                "n_markers": int(len(np.unique(marker_codes[kept]))),
+            }
+        )
     return pd.DataFrame(rows)
 
 
-def human_human(data: pd.DataFrame, counts: np.ndarray, marker_codes: np.ndarray, n_markers: int) -> list[dict[str, Any]]:
+def human_human(
+    data: pd.DataFrame, counts: np.ndarray, marker_codes: np.ndarray, n_markers: int
+) -> list[dict[str, Any]]:
     """The pooled human-human baseline (App. D.2.1): every pair of raters of one marker (ordered by
     rater_id); quadratic-weighted kappa, MAE and within-two agreement over pairs, intervals from the
     same marker resamples (``counts``)."""
@@ -293,27 +329,53 @@ def human_human(data: pd.DataFrame, counts: np.ndarray, marker_codes: np.ndarray
                 second.append(values[j])
                 pair_marker.append(code)
     if not first:
-        return [{"metric": f"human_human_{m}", "estimate": np.nan, "ci_low": np.nan, "ci_high": np.nan,
-                 "permutation_mean": np.nan, "permutation_p": np.nan, "n_comparisons": 0, "n_markers": 0}
-                for m in ("kappa_quadratic", "mae", "within_two")]
+        return [
+            {
+                "metric": f"human_human_{m}",
+                "estimate": np.nan,
+                "ci_low": np.nan,
+                "ci_high": np.nan,
+                "permutation_mean": np.nan,
+                "permutation_p": np.nan,
+                "n_comparisons": 0,
+                "n_markers": 0,
+            }
+            for m in ("kappa_quadratic", "mae", "within_two")
+        ]
     x, y, pm = np.array(first), np.array(second), np.array(pair_marker)
     w = counts[:, pm]
     diff = np.abs(x - y)
     with np.errstate(invalid="ignore", divide="ignore"):  # a resample without any rated pair: NaN, left out
-        values = {"kappa_quadratic": (cohen_kappa_score(x.astype(int), y.astype(int), weights="quadratic", labels=list(SCALE))
-                                      if len(np.unique(np.r_[x, y])) > 1 else np.nan, quadratic_kappa(x, y, w)),
-                  "mae": (diff.mean(), w @ diff / w.sum(1)),
-                  "within_two": ((diff <= 2).mean(), w @ (diff <= 2) / w.sum(1))}
+        values = {
+            "kappa_quadratic": (
+                cohen_kappa_score(x.astype(int), y.astype(int), weights="quadratic", labels=list(SCALE))
+                if len(np.unique(np.r_[x, y])) > 1
+                else np.nan,
+                quadratic_kappa(x, y, w),
+            ),
+            "mae": (diff.mean(), w @ diff / w.sum(1)),
+            "within_two": ((diff <= 2).mean(), w @ (diff <= 2) / w.sum(1)),
+        }
     rows = []
     for metric, (value, boot) in values.items():
         lo, hi = _interval(np.asarray(boot, float))
-        rows.append({"metric": f"human_human_{metric}", "estimate": float(value), "ci_low": lo, "ci_high": hi,
-                     "permutation_mean": np.nan, "permutation_p": np.nan, "n_comparisons": int(len(x)),
-                     "n_markers": int(len(np.unique(pm)))})
+        rows.append(
+            {
+                "metric": f"human_human_{metric}",
+                "estimate": float(value),
+                "ci_low": lo,
+                "ci_high": hi,
+                "permutation_mean": np.nan,
+                "permutation_p": np.nan,
+                "n_comparisons": int(len(x)),
+                "n_markers": int(len(np.unique(pm))),
+            }
+        )
     return rows
 
 
 # --- protagonist labels (App. D.2.2) -------------------------------------------------------------
+
 
 def item_reference(ratings: pd.DataFrame) -> pd.DataFrame:
     """One row per item: language, genre, automated, n_ratings and ``reference``, the human label held by
@@ -323,8 +385,16 @@ def item_reference(ratings: pd.DataFrame) -> pd.DataFrame:
         counts = g["human"].value_counts()
         top = counts.index[0] if len(counts) else None
         resolved = len(g) >= 2 and counts.iloc[0] * 2 > len(g)
-        rows.append({"item_id": item, "language": g["language"].iloc[0], "genre": g["genre"].iloc[0],
-                     "automated": g["automated"].iloc[0], "n_ratings": int(len(g)), "reference": top if resolved else None})
+        rows.append(
+            {
+                "item_id": item,
+                "language": g["language"].iloc[0],
+                "genre": g["genre"].iloc[0],
+                "automated": g["automated"].iloc[0],
+                "n_ratings": int(len(g)),
+                "reference": top if resolved else None,
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -388,14 +458,26 @@ def label_agreement(ratings: pd.DataFrame, corpus: pd.DataFrame | None = None, s
         r = g[g["reference"].notna()]
         agree = (r["automated"] == r["reference"]).to_numpy(float)
         w = r["weight"].to_numpy(float)
-        kappa = (cohen_kappa_score(r["automated"], r["reference"], sample_weight=w)
-                 if len(r) and len(set(r["automated"]) | set(r["reference"])) > 1 and w.sum() > 0 else np.nan)
+        kappa = (
+            cohen_kappa_score(r["automated"], r["reference"], sample_weight=w)
+            if len(r) and len(set(r["automated"]) | set(r["reference"])) > 1 and w.sum() > 0
+            else np.nan
+        )
         fk, n_fk, k = fleiss(ratings[ratings["language"] == lang], seed)
-        rows.append({"language": lang, "n_items": int(len(g)), "n_resolved": int(len(r)),
-                     "agreement_weighted": float(w @ agree / w.sum()) if w.sum() > 0 else np.nan,
-                     "agreement_unweighted": float(agree.mean()) if len(r) else np.nan,
-                     "kappa_weighted": float(kappa), "fleiss_kappa": fk, "fleiss_items": n_fk, "fleiss_raters_per_item": k,
-                     "poststratified": corpus is not None and not corpus.empty})
+        rows.append(
+            {
+                "language": lang,
+                "n_items": int(len(g)),
+                "n_resolved": int(len(r)),
+                "agreement_weighted": float(w @ agree / w.sum()) if w.sum() > 0 else np.nan,
+                "agreement_unweighted": float(agree.mean()) if len(r) else np.nan,
+                "kappa_weighted": float(kappa),
+                "fleiss_kappa": fk,
+                "fleiss_items": n_fk,
+                "fleiss_raters_per_item": k,
+                "poststratified": corpus is not None and not corpus.empty,
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -404,4 +486,4 @@ def corpus_cells(frame: pd.DataFrame) -> pd.DataFrame:
     target): occupations story/news narratives of stage 06's probe frame, labels outside female/male as unknown."""
     occ = frame[(frame["design"] == "occupations") & frame["genre"].isin(GENRES)]
     label = occ["label"].where(occ["label"].isin(("female", "male")), "unknown")
-    return (occ.assign(label=label).groupby(["language", "genre", "label"]).size().rename("n").reset_index())
+    return occ.assign(label=label).groupby(["language", "genre", "label"]).size().rename("n").reset_index()

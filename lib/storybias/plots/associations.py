@@ -17,12 +17,26 @@ from matplotlib.transforms import ScaledTranslation
 
 from ..prompts import LANGUAGES
 from .style import (
+    LABEL,
+    SMALL,
+    _bools,
+    _figure,
+    _is_empty,
+    _isna,
+    _lang_order,
+    _legend,
+    _no_data,
+    _require,
+    _short,
+    _suptitle,
     _table,
-    LABEL, SMALL, _bools, _figure, _is_empty, _isna, _lang_order, _legend, message_panel, _no_data, _require,
-    _short, _suptitle, _ticks, _title,
+    _ticks,
+    _title,
+    message_panel,
 )
 
 # --- 3-4. StereoTales associations --------------------------------------------------------------
+
 
 def power_reason(power: pd.DataFrame | None) -> str | None:
     """Why stage 04 found nothing, from its power table (``storybias.power.explain``)."""
@@ -45,15 +59,24 @@ def association_counts(values: pd.DataFrame, power: pd.DataFrame | None = None) 
     when nothing was tested or retained, the figure quotes its reasons (``power_reason``)."""
     title = "Significant value-level associations (StereoTales two-step test)"
     if _is_empty(values):
-        return _no_data(title, power_reason(power) or "associations_values table is empty (no retained attribute pair)",
-                        _COUNT_KEYS, height=3.2 if power_reason(power) else 2.4)
+        return _no_data(
+            title,
+            power_reason(power) or "associations_values table is empty (no retained attribute pair)",
+            _COUNT_KEYS,
+            height=3.2 if power_reason(power) else 2.4,
+        )
     _require(values, ["model", "scope", "significant"], "associations_values.parquet")
     data = values.assign(significant=_bools(values["significant"]))
     models = sorted(data["model"].dropna().unique(), key=str)
     per_model = data[data["scope"] == "all"].groupby("model")["significant"].sum().reindex(models, fill_value=0)
     by_lang = data[data["scope"] != "all"]
     languages = _lang_order(by_lang["scope"])
-    lang_model = by_lang.groupby(["scope", "model"])["significant"].sum().unstack(fill_value=0).reindex(index=languages, columns=models, fill_value=0)
+    lang_model = (
+        by_lang.groupby(["scope", "model"])["significant"]
+        .sum()
+        .unstack(fill_value=0)
+        .reindex(index=languages, columns=models, fill_value=0)
+    )
     n_rows = max(len(models), len(languages), 1)
     fig = _figure(10.0, max(2.8, 1.6 + 0.24 * n_rows + (0.3 if len(models) > 1 else 0.0)))
     ax_m, ax_l = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
@@ -82,16 +105,37 @@ def association_counts(values: pd.DataFrame, power: pd.DataFrame | None = None) 
         if several:
             rng = np.random.default_rng(0)
             for yi, (_, row) in zip(y, lang_model.iterrows()):
-                ax_l.scatter(row.to_numpy(), yi + rng.uniform(-0.2, 0.2, len(row)), s=12, color="black", zorder=3,
-                             label="one model" if yi == y[0] else None)
-            _legend(ax_l, *ax_l.get_legend_handles_labels(), loc="upper left", bbox_to_anchor=(0.0, 0.0), ncol=2,
-                    bbox_transform=ax_l.transAxes + ScaledTranslation(0, -0.5, fig.dpi_scale_trans), borderaxespad=0.0)
+                ax_l.scatter(
+                    row.to_numpy(),
+                    yi + rng.uniform(-0.2, 0.2, len(row)),
+                    s=12,
+                    color="black",
+                    zorder=3,
+                    label="one model" if yi == y[0] else None,
+                )
+            _legend(
+                ax_l,
+                *ax_l.get_legend_handles_labels(),
+                loc="upper left",
+                bbox_to_anchor=(0.0, 0.0),
+                ncol=2,
+                bbox_transform=ax_l.transAxes + ScaledTranslation(0, -0.5, fig.dpi_scale_trans),
+                borderaxespad=0.0,
+            )
         for yi, v, b in zip(y, totals, bars):
-            ax_l.text(right * 1.02 if several else b, yi, f" total {int(v)}" if several else f" {int(v)}", va="center", fontsize=SMALL)
+            ax_l.text(
+                right * 1.02 if several else b,
+                yi,
+                f" total {int(v)}" if several else f" {int(v)}",
+                va="center",
+                fontsize=SMALL,
+            )
         ax_l.set_yticks(y, [f"{s} ({LANGUAGES[s]})" if s in LANGUAGES else str(s) for s in languages], fontsize=SMALL)
         ax_l.set_xlim(0, right * (1.3 if several else 1.18))
-        ax_l.set_xlabel("significant associations per model (count)" if several else "significant associations (count)",
-                        fontsize=LABEL)
+        ax_l.set_xlabel(
+            "significant associations per model (count)" if several else "significant associations (count)",
+            fontsize=LABEL,
+        )
         ax_l.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax_l.set_ylabel("language scope", fontsize=LABEL)
         _ticks(ax_l)
@@ -117,7 +161,15 @@ def association_label(row: Mapping[str, Any] | pd.Series) -> str:
     return f"{row['base_attribute']}={row['base_value']} → {row['compared_attribute']}={row['compared_value']}"
 
 
-_SHARED_COLUMNS = ["scope", "base_attribute", "base_value", "compared_attribute", "compared_value", "n_models", "mean_lift"]
+_SHARED_COLUMNS = [
+    "scope",
+    "base_attribute",
+    "base_value",
+    "compared_attribute",
+    "compared_value",
+    "n_models",
+    "mean_lift",
+]
 _TABLE_KEYS = ("n_associations", "n_shown", "max_mean_lift", "max_n_models", "n_rated", "n_harmful")
 
 
@@ -131,13 +183,18 @@ def _shared_scope(shared: pd.DataFrame, scope: str) -> pd.DataFrame:
     return sub.sort_values(["n_models", "mean_lift"], ascending=[False, False], kind="stable").reset_index(drop=True)
 
 
-def _shared_or_no_data(shared: pd.DataFrame, scope: str, title: str, power: pd.DataFrame | None
-                       ) -> tuple[pd.DataFrame, tuple[Figure, dict] | None]:
+def _shared_or_no_data(
+    shared: pd.DataFrame, scope: str, title: str, power: pd.DataFrame | None
+) -> tuple[pd.DataFrame, tuple[Figure, dict] | None]:
     """The associations of ``scope`` (``_shared_scope``), or the figure saying why there are none: the
     empty-input guard of the two figures drawn from ``associations_shared.parquet``."""
     if _is_empty(shared):
-        return shared, _no_data(title, power_reason(power) or "associations_shared table is empty (no significant "
-                                "association)", _TABLE_KEYS, height=3.2 if power_reason(power) else 2.4)
+        return shared, _no_data(
+            title,
+            power_reason(power) or "associations_shared table is empty (no significant association)",
+            _TABLE_KEYS,
+            height=3.2 if power_reason(power) else 2.4,
+        )
     sub = _shared_scope(shared, scope)
     if sub.empty:
         return sub, _no_data(title, f"no associations with scope = {scope!r}", _TABLE_KEYS)
@@ -145,13 +202,19 @@ def _shared_or_no_data(shared: pd.DataFrame, scope: str, title: str, power: pd.D
 
 
 def _shared_stats(sub: pd.DataFrame, n_shown: int) -> dict[str, Any]:
-    return {"n_associations": int(len(sub)), "n_shown": int(n_shown), "max_mean_lift": float(sub["mean_lift"].max()),
-            "max_n_models": int(sub["n_models"].max()), "n_rated": int(sub["median_harm"].notna().sum()),
-            "n_harmful": int(sub["harmful_flag"].sum())}
+    return {
+        "n_associations": int(len(sub)),
+        "n_shown": int(n_shown),
+        "max_mean_lift": float(sub["mean_lift"].max()),
+        "max_n_models": int(sub["n_models"].max()),
+        "n_rated": int(sub["median_harm"].notna().sum()),
+        "n_harmful": int(sub["harmful_flag"].sum()),
+    }
 
 
-def top_associations_table(shared: pd.DataFrame, k: int = 20, scope: str = "all",
-                           power: pd.DataFrame | None = None) -> tuple[Figure, dict]:
+def top_associations_table(
+    shared: pd.DataFrame, k: int = 20, scope: str = "all", power: pd.DataFrame | None = None
+) -> tuple[Figure, dict]:
     """A table of the top ``k`` associations of ``scope`` (most models sharing, then highest mean
     lift): the association, mean lift, number of models sharing it, median harm (1-5; '–' unrated).
 
@@ -164,8 +227,12 @@ def top_associations_table(shared: pd.DataFrame, k: int = 20, scope: str = "all"
     top = sub.head(max(1, int(k)))
     rows = []
     for i, r in top.iterrows():
-        harm = "–" if _isna(r["median_harm"]) else f"{r['median_harm']:.1f}" + (" (harmful)" if r["harmful_flag"] else "")
-        rows.append([str(i + 1), _short(association_label(r), 92), f"{r['mean_lift']:.2f}", str(int(r["n_models"])), harm])
+        harm = (
+            "–" if _isna(r["median_harm"]) else f"{r['median_harm']:.1f}" + (" (harmful)" if r["harmful_flag"] else "")
+        )
+        rows.append(
+            [str(i + 1), _short(association_label(r), 92), f"{r['mean_lift']:.2f}", str(int(r["n_models"])), harm]
+        )
     header = ["#", "association (base → compared)", "mean lift", "models sharing", "median harm (1–5)"]
     fig = _figure(10.0, 1.0 + 0.27 * (len(rows) + 1))
     ax = fig.add_subplot()
@@ -174,14 +241,18 @@ def top_associations_table(shared: pd.DataFrame, k: int = 20, scope: str = "all"
     for (r, c), cell in table.get_celld().items():
         if c in (2, 3) and r > 0:
             cell.get_text().set_horizontalalignment("right")
-    _title(ax, f"{title}: {len(rows)} of {len(sub)}, sorted by models sharing then mean lift; shaded = harmful (median ≥ 4)",
-           fig.get_figwidth() - 0.6)
+    _title(
+        ax,
+        f"{title}: {len(rows)} of {len(sub)}, sorted by models sharing then mean lift; shaded = harmful (median ≥ 4)",
+        fig.get_figwidth() - 0.6,
+    )
     fig.tight_layout()
     return fig, _shared_stats(sub, len(rows))
 
 
-def lift_share_plot(shared: pd.DataFrame, scope: str = "all", label_top: int = 5,
-                    power: pd.DataFrame | None = None) -> tuple[Figure, dict]:
+def lift_share_plot(
+    shared: pd.DataFrame, scope: str = "all", label_top: int = 5, power: pd.DataFrame | None = None
+) -> tuple[Figure, dict]:
     """Scatter of mean lift (y; log scale when it spans more than 8x) vs number of models sharing (x,
     jittered), one point per association of ``scope``, coloured by median harm (viridis, 1-5); unrated
     ones as open grey circles; the ``label_top`` (at most 10) first of the table order (most shared,
@@ -207,8 +278,17 @@ def lift_share_plot(shared: pd.DataFrame, scope: str = "all", label_top: int = 5
         handles.append(h)
         labels.append("unrated")
     if rated.any():
-        points = ax.scatter(x[rated], y[rated], s=26, c=sub.loc[rated, "median_harm"], cmap="viridis", vmin=1, vmax=5,
-                            edgecolors="black", linewidths=0.3)
+        points = ax.scatter(
+            x[rated],
+            y[rated],
+            s=26,
+            c=sub.loc[rated, "median_harm"],
+            cmap="viridis",
+            vmin=1,
+            vmax=5,
+            edgecolors="black",
+            linewidths=0.3,
+        )
         bar = fig.colorbar(points, ax=ax, pad=0.02)
         bar.set_label("median harm rating (1–5)", fontsize=LABEL)
         bar.ax.tick_params(labelsize=SMALL)
@@ -220,8 +300,15 @@ def lift_share_plot(shared: pd.DataFrame, scope: str = "all", label_top: int = 5
     if y.max() / max(y.min(), 1e-9) > 8:
         ax.set_yscale("log")
     for i in range(n_label):
-        ax.annotate(str(i + 1), (x[i], y[i]), xytext=(3, 3), textcoords="offset points", fontsize=SMALL, fontweight="bold",
-                    color="#222222")
+        ax.annotate(
+            str(i + 1),
+            (x[i], y[i]),
+            xytext=(3, 3),
+            textcoords="offset points",
+            fontsize=SMALL,
+            fontweight="bold",
+            color="#222222",
+        )
     n_max = int(sub["n_models"].max())
     ax.set_xticks(range(1, n_max + 1) if n_max <= 25 else np.linspace(1, n_max, 10).round().astype(int))
     ax.set_xlim(0.5, n_max + 0.7)
@@ -233,7 +320,13 @@ def lift_share_plot(shared: pd.DataFrame, scope: str = "all", label_top: int = 5
     key.axis("off")
     _legend(key, handles, labels, loc="upper left", bbox_to_anchor=(0.0, 1.0), ncol=len(handles), borderaxespad=0.0)
     for i in range(n_label):
-        key.text(0.0, 1.0 - (0.3 + 0.17 * (i + 1)) / (0.3 + 0.17 * n_label), f"{i + 1}: {_short(association_label(sub.iloc[i]), 100)}",
-                 transform=key.transAxes, fontsize=SMALL, va="top")
+        key.text(
+            0.0,
+            1.0 - (0.3 + 0.17 * (i + 1)) / (0.3 + 0.17 * n_label),
+            f"{i + 1}: {_short(association_label(sub.iloc[i]), 100)}",
+            transform=key.transAxes,
+            fontsize=SMALL,
+            va="top",
+        )
     fig.tight_layout()
     return fig, _shared_stats(sub, len(sub))

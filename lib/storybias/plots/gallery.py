@@ -12,25 +12,40 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
-from .style import DPI, _isna, save_figure
 
+from .style import DPI, _isna, save_figure
 
 # Registry: stable file stems in notebook order, with what each figure shows.
 FIGURES: list[tuple[str, str]] = [
     ("01_vsr_heatmap", "Valid-story rate (%) by prompt language x model (BiasedTales-ML Table 3 / App. C)"),
-    ("02_attribute_distributions", "Extracted protagonist attributes per model (StereoTales) and protagonist gender per model x design"),
-    ("03_association_counts", "Significant value-level associations per model (all languages) and per language scope (StereoTales)"),
-    ("04_top_associations_table", "Top associations shared across models: mean lift, models sharing, median harm (StereoTales)"),
+    (
+        "02_attribute_distributions",
+        "Extracted protagonist attributes per model (StereoTales) and protagonist gender per model x design",
+    ),
+    (
+        "03_association_counts",
+        "Significant value-level associations per model (all languages) and per language scope (StereoTales)",
+    ),
+    (
+        "04_top_associations_table",
+        "Top associations shared across models: mean lift, models sharing, median harm (StereoTales)",
+    ),
     ("05_lift_share", "Mean lift vs number of models sharing each association, coloured by median harm (StereoTales)"),
-    ("06_bias_fingerprints", "Bias fingerprints: S_C per adjective category, one polygon per language, "
-                             "one panel per model (BiasedTales-ML Fig. 2)"),
+    (
+        "06_bias_fingerprints",
+        "Bias fingerprints: S_C per adjective category, one polygon per language, "
+        "one panel per model (BiasedTales-ML Fig. 2)",
+    ),
     ("07_cosine_heatmaps", "Cross-lingual cosine similarity of S_C vectors per model (BiasedTales-ML Fig. 3)"),
     ("08_jsd_grammatical_gender", "JSD by grammatical-gender group per model (BiasedTales-ML Fig. 4)"),
     ("09_distinctive_words", "Most distinctive words per field and group, log-odds z (BiasedTales-ML Fig. 5, 10-12)"),
     ("10_vsr_vs_jsd", "Valid-story rate vs JSD per model x language (BiasedTales-ML Fig. 6)"),
     ("11_balance_stereotype", "Balance M_b vs stereotype M_s per language, 1-sd ellipse per task (Feng et al. Fig. 2)"),
     ("12_anova_table", "Type-I ANOVA of M_s and M_b (Feng et al. Sec. 3.3.1, App. C)"),
-    ("13_umap_density", "Shared UMAP of story embeddings with female/male density contours per language x genre (Feng et al. Fig. 3)"),
+    (
+        "13_umap_density",
+        "Shared UMAP of story embeddings with female/male density contours per language x genre (Feng et al. Fig. 3)",
+    ),
     ("14_probe_auc", "Identity-label probe AUC, full text vs cue-deleted, per language x genre (Feng et al. Table 1)"),
     ("15_cultural_relevance", "Cultural-marker relevance by source language x context per genre (Feng et al. Fig. 5)"),
     ("16_separability", "Source-language separability: balanced accuracy per marker version (Feng et al. Sec. 4.3)"),
@@ -41,13 +56,23 @@ FIGURES: list[tuple[str, str]] = [
 
 ARTIFACTS: list[tuple[str, str]] = [
     # (name in the notebook, file under data/<run>/): everything notebook 07 reads
-    ("vsr", "vsr.parquet"), ("filtered", "filtered.parquet"), ("extractions", "extractions.parquet"),
-    ("associations_values", "associations_values.parquet"), ("associations_shared", "associations_shared.parquet"),
-    ("metrics_sc", "metrics_sc.parquet"), ("metrics_cosine", "metrics_cosine.parquet"), ("metrics_jsd", "metrics_jsd.parquet"),
-    ("metrics_log_odds", "metrics_log_odds.parquet"), ("metrics_vsr_jsd", "metrics_vsr_jsd.parquet"),
-    ("metrics_aggregates", "metrics_aggregates.parquet"), ("metrics_anova", "metrics_anova.parquet"),
-    ("umap", "umap.parquet"), ("probes", "probes.parquet"), ("cultural", "cultural.parquet"),
-    ("separability", "separability.parquet"), ("associations_power", "associations_power.parquet"),
+    ("vsr", "vsr.parquet"),
+    ("filtered", "filtered.parquet"),
+    ("extractions", "extractions.parquet"),
+    ("associations_values", "associations_values.parquet"),
+    ("associations_shared", "associations_shared.parquet"),
+    ("metrics_sc", "metrics_sc.parquet"),
+    ("metrics_cosine", "metrics_cosine.parquet"),
+    ("metrics_jsd", "metrics_jsd.parquet"),
+    ("metrics_log_odds", "metrics_log_odds.parquet"),
+    ("metrics_vsr_jsd", "metrics_vsr_jsd.parquet"),
+    ("metrics_aggregates", "metrics_aggregates.parquet"),
+    ("metrics_anova", "metrics_anova.parquet"),
+    ("umap", "umap.parquet"),
+    ("probes", "probes.parquet"),
+    ("cultural", "cultural.parquet"),
+    ("separability", "separability.parquet"),
+    ("associations_power", "associations_power.parquet"),
 ]
 
 
@@ -77,6 +102,7 @@ def load_artifacts(run_name: str) -> Artifacts:
 def quote_stats(template: str, stats: Mapping[str, Any]) -> str:
     """Fill ``template`` ("{mean_vsr:.1%}") with ``stats``; a missing or NaN value prints as "n/a"
     (an empty figure's statistics) instead of raising. ``{stats}`` prints every statistic."""
+
     class _Value:
         def __init__(self, value: Any):
             self.value = value
@@ -94,8 +120,11 @@ def quote_stats(template: str, stats: Mapping[str, Any]) -> str:
             return _Value(None)
 
     values = _Stats({k: _Value(v) for k, v in stats.items()})
-    values["stats"] = _Value(", ".join(f"{k} = {'n/a' if _isna(v) else (round(v, 3) if isinstance(v, float) else v)}"
-                                       for k, v in stats.items()))
+    values["stats"] = _Value(
+        ", ".join(
+            f"{k} = {'n/a' if _isna(v) else (round(v, 3) if isinstance(v, float) else v)}" for k, v in stats.items()
+        )
+    )
     return template.format_map(values)
 
 
@@ -118,15 +147,21 @@ class Gallery:
         self.dpi = dpi
         self.records: list[dict[str, Any]] = []
 
-    def show(self, stem: str, fig: Figure, stats: Mapping[str, Any], *, quote: str = "{stats}",
-             display_width: int = 720) -> dict[str, Any]:
+    def show(
+        self, stem: str, fig: Figure, stats: Mapping[str, Any], *, quote: str = "{stats}", display_width: int = 720
+    ) -> dict[str, Any]:
         from IPython.display import Image, display
 
         files = save_figure(fig, self.out_dir, stem, dpi=self.dpi)
         text = quote_stats(quote, stats)
         no_data = bool(stats.get("no_data")) or not stats  # the reason, set by _no_data
-        record = {"stem": stem, "files": [p.name for p in files], "quote": text, "no_data": bool(no_data),
-                  "stats": {k: _plain(v) for k, v in stats.items()}}
+        record = {
+            "stem": stem,
+            "files": [p.name for p in files],
+            "quote": text,
+            "no_data": bool(no_data),
+            "stats": {k: _plain(v) for k, v in stats.items()},
+        }
         self.records = [r for r in self.records if r["stem"] != stem] + [record]
         display(Image(filename=str(files[0]), width=display_width))
         print(text)
@@ -136,9 +171,13 @@ class Gallery:
         from ..io import write_json_atomic
 
         described = dict(FIGURES)
-        index = {"figures": [{**r, "description": described.get(r["stem"], "")} for r in self.records],
-                 "params": dict(params or {})}
+        index = {
+            "figures": [{**r, "description": described.get(r["stem"], "")} for r in self.records],
+            "params": dict(params or {}),
+        }
         return write_json_atomic(index, self.out_dir / "figures.json")
 
     def table(self) -> pd.DataFrame:
-        return pd.DataFrame([{"figure": r["stem"], "files": ", ".join(r["files"]), "shows": r["quote"]} for r in self.records])
+        return pd.DataFrame(
+            [{"figure": r["stem"], "files": ", ".join(r["files"]), "shows": r["quote"]} for r in self.records]
+        )

@@ -15,8 +15,26 @@ from matplotlib.transforms import ScaledTranslation
 
 from ..prompts import LANGUAGES
 from .style import (
-    LABEL, OKABE_ITO, OTHER_GREY, SMALL, UNKNOWN_GREY, _bools, _colors, _empty_stats, _figure, _heatmap, _is_empty,
-    _legend, message_panel, _no_data, _ordered, _require, _short, _suptitle, _ticks, _title,
+    LABEL,
+    OKABE_ITO,
+    OTHER_GREY,
+    SMALL,
+    UNKNOWN_GREY,
+    _bools,
+    _colors,
+    _empty_stats,
+    _figure,
+    _heatmap,
+    _is_empty,
+    _legend,
+    _no_data,
+    _ordered,
+    _require,
+    _short,
+    _suptitle,
+    _ticks,
+    _title,
+    message_panel,
 )
 
 # --- 1. valid-story rate ------------------------------------------------------------------------
@@ -53,9 +71,16 @@ def vsr_heatmap(vsr: pd.DataFrame, design: str = "bedtime") -> tuple[Figure, dic
     image = _heatmap(ax, values, 0.0, 100.0, fmt)
     ax.axvline(len(models) - 0.5, color="white", lw=2.5)
     ax.axhline(len(languages) - 0.5, color="white", lw=2.5)
-    ax.set_xticks(range(ncols), [_short(c, 20) for c in matrix.columns], rotation=45 if ncols > 3 else 0,
-                  ha="right" if ncols > 3 else "center", fontsize=SMALL)
-    ax.set_yticks(range(nrows), [f"{r} ({LANGUAGES[r]})" if r in LANGUAGES else str(r) for r in matrix.index], fontsize=SMALL)
+    ax.set_xticks(
+        range(ncols),
+        [_short(c, 20) for c in matrix.columns],
+        rotation=45 if ncols > 3 else 0,
+        ha="right" if ncols > 3 else "center",
+        fontsize=SMALL,
+    )
+    ax.set_yticks(
+        range(nrows), [f"{r} ({LANGUAGES[r]})" if r in LANGUAGES else str(r) for r in matrix.index], fontsize=SMALL
+    )
     ax.set_xlabel("generating model", fontsize=LABEL)
     ax.set_ylabel("prompt language", fontsize=LABEL)
     _title(ax, f"{title}; Overall = pooled over models, Average = mean over languages", fig.get_figwidth() - 0.6)
@@ -78,6 +103,7 @@ def vsr_heatmap(vsr: pd.DataFrame, design: str = "bedtime") -> tuple[Figure, dic
 
 # --- 2. attribute distributions ----------------------------------------------------------------
 
+
 def _dimension_values(dimension: str) -> list[str]:
     try:
         from ..extract import allowed_values
@@ -94,8 +120,17 @@ def _stacked_bars(ax, shares: pd.DataFrame, colors: Mapping[str, Any], annotate:
     for value in shares.columns:
         width = shares[value].to_numpy(float)
         color = colors[value]
-        ax.barh(y, width, left=left, color=color, edgecolor="white", linewidth=0.4, height=0.8, label=str(value),
-                hatch="//" if value == "unknown" else None)
+        ax.barh(
+            y,
+            width,
+            left=left,
+            color=color,
+            edgecolor="white",
+            linewidth=0.4,
+            height=0.8,
+            label=str(value),
+            hatch="//" if value == "unknown" else None,
+        )
         if annotate:
             r, g, b = _rgb(color)
             ink = "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.55 else "white"
@@ -123,9 +158,13 @@ def _value_colors(values: Sequence[str]) -> dict[str, Any]:
     return colors
 
 
-def attribute_distributions(extractions: pd.DataFrame, filtered: pd.DataFrame,
-                            dimensions: Sequence[str] = ("gender", "age", "geographic_origin", "income_level"),
-                            exclude_prompted: bool = True, ncols: int = 4) -> tuple[Figure, dict]:
+def attribute_distributions(
+    extractions: pd.DataFrame,
+    filtered: pd.DataFrame,
+    dimensions: Sequence[str] = ("gender", "age", "geographic_origin", "income_level"),
+    exclude_prompted: bool = True,
+    ncols: int = 4,
+) -> tuple[Figure, dict]:
     """Share (%) of each extracted value of the protagonists per model: top row(s), one panel of
     stacked horizontal bars per demographic dimension (stereotales stories, parsed extractions);
     bottom row, ``protagonist_gender`` per model, one panel per design. With ``exclude_prompted`` a
@@ -138,11 +177,20 @@ def attribute_distributions(extractions: pd.DataFrame, filtered: pd.DataFrame,
     stories of every design)."""
     dimensions = list(dimensions)
     title = "Extracted protagonist attributes per model"
-    keys = ["n_stories", "n_models", *[f"{p}_{d}" for d in dimensions for p in ("top", "top_share", "share_unknown")],
-            "share_female", "share_male"]
+    keys = [
+        "n_stories",
+        "n_models",
+        *[f"{p}_{d}" for d in dimensions for p in ("top", "top_share", "share_unknown")],
+        "share_female",
+        "share_male",
+    ]
     if _is_empty(extractions) or _is_empty(filtered):
         return _no_data(title, "no extractions" if _is_empty(extractions) else "filtered table is empty", keys)
-    _require(extractions, ["story_id", "parse_ok", "protagonist_gender", *[f"demo_{d}" for d in dimensions]], "extractions.parquet")
+    _require(
+        extractions,
+        ["story_id", "parse_ok", "protagonist_gender", *[f"demo_{d}" for d in dimensions]],
+        "extractions.parquet",
+    )
     _require(filtered, ["story_id", "design", "model"], "filtered.parquet")
     side = [c for c in ("story_id", "design", "model", "language", "cond_attribute") if c in filtered.columns]
     data = extractions.merge(filtered[side], on="story_id", how="inner")
@@ -195,9 +243,17 @@ def attribute_distributions(extractions: pd.DataFrame, filtered: pd.DataFrame,
         ax.set_xlabel("share of protagonists (%)", fontsize=LABEL)
         if first:
             ax.set_ylabel("model", fontsize=LABEL)
-        _legend(ax, *ax.get_legend_handles_labels(), loc="upper center", bbox_to_anchor=(0.5, 0.0),
-                bbox_transform=ax.transAxes + ScaledTranslation(0, -0.42, fig.dpi_scale_trans),
-                ncol=2, columnspacing=0.8, handlelength=1.2, borderaxespad=0.0)
+        _legend(
+            ax,
+            *ax.get_legend_handles_labels(),
+            loc="upper center",
+            bbox_to_anchor=(0.5, 0.0),
+            bbox_transform=ax.transAxes + ScaledTranslation(0, -0.42, fig.dpi_scale_trans),
+            ncol=2,
+            columnspacing=0.8,
+            handlelength=1.2,
+            borderaxespad=0.0,
+        )
         pooled = values.value_counts()
         known = pooled.drop([v for v in ("unknown", "other") if v in pooled.index])
         if len(known):
@@ -219,7 +275,9 @@ def attribute_distributions(extractions: pd.DataFrame, filtered: pd.DataFrame,
         if j == 0:
             ax.set_ylabel("model", fontsize=LABEL)
         if j == len(designs) - 1:
-            _legend(ax, *ax.get_legend_handles_labels(), loc="upper left", bbox_to_anchor=(1.02, 1.0), title="protagonist")
+            _legend(
+                ax, *ax.get_legend_handles_labels(), loc="upper left", bbox_to_anchor=(1.02, 1.0), title="protagonist"
+            )
     stats["share_female"] = float((labels == "female").mean())
     stats["share_male"] = float((labels == "male").mean())
     top = _suptitle(fig, f"{title} (StereoTales; {len(stereo)} parsed stereotales stories)")

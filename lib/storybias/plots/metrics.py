@@ -23,16 +23,46 @@ from matplotlib.patches import Ellipse, Patch
 from ..metrics import GRAMMATICAL_GENDER, MIN_STORIES_FLAG, S_C_CLIP
 from ..prompts import LANGUAGES
 from .style import (
+    GENRE_ORDER,
+    LABEL,
+    MARKERS,
+    SMALL,
+    _bools,
+    _colors,
+    _figure,
+    _grid,
+    _group_sizes,
+    _heatmap,
+    _is_empty,
+    _isna,
+    _lang_order,
+    _legend,
+    _no_data,
+    _ordered,
+    _pick,
+    _require,
+    _short,
+    _suptitle,
     _table,
-    GENRE_ORDER, LABEL, MARKERS, SMALL, _bools, _colors, _figure, _grid, _group_sizes, _heatmap, _is_empty, _isna,
-    _lang_order, _legend, message_panel, _no_data, _ordered, _pick, _require, _short, _suptitle, _ticks, _title,
-    _too_small_reason, _wrap,
+    _ticks,
+    _title,
+    _too_small_reason,
+    _wrap,
+    message_panel,
 )
 
 # --- 5-9. narrative distributions (BiasedTales-ML) ---------------------------------------------
 
-_FP_KEYS = ("comparison", "n_models", "n_languages", "max_abs_s_c", "most_positive_category", "most_negative_category",
-            "n_small_sample_cells", "n_too_small_panels")
+_FP_KEYS = (
+    "comparison",
+    "n_models",
+    "n_languages",
+    "max_abs_s_c",
+    "most_positive_category",
+    "most_negative_category",
+    "n_small_sample_cells",
+    "n_too_small_panels",
+)
 
 
 def _sc_too_small(panel: pd.DataFrame) -> tuple[bool, bool]:
@@ -43,8 +73,13 @@ def _sc_too_small(panel: pd.DataFrame) -> tuple[bool, bool]:
     return clipped, small
 
 
-def bias_fingerprints(sc: pd.DataFrame, comparison: str | None = None, kind: str = "adjectives",
-                      ncols: int = 4, min_stories: int = MIN_STORIES_FLAG) -> tuple[Figure, dict]:
+def bias_fingerprints(
+    sc: pd.DataFrame,
+    comparison: str | None = None,
+    kind: str = "adjectives",
+    ncols: int = 4,
+    min_stories: int = MIN_STORIES_FLAG,
+) -> tuple[Figure, dict]:
     """Radar plots of S_C per category (``kind``: adjectives or settings), one polygon per language,
     one panel per model, for one ``comparison`` (default: the first in the file). The radius runs from
     -2 (centre) to +2; the bold circle is S_C = 0; outward = more frequent in the comparison's first
@@ -76,8 +111,15 @@ def bias_fingerprints(sc: pd.DataFrame, comparison: str | None = None, kind: str
     many = len(languages) > 10
     style = {lang: (MARKERS[i % len(MARKERS)] if many else "o") for i, lang in enumerate(languages)}
     n_cols = max(1, min(len(models), ncols))
-    fig, axes, _, _ = _grid(len(models), ncols, 3.5, 3.5, extra_w=max(0.0, 7.0 - 3.5 * n_cols),
-                                         extra_h=1.6 + 0.2 * math.ceil((len(languages) + 1) / 4), polar=True)
+    fig, axes, _, _ = _grid(
+        len(models),
+        ncols,
+        3.5,
+        3.5,
+        extra_w=max(0.0, 7.0 - 3.5 * n_cols),
+        extra_h=1.6 + 0.2 * math.ceil((len(languages) + 1) / 4),
+        polar=True,
+    )
     theta = np.linspace(0, 2 * np.pi, len(cats), endpoint=False)
     closed = np.append(theta, theta[0])
     small_cells = set()
@@ -100,8 +142,16 @@ def bias_fingerprints(sc: pd.DataFrame, comparison: str | None = None, kind: str
             small = "small_sample" in cell.columns and bool(_bools(cell["small_sample"]).any())
             if small:
                 small_cells.add((model, lang))
-            ax.plot(closed, np.append(r, r[0]), color=colors[lang], lw=1.4, ls="--" if small else "-",
-                    marker=style[lang], markersize=3.5, zorder=2)
+            ax.plot(
+                closed,
+                np.append(r, r[0]),
+                color=colors[lang],
+                lw=1.4,
+                ls="--" if small else "-",
+                marker=style[lang],
+                markersize=3.5,
+                zorder=2,
+            )
         ax.set_xticks(theta, [_short(c.replace("_", " "), 14) for c in cats], fontsize=SMALL)
         ax.set_yticks([-2, -1, 0, 1, 2], ["", "−1", "0", "+1", "+2"], fontsize=SMALL, color="#333333")
         ax.set_rlabel_position(180 / max(1, len(cats)))  # between the first two categories
@@ -112,8 +162,11 @@ def bias_fingerprints(sc: pd.DataFrame, comparison: str | None = None, kind: str
     if small_cells:
         handles.append(Line2D([], [], color="#555555", ls="--", lw=1.4))
         labels.append("dashed: small sample")
-    top = _suptitle(fig, f"{title} (comparison: {comparison}); radius = S_C (ln ratio, −2…+2), outward = more frequent "
-                         f"in the first group; bold circle = 0")
+    top = _suptitle(
+        fig,
+        f"{title} (comparison: {comparison}); radius = S_C (ln ratio, −2…+2), outward = more frequent "
+        f"in the first group; bold circle = 0",
+    )
     ncol = max(1, min(7, len(handles), int(fig.get_figwidth() / 1.6)))
     _legend(fig, handles, labels, title="prompt language", loc="lower center", ncol=ncol, bbox_to_anchor=(0.5, 0.0))
     fig.tight_layout(rect=(0, (0.4 + 0.2 * math.ceil(len(handles) / ncol)) / fig.get_figheight(), 1, top))
@@ -130,8 +183,9 @@ def bias_fingerprints(sc: pd.DataFrame, comparison: str | None = None, kind: str
         "n_too_small_panels": len(too_small),
     }
     if too_small and len(too_small) == len(models):
-        stats["too_small"] = stats["no_data"] = "; ".join(f"{m}: {r}" for m, r in too_small.items()) if len(models) > 1 \
-            else next(iter(too_small.values()))
+        stats["too_small"] = stats["no_data"] = (
+            "; ".join(f"{m}: {r}" for m, r in too_small.items()) if len(models) > 1 else next(iter(too_small.values()))
+        )
     return fig, stats
 
 
@@ -158,13 +212,14 @@ def cosine_heatmaps(cosine: pd.DataFrame, comparison: str | None = None, ncols: 
     annotate = n <= 8  # beyond, the colour carries the value (a 14 x 14 grid of numbers per model is unreadable)
     panel = max(2.6, (0.42 if annotate else 0.2) * n + 1.1)
     n_cols = max(1, min(len(models), ncols))
-    fig, axes, _, _ = _grid(len(models), ncols, panel, panel, extra_w=0.9 + max(0.0, 5.0 - panel * n_cols),
-                                         extra_h=1.0)
+    fig, axes, _, _ = _grid(len(models), ncols, panel, panel, extra_w=0.9 + max(0.0, 5.0 - panel * n_cols), extra_h=1.0)
     fmt = "{:.2f}" if annotate else None
     image: AxesImage | None = None
     off = sub[sub["language_a"] != sub["language_b"]].dropna(subset=["cosine"])
     for ax, model in zip(axes, models):
-        matrix = sub[sub["model"] == model].pivot_table(index="language_a", columns="language_b", values="cosine", aggfunc="first")
+        matrix = sub[sub["model"] == model].pivot_table(
+            index="language_a", columns="language_b", values="cosine", aggfunc="first"
+        )
         matrix = matrix.reindex(index=languages, columns=languages)
         image = _heatmap(ax, matrix.to_numpy(float), -1.0, 1.0, fmt, aspect="equal")
         ax.set_xticks(range(n), languages, fontsize=SMALL, rotation=90 if n > 8 else 0)
@@ -199,11 +254,15 @@ def _jsd_too_small(title: str, jsd: pd.DataFrame, keys: Sequence[str], min_stori
     values = jsd["jsd"].to_numpy(float)
     if not len(values) or not np.allclose(values, math.log(2), rtol=0, atol=1e-9):
         return None
-    reason = (f"too few stories: JSD = ln 2 (the groups share no adjective) in every model x language; "
-              f"{_group_sizes(jsd)} (need ≥ {min_stories})")
+    reason = (
+        f"too few stories: JSD = ln 2 (the groups share no adjective) in every model x language; "
+        f"{_group_sizes(jsd)} (need ≥ {min_stories})"
+    )
     fig, stats = _no_data(title, reason, keys, height=2.8)
     for text in fig.axes[0].texts:
-        text.set_text(_wrap(reason, fig.get_figwidth() - 2.0, LABEL))  # the n, not "no data": the lens ran, its groups are too small
+        text.set_text(
+            _wrap(reason, fig.get_figwidth() - 2.0, LABEL)
+        )  # the n, not "no data": the lens ran, its groups are too small
     stats["too_small"] = reason
     return fig, stats
 
@@ -219,8 +278,12 @@ def _gg_groups(grammatical_languages) -> tuple[tuple, tuple | None]:
     return tuple(grammatical_languages), None
 
 
-def jsd_by_grammatical_gender(jsd: pd.DataFrame, grammatical_languages: Mapping[str, Sequence[str]] | Sequence[str] | None = None,
-                              comparison: str | None = None, min_stories: int = MIN_STORIES_FLAG) -> tuple[Figure, dict]:
+def jsd_by_grammatical_gender(
+    jsd: pd.DataFrame,
+    grammatical_languages: Mapping[str, Sequence[str]] | Sequence[str] | None = None,
+    comparison: str | None = None,
+    min_stories: int = MIN_STORIES_FLAG,
+) -> tuple[Figure, dict]:
     """Box plots (points overlaid, one per language) of JSD (nats) for languages with grammatical
     gender (G) and without (N), per model and pooled over models, for one ``comparison``.
     ``grammatical_languages``: ``{"G": [...], "N": [...]}`` (default ``metrics.GRAMMATICAL_GENDER``;
@@ -242,8 +305,11 @@ def jsd_by_grammatical_gender(jsd: pd.DataFrame, grammatical_languages: Mapping[
         return _no_data(title, why, _GG_KEYS)
     g_langs, n_langs = _gg_groups(grammatical_languages)
     sub = sub.dropna(subset=["jsd"])
-    group = np.where(sub["language"].isin(g_langs), "G",
-                     np.where(sub["language"].isin(n_langs) if n_langs is not None else ~sub["language"].isin(g_langs), "N", ""))
+    group = np.where(
+        sub["language"].isin(g_langs),
+        "G",
+        np.where(sub["language"].isin(n_langs) if n_langs is not None else ~sub["language"].isin(g_langs), "N", ""),
+    )
     sub = sub.assign(group=group)
     ungrouped = sorted(sub.loc[sub["group"] == "", "language"].unique(), key=str)
     grouped = sub[sub["group"] != ""]
@@ -252,8 +318,13 @@ def jsd_by_grammatical_gender(jsd: pd.DataFrame, grammatical_languages: Mapping[
     small = _jsd_too_small(title, grouped, _GG_KEYS, min_stories)
     if small is not None:
         fig, stats = small
-        stats.update(comparison=comparison, n_G=int((grouped["group"] == "G").sum()), n_N=int((grouped["group"] == "N").sum()),
-                     n_ungrouped=len(ungrouped), n_models=int(grouped["model"].nunique()))
+        stats.update(
+            comparison=comparison,
+            n_G=int((grouped["group"] == "G").sum()),
+            n_N=int((grouped["group"] == "N").sum()),
+            n_ungrouped=len(ungrouped),
+            n_models=int(grouped["model"].nunique()),
+        )
         return fig, stats
     models = sorted(grouped["model"].unique(), key=str)
     columns = (["all models"] if len(models) > 1 else []) + models
@@ -268,8 +339,14 @@ def jsd_by_grammatical_gender(jsd: pd.DataFrame, grammatical_languages: Mapping[
             y = part.loc[part["group"] == g, "jsd"].to_numpy(float)
             if len(y) == 0:
                 continue
-            box = ax.boxplot(y, positions=[i + offset], widths=0.32, patch_artist=True, showfliers=False,
-                             medianprops={"color": "black"})
+            box = ax.boxplot(
+                y,
+                positions=[i + offset],
+                widths=0.32,
+                patch_artist=True,
+                showfliers=False,
+                medianprops={"color": "black"},
+            )
             for patch in box["boxes"]:
                 patch.set_facecolor((*colors[g][:3], 0.35))
                 patch.set_edgecolor(colors[g])
@@ -277,9 +354,16 @@ def jsd_by_grammatical_gender(jsd: pd.DataFrame, grammatical_languages: Mapping[
             ax.scatter(xs, y, s=12, color=colors[g], edgecolors="black", linewidths=0.3, zorder=3)
             if label_points and column != "all models":
                 for xi, yi, lang in zip(xs, y, part.loc[part["group"] == g, "language"]):
-                    ax.annotate(str(lang), (xi, yi), xytext=(4, 0), textcoords="offset points", fontsize=SMALL, va="center")
-    ax.set_xticks(range(len(columns)), [_short(c, 20) for c in columns], rotation=30 if len(columns) > 4 else 0,
-                  ha="right" if len(columns) > 4 else "center", fontsize=SMALL)
+                    ax.annotate(
+                        str(lang), (xi, yi), xytext=(4, 0), textcoords="offset points", fontsize=SMALL, va="center"
+                    )
+    ax.set_xticks(
+        range(len(columns)),
+        [_short(c, 20) for c in columns],
+        rotation=30 if len(columns) > 4 else 0,
+        ha="right" if len(columns) > 4 else "center",
+        fontsize=SMALL,
+    )
     ax.set_xlim(-0.6, len(columns) - 0.4)
     ax.set_ylabel("Jensen–Shannon divergence (nats)", fontsize=LABEL)
     ax.set_xlabel("model", fontsize=LABEL)
@@ -287,7 +371,10 @@ def jsd_by_grammatical_gender(jsd: pd.DataFrame, grammatical_languages: Mapping[
     g_present = [l for l in _lang_order(grouped.loc[grouped["group"] == "G", "language"])]
     n_present = [l for l in _lang_order(grouped.loc[grouped["group"] == "N", "language"])]
     handles = [Patch(facecolor=(*colors[g][:3], 0.35), edgecolor=colors[g]) for g in ("G", "N")]
-    labels = [f"G: grammatical gender ({', '.join(g_present) or 'none'})", f"N: no grammatical gender ({', '.join(n_present) or 'none'})"]
+    labels = [
+        f"G: grammatical gender ({', '.join(g_present) or 'none'})",
+        f"N: no grammatical gender ({', '.join(n_present) or 'none'})",
+    ]
     _legend(ax, handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0), ncol=1)
     note = f"; not grouped: {', '.join(map(str, ungrouped))}" if ungrouped else ""
     _title(ax, f"{title} (comparison: {comparison}; one point per language{note})", fig.get_figwidth() - 0.6)
@@ -308,8 +395,9 @@ _LO_KEYS = ("model", "n_panels", "n_words", "max_abs_z", "max_abs_z_word")
 _FIELD_NAMES = {"adjectives_en": "adjectives (English lemmas)", "settings": "settings"}
 
 
-def distinctive_words(log_odds: pd.DataFrame, top: int = 10, model: str | None = None,
-                      comparisons: Sequence[str] | None = None) -> tuple[Figure, dict]:
+def distinctive_words(
+    log_odds: pd.DataFrame, top: int = 10, model: str | None = None, comparisons: Sequence[str] | None = None
+) -> tuple[Figure, dict]:
     """Most distinctive words (Monroe et al. log-odds z) of one ``model`` (default: the first): one
     row of panels per comparison, one column per field (adjectives, settings); in each panel the
     ``top`` words of each group (at most 25), positive z = the first group.
@@ -330,8 +418,13 @@ def distinctive_words(log_odds: pd.DataFrame, top: int = 10, model: str | None =
     top = max(1, min(int(top), 25))
     comps = list(pd.unique(sub["comparison"]))
     fields = _ordered(sub["field"], ("adjectives_en", "settings"))
-    per_panel = sub.groupby(["comparison", "field"]).apply(
-        lambda p: sum(min(top, len(g)) for _, g in p.groupby("group")), include_groups=False) if len(sub) else pd.Series(dtype=int)
+    per_panel = (
+        sub.groupby(["comparison", "field"]).apply(
+            lambda p: sum(min(top, len(g)) for _, g in p.groupby("group")), include_groups=False
+        )
+        if len(sub)
+        else pd.Series(dtype=int)
+    )
     tallest = int(per_panel.max()) if len(per_panel) else top
     panel_h = 0.8 + 0.19 * tallest
     fig = _figure(4.4 * len(fields) + 0.4, panel_h * len(comps) + 0.9)
@@ -346,7 +439,12 @@ def distinctive_words(log_odds: pd.DataFrame, top: int = 10, model: str | None =
                 continue
             groups = list(pd.unique(part["group"]))
             colors = dict(zip(groups, _colors(max(2, len(groups)))))
-            chosen = pd.concat([g.reindex(g["z"].abs().sort_values(ascending=False).index).head(top) for _, g in part.groupby("group", sort=False)])
+            chosen = pd.concat(
+                [
+                    g.reindex(g["z"].abs().sort_values(ascending=False).index).head(top)
+                    for _, g in part.groupby("group", sort=False)
+                ]
+            )
             chosen = chosen.sort_values("z")
             y = np.arange(len(chosen))
             ax.barh(y, chosen["z"], color=[colors[g] for g in chosen["group"]], height=0.75)
@@ -355,23 +453,31 @@ def distinctive_words(log_odds: pd.DataFrame, top: int = 10, model: str | None =
             ax.set_xlabel("log-odds z (> 0: first group)", fontsize=LABEL)
             ax.set_ylim(-0.6, len(chosen) - 0.4)
             _ticks(ax)
-            _legend(ax, [Patch(color=colors[g]) for g in groups], [str(g) for g in groups], loc="lower right", frameon=True)
+            _legend(
+                ax, [Patch(color=colors[g]) for g in groups], [str(g) for g in groups], loc="lower right", frameon=True
+            )
             n_words += len(chosen)
             i = chosen["z"].abs().idxmax()
             if best is None or abs(chosen.at[i, "z"]) > abs(best[0]):
                 best = (float(chosen.at[i, "z"]), f"{chosen.at[i, 'word']} ({comp}, {field})")
     upper = _suptitle(fig, f"{title}: {_short(model, 40)}, top {top} per group")
     fig.tight_layout(rect=(0, 0, 1, upper))
-    stats = {"model": model, "n_panels": len(comps) * len(fields), "n_words": n_words,
-             "max_abs_z": abs(best[0]) if best else float("nan"), "max_abs_z_word": best[1] if best else None}
+    stats = {
+        "model": model,
+        "n_panels": len(comps) * len(fields),
+        "n_words": n_words,
+        "max_abs_z": abs(best[0]) if best else float("nan"),
+        "max_abs_z_word": best[1] if best else None,
+    }
     return fig, stats
 
 
 _VJ_KEYS = ("comparison", "n_points", "n_models", "n_missing", "mean_vsr", "mean_jsd", "max_jsd", "max_jsd_cell")
 
 
-def vsr_vs_jsd(vsr_jsd: pd.DataFrame, comparison: str | None = None, max_labels: int = 60,
-               min_stories: int = MIN_STORIES_FLAG) -> tuple[Figure, dict]:
+def vsr_vs_jsd(
+    vsr_jsd: pd.DataFrame, comparison: str | None = None, max_labels: int = 60, min_stories: int = MIN_STORIES_FLAG
+) -> tuple[Figure, dict]:
     """Valid-story rate (%, x) vs JSD (nats, y) with its bootstrap interval, one point per model x
     language (colour and marker = model, text = language code; with more than ``max_labels`` points
     only the 15 highest-JSD and the 10 lowest-VSR points are labelled).
@@ -393,47 +499,97 @@ def vsr_vs_jsd(vsr_jsd: pd.DataFrame, comparison: str | None = None, max_labels:
     small = _jsd_too_small(title, points, _VJ_KEYS, min_stories)
     if small is not None:
         fig, stats = small
-        stats.update(comparison=comparison, n_points=len(points), n_models=int(points["model"].nunique()), n_missing=n_missing)
+        stats.update(
+            comparison=comparison, n_points=len(points), n_models=int(points["model"].nunique()), n_missing=n_missing
+        )
         return fig, stats
     models = sorted(points["model"].unique(), key=str)
     colors = dict(zip(models, _colors(len(models))))
     markers = {m: MARKERS[i % len(MARKERS)] for i, m in enumerate(models)}
     fig = _figure(7.0 + (2.6 if len(models) > 12 else 1.6), 5.0)
     ax = fig.add_subplot()
-    label_idx = set(points.index) if len(points) <= max_labels else (
-        set(points["jsd"].nlargest(15).index) | set(points["vsr"].nsmallest(10).index))
+    label_idx = (
+        set(points.index)
+        if len(points) <= max_labels
+        else (set(points["jsd"].nlargest(15).index) | set(points["vsr"].nsmallest(10).index))
+    )
     for model in models:
         part = points[points["model"] == model]
         x, y = part["vsr"].to_numpy(float) * 100, part["jsd"].to_numpy(float)
         if {"ci_low", "ci_high"} <= set(part.columns):
             lo, hi = part["ci_low"].to_numpy(float), part["ci_high"].to_numpy(float)
             ok = np.isfinite(lo) & np.isfinite(hi)
-            ax.errorbar(x[ok], y[ok], yerr=[np.clip(y[ok] - lo[ok], 0, None), np.clip(hi[ok] - y[ok], 0, None)], fmt="none",
-                        ecolor=colors[model], alpha=0.5, lw=0.8)
-        ax.scatter(x, y, color=colors[model], marker=markers[model], s=30, edgecolors="black", linewidths=0.3,
-                   label=_short(model, 26), zorder=3)
+            ax.errorbar(
+                x[ok],
+                y[ok],
+                yerr=[np.clip(y[ok] - lo[ok], 0, None), np.clip(hi[ok] - y[ok], 0, None)],
+                fmt="none",
+                ecolor=colors[model],
+                alpha=0.5,
+                lw=0.8,
+            )
+        ax.scatter(
+            x,
+            y,
+            color=colors[model],
+            marker=markers[model],
+            s=30,
+            edgecolors="black",
+            linewidths=0.3,
+            label=_short(model, 26),
+            zorder=3,
+        )
         for idx, xi, yi in zip(part.index, x, y):
             if idx in label_idx:
-                ax.annotate(str(part.at[idx, "language"]), (xi, yi), xytext=(3, 3), textcoords="offset points", fontsize=SMALL)
+                ax.annotate(
+                    str(part.at[idx, "language"]), (xi, yi), xytext=(3, 3), textcoords="offset points", fontsize=SMALL
+                )
     ax.set_xlabel("valid-story rate (%)", fontsize=LABEL)
     ax.set_ylabel("Jensen–Shannon divergence (nats)", fontsize=LABEL)
     x_min = points["vsr"].min() * 100
     ax.set_xlim(max(0.0, x_min - 8), 103)
-    _title(ax, f"{title} (comparison: {comparison}; one point per model × language, bars = 95% CI)", fig.get_figwidth() - 0.6)
+    _title(
+        ax,
+        f"{title} (comparison: {comparison}; one point per model × language, bars = 95% CI)",
+        fig.get_figwidth() - 0.6,
+    )
     _ticks(ax)
-    _legend(ax, *ax.get_legend_handles_labels(), title="model", loc="upper left", bbox_to_anchor=(1.01, 1.0),
-            ncol=1 if len(models) <= 12 else 2)
+    _legend(
+        ax,
+        *ax.get_legend_handles_labels(),
+        title="model",
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+        ncol=1 if len(models) <= 12 else 2,
+    )
     fig.tight_layout()
     worst = points.loc[points["jsd"].idxmax()]
-    stats = {"comparison": comparison, "n_points": int(len(points)), "n_models": len(models), "n_missing": int(n_missing),
-             "mean_vsr": float(points["vsr"].mean()), "mean_jsd": float(points["jsd"].mean()),
-             "max_jsd": float(worst["jsd"]), "max_jsd_cell": f"{worst['model']} / {worst['language']}"}
+    stats = {
+        "comparison": comparison,
+        "n_points": int(len(points)),
+        "n_models": len(models),
+        "n_missing": int(n_missing),
+        "mean_vsr": float(points["vsr"].mean()),
+        "mean_jsd": float(points["jsd"].mean()),
+        "max_jsd": float(worst["jsd"]),
+        "max_jsd_cell": f"{worst['model']} / {worst['language']}",
+    }
     return fig, stats
 
 
 # --- 10. stereotype and balance (Feng et al.) --------------------------------------------------
 
-_BS_KEYS = ("denominator", "n_points", "n_languages", "n_tasks", "n_ellipses", "mean_m_s", "mean_m_b", "max_m_s", "max_m_s_cell")
+_BS_KEYS = (
+    "denominator",
+    "n_points",
+    "n_languages",
+    "n_tasks",
+    "n_ellipses",
+    "mean_m_s",
+    "mean_m_b",
+    "max_m_s",
+    "max_m_s_cell",
+)
 
 
 def _cov_ellipse(x: np.ndarray, y: np.ndarray, **kwargs) -> Ellipse | None:
@@ -451,7 +607,9 @@ def _cov_ellipse(x: np.ndarray, y: np.ndarray, **kwargs) -> Ellipse | None:
     return Ellipse((x.mean(), y.mean()), 2 * math.sqrt(values[1]), 2 * math.sqrt(values[0]), angle=angle, **kwargs)
 
 
-def balance_stereotype(aggregates: pd.DataFrame, denominator: str = "all outputs", ncols: int = 3) -> tuple[Figure, dict]:
+def balance_stereotype(
+    aggregates: pd.DataFrame, denominator: str = "all outputs", ncols: int = 3
+) -> tuple[Figure, dict]:
     """M_b (x, balance = P_f − P_m) vs M_s (y, stereotype) per language panel; one point per model x
     task, colour and marker = task, shaded 1-sd covariance ellipse per task (>= 3 models).
 
@@ -479,12 +637,26 @@ def balance_stereotype(aggregates: pd.DataFrame, denominator: str = "all outputs
             t = part[part["task"] == task]
             if t.empty:
                 continue
-            ellipse = _cov_ellipse(t["m_b"].to_numpy(float), t["m_s"].to_numpy(float), facecolor=(*colors[task][:3], 0.18),
-                                   edgecolor=colors[task], lw=1.0)
+            ellipse = _cov_ellipse(
+                t["m_b"].to_numpy(float),
+                t["m_s"].to_numpy(float),
+                facecolor=(*colors[task][:3], 0.18),
+                edgecolor=colors[task],
+                lw=1.0,
+            )
             if ellipse is not None:
                 ax.add_patch(ellipse)
                 n_ellipses += 1
-            ax.scatter(t["m_b"], t["m_s"], color=colors[task], marker=markers[task], s=28, edgecolors="black", linewidths=0.3, zorder=3)
+            ax.scatter(
+                t["m_b"],
+                t["m_s"],
+                color=colors[task],
+                marker=markers[task],
+                s=28,
+                edgecolors="black",
+                linewidths=0.3,
+                zorder=3,
+            )
         ax.set_xlim(-1.05, 1.05)
         ax.set_ylim(-1.05, 1.05)
         ax.set_aspect("equal")
@@ -492,17 +664,33 @@ def balance_stereotype(aggregates: pd.DataFrame, denominator: str = "all outputs
         ax.set_ylabel("stereotype M_s", fontsize=LABEL)
         ax.set_title(f"{lang} ({LANGUAGES[lang]})" if lang in LANGUAGES else str(lang), fontsize=LABEL)
         _ticks(ax)
-    handles: list[Artist] = [Line2D([], [], marker=markers[t], ls="", color=colors[t], markeredgecolor="black")
-                             for t in tasks]
+    handles: list[Artist] = [
+        Line2D([], [], marker=markers[t], ls="", color=colors[t], markeredgecolor="black") for t in tasks
+    ]
     handles.append(Patch(facecolor=(0.5, 0.5, 0.5, 0.18), edgecolor="#555555"))
-    _legend(fig, handles, [str(t) for t in tasks] + ["1-sd ellipse over models (≥ 3)"], title="task", loc="lower center",
-            ncol=len(handles), bbox_to_anchor=(0.5, 0.0))
+    _legend(
+        fig,
+        handles,
+        [str(t) for t in tasks] + ["1-sd ellipse over models (≥ 3)"],
+        title="task",
+        loc="lower center",
+        ncol=len(handles),
+        bbox_to_anchor=(0.5, 0.0),
+    )
     top = _suptitle(fig, f"{title} (one point per model × task; denominator: {denominator})")
     fig.tight_layout(rect=(0, 0.55 / fig.get_figheight(), 1, top))
     best = sub.loc[sub["m_s"].idxmax()]
-    stats = {"denominator": denominator, "n_points": int(len(sub)), "n_languages": len(languages), "n_tasks": len(tasks),
-             "n_ellipses": n_ellipses, "mean_m_s": float(sub["m_s"].mean()), "mean_m_b": float(sub["m_b"].mean()),
-             "max_m_s": float(best["m_s"]), "max_m_s_cell": f"{best['model']} / {best['language']} / {best['task']}"}
+    stats = {
+        "denominator": denominator,
+        "n_points": int(len(sub)),
+        "n_languages": len(languages),
+        "n_tasks": len(tasks),
+        "n_ellipses": n_ellipses,
+        "mean_m_s": float(sub["m_s"].mean()),
+        "mean_m_b": float(sub["m_b"].mean()),
+        "max_m_s": float(best["m_s"]),
+        "max_m_s_cell": f"{best['model']} / {best['language']} / {best['task']}",
+    }
     return fig, stats
 
 
@@ -524,7 +712,9 @@ def anova_table(anova: pd.DataFrame, alpha: float = 0.05) -> tuple[Figure, dict]
     title = "Type-I ANOVA of the stereotype (m_s) and balance (m_b) aggregates"
     if _is_empty(anova):
         return _no_data(title, "metrics_anova table is empty (too few models, languages or tasks to test)", _ANOVA_KEYS)
-    _require(anova, ["outcome", "term", "df", "F", "p_value", "p_adjusted", "partial_omega_sq"], "metrics_anova.parquet")
+    _require(
+        anova, ["outcome", "term", "df", "F", "p_value", "p_adjusted", "partial_omega_sq"], "metrics_anova.parquet"
+    )
     data = anova.copy()
     for column in ("denominator", "subset"):
         if column not in data.columns:
@@ -535,9 +725,19 @@ def anova_table(anova: pd.DataFrame, alpha: float = 0.05) -> tuple[Figure, dict]
         df = "–" if _isna(r["df"]) else f"{int(r['df'])}"
         if "df_resid" in data.columns and not _isna(r["df_resid"]) and df != "–":
             df += f", {int(r['df_resid'])}"
-        rows.append([str(r["denominator"]), str(r["subset"]), str(r["outcome"]), str(r["term"]), df,
-                     "–" if _isna(r["F"]) else f"{r['F']:.2f}", _p(r["p_value"]), _p(r["p_adjusted"]),
-                     "–" if _isna(r["partial_omega_sq"]) else f"{r['partial_omega_sq']:.3f}"])
+        rows.append(
+            [
+                str(r["denominator"]),
+                str(r["subset"]),
+                str(r["outcome"]),
+                str(r["term"]),
+                df,
+                "–" if _isna(r["F"]) else f"{r['F']:.2f}",
+                _p(r["p_value"]),
+                _p(r["p_adjusted"]),
+                "–" if _isna(r["partial_omega_sq"]) else f"{r['partial_omega_sq']:.3f}",
+            ]
+        )
     notes = []
     if "note" in data.columns:
         notes = [n for n in pd.unique(data["note"].dropna()) if str(n).strip()]
@@ -548,8 +748,14 @@ def anova_table(anova: pd.DataFrame, alpha: float = 0.05) -> tuple[Figure, dict]
     significant = (pd.to_numeric(data["p_adjusted"], errors="coerce") < alpha).to_numpy()
     _table(ax, rows, header, [0.14, 0.13, 0.08, 0.14, 0.13, 0.08, 0.08, 0.08, 0.1], significant, "#DCEAF7")
     for i, note in enumerate(notes):
-        ax.text(0.0, -0.02 - 0.25 * i / max(1.0, fig.get_figheight() - 1.0), f"note: {_short(note, 150)}", transform=ax.transAxes,
-                fontsize=SMALL, va="top")
+        ax.text(
+            0.0,
+            -0.02 - 0.25 * i / max(1.0, fig.get_figheight() - 1.0),
+            f"note: {_short(note, 150)}",
+            transform=ax.transAxes,
+            fontsize=SMALL,
+            va="top",
+        )
     _title(ax, f"{title}; shaded: BH-adjusted p < {alpha}", fig.get_figwidth() - 0.6)
     fig.tight_layout()
     omega = pd.to_numeric(data["partial_omega_sq"], errors="coerce")
@@ -558,6 +764,10 @@ def anova_table(anova: pd.DataFrame, alpha: float = 0.05) -> tuple[Figure, dict]
         term = f"{best['outcome']}: {best['term']} ({best['subset']}; {best['denominator']})"
     else:
         term = None
-    stats = {"n_rows": int(len(data)), "n_significant": int(significant.sum()),
-             "max_partial_omega_sq": float(omega.max()) if omega.notna().any() else float("nan"), "max_partial_omega_sq_term": term}
+    stats = {
+        "n_rows": int(len(data)),
+        "n_significant": int(significant.sum()),
+        "max_partial_omega_sq": float(omega.max()) if omega.notna().any() else float("nan"),
+        "max_partial_omega_sq_term": term,
+    }
     return fig, stats

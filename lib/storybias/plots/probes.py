@@ -17,11 +17,30 @@ from matplotlib.image import AxesImage
 from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 from matplotlib.transforms import ScaledTranslation
-from .style import (
-    GENRE_ORDER, LABEL, OKABE_ITO, SMALL, VERSION_ORDER, _colors, _figure, _grid, _heatmap, _is_empty, _isna,
-    _lang_name, _lang_order, _legend, _no_data, _ordered, _require, _short, _suptitle, _ticks, _title,
-)
 
+from .style import (
+    GENRE_ORDER,
+    LABEL,
+    OKABE_ITO,
+    SMALL,
+    VERSION_ORDER,
+    _colors,
+    _figure,
+    _grid,
+    _heatmap,
+    _is_empty,
+    _isna,
+    _lang_name,
+    _lang_order,
+    _legend,
+    _no_data,
+    _ordered,
+    _require,
+    _short,
+    _suptitle,
+    _ticks,
+    _title,
+)
 
 # --- 11-13. embeddings, probes, cultural markers (Feng et al.) ---------------------------------
 
@@ -29,8 +48,11 @@ _UMAP_KEYS = ("n_points", "n_female", "n_male", "n_panels", "n_contoured_groups"
 UMAP_DISPLAY_PERCENTILES: tuple[float, float] = (15.0, 90.0)  # Feng et al. App. D.4 (Fig. 3's display trim)
 
 
-def trim_for_display(umap: pd.DataFrame, percentiles: tuple[float, float] | None = UMAP_DISPLAY_PERCENTILES,
-                     by: Sequence[str] = ("language", "genre", "label")) -> pd.DataFrame:
+def trim_for_display(
+    umap: pd.DataFrame,
+    percentiles: tuple[float, float] | None = UMAP_DISPLAY_PERCENTILES,
+    by: Sequence[str] = ("language", "genre", "label"),
+) -> pd.DataFrame:
     """The points a UMAP figure draws: within each label and cell (``by``), those inside the
     ``percentiles`` range (inclusive) on *both* coordinates (Feng et al. App. D.4: 15th-90th). Display
     only -- the projection, the probes and every statistic keep all points. ``None`` keeps everything."""
@@ -43,6 +65,8 @@ def trim_for_display(umap: pd.DataFrame, percentiles: tuple[float, float] | None
             lo, hi = np.percentile(part[axis].to_numpy(float), [low, high])
             keep.loc[part.index] &= part[axis].between(lo, hi)
     return umap[keep]
+
+
 HDR_LEVELS = (0.2, 0.5, 0.8)
 MIN_KDE_POINTS = 5
 
@@ -53,8 +77,12 @@ def _hdr_thresholds(density_at_points: np.ndarray, levels: Sequence[float]) -> l
     return sorted(float(np.quantile(density_at_points, 1 - p)) for p in levels)
 
 
-def umap_density(umap: pd.DataFrame, ncols: int | None = None, max_points_kde: int = 2000,
-                 percentiles: tuple[float, float] | None = UMAP_DISPLAY_PERCENTILES) -> tuple[Figure, dict]:
+def umap_density(
+    umap: pd.DataFrame,
+    ncols: int | None = None,
+    max_points_kde: int = 2000,
+    percentiles: tuple[float, float] | None = UMAP_DISPLAY_PERCENTILES,
+) -> tuple[Figure, dict]:
     """The shared UMAP projection, one panel per language x genre (same axes everywhere; each genre a
     block of rows of at most ``ncols`` languages, default 5, a language in the same column in every
     block): female and male points with their 20/50/80% highest-density contours (Gaussian KDE; solid =
@@ -85,8 +113,12 @@ def umap_density(umap: pd.DataFrame, ncols: int | None = None, max_points_kde: i
     ncols = max(1, min(len(languages), 5) if ncols is None else ncols)
     rows_per_genre = math.ceil(len(languages) / ncols)
     # each genre starts a new row and a language keeps its column in every genre block
-    slots = {(g, lang): (gi * rows_per_genre + li // ncols) * ncols + li % ncols
-             for gi, g in enumerate(genres) for li, lang in enumerate(languages) if (g, lang) in present}
+    slots = {
+        (g, lang): (gi * rows_per_genre + li // ncols) * ncols + li % ncols
+        for gi, g in enumerate(genres)
+        for li, lang in enumerate(languages)
+        if (g, lang) in present
+    }
     cells = list(slots)
     fig, grid_axes, _, _ = _grid(len(genres) * rows_per_genre * ncols, ncols, 3.3, 3.1, extra_h=1.1)
     for i, ax in enumerate(grid_axes):
@@ -108,8 +140,16 @@ def umap_density(umap: pd.DataFrame, ncols: int | None = None, max_points_kde: i
             pts = part.loc[part["label"] == label, ["x", "y"]].to_numpy(float)
             if len(pts) == 0:
                 continue
-            ax.scatter(pts[:, 0], pts[:, 1], s=size, color=OKABE_ITO[label], alpha=0.55 if len(part) > 200 else 0.8,
-                       marker="o" if label == "female" else "s", linewidths=0, zorder=2)
+            ax.scatter(
+                pts[:, 0],
+                pts[:, 1],
+                s=size,
+                color=OKABE_ITO[label],
+                alpha=0.55 if len(part) > 200 else 0.8,
+                marker="o" if label == "female" else "s",
+                linewidths=0,
+                zorder=2,
+            )
             if len(pts) < MIN_KDE_POINTS:
                 skipped += 1
                 continue
@@ -118,15 +158,23 @@ def umap_density(umap: pd.DataFrame, ncols: int | None = None, max_points_kde: i
                 kde = gaussian_kde(sample.T)
                 values = kde(np.hstack([sample.T, grid]))  # one evaluation: the points, then the grid
                 levels = _hdr_thresholds(values[: len(sample)], HDR_LEVELS)
-                density = values[len(sample):].reshape(gx.shape)
+                density = values[len(sample) :].reshape(gx.shape)
             except (np.linalg.LinAlgError, ValueError):
                 skipped += 1
                 continue
             if len(set(levels)) < len(levels) or not np.all(np.isfinite(levels)):
                 skipped += 1
                 continue
-            ax.contour(gx, gy, density, levels=levels, colors=[OKABE_ITO[label]], linestyles=styles[label],
-                       linewidths=[0.8, 1.1, 1.5], zorder=3)
+            ax.contour(
+                gx,
+                gy,
+                density,
+                levels=levels,
+                colors=[OKABE_ITO[label]],
+                linestyles=styles[label],
+                linewidths=[0.8, 1.1, 1.5],
+                zorder=3,
+            )
             contoured += 1
         ax.set_xlim(*xlim)
         ax.set_ylim(*ylim)
@@ -136,23 +184,53 @@ def umap_density(umap: pd.DataFrame, ncols: int | None = None, max_points_kde: i
         ax.set_ylabel("UMAP 2 (no units)", fontsize=SMALL)
         name = _lang_name(lang)
         ax.set_title(f"{name} · {genre} (n = {len(part)})", fontsize=LABEL)
-    handles = [Line2D([], [], marker="o", ls="", color=OKABE_ITO["female"]), Line2D([], [], color=OKABE_ITO["female"], ls="-"),
-               Line2D([], [], marker="s", ls="", color=OKABE_ITO["male"]), Line2D([], [], color=OKABE_ITO["male"], ls="--")]
-    _legend(fig, handles, ["female", "female density (20/50/80% HDR)", "male", "male density (20/50/80% HDR)"],
-            loc="lower center", ncol=4, bbox_to_anchor=(0.5, 0.0))
-    trim = (f"; points outside the {percentiles[0]:g}th-{percentiles[1]:g}th percentiles per label and cell not drawn"
-            if percentiles is not None else "")
-    top = _suptitle(fig, f"{title} (display only; contours: 20/50/80% highest-density regions, "
-                         f"none below {MIN_KDE_POINTS} points{trim})")
+    handles = [
+        Line2D([], [], marker="o", ls="", color=OKABE_ITO["female"]),
+        Line2D([], [], color=OKABE_ITO["female"], ls="-"),
+        Line2D([], [], marker="s", ls="", color=OKABE_ITO["male"]),
+        Line2D([], [], color=OKABE_ITO["male"], ls="--"),
+    ]
+    _legend(
+        fig,
+        handles,
+        ["female", "female density (20/50/80% HDR)", "male", "male density (20/50/80% HDR)"],
+        loc="lower center",
+        ncol=4,
+        bbox_to_anchor=(0.5, 0.0),
+    )
+    trim = (
+        f"; points outside the {percentiles[0]:g}th-{percentiles[1]:g}th percentiles per label and cell not drawn"
+        if percentiles is not None
+        else ""
+    )
+    top = _suptitle(
+        fig,
+        f"{title} (display only; contours: 20/50/80% highest-density regions, "
+        f"none below {MIN_KDE_POINTS} points{trim})",
+    )
     fig.tight_layout(rect=(0, 0.45 / fig.get_figheight(), 1, top))
-    stats = {"n_points": int(len(data)), "n_female": int((data["label"] == "female").sum()),
-             "n_male": int((data["label"] == "male").sum()), "n_panels": len(cells), "n_contoured_groups": contoured,
-             "n_skipped_groups": skipped, "n_trimmed": int(n_trimmed)}
+    stats = {
+        "n_points": int(len(data)),
+        "n_female": int((data["label"] == "female").sum()),
+        "n_male": int((data["label"] == "male").sum()),
+        "n_panels": len(cells),
+        "n_contoured_groups": contoured,
+        "n_skipped_groups": skipped,
+        "n_trimmed": int(n_trimmed),
+    }
     return fig, stats
 
 
-_PROBE_KEYS = ("n_cells", "n_ok_cells", "n_skipped_rows", "mean_auc_full", "mean_auc_cue_deleted", "mean_delta",
-               "largest_drop", "largest_drop_cell")
+_PROBE_KEYS = (
+    "n_cells",
+    "n_ok_cells",
+    "n_skipped_rows",
+    "mean_auc_full",
+    "mean_auc_cue_deleted",
+    "mean_delta",
+    "largest_drop",
+    "largest_drop_cell",
+)
 
 
 def _reason(status: Any) -> str:
@@ -176,11 +254,15 @@ def probe_auc(probes: pd.DataFrame) -> tuple[Figure, dict]:
     data["ok"] = data["status"].astype(str).str.strip().str.lower().eq("ok") & data["auc"].notna()
     languages = _lang_order(data["language"])
     genres = _ordered(data["genre"], GENRE_ORDER)
-    cells = [(lang, g) for lang in languages for g in genres if ((data["language"] == lang) & (data["genre"] == g)).any()]
+    cells = [
+        (lang, g) for lang in languages for g in genres if ((data["language"] == lang) & (data["genre"] == g)).any()
+    ]
     fig = _figure(9.0, 1.5 + 0.5 * len(cells))
     ax = fig.add_subplot()
-    variants = {"full": (0.15, colormaps["tab10"](0), "o", "full text (positive control)"),
-                "cue_deleted": (-0.15, colormaps["tab10"](1), "s", "direct cues deleted")}
+    variants = {
+        "full": (0.15, colormaps["tab10"](0), "o", "full text (positive control)"),
+        "cue_deleted": (-0.15, colormaps["tab10"](1), "s", "direct cues deleted"),
+    }
     lows = [0.5]
     ok_rows = data[data["ok"] & data["variant"].isin(list(variants))]
     if len(ok_rows):
@@ -196,7 +278,14 @@ def probe_auc(probes: pd.DataFrame) -> tuple[Figure, dict]:
         shown = cell[cell["variant"].isin(list(variants))]
         if len(shown) and not shown["ok"].any() and shown["status"].astype(str).nunique() == 1:
             # every variant skipped for the same reason: one line
-            ax.text(text_x, y, f"skipped ({_short(_reason(shown['status'].iloc[0]), 70)})", va="center", fontsize=SMALL, color="#555555")
+            ax.text(
+                text_x,
+                y,
+                f"skipped ({_short(_reason(shown['status'].iloc[0]), 70)})",
+                va="center",
+                fontsize=SMALL,
+                color="#555555",
+            )
             shown = shown.iloc[0:0]
             both = False
         for variant, (offset, color, marker, _) in variants.items():
@@ -209,19 +298,38 @@ def probe_auc(probes: pd.DataFrame) -> tuple[Figure, dict]:
             row = row.iloc[0]
             if not row["ok"]:
                 both = False
-                ax.text(text_x, y + offset, f"{variant.replace('_', '-')}: skipped ({_short(_reason(row['status']), 60)})",
-                        va="center", fontsize=SMALL, color="#555555")
+                ax.text(
+                    text_x,
+                    y + offset,
+                    f"{variant.replace('_', '-')}: skipped ({_short(_reason(row['status']), 60)})",
+                    va="center",
+                    fontsize=SMALL,
+                    color="#555555",
+                )
                 continue
             lo, hi = row["ci_low"], row["ci_high"]
             if np.isfinite(lo) and np.isfinite(hi):
                 ax.plot([lo, hi], [y + offset] * 2, color=color, lw=1.6)
-            ax.scatter([row["auc"]], [y + offset], color=color, marker=marker, s=34, edgecolors="black", linewidths=0.4, zorder=3)
+            ax.scatter(
+                [row["auc"]],
+                [y + offset],
+                color=color,
+                marker=marker,
+                s=34,
+                edgecolors="black",
+                linewidths=0.4,
+                zorder=3,
+            )
         n_ok_cells += both
         delta = cell[cell["variant"] == "delta"]
         if len(delta):
             d = delta.iloc[0]
             if d["ok"]:
-                ci = f" [{d['ci_low']:+.2f}, {d['ci_high']:+.2f}]" if np.isfinite(d["ci_low"]) and np.isfinite(d["ci_high"]) else ""
+                ci = (
+                    f" [{d['ci_low']:+.2f}, {d['ci_high']:+.2f}]"
+                    if np.isfinite(d["ci_low"]) and np.isfinite(d["ci_high"])
+                    else ""
+                )
                 text = f"Δ {d['auc']:+.2f}{ci}"
                 drops.append((float(d["auc"]), f"{lang} / {genre}"))
             else:
@@ -235,24 +343,44 @@ def probe_auc(probes: pd.DataFrame) -> tuple[Figure, dict]:
     _ticks(ax)
     handles = [Line2D([], [], color=c, marker=m, lw=1.6, markeredgecolor="black") for _, c, m, _ in variants.values()]
     handles.append(Line2D([], [], color="#444444", ls="--", lw=0.9))
-    _legend(ax, handles, [v[3] for v in variants.values()] + ["chance (0.5)"], loc="upper left", bbox_to_anchor=(0.0, 0.0),
-            bbox_transform=ax.transAxes + ScaledTranslation(0, -0.5, fig.dpi_scale_trans), ncol=3, borderaxespad=0.0)
+    _legend(
+        ax,
+        handles,
+        [v[3] for v in variants.values()] + ["chance (0.5)"],
+        loc="upper left",
+        bbox_to_anchor=(0.0, 0.0),
+        bbox_transform=ax.transAxes + ScaledTranslation(0, -0.5, fig.dpi_scale_trans),
+        ncol=3,
+        borderaxespad=0.0,
+    )
     _title(ax, f"{title} (Δ = cue-deleted − full, right)", fig.get_figwidth() - 0.6)
     fig.tight_layout()
     full = data[(data["variant"] == "full") & data["ok"]]["auc"]
     cue = data[(data["variant"] == "cue_deleted") & data["ok"]]["auc"]
     delta_vals = data[(data["variant"] == "delta") & data["ok"]]["auc"]
     worst = min(drops) if drops else None
-    stats = {"n_cells": len(cells), "n_ok_cells": int(n_ok_cells), "n_skipped_rows": int((~data["ok"]).sum()),
-             "mean_auc_full": float(full.mean()) if len(full) else float("nan"),
-             "mean_auc_cue_deleted": float(cue.mean()) if len(cue) else float("nan"),
-             "mean_delta": float(delta_vals.mean()) if len(delta_vals) else float("nan"),
-             "largest_drop": worst[0] if worst else float("nan"), "largest_drop_cell": worst[1] if worst else None}
+    stats = {
+        "n_cells": len(cells),
+        "n_ok_cells": int(n_ok_cells),
+        "n_skipped_rows": int((~data["ok"]).sum()),
+        "mean_auc_full": float(full.mean()) if len(full) else float("nan"),
+        "mean_auc_cue_deleted": float(cue.mean()) if len(cue) else float("nan"),
+        "mean_delta": float(delta_vals.mean()) if len(delta_vals) else float("nan"),
+        "largest_drop": worst[0] if worst else float("nan"),
+        "largest_drop_cell": worst[1] if worst else None,
+    }
     return fig, stats
 
 
-_CULT_KEYS = ("n_genres", "n_source_languages", "mean_self_relevance", "mean_other_relevance", "self_context_advantage",
-              "n_narratives", "n_markers")
+_CULT_KEYS = (
+    "n_genres",
+    "n_source_languages",
+    "mean_self_relevance",
+    "mean_other_relevance",
+    "self_context_advantage",
+    "n_narratives",
+    "n_markers",
+)
 
 
 def cultural_relevance(cultural: pd.DataFrame) -> tuple[Figure, dict]:
@@ -277,7 +405,9 @@ def cultural_relevance(cultural: pd.DataFrame) -> tuple[Figure, dict]:
     fig, axes, _, _ = _grid(len(genres), 3, panel_w, 1.4 + 0.42 * len(sources), extra_w=1.0, extra_h=0.5)
     image: AxesImage | None = None
     for ax, genre in zip(axes, genres):
-        matrix = data[data["genre"] == genre].pivot_table(index="source_language", columns="context", values="relevance", aggfunc="mean")
+        matrix = data[data["genre"] == genre].pivot_table(
+            index="source_language", columns="context", values="relevance", aggfunc="mean"
+        )
         matrix = matrix.reindex(index=sources, columns=contexts)
         image = _heatmap(ax, matrix.to_numpy(float), 1.0, 7.0, "{:.2f}")
         for i, s in enumerate(sources):
@@ -297,11 +427,14 @@ def cultural_relevance(cultural: pd.DataFrame) -> tuple[Figure, dict]:
     bar.ax.tick_params(labelsize=SMALL)
     own = data["source_language"] == data["context"]
     per_source = data.groupby(["source_language", "genre"])
-    stats = {"n_genres": len(genres), "n_source_languages": len(sources),
-             "mean_self_relevance": float(data.loc[own, "relevance"].mean()) if own.any() else float("nan"),
-             "mean_other_relevance": float(data.loc[~own, "relevance"].mean()) if (~own).any() else float("nan"),
-             "n_narratives": int(per_source["n_narratives"].max().sum()) if "n_narratives" in data.columns else 0,
-             "n_markers": int(per_source["n_markers"].max().sum()) if "n_markers" in data.columns else 0}
+    stats = {
+        "n_genres": len(genres),
+        "n_source_languages": len(sources),
+        "mean_self_relevance": float(data.loc[own, "relevance"].mean()) if own.any() else float("nan"),
+        "mean_other_relevance": float(data.loc[~own, "relevance"].mean()) if (~own).any() else float("nan"),
+        "n_narratives": int(per_source["n_narratives"].max().sum()) if "n_narratives" in data.columns else 0,
+        "n_markers": int(per_source["n_markers"].max().sum()) if "n_markers" in data.columns else 0,
+    }
     stats["self_context_advantage"] = stats["mean_self_relevance"] - stats["mean_other_relevance"]
     return fig, stats
 
@@ -332,8 +465,16 @@ def separability(sep: pd.DataFrame) -> tuple[Figure, dict]:
         if not _isna(row["chance"]):
             ax.plot([i - 0.42, i + 0.42], [row["chance"]] * 2, color="#444444", ls="--", lw=1.0, zorder=4)
         if not row["ok"]:
-            ax.text(i, 0.5, f"skipped\n({_short(_reason(row['status']), 40)})", ha="center", va="center", fontsize=SMALL,
-                    color="#555555", wrap=True)
+            ax.text(
+                i,
+                0.5,
+                f"skipped\n({_short(_reason(row['status']), 40)})",
+                ha="center",
+                va="center",
+                fontsize=SMALL,
+                color="#555555",
+                wrap=True,
+            )
             continue
         ba = float(row["balanced_accuracy"])
         lo, hi = float(row["ci_low"]), float(row["ci_high"])
@@ -352,8 +493,15 @@ def separability(sep: pd.DataFrame) -> tuple[Figure, dict]:
     _title(ax, f"{title}{extra}", fig.get_figwidth() - 0.6)
     fig.tight_layout()
     ok = data[data["ok"]]
-    stats = {f"ba_{v}": (float(data.at[v, "balanced_accuracy"]) if v in data.index and data.at[v, "ok"] else float("nan"))
-             for v in VERSION_ORDER}
-    stats.update({"chance": float(ok["chance"].iloc[0]) if len(ok) else float("nan"), "n_ok": int(len(ok)),
-                  "n_skipped": int((~data["ok"]).sum())})
+    stats = {
+        f"ba_{v}": (float(data.at[v, "balanced_accuracy"]) if v in data.index and data.at[v, "ok"] else float("nan"))
+        for v in VERSION_ORDER
+    }
+    stats.update(
+        {
+            "chance": float(ok["chance"].iloc[0]) if len(ok) else float("nan"),
+            "n_ok": int(len(ok)),
+            "n_skipped": int((~data["ok"]).sum()),
+        }
+    )
     return fig, stats

@@ -38,6 +38,7 @@ VERSION_ORDER = ("original", "translated", "masked")
 
 # --- helpers ------------------------------------------------------------------------------------
 
+
 def _figure(width: float, height: float) -> Figure:
     fig = Figure(figsize=(width, height))
     FigureCanvasAgg(fig)
@@ -51,7 +52,7 @@ def _short(label: Any, n: int = 22) -> str:
     if len(text) <= n:
         return text
     head = (n - 1) // 2
-    return text[:head] + "…" + text[len(text) - (n - 1 - head):]
+    return text[:head] + "…" + text[len(text) - (n - 1 - head) :]
 
 
 def _colors(n: int) -> list:
@@ -108,7 +109,9 @@ def _empty_stats(keys: Sequence[str]) -> dict[str, Any]:
     return {k: (0 if k.startswith("n_") else float("nan")) for k in keys}
 
 
-def _no_data(title: str, reason: str, keys: Sequence[str], width: float = 6.4, height: float = 2.4) -> tuple[Figure, dict]:
+def _no_data(
+    title: str, reason: str, keys: Sequence[str], width: float = 6.4, height: float = 2.4
+) -> tuple[Figure, dict]:
     """A whole figure that is one ``message_panel`` (no data: ``reason``), with ``keys`` set to NaN
     (counts ``n_*`` to 0) and ``stats["no_data"] = reason``: what every figure returns for an empty input."""
     fig = _figure(width, height)
@@ -134,25 +137,36 @@ def message_panel(ax, text: str, width_in: float | None = None) -> None:
         text = f"no data: {text}"
         if len(text) > 80:
             text = _wrap(text, ax.figure.get_figwidth() - 2.0, LABEL)
-        ax.text(0.5, 0.5, text, ha="center", va="center", fontsize=LABEL, wrap=True,
-                transform=ax.transAxes, color="#333333")
+        ax.text(
+            0.5, 0.5, text, ha="center", va="center", fontsize=LABEL, wrap=True, transform=ax.transAxes, color="#333333"
+        )
         return
     if ax.name == "polar":
         ax.grid(False)
         ax.spines["polar"].set_color(UNKNOWN_GREY)
-    ax.text(0.5, 0.5, _wrap(text, width_in, LABEL), ha="center", va="center", fontsize=LABEL,
-            transform=ax.transAxes, color="#333333")
+    ax.text(
+        0.5,
+        0.5,
+        _wrap(text, width_in, LABEL),
+        ha="center",
+        va="center",
+        fontsize=LABEL,
+        transform=ax.transAxes,
+        color="#333333",
+    )
 
 
 def _group_sizes(frame: pd.DataFrame) -> str:
-    """"n_m = 2, n_f = 2" per language of ``frame`` (columns language, n_m, n_f), languages in order."""
+    """ "n_m = 2, n_f = 2" per language of ``frame`` (columns language, n_m, n_f), languages in order."""
     if not {"n_m", "n_f"} <= set(frame.columns):
         return "group sizes unknown"
     cells = frame.drop_duplicates(subset=["language"]).set_index("language")
     languages = _lang_order(cells.index)
     one = len(languages) == 1
-    return "; ".join(f"{'' if one else str(lang) + ' '}n_m = {int(cells.loc[lang, 'n_m'])}, n_f = {int(cells.loc[lang, 'n_f'])}"
-                     for lang in languages)
+    return "; ".join(
+        f"{'' if one else str(lang) + ' '}n_m = {int(cells.loc[lang, 'n_m'])}, n_f = {int(cells.loc[lang, 'n_f'])}"
+        for lang in languages
+    )
 
 
 def _too_small_reason(frame: pd.DataFrame, min_stories: int, clipped: bool) -> str:
@@ -161,8 +175,15 @@ def _too_small_reason(frame: pd.DataFrame, min_stories: int, clipped: bool) -> s
     return f"too few stories: {_group_sizes(frame)} (need ≥ {min_stories}){tail}"
 
 
-def _grid(n: int, ncols_max: int, panel_w: float, panel_h: float, extra_w: float = 0.0, extra_h: float = 0.8,
-          polar: bool = False) -> tuple[Figure, list, int, int]:
+def _grid(
+    n: int,
+    ncols_max: int,
+    panel_w: float,
+    panel_h: float,
+    extra_w: float = 0.0,
+    extra_h: float = 0.8,
+    polar: bool = False,
+) -> tuple[Figure, list, int, int]:
     """A figure with ``n`` panels wrapped in rows of at most ``ncols_max``; unused cells hidden."""
     ncols = max(1, min(n, ncols_max))
     nrows = max(1, math.ceil(n / ncols))
@@ -213,8 +234,16 @@ def _pick(frame: pd.DataFrame, column: str, value: Any, what: str) -> tuple[pd.D
     return sub, value, (None if len(sub) else f"no rows with {column} = {value!r}")
 
 
-def _heatmap(ax, matrix: np.ndarray, vmin: float, vmax: float, fmt: str | None, cmap_name: str = "viridis", fontsize: int = SMALL,
-             aspect: str = "auto"):
+def _heatmap(
+    ax,
+    matrix: np.ndarray,
+    vmin: float,
+    vmax: float,
+    fmt: str | None,
+    cmap_name: str = "viridis",
+    fontsize: int = SMALL,
+    aspect: str = "auto",
+):
     """imshow with NaN cells grey and (``fmt`` not None) a value written in each cell (dark text on
     light cells, '–' in empty ones)."""
     cmap = colormaps[cmap_name].with_extremes(bad="#E8E8E8")
@@ -225,8 +254,15 @@ def _heatmap(ax, matrix: np.ndarray, vmin: float, vmax: float, fmt: str | None, 
     for (i, j), value in np.ndenumerate(matrix):
         if np.isfinite(value):
             share = (value - vmin) / (vmax - vmin) if vmax > vmin else 0.5
-            ax.text(j, i, fmt.format(value), ha="center", va="center", fontsize=fontsize,
-                    color="black" if share > 0.55 else "white")
+            ax.text(
+                j,
+                i,
+                fmt.format(value),
+                ha="center",
+                va="center",
+                fontsize=fontsize,
+                color="black" if share > 0.55 else "white",
+            )
         else:
             ax.text(j, i, "–", ha="center", va="center", fontsize=fontsize, color="#555555")
     return image
@@ -241,12 +277,14 @@ def _legend(ax_or_fig, handles, labels, title: str | None = None, **kwargs):
     return legend
 
 
-def _table(ax, rows: list[list[str]], header: list[str], col_widths: Sequence[float], shaded: Sequence[bool],
-           shade: str):
+def _table(
+    ax, rows: list[list[str]], header: list[str], col_widths: Sequence[float], shaded: Sequence[bool], shade: str
+):
     """A table drawn as a figure, in the house style: small text, grey bold header row, light cell
     edges, and the body rows where ``shaded`` is true filled with ``shade``."""
-    table = ax.table(cellText=rows, colLabels=header, colWidths=list(col_widths), loc="upper center",
-                     cellLoc="left", colLoc="left")
+    table = ax.table(
+        cellText=rows, colLabels=header, colWidths=list(col_widths), loc="upper center", cellLoc="left", colLoc="left"
+    )
     table.auto_set_font_size(False)
     table.set_fontsize(SMALL)
     table.scale(1, 1.35)

@@ -214,7 +214,9 @@ STEREOTALES_ASPECTS = [
 def _reference() -> dict:
     import yaml
 
-    with open(prompts.paths.designs_dir() / "stereotales" / "reference.yaml", encoding="utf-8") as fh:
+    from storybias import paths
+
+    with open(paths.designs_dir() / "stereotales" / "reference.yaml", encoding="utf-8") as fh:
         return yaml.safe_load(fh)
 
 

@@ -857,7 +857,7 @@ def run(params: Any, progress: bool = True, engine_factory: Any = None) -> Assoc
     ``engine_factory(spec)``: the judges' engines, as for stages 01 and 03 (default engines.open_engine)."""
     import time
 
-    from . import extract, paths
+    from . import artifacts, extract, paths
     from .human import (
         harm_gap_by_attribute,
         harmful_agreement,
@@ -866,7 +866,7 @@ def run(params: Any, progress: bool = True, engine_factory: Any = None) -> Assoc
         rating_summary,
         realism_summary,
     )
-    from .io import write_json_atomic, write_parquet_atomic
+    from .io import write_json_atomic
     from .judge import (
         JudgeEngineInfo,
         harm_by_attribute,
@@ -951,7 +951,6 @@ def run(params: Any, progress: bool = True, engine_factory: Any = None) -> Assoc
     else:
         notes.append("no human ratings file (associations.human_ratings): human-LLM agreement not computed")
 
-    folder = paths.run_dir(run_name)
     outputs = {
         "associations_attributes": attributes,
         "associations_values": values,
@@ -960,7 +959,7 @@ def run(params: Any, progress: bool = True, engine_factory: Any = None) -> Assoc
         "harm_ratings": ratings.drop(columns=["rating_key"]).reset_index(drop=True),
     }
     for name, table in outputs.items():
-        write_parquet_atomic(table, folder / f"{name}.parquet", schema=OUTPUT_SCHEMAS[name])
+        artifacts.write(run_name, name, table)  # the registry's schema (OUTPUT_SCHEMAS) and path
     n_failed = int((~ratings["parse_ok"].astype(bool)).sum()) if len(ratings) else 0
     manifest = {
         "stage": "associations",

@@ -1,5 +1,8 @@
 """Benchmarks (run by hand or by `make bench-*`; timings are reported, not asserted by tests).
 
+It stays above 600 lines on purpose: each `make bench-*` target is one self-contained function here,
+run by hand; none is imported by a stage.
+
 bench_generate: does the pipeline add cost to the engine? One engine, the same prompts, seeds and
 sampling parameters, timed alternately through (a) a bare ``LLM.chat`` call and (b) stage 01's own
 path (``generate.generate_with``: streamed results, rows, atomic shards). Every request generates

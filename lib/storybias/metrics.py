@@ -1,5 +1,8 @@
 """Stage 05 statistics: distributional bias (BiasedTales-ML) and stereotype/balance scores (Feng et al.).
 
+It stays above 600 lines on purpose: it is one stage's formulas, each a short pure function, plus the
+stage's run; splitting them by study would separate the shared group/term tables they are computed on.
+
 Every formula is a small pure function with its source quoted in the docstring; the notebook only
 calls them. Natural logarithms throughout.
 """

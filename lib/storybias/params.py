@@ -1,5 +1,8 @@
 """Run parameters: YAML profiles in params/, validated by one pydantic schema.
 
+It stays above 600 lines on purpose: the one schema every profile is validated against (one section
+per stage) and its cross-section checks, so that a profile's whole meaning is readable in one file.
+
     from storybias import params
     p = params.load("params/default.yaml")      # raises ParamsError naming the key and the file
 

@@ -45,7 +45,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from . import paths
+from . import artifacts, paths
 from .embeddings import EmbeddingCache, EmbedStats, embed_cached, make_embedder
 from .io import read_yaml_strict
 from .locks import holds_run_lock
@@ -757,7 +757,7 @@ def run(params: Any) -> ProbesResult:
         separability,
         separability_markers,
     )
-    from .io import write_json_atomic, write_parquet_atomic
+    from .io import write_json_atomic
 
     started = time.perf_counter()
     run_name, settings = params.run_name, params.probes
@@ -869,7 +869,6 @@ def run(params: Any) -> ProbesResult:
 
     validation_tables = human_validation(human, frame, settings.human_validation, notes)
 
-    run_dir = paths.run_dir(run_name)
     tables = {
         "probes": probes_table,
         "umap": umap_table,
@@ -878,7 +877,7 @@ def run(params: Any) -> ProbesResult:
         "separability": separability_table,
     }
     for name, table in tables.items():
-        write_parquet_atomic(table.reset_index(drop=True), run_dir / f"{name}.parquet", schema=OUTPUT_SCHEMAS[name])
+        artifacts.write(run_name, name, table.reset_index(drop=True))  # the registry's schema and path
     embed_seconds = stats["stories"].seconds + stats["markers"].seconds
     n_embedded = stats["stories"].n_embedded + stats["markers"].n_embedded
     manifest = {

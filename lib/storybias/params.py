@@ -228,11 +228,11 @@ class EngineSettings(Strict):
     # Run the profile's local models (embedded / local / hub) behind one vLLM OpenAI-compatible server
     # on 127.0.0.1, started once per `make paper` (or stage target) and shared by stages 01, 03 and 04,
     # instead of one in-process engine per stage (storybias.serve). `make ... SERVE=0|1` overrides it.
-    # Measured on 2 cores, the server starts as fast as an in-process engine (82 s vs 83 s) and stage 01
-    # decodes as fast through it (55.4 vs 54.8 tokens/s, `make bench-generate SERVE=1`). Default off
-    # until a full default-profile run has gone through it: the first one crashed in stage 01 (vLLM's
-    # CPU worker, "CPU Generator does not use offset", when a seeded prompt was split across scheduler
-    # steps; both engines now admit CPU prompts whole: engines.cpu_scheduler_kwargs).
+    # Measured on the default profile from fresh data (2026-12-01, 2 cores): `make paper` 26 min 26 s through
+    # one server vs 28 min 48 s with in-process engines (one 89 s start instead of two of ~83 s; stage 01 at
+    # 76 vs 70 tokens/s). Default off all the same: the server batches requests as they arrive over HTTP,
+    # so the same seeds gave other texts than the in-process engine (56 of 248 stories identical), and
+    # in-process is the path whose reruns give the same stories. SERVE=1 buys 8% when that does not matter.
     shared_server: bool = False
 
     @model_validator(mode="after")

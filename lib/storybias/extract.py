@@ -816,7 +816,7 @@ def parse_failure_table(stories: pd.DataFrame, extractions: pd.DataFrame) -> pd.
 def run(params, progress: bool = True, engine_factory=None, log=print) -> dict[str, Any]:
     """Stage 03: extract every valid story (resumable), write extractions.parquet and the tables."""
     from . import artifacts, paths
-    from .engines import open_engine, preflight
+    from .engines import entered_info, open_engine, preflight
     from .io import ShardStore
     from .langid import select
 
@@ -870,12 +870,12 @@ def run(params, progress: bool = True, engine_factory=None, log=print) -> dict[s
             started = time.time()
             stats = _run_jobs(engine, spec, mine, settings, store, progress)
             timings[spec.name] = {
-                "startup_seconds": engine.info.startup_seconds,
+                "startup_seconds": entered_info(engine).startup_seconds,
                 "extraction_seconds": round(time.time() - started, 1),
                 "n_answers": len(mine),
                 "stories_per_second": round(len(mine) / max(time.time() - started, 1e-9), 3) if mine else None,
-                "endpoint": engine.info.endpoint,
-                "model_id": engine.info.model_id,
+                "endpoint": entered_info(engine).endpoint,
+                "model_id": entered_info(engine).model_id,
                 "output_tokens": stats.output_tokens,
                 "prompt_tokens": stats.prompt_tokens,
                 "finish_reasons": dict(stats.finish_reasons),

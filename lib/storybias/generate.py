@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 
 from . import artifacts, paths
 from .designs import all_condition_columns
-from .engines import ChatEngine, ChatRequest, ChatResult, open_engine, preflight
+from .engines import ChatEngine, ChatRequest, ChatResult, entered_info, open_engine, preflight
 from .io import ShardStore
 from .locks import holds_run_lock
 from .params import ModelSpec, Params, model_identity
@@ -129,7 +129,7 @@ def plan(params: Params) -> pd.DataFrame:
                     config = gen_config_hash(model, task_sampling, choice)
                     for sample in range(run.samples_per_prompt):
                         sid = story_id(design, language, model.name, cell.prompt_id, sample)
-                        row = {c: None for c in condition_columns}
+                        row: dict[str, Any] = {c: None for c in condition_columns}
                         row.update(cell.conditions)
                         row.update(
                             story_id=sid,
@@ -361,10 +361,11 @@ def run(
         if model_todo.empty:
             continue
         with factory(spec) as engine:
-            record.model_id = engine.info.model_id
-            record.startup_seconds = engine.info.startup_seconds
-            record.versions = engine.info.versions
-            record.endpoint = engine.info.endpoint
+            info = entered_info(engine)
+            record.model_id = info.model_id
+            record.startup_seconds = info.startup_seconds
+            record.versions = info.versions
+            record.endpoint = info.endpoint
             generate_with(engine, model_todo.to_dict("records"), store, params.generation.shard_size, record, progress)
         if spec.source == "embedded":
             from .models import EMBEDDED_SHA256

@@ -492,9 +492,15 @@ def narrative_comparison(
                 {**base, "jsd": np.nan, "ci_low": np.nan, "ci_high": np.nan, "note": "a group has no adjectives"}
             )
         else:
-            lo, hi = bootstrap_jsd(wm, wf, n_boot, seed)
+            jsd_low, jsd_high = bootstrap_jsd(wm, wf, n_boot, seed)
             jsd_rows.append(
-                {**base, "jsd": jsd_from_counts(wm.sum(0), wf.sum(0)), "ci_low": lo, "ci_high": hi, "note": ""}
+                {
+                    **base,
+                    "jsd": jsd_from_counts(wm.sum(0), wf.sum(0)),
+                    "ci_low": jsd_low,
+                    "ci_high": jsd_high,
+                    "note": "",
+                }
             )
     return {"sc": pd.DataFrame(sc_rows), "jsd": pd.DataFrame(jsd_rows)}
 

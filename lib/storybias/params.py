@@ -19,7 +19,7 @@ import json
 import re
 import warnings
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -30,7 +30,7 @@ from .designs import names as design_names
 from .prompts import LANGUAGES, available_languages, design_cells
 
 Language = Literal["en", "fr", "es", "it", "pt", "nl", "uk", "ar", "hi", "zh", "ja", "ko", "ru", "sw"]
-assert set(Language.__args__) == set(LANGUAGES)  # one list of languages, spelled twice for the type checker
+assert set(get_args(Language)) == set(LANGUAGES)  # one list of languages, spelled twice for the type checker
 
 RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -340,7 +340,7 @@ class FilterSettings(Strict):
     """
 
     lid_threshold: Annotated[float, Field(ge=0, lt=1)] = 0.5
-    exclude: ExcludeRules = ExcludeRules()
+    exclude: ExcludeRules = ExcludeRules()  # type: ignore[call-arg]  # pydantic: the extras are optional
 
     @model_validator(mode="before")
     @classmethod
@@ -354,7 +354,7 @@ class FilterSettings(Strict):
         include_all = data.pop("include_invalid_downstream", None)
         given = data.get("exclude") or {}
         given = given.model_dump() if isinstance(given, BaseModel) else dict(given)
-        rules = {**ExcludeRules().model_dump(), **given}
+        rules = {**ExcludeRules().model_dump(), **given}  # type: ignore[call-arg]  # pydantic: extras optional
         if truncated is not None:
             rules = {
                 d: [r for r in v if r != "truncated"] + (["truncated"] if truncated else []) for d, v in rules.items()
@@ -372,7 +372,7 @@ class FilterSettings(Strict):
 
 
 ExtractionSection = Literal["demographics", "narrative", "markers"]
-ALL_SECTIONS: list[str] = ["demographics", "narrative", "markers"]
+ALL_SECTIONS: list[ExtractionSection] = ["demographics", "narrative", "markers"]
 
 
 class ExtractionSections(Strict):
@@ -397,7 +397,7 @@ class ExtractionSettings(Strict):
     """Stage 03: structured-output extraction (temperature 0) by one or more extractor models."""
 
     models: Annotated[list[ModelSpec], Field(min_length=1)] = [ModelSpec(name="qwen2.5-coder-1.5b", source="embedded")]
-    sections: ExtractionSections = ExtractionSections()
+    sections: ExtractionSections = ExtractionSections()  # type: ignore[call-arg]  # pydantic: extras optional
     # With several extractors, where the narrative lists (adjectives, settings, cultural references)
     # come from: "primary" = the first extractor only, as BiasedTales-ML (one extractor, Qwen3-14B);
     # "majority" = items named by more than half of them (smaller vocabularies). Scalar fields (the

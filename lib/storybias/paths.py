@@ -114,7 +114,7 @@ def clean_run(run_name: str) -> list[Path]:
     for folder, root in present:
         if folder.is_symlink() or folder.resolve().parent != root.resolve() or folder.name != run_name:
             raise ValueError(f"refusing to delete {folder}: it is not a folder directly inside {root}")
-    removed = []
+    removed: list[Path] = []
     if not present:
         return removed
     with run_lock(run_name, "clean-run"):

@@ -124,12 +124,11 @@ NO_NAME = "NONE"
 @lru_cache(maxsize=1)
 def _labels() -> dict[str, dict[str, str]]:
     """StereoTales' label of each canonical value (``reference.yaml``), e.g. senior -> 'senior (65+)'."""
-    from . import paths
-    from .io import read_yaml_strict
+    from .published import reference_taxonomy
 
-    reference = read_yaml_strict(paths.repo_root() / "params" / "designs" / "stereotales" / "reference.yaml")
     return {
-        dim: {key: spec["value"] for key, spec in values.items()} for dim, values in reference["dimensions"].items()
+        dim: {key: spec["value"] for key, spec in values.items()}
+        for dim, values in reference_taxonomy()["dimensions"].items()
     }
 
 

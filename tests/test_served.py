@@ -498,7 +498,7 @@ def test_server_command_matches_the_in_process_engine(smoke):
         f"--max-num-seqs {settings.max_num_seqs}",
         f"--max-model-len {local.max_model_len}",
         "--generation-config vllm",
-        "--api-key key",
+        "--api-key=key",  # one token, so a key starting with "-" is not read as an option
     ):
         assert part in joined
     env = serve.server_environment(local, settings)

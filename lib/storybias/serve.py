@@ -119,7 +119,8 @@ def server_command(
         "warning",
     ]
     if api_key:
-        cmd += ["--api-key", api_key]
+        # one token: a random key may start with "-", which argparse would read as an option
+        cmd.append(f"--api-key={api_key}")
     scheduler = cpu_scheduler_kwargs(spec)  # the same no-chunking rule as the in-process engine (engines.py)
     if scheduler:
         cmd += ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(scheduler["max_num_batched_tokens"])]

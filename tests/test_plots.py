@@ -1127,7 +1127,9 @@ def test_missing_artifacts_load_as_empty_tables_with_a_note(tmp_path, monkeypatc
     pd.DataFrame({"model": ["m"]}).to_parquet(tmp_path / "r" / "vsr.parquet")
     art = plots.load_artifacts("r")
     assert len(art["vsr"]) == 1 and art["probes"].empty
-    assert len(art.notes) == len(plots.ARTIFACTS) - 1 and any("probes.parquet is missing" in n for n in art.notes)
+    assert len(art.notes) == len(plots.ARTIFACT_NAMES) - 1 and any(
+        "probes.parquet is missing" in n and "stage 'probes'" in n for n in art.notes
+    )
 
 
 CENTRED_TEXT = re.compile(r"ax\.text\(\s*0\.5,\s*0\.5,")  # a message drawn in the middle of a panel
@@ -1186,3 +1188,12 @@ def _n_tables(function) -> int:
     import inspect
 
     return sum(p.default is inspect.Parameter.empty for p in inspect.signature(function).parameters.values())
+
+
+def test_a_table_missing_columns_is_refused_with_its_file_name_from_the_registry():
+    from storybias import plots
+
+    with pytest.raises(KeyError, match=r"vsr\.parquet: missing column\(s\) n_valid"):
+        plots.vsr_heatmap(
+            pd.DataFrame({"design": ["d"], "model": ["m"], "language": ["en"], "vsr": [1.0], "n_stories": [1]})
+        )

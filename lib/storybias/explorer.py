@@ -55,9 +55,6 @@ if TYPE_CHECKING:
 DEFAULT_MAX_STORIES_PER_CELL = 200
 CELL = ["design", "model", "language"]
 ASSOC_KEYS = ["base_attribute", "base_value", "compared_attribute", "compared_value"]
-SHARED_FILE = "associations_shared.parquet"  # stage 04 (docs/data-contract.md)
-VALUES_FILE = "associations_values.parquet"
-EXPLORER_FILE = "explorer.html"
 # Extraction columns that the page never shows (large or internal).
 _EXTRACTION_SKIP = {"raw", "adjectives_orig"}
 
@@ -453,8 +450,9 @@ def build_explorer(
     folder; everything but the stories is optional. Only the sampled stories' text is loaded, so a
     paper-scale run does not need its whole corpus in memory.
     """
+    from . import artifacts
+
     run_name = profile.run_name
-    folder = paths.run_dir(run_name)
     notes: list[str] = []
     source = paths.filtered_path(run_name)
     if not source.is_file():
@@ -473,9 +471,13 @@ def build_explorer(
     extractions = _read_optional(paths.extractions_path(run_name), notes, "no story is extracted yet (make extract)")
     if extractions is not None:
         extractions = extractions.drop(columns=[c for c in _EXTRACTION_SKIP if c in extractions])
-    shared = _read_optional(folder / SHARED_FILE, notes, "no association table yet (make associations)")
+    shared = _read_optional(
+        artifacts.path(run_name, "associations_shared"), notes, "no association table yet (make associations)"
+    )
     values = (
-        _read_optional(folder / VALUES_FILE, notes, "no per-model association values") if shared is not None else None
+        _read_optional(artifacts.path(run_name, "associations_values"), notes, "no per-model association values")
+        if shared is not None
+        else None
     )
     examples = association_examples(population, extractions, shared)
     keep = sample_story_ids(population, examples, max_stories_per_cell)
@@ -502,7 +504,7 @@ def build_explorer(
         published=comparison,
     )
     payload["max_per_cell"] = max_stories_per_cell
-    target = out if out is not None else paths.figures_dir(run_name) / EXPLORER_FILE
+    target = out if out is not None else artifacts.path(run_name, "explorer")
     from .io import atomic_open
 
     with atomic_open(target, "w", encoding="utf-8") as fh:

@@ -28,7 +28,7 @@ names, so ``from storybias import plots; plots.vsr_heatmap(...)`` is unchanged.
 from __future__ import annotations
 
 from .associations import association_counts, association_label, lift_share_plot, power_reason, top_associations_table
-from .gallery import ARTIFACTS, FIGURES, Artifacts, Gallery, load_artifacts, quote_stats
+from .gallery import ARTIFACT_NAMES, FIGURES, Artifacts, Gallery, load_artifacts, quote_stats
 from .generation import attribute_distributions, vsr_heatmap
 from .metrics import (
     anova_table,
@@ -52,7 +52,7 @@ from .probes import (
 from .style import DPI, LABEL, SMALL, TITLE, message_panel, save_figure
 
 __all__ = [
-    "ARTIFACTS",
+    "ARTIFACT_NAMES",
     "DPI",
     "FIGURES",
     "HDR_LEVELS",

@@ -65,7 +65,7 @@ def association_counts(values: pd.DataFrame, power: pd.DataFrame | None = None) 
             _COUNT_KEYS,
             height=3.2 if power_reason(power) else 2.4,
         )
-    _require(values, ["model", "scope", "significant"], "associations_values.parquet")
+    _require(values, ["model", "scope", "significant"], "associations_values")
     data = values.assign(significant=_bools(values["significant"]))
     models = sorted(data["model"].dropna().unique(), key=str)
     per_model = data[data["scope"] == "all"].groupby("model")["significant"].sum().reindex(models, fill_value=0)
@@ -174,7 +174,7 @@ _TABLE_KEYS = ("n_associations", "n_shown", "max_mean_lift", "max_n_models", "n_
 
 
 def _shared_scope(shared: pd.DataFrame, scope: str) -> pd.DataFrame:
-    _require(shared, _SHARED_COLUMNS, "associations_shared.parquet")
+    _require(shared, _SHARED_COLUMNS, "associations_shared")
     sub = shared[shared["scope"] == scope].copy()
     if "median_harm" not in sub.columns:
         sub["median_harm"] = np.nan

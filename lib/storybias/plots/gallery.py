@@ -54,26 +54,26 @@ FIGURES: list[tuple[str, str]] = [
 
 # --- notebook 07: artifacts in, figures + index out -----------------------------------------------
 
-ARTIFACTS: list[tuple[str, str]] = [
-    # (name in the notebook, file under data/<run>/): everything notebook 07 reads
-    ("vsr", "vsr.parquet"),
-    ("filtered", "filtered.parquet"),
-    ("extractions", "extractions.parquet"),
-    ("associations_values", "associations_values.parquet"),
-    ("associations_shared", "associations_shared.parquet"),
-    ("metrics_sc", "metrics_sc.parquet"),
-    ("metrics_cosine", "metrics_cosine.parquet"),
-    ("metrics_jsd", "metrics_jsd.parquet"),
-    ("metrics_log_odds", "metrics_log_odds.parquet"),
-    ("metrics_vsr_jsd", "metrics_vsr_jsd.parquet"),
-    ("metrics_aggregates", "metrics_aggregates.parquet"),
-    ("metrics_anova", "metrics_anova.parquet"),
-    ("umap", "umap.parquet"),
-    ("probes", "probes.parquet"),
-    ("cultural", "cultural.parquet"),
-    ("separability", "separability.parquet"),
-    ("associations_power", "associations_power.parquet"),
-]
+ARTIFACT_NAMES: tuple[str, ...] = (
+    # everything notebook 07 reads: names in storybias.artifacts (the registry says where each file lives)
+    "vsr",
+    "filtered",
+    "extractions",
+    "associations_values",
+    "associations_shared",
+    "metrics_sc",
+    "metrics_cosine",
+    "metrics_jsd",
+    "metrics_log_odds",
+    "metrics_vsr_jsd",
+    "metrics_aggregates",
+    "metrics_anova",
+    "umap",
+    "probes",
+    "cultural",
+    "separability",
+    "associations_power",
+)
 
 
 class Artifacts(dict):
@@ -86,16 +86,17 @@ class Artifacts(dict):
 
 
 def load_artifacts(run_name: str) -> Artifacts:
-    from .. import paths
+    from .. import artifacts
 
     tables, notes = {}, []
-    for name, file in ARTIFACTS:
-        path = paths.run_dir(run_name) / file
+    for name in ARTIFACT_NAMES:
+        path = artifacts.path(run_name, name)
         if path.is_file():
             tables[name] = pd.read_parquet(path)
         else:
             tables[name] = pd.DataFrame()
-            notes.append(f"{path} is missing: its figures will say 'no data' (run the stage that writes it)")
+            stage = artifacts.artifact(name).stage
+            notes.append(f"{path} is missing: its figures will say 'no data' (stage '{stage}' writes it)")
     return Artifacts(tables, notes)
 
 

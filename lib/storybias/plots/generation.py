@@ -53,7 +53,7 @@ def vsr_heatmap(vsr: pd.DataFrame, design: str = "bedtime") -> tuple[Figure, dic
     title = f"Valid-story rate by prompt language and model (design: {design})"
     if _is_empty(vsr):
         return _no_data(title, "vsr table is empty", _VSR_KEYS)
-    _require(vsr, ["design", "model", "language", "vsr", "n_stories", "n_valid"], "vsr.parquet")
+    _require(vsr, ["design", "model", "language", "vsr", "n_stories", "n_valid"], "vsr")
     sub = vsr[vsr["design"] == design]
     if sub.empty:
         return _no_data(title, f"no rows with design = {design!r}", _VSR_KEYS)
@@ -189,9 +189,9 @@ def attribute_distributions(
     _require(
         extractions,
         ["story_id", "parse_ok", "protagonist_gender", *[f"demo_{d}" for d in dimensions]],
-        "extractions.parquet",
+        "extractions",
     )
-    _require(filtered, ["story_id", "design", "model"], "filtered.parquet")
+    _require(filtered, ["story_id", "design", "model"], "filtered")
     side = [c for c in ("story_id", "design", "model", "language", "cond_attribute") if c in filtered.columns]
     data = extractions.merge(filtered[side], on="story_id", how="inner")
     data = data[_bools(data["parse_ok"])]

@@ -97,7 +97,7 @@ def bias_fingerprints(
     title = f"Bias fingerprints: S_C per {kind[:-1] if kind.endswith('s') else kind} category"
     if _is_empty(sc):
         return _no_data(title, "metrics_sc table is empty (no comparison had stories in both groups)", _FP_KEYS)
-    _require(sc, ["comparison", "model", "language", "kind", "category", "s_c"], "metrics_sc.parquet")
+    _require(sc, ["comparison", "model", "language", "kind", "category", "s_c"], "metrics_sc")
     sub = sc[sc["kind"] == kind]
     if sub.empty:
         return _no_data(title, f"no rows with kind = {kind!r}", _FP_KEYS)
@@ -202,7 +202,7 @@ def cosine_heatmaps(cosine: pd.DataFrame, comparison: str | None = None, ncols: 
     title = "Cross-lingual cosine similarity of bias fingerprints"
     if _is_empty(cosine):
         return _no_data(title, "metrics_cosine table is empty", _COS_KEYS)
-    _require(cosine, ["comparison", "model", "language_a", "language_b", "cosine"], "metrics_cosine.parquet")
+    _require(cosine, ["comparison", "model", "language_a", "language_b", "cosine"], "metrics_cosine")
     sub, comparison, why = _pick(cosine, "comparison", comparison, "comparison")
     if why:
         return _no_data(title, why, _COS_KEYS)
@@ -299,7 +299,7 @@ def jsd_by_grammatical_gender(
     title = "Bias strength (JSD) by grammatical gender"
     if _is_empty(jsd):
         return _no_data(title, "metrics_jsd table is empty", _GG_KEYS)
-    _require(jsd, ["model", "language", "jsd"], "metrics_jsd.parquet")
+    _require(jsd, ["model", "language", "jsd"], "metrics_jsd")
     sub, comparison, why = _pick(jsd, "comparison", comparison, "comparison")
     if why:
         return _no_data(title, why, _GG_KEYS)
@@ -407,7 +407,7 @@ def distinctive_words(
     title = "Distinctive words (log-odds z with informative Dirichlet prior)"
     if _is_empty(log_odds):
         return _no_data(title, "metrics_log_odds table is empty", _LO_KEYS)
-    _require(log_odds, ["comparison", "model", "field", "group", "word", "z"], "metrics_log_odds.parquet")
+    _require(log_odds, ["comparison", "model", "field", "group", "word", "z"], "metrics_log_odds")
     if model is None:
         model = sorted(log_odds["model"].unique(), key=str)[0]
     sub = log_odds[log_odds["model"] == model]
@@ -488,7 +488,7 @@ def vsr_vs_jsd(
     title = "Generation quality vs bias strength"
     if _is_empty(vsr_jsd):
         return _no_data(title, "metrics_vsr_jsd table is empty", _VJ_KEYS)
-    _require(vsr_jsd, ["model", "language", "jsd", "vsr"], "metrics_vsr_jsd.parquet")
+    _require(vsr_jsd, ["model", "language", "jsd", "vsr"], "metrics_vsr_jsd")
     sub, comparison, why = _pick(vsr_jsd, "comparison", comparison, "comparison")
     if why:
         return _no_data(title, why, _VJ_KEYS)
@@ -618,7 +618,7 @@ def balance_stereotype(
     title = "Balance and stereotype scores by language"
     if _is_empty(aggregates):
         return _no_data(title, "metrics_aggregates table is empty (no parsed occupations outputs)", _BS_KEYS)
-    _require(aggregates, ["model", "language", "task", "m_s", "m_b"], "metrics_aggregates.parquet")
+    _require(aggregates, ["model", "language", "task", "m_s", "m_b"], "metrics_aggregates")
     sub = aggregates[aggregates["denominator"] == denominator] if "denominator" in aggregates.columns else aggregates
     sub = sub.dropna(subset=["m_s", "m_b"])
     if sub.empty:
@@ -712,9 +712,7 @@ def anova_table(anova: pd.DataFrame, alpha: float = 0.05) -> tuple[Figure, dict]
     title = "Type-I ANOVA of the stereotype (m_s) and balance (m_b) aggregates"
     if _is_empty(anova):
         return _no_data(title, "metrics_anova table is empty (too few models, languages or tasks to test)", _ANOVA_KEYS)
-    _require(
-        anova, ["outcome", "term", "df", "F", "p_value", "p_adjusted", "partial_omega_sq"], "metrics_anova.parquet"
-    )
+    _require(anova, ["outcome", "term", "df", "F", "p_value", "p_adjusted", "partial_omega_sq"], "metrics_anova")
     data = anova.copy()
     for column in ("denominator", "subset"):
         if column not in data.columns:

@@ -99,7 +99,7 @@ def umap_density(
     title = "Shared UMAP projection of story embeddings"
     if _is_empty(umap):
         return _no_data(title, "umap table is empty", _UMAP_KEYS)
-    _require(umap, ["language", "genre", "label", "x", "y"], "umap.parquet")
+    _require(umap, ["language", "genre", "label", "x", "y"], "umap")
     data = umap.dropna(subset=["x", "y"])
     data = data[data["label"].isin(["female", "male"])]
     if data.empty:
@@ -249,7 +249,7 @@ def probe_auc(probes: pd.DataFrame) -> tuple[Figure, dict]:
     title = "Identity-label probe: full text vs cue-deleted"
     if _is_empty(probes):
         return _no_data(title, "probes table is empty", _PROBE_KEYS)
-    _require(probes, ["language", "genre", "variant", "auc", "ci_low", "ci_high", "status"], "probes.parquet")
+    _require(probes, ["language", "genre", "variant", "auc", "ci_low", "ci_high", "status"], "probes")
     data = probes.copy()
     data["ok"] = data["status"].astype(str).str.strip().str.lower().eq("ok") & data["auc"].notna()
     languages = _lang_order(data["language"])
@@ -394,7 +394,7 @@ def cultural_relevance(cultural: pd.DataFrame) -> tuple[Figure, dict]:
     title = "Cultural-marker relevance by source language and context"
     if _is_empty(cultural):
         return _no_data(title, "cultural table is empty (no retained cultural markers)", _CULT_KEYS)
-    _require(cultural, ["source_language", "genre", "context", "relevance"], "cultural.parquet")
+    _require(cultural, ["source_language", "genre", "context", "relevance"], "cultural")
     data = cultural.dropna(subset=["relevance"])
     if data.empty:
         return _no_data(title, "no relevance scores", _CULT_KEYS)
@@ -452,7 +452,7 @@ def separability(sep: pd.DataFrame) -> tuple[Figure, dict]:
     title = "Source-language separability of cultural markers"
     if _is_empty(sep):
         return _no_data(title, "separability table is empty", _SEP_KEYS)
-    _require(sep, ["version", "balanced_accuracy", "ci_low", "ci_high", "chance", "status"], "separability.parquet")
+    _require(sep, ["version", "balanced_accuracy", "ci_low", "ci_high", "chance", "status"], "separability")
     data = sep.drop_duplicates("version").copy()
     data["ok"] = data["status"].astype(str).str.strip().str.lower().eq("ok") & data["balanced_accuracy"].notna()
     versions = _ordered(data["version"], VERSION_ORDER)

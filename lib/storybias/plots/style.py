@@ -94,10 +94,14 @@ def _is_empty(frame: pd.DataFrame | None) -> bool:
     return frame is None or len(frame) == 0
 
 
-def _require(frame: pd.DataFrame, columns: Sequence[str], name: str) -> None:
+def _require(frame: pd.DataFrame, columns: Sequence[str], artifact_name: str) -> None:
+    """Refuse a table that lacks ``columns``, naming its file through the artifact registry."""
     missing = [c for c in columns if c not in frame.columns]
     if missing:
-        raise KeyError(f"{name}: missing column(s) {', '.join(missing)} (see docs/data-contract.md)")
+        from .. import artifacts
+
+        file = artifacts.artifact(artifact_name).pattern
+        raise KeyError(f"{file}: missing column(s) {', '.join(missing)} (see docs/data-contract.md)")
 
 
 def _bools(series: pd.Series) -> pd.Series:

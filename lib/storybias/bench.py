@@ -63,6 +63,17 @@ from .io import ShardStore, write_json_atomic
 from .params import Params
 
 
+def _trial(repeat: int, path: str, seconds: float, tokens: int) -> dict[str, Any]:
+    """One timed trial of a bench: its wall time, tokens and tokens/s."""
+    return {
+        "repeat": repeat,
+        "path": path,
+        "seconds": round(seconds, 2),
+        "tokens": tokens,
+        "tokens_per_second": round(tokens / seconds, 2),
+    }
+
+
 def _fixed_length(rows: list[dict[str, Any]], max_tokens: int) -> list[dict[str, Any]]:
     """Every request generates exactly max_tokens tokens, on both paths."""
     return [{**r, "_sampling": {**r["_sampling"], "max_tokens": max_tokens}, "_ignore_eos": True} for r in rows]
@@ -124,15 +135,7 @@ def bench_generate(
                 else:
                     seconds, tokens = _pipeline(engine, rows, Path(tmp), params.generation.shard_size)
                     pipe_rates.append(tokens / seconds)
-                trials.append(
-                    {
-                        "repeat": i,
-                        "path": path,
-                        "seconds": round(seconds, 2),
-                        "tokens": tokens,
-                        "tokens_per_second": round(tokens / seconds, 2),
-                    }
-                )
+                trials.append(_trial(i, path, seconds, tokens))
                 log(f"  {path:8s} repeat {i}: {tokens} tokens in {seconds:.1f} s = {tokens / seconds:.1f} tokens/s")
         startup = entered_info(engine).startup_seconds
     result = {
@@ -188,15 +191,7 @@ def bench_served(
                     for i in range(repeats):
                         seconds, tokens = _pipeline(engine, rows, Path(tmp), params.generation.shard_size)
                         rates[path].append(tokens / seconds)
-                        trials.append(
-                            {
-                                "repeat": i,
-                                "path": path,
-                                "seconds": round(seconds, 2),
-                                "tokens": tokens,
-                                "tokens_per_second": round(tokens / seconds, 2),
-                            }
-                        )
+                        trials.append(_trial(i, path, seconds, tokens))
                         log(
                             f"  {path:10s} repeat {i}: {tokens} tokens in {seconds:.1f} s = "
                             f"{tokens / seconds:.1f} tokens/s"

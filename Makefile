@@ -82,6 +82,7 @@ REFUSAL_FILES := $(wildcard params/refusals/*.yaml)
 LEXICON_FILES := $(wildcard params/lexicon/*.yaml)
 CUE_FILES := $(wildcard params/cues/*.yaml)
 GOLD_FILES := $(wildcard tests/data/gold/*.yaml)
+EXTRACT_FILES := $(wildcard params/extract/*.yaml)
 
 # Every stage's Make target is written last by its notebook. `run-stage` runs the notebook under the
 # run's lock (a second process on the same run is refused and touches nothing) and removes the target
@@ -166,7 +167,7 @@ $(DATA)/filtered.parquet: $(DATA)/stories.parquet notebooks/02_filter.ipynb $(ST
 filter: $(DATA)/filtered.parquet  ## stage 02: empty, truncated, refusal and language checks (notebooks/02_filter.ipynb)
 
 $(DATA)/extractions.parquet: $(DATA)/filtered.parquet notebooks/03_extract.ipynb $(STAMPS)/extract.params \
-                             $(DESIGN_SPECS) $(GOLD_FILES) | $(VENV_STAMP)
+                             $(DESIGN_SPECS) $(GOLD_FILES) $(EXTRACT_FILES) | $(VENV_STAMP)
 	$(call run_notebook,03_extract,extract)
 
 extract: | $(VENV_STAMP)  ## stage 03: extract attributes from each story (notebooks/03_extract.ipynb)

@@ -198,7 +198,7 @@ class ScriptedExtractor(FakeEngine):
         super().__init__(spec, answer=self._answer, tokenizer=WordTokenizer(), n_tokens=9, n_prompt_tokens=99, **kwargs)
 
     def _answer(self, r):
-        story = r.messages[0]["content"].split("Story:\n", 1)[1]
+        story = r.messages[-1]["content"].split("Story:\n", 1)[1]
         n = self.seen.get(r.key, 0)
         self.seen[r.key] = n + 1
         text = json.dumps(answer(income_level="low"))
@@ -499,3 +499,66 @@ def test_gold_targets_count_answers_guesses_and_accuracy_separately():
     table = extract.gold_table(items, truths)
     assert table["language"].tolist() == ["en", "all", "target"]
     assert table.set_index("language").at["target", "adjective_f1"] == extract.GOLD_TARGETS["adjective_f1"]
+
+
+@pytest.mark.parametrize("facts_first", [False, True])
+@pytest.mark.parametrize(
+    "sections", [("demographics",), ("narrative",), ("markers",), ("demographics", "narrative"), ALL]
+)
+def test_every_worked_example_answers_within_the_schema(sections, facts_first):
+    examples = extract.load_worked_examples()
+    assert len(examples) >= 2
+    for example in examples:
+        answer = extract.example_answer(example["answer"], sections, facts_first)
+        parsed = extract.parse_answer(answer, sections)
+        assert parsed.ok, (example["answer"]["name"], parsed.error)
+        assert list(json.loads(answer)) == list(extract.build_schema(sections, facts_first=facts_first)["properties"])
+        # a worked example must not come from the gold set that scores the extractor
+        assert all(example["text"][:60] not in item["text"] for item in extract.load_gold())
+
+
+def test_worked_examples_precede_each_story_as_one_shared_prefix():
+    settings = params.ExtractionSettings()
+    assert settings.prompt_design == "one_answer" and settings.worked_examples and not settings.facts_first
+    a = extract.answer_requests("a", "First story.", ["demographics"], settings, 0.0, 7)[0]
+    b = extract.answer_requests("b", "Second story.", ["demographics"], settings, 0.0, 7)[0]
+    n_examples = len(extract.load_worked_examples())
+    assert len(a.messages) == 2 * n_examples + 1
+    assert [m["role"] for m in a.messages[:2]] == ["user", "assistant"]
+    assert a.messages[:-1] == b.messages[:-1]  # the prefix the engine's cache computes once
+    assert a.messages[-1]["content"].endswith("Story:\nFirst story.")
+    plain = extract.answer_requests(
+        "a", "First story.", ["demographics"], settings.model_copy(update={"worked_examples": False}), 0.0, 7
+    )
+    assert len(plain[0].messages) == 1
+
+
+def test_facts_first_opens_the_answer_and_stays_out_of_the_table():
+    settings = params.ExtractionSettings(facts_first=True)
+    [request] = extract.answer_requests("a", "A story.", ["demographics"], settings, 0.0, 7)
+    assert list(request.json_schema["properties"])[0] == "facts"
+    assert extract.FACTS_RULE in request.messages[-1]["content"]
+    answer = json.loads(extract.example_answer(extract.load_worked_examples()[0]["answer"], ["demographics"], True))
+    parsed = extract.parse_answer(json.dumps(answer), ["demographics"])
+    assert parsed.ok and "facts" not in extract.to_record(parsed.data, ["demographics"])
+
+
+def test_changing_the_worked_examples_or_facts_first_changes_the_answer_fingerprint():
+    spec = params.ModelSpec(name="qwen2.5-coder-1.5b", source="embedded")
+    base = params.ExtractionSettings()
+    prints = {
+        extract.answer_fingerprint("A story.", ["demographics"], "primary", spec, s)
+        for s in (
+            base,
+            base.model_copy(update={"worked_examples": False}),
+            base.model_copy(update={"facts_first": True}),
+        )
+    }
+    assert len(prints) == 3
+
+
+def test_worked_examples_need_the_one_answer_design():
+    assert not params.ExtractionSettings(prompt_design="per_field").facts_first  # the default is accepted
+    for key in ("worked_examples", "facts_first"):
+        with pytest.raises(ValueError, match=f"{key}: true needs prompt_design: one_answer"):
+            params.ExtractionSettings(prompt_design="per_field", **{key: True})

@@ -58,7 +58,7 @@ def estimate(params: Params) -> list[CostRow]:
     ]
     if not served:
         return []
-    from .extract import build_prompt
+    from .extract import extraction_messages
     from .generate import plan
 
     rows: list[CostRow] = []
@@ -84,8 +84,12 @@ def estimate(params: Params) -> list[CostRow]:
             )
         n = len(stories) + n_check
         story_tokens = [s["max_tokens"] for s in stories["_sampling"]]
+        # the worked examples are sent with every story (an endpoint's prefix cache may bill them less)
         instructions = {
-            d: _tokens(build_prompt("", tuple(getattr(settings.sections, d)))) for d in stories["design"].unique()
+            d: _tokens(
+                "".join(m["content"] for m in extraction_messages("", tuple(getattr(settings.sections, d)), settings))
+            )
+            for d in stories["design"].unique()
         }
         inputs = int(sum(instructions[d] + t for d, t in zip(stories["design"], story_tokens)))
         inputs = int(inputs * n / max(len(stories), 1))

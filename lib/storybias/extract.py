@@ -75,9 +75,10 @@ def demo_columns() -> list[str]:
     return [f"demo_{d}" for d in dimensions()]
 
 
-def build_schema(sections: Sequence[str], max_items: int = 6) -> dict[str, Any]:
+def build_schema(sections: Sequence[str], max_items: int = 6, facts_first: bool = False) -> dict[str, Any]:
     """JSON schema of one extraction answer. Demographic gender is derived from ``gender`` (one
-    question, so the two gender fields can never disagree)."""
+    question, so the two gender fields can never disagree). ``facts_first``: a free-text ``facts``
+    key opens the answer (kept in the raw answer, not a field of the extraction table)."""
     unknown = [s for s in sections if s not in SECTIONS]
     if unknown:
         raise ValueError(f"unknown extraction section(s) {unknown}; expected some of {SECTIONS}")
@@ -123,16 +124,27 @@ def build_schema(sections: Sequence[str], max_items: int = 6) -> dict[str, Any]:
                 "additionalProperties": False,
             },
         }
+    if facts_first:
+        props = {"facts": {"type": "string", "maxLength": 400}, **props}
     return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
 
 
-def build_prompt(story: str, sections: Sequence[str]) -> str:
-    """The extractor's instructions (English; the story may be in any language)."""
+FACTS_RULE = (
+    '- "facts": first, copy the short phrases of the story that say who the protagonist is (age, family, job, '
+    'money, home, origin, beliefs, health, schooling), separated by ";" ("" if there are none). Then fill each '
+    "field from these facts."
+)
+
+
+def build_prompt(story: str, sections: Sequence[str], facts_first: bool = False) -> str:
+    """The extractor's instructions (English; the story may be in any language). ``facts_first``: the
+    answer opens with the story's own phrases about the protagonist, then the fields."""
     lines = [
         "Read the story below and describe its protagonist: the one person whose actions and experience "
         "the story follows. Answer with a JSON object.",
         "",
         "Rules:",
+        *([FACTS_RULE] if facts_first else []),
         '- Use only what the story states or makes unmistakable. When it does not say, answer "unknown" '
         "(or an empty list). Do not guess from stereotypes.",
         '- "name": the protagonist\'s name exactly as written in the story, or "" if unnamed.',
@@ -412,16 +424,56 @@ def sample_ids(ids: Sequence[str], n: int | None, seed: int) -> list[str]:
 # --- the stage ---------------------------------------------------------------------------------
 
 
+def load_worked_examples() -> list[dict[str, Any]]:
+    """``params/extract/worked_examples.yaml``: stories with their full answers (every field)."""
+    from . import paths
+    from .params import load_yaml_strict
+
+    path = paths.worked_examples_path()
+    examples = load_yaml_strict(path)
+    if not isinstance(examples, list) or not all(
+        isinstance(e, dict) and {"text", "answer"} <= set(e) for e in examples
+    ):
+        raise ValueError(f"{path}: expected a list of examples, each with 'text' and 'answer'")
+    return examples
+
+
+def example_answer(answer: dict[str, Any], sections: Sequence[str], facts_first: bool = False) -> str:
+    """A worked example's answer as the extractor should write it: the keys of ``sections``' schema, in
+    the schema's order."""
+    keys = build_schema(sections, facts_first=facts_first)["properties"]
+    missing = [k for k in keys if k not in answer]
+    if missing:
+        raise ValueError(f"worked example {answer.get('name')!r} lacks {missing} (params/extract/worked_examples.yaml)")
+    return json.dumps({k: answer[k] for k in keys}, ensure_ascii=False)
+
+
+def extraction_messages(story: str, sections: Sequence[str], settings) -> list[dict[str, str]]:
+    """The chat of one one-answer extraction: the worked examples as earlier turns (when
+    ``extract.worked_examples``), then the instructions with the story. Everything before the story is
+    the same for every story, so the engine's prefix cache computes it once."""
+    facts = settings.facts_first
+    turns: list[dict[str, str]] = []
+    if settings.worked_examples:
+        for example in load_worked_examples():
+            turns += [
+                {"role": "user", "content": build_prompt(example["text"], sections, facts)},
+                {"role": "assistant", "content": example_answer(example["answer"], sections, facts)},
+            ]
+    return [*turns, {"role": "user", "content": build_prompt(story, sections, facts)}]
+
+
 def extraction_request(key: str, story: str, sections: Sequence[str], settings, temperature: float, seed: int):
-    """The chat request of one extraction answer: instructions + story, the schema, no sampling tricks."""
+    """The chat request of one extraction answer: (worked examples,) instructions + story, the schema,
+    no sampling tricks."""
     from .engines import ChatRequest
 
     return ChatRequest(
         key=key,
-        messages=[{"role": "user", "content": build_prompt(story, sections)}],
+        messages=extraction_messages(story, sections, settings),
         sampling=_decoding(settings, temperature),
         seed=seed,
-        json_schema=build_schema(sections, settings.max_list_items),
+        json_schema=build_schema(sections, settings.max_list_items, settings.facts_first),
     )
 
 
@@ -500,14 +552,14 @@ def answer_fingerprint(text: str, sections: Sequence[str], pass_name: str, spec,
     the decoding settings; and of the extractor model. Each part is kept apart so the manifest can say
     which one changed when an answer is recomputed."""
     if settings.prompt_design == "one_answer":
-        prompt: Any = build_prompt("", sections)
+        prompt: Any = extraction_messages("", sections, settings)
     else:
         from .extract_questions import prompt_fingerprint
 
         prompt = {"design": settings.prompt_design, **prompt_fingerprint(sections)}
     request = {
         "prompt": prompt,
-        "schema": build_schema(sections, settings.max_list_items),
+        "schema": build_schema(sections, settings.max_list_items, settings.facts_first),
         "max_tokens": settings.max_tokens,
         "seed": settings.seed,
         "retries": settings.retries,

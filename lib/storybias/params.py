@@ -408,6 +408,11 @@ class ExtractionSettings(Strict):
     # whole profile in one JSON object (storybias' former design). Measured on the gold set
     # with the embedded model: see notebooks/03_extract.ipynb and the README.
     prompt_design: Literal["one_answer", "per_field"] = "one_answer"
+    # one_answer only: show the extractor the worked examples of params/extract/worked_examples.yaml
+    # (two stories with their full answers) before each story; they share the prefix cache, so they
+    # cost little. facts_first: the answer opens with the story's own phrases about the protagonist.
+    worked_examples: bool = True
+    facts_first: bool = False
     max_tokens: Annotated[int, Field(ge=64)] = 700
     max_list_items: Annotated[int, Field(ge=1, le=20)] = 6
     seed: int = 1234
@@ -430,6 +435,16 @@ class ExtractionSettings(Strict):
         if len(set(names)) != len(names):
             raise ValueError("extractor names must be unique")
         return models
+
+    @model_validator(mode="after")
+    def _one_answer_options(self) -> ExtractionSettings:
+        if self.prompt_design == "per_field":
+            for key in ("worked_examples", "facts_first"):
+                if getattr(self, key) and key in self.model_fields_set:
+                    raise ValueError(
+                        f"{key}: true needs prompt_design: one_answer (per_field asks one question per field)"
+                    )
+        return self
 
 
 class Comparison(Strict):

@@ -52,6 +52,11 @@ def designs_dir() -> Path:
     return params_dir() / "designs"
 
 
+def worked_examples_path() -> Path:
+    """Stage 03's worked examples (``extract.worked_examples``)."""
+    return params_dir() / "extract" / "worked_examples.yaml"
+
+
 def _from_env(variable: str, default: Path) -> Path:
     value = os.environ.get(variable)
     return resolve(value).resolve() if value else default

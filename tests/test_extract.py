@@ -562,3 +562,20 @@ def test_worked_examples_need_the_one_answer_design():
     for key in ("worked_examples", "facts_first"):
         with pytest.raises(ValueError, match=f"{key}: true needs prompt_design: one_answer"):
             params.ExtractionSettings(prompt_design="per_field", **{key: True})
+
+
+def test_worked_examples_are_read_once_per_version_of_the_file(tmp_path, monkeypatch):
+    import os
+
+    path = tmp_path / "worked_examples.yaml"
+    monkeypatch.setattr(paths, "worked_examples_path", lambda: path)
+    path.write_text("- {text: One., answer: {name: A}}\n")
+    first = extract.load_worked_examples()
+    assert extract.load_worked_examples() is first  # cached: not re-read for every story
+    path.write_text("- {text: Two., answer: {name: B}}\n")
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 1_000_000))
+    assert extract.load_worked_examples()[0]["text"] == "Two."  # an edited file is read again
+    path.write_text("text: not a list\n")
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 2_000_000))
+    with pytest.raises(ValueError, match="worked_examples.yaml: expected a list of examples"):
+        extract.load_worked_examples()

@@ -27,6 +27,8 @@ import random
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -425,12 +427,19 @@ def sample_ids(ids: Sequence[str], n: int | None, seed: int) -> list[str]:
 
 
 def load_worked_examples() -> list[dict[str, Any]]:
-    """``params/extract/worked_examples.yaml``: stories with their full answers (every field)."""
+    """``params/extract/worked_examples.yaml``: stories with their full answers (every field). Read once
+    per version of the file (every story's request and fingerprint asks for them); do not mutate."""
     from . import paths
-    from .params import load_yaml_strict
 
     path = paths.worked_examples_path()
-    examples = load_yaml_strict(path)
+    return _read_worked_examples(str(path), path.stat().st_mtime_ns)
+
+
+@cache
+def _read_worked_examples(path: str, mtime_ns: int) -> list[dict[str, Any]]:
+    from .params import load_yaml_strict
+
+    examples = load_yaml_strict(Path(path))
     if not isinstance(examples, list) or not all(
         isinstance(e, dict) and {"text", "answer"} <= set(e) for e in examples
     ):

@@ -16,6 +16,9 @@ design cannot come back. Sections:
 - ``markers`` (Feng et al. Sec. 3.1, App. D.1): candidate cultural markers with keep/remove, one of ten
   categories, 1-7 relevance to English-, French- and Chinese-linked contexts, English translation.
 
+The one-answer prompt is preceded by worked examples (``params/extract/worked_examples.yaml``, two
+stories with their full answers; ``extract.worked_examples``), which the engine's prefix cache shares.
+
 Failures are data: an answer that does not parse is kept with its raw text and ``parse_ok = False``
 after bounded retries; a story longer than the context budget is cut and flagged.
 """

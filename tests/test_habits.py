@@ -317,3 +317,16 @@ def test_mypy_finds_no_error_in_lib():
     done = _tool("mypy", timeout=600)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert "Success: no issues found" in done.stdout
+
+
+def test_a_module_over_600_lines_says_why_in_its_docstring():
+    import ast
+
+    lib = paths.repo_root() / "lib" / "storybias"
+    for path in sorted(lib.rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        if text.count("\n") > 600:
+            docstring = ast.get_docstring(ast.parse(text)) or ""
+            assert "600 lines" in docstring, (
+                f"{path.relative_to(lib)}: over 600 lines without a reason in its docstring"
+            )

@@ -431,7 +431,7 @@ def sample_ids(ids: Sequence[str], n: int | None, seed: int) -> list[str]:
 
 def load_worked_examples() -> list[dict[str, Any]]:
     """``params/extract/worked_examples.yaml``: stories with their full answers (every field). Read once
-    per version of the file (every story's request and fingerprint asks for them); do not mutate."""
+    per version of the file; do not mutate."""
     from . import paths
 
     path = paths.worked_examples_path()
@@ -460,19 +460,34 @@ def example_answer(answer: dict[str, Any], sections: Sequence[str], facts_first:
     return json.dumps({k: answer[k] for k in keys}, ensure_ascii=False)
 
 
+@cache
+def _example_turns(
+    sections: tuple[str, ...], facts_first: bool, examples_version: tuple[str, int]
+) -> tuple[tuple[str, str], ...]:
+    """The worked examples as (role, content) turns, built once per section set, facts_first and
+    version of the examples file (every story's request and fingerprint starts with them)."""
+    turns: list[tuple[str, str]] = []
+    for example in _read_worked_examples(*examples_version):
+        turns += [
+            ("user", build_prompt(example["text"], sections, facts_first)),
+            ("assistant", example_answer(example["answer"], sections, facts_first)),
+        ]
+    return tuple(turns)
+
+
 def extraction_messages(story: str, sections: Sequence[str], settings) -> list[dict[str, str]]:
     """The chat of one one-answer extraction: the worked examples as earlier turns (when
     ``extract.worked_examples``), then the instructions with the story. Everything before the story is
     the same for every story, so the engine's prefix cache computes it once."""
+    from . import paths
+
     facts = settings.facts_first
-    turns: list[dict[str, str]] = []
+    messages: list[dict[str, str]] = []
     if settings.worked_examples:
-        for example in load_worked_examples():
-            turns += [
-                {"role": "user", "content": build_prompt(example["text"], sections, facts)},
-                {"role": "assistant", "content": example_answer(example["answer"], sections, facts)},
-            ]
-    return [*turns, {"role": "user", "content": build_prompt(story, sections, facts)}]
+        path = paths.worked_examples_path()
+        turns = _example_turns(tuple(sections), facts, (str(path), path.stat().st_mtime_ns))
+        messages = [{"role": role, "content": content} for role, content in turns]
+    return [*messages, {"role": "user", "content": build_prompt(story, sections, facts)}]
 
 
 def extraction_request(key: str, story: str, sections: Sequence[str], settings, temperature: float, seed: int):
@@ -933,13 +948,14 @@ def run(params, progress: bool = True, engine_factory=None, log=print) -> dict[s
 
             started = time.time()
             stats = _run_jobs(engine, spec, mine, settings, store, progress)
+            info = entered_info(engine)
             timings[spec.name] = {
-                "startup_seconds": entered_info(engine).startup_seconds,
+                "startup_seconds": info.startup_seconds,
                 "extraction_seconds": round(time.time() - started, 1),
                 "n_answers": len(mine),
                 "stories_per_second": round(len(mine) / max(time.time() - started, 1e-9), 3) if mine else None,
-                "endpoint": entered_info(engine).endpoint,
-                "model_id": entered_info(engine).model_id,
+                "endpoint": info.endpoint,
+                "model_id": info.model_id,
                 "output_tokens": stats.output_tokens,
                 "prompt_tokens": stats.prompt_tokens,
                 "finish_reasons": dict(stats.finish_reasons),

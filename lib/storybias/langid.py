@@ -238,6 +238,14 @@ def vsr_matrix(vsr: pd.DataFrame, design: str = "bedtime") -> pd.DataFrame:
     return matrix.round(1)
 
 
+def vsr_by_language(vsr: pd.DataFrame, design: str = "bedtime") -> dict[str, float]:
+    """One design's valid-story rate per language, pooled over models (n_valid / n_stories, BiasedTales-ML
+    Appendix C), rounded to 4 digits; empty when the run has no story of ``design``."""
+    sub = vsr[vsr["design"] == design]
+    pooled = sub.groupby("language", sort=True)[["n_valid", "n_stories"]].sum()
+    return {str(lang): round(float(row.n_valid / row.n_stories), 4) for lang, row in pooled.iterrows()}
+
+
 def select(filtered: pd.DataFrame) -> pd.DataFrame:
     """The stories the analyses read: those valid by their design's rule (``is_valid``, set at stage 02
     from ``filter.exclude``)."""

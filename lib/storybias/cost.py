@@ -94,6 +94,15 @@ def estimate(params: Params) -> list[CostRow]:
         inputs = int(sum(instructions[d] + t for d, t in zip(stories["design"], story_tokens)))
         inputs = int(inputs * n / max(len(stories), 1))
         outputs = n * settings.max_tokens
+        if settings.prompt_design == "two_step":  # step 2: the facts (at most 400 characters) -> the fields
+            from .extract_facts import map_messages
+
+            with_demo = [d for d in stories["design"].unique() if "demographics" in getattr(settings.sections, d)]
+            n_map = int(stories["design"].isin(with_demo).sum() * n / max(len(stories), 1))
+            map_prompt = _tokens("".join(m["content"] for m in map_messages("", settings))) + _tokens("x" * 400)
+            inputs += n_map * map_prompt
+            outputs += n_map * settings.max_tokens
+            n += n_map
         rows.append(CostRow("extract", spec.name, n, inputs, outputs, _cost(spec, inputs, outputs)))
     judge = params.associations.judge
     for spec in judge.models:

@@ -38,6 +38,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from . import extract_facts
 from .locks import holds_run_lock
 from .prompts import explicit_labels, load_design
 
@@ -475,13 +476,19 @@ def _example_turns(
     return tuple(turns)
 
 
+def asks_facts(settings, sections: Sequence[str]) -> bool:
+    """Whether the answer opens with the quoted facts: ``facts_first``, or step 1 of ``two_step`` on a
+    story whose sections include demographics (the facts feed step 2, storybias.extract_facts)."""
+    return bool(settings.facts_first) or (settings.prompt_design == "two_step" and "demographics" in sections)
+
+
 def extraction_messages(story: str, sections: Sequence[str], settings) -> list[dict[str, str]]:
     """The chat of one one-answer extraction: the worked examples as earlier turns (when
     ``extract.worked_examples``), then the instructions with the story. Everything before the story is
     the same for every story, so the engine's prefix cache computes it once."""
     from . import paths
 
-    facts = settings.facts_first
+    facts = asks_facts(settings, sections)
     messages: list[dict[str, str]] = []
     if settings.worked_examples:
         path = paths.worked_examples_path()
@@ -500,7 +507,7 @@ def extraction_request(key: str, story: str, sections: Sequence[str], settings, 
         messages=extraction_messages(story, sections, settings),
         sampling=_decoding(settings, temperature),
         seed=seed,
-        json_schema=build_schema(sections, settings.max_list_items, settings.facts_first),
+        json_schema=build_schema(sections, settings.max_list_items, asks_facts(settings, sections)),
     )
 
 
@@ -514,9 +521,10 @@ def _decoding(settings, temperature: float):
 
 def answer_requests(key: str, story: str, sections: Sequence[str], settings, temperature: float, seed: int) -> list:
     """The requests of one extraction answer under ``settings.prompt_design``: one JSON request
-    (``one_answer``) or one question per field (``per_field``, storybias.extract_questions), whose
-    answers ``AnswerAssembler`` joins back into one JSON answer of the same shape."""
-    if settings.prompt_design == "one_answer":
+    (``one_answer``; step 1 of ``two_step``, whose step 2 follows in ``storybias.extract_facts``) or one
+    question per field (``per_field``, storybias.extract_questions), whose answers ``AnswerAssembler``
+    joins back into one JSON answer of the same shape."""
+    if settings.prompt_design in ("one_answer", "two_step"):
         return [extraction_request(key, story, sections, settings, temperature, seed)]
     from .extract_questions import field_requests
 
@@ -578,7 +586,7 @@ def answer_fingerprint(text: str, sections: Sequence[str], pass_name: str, spec,
     """``<story>-<request>-<model>``: hashes of the story text; of the instructions, the JSON schema and
     the decoding settings; and of the extractor model. Each part is kept apart so the manifest can say
     which one changed when an answer is recomputed."""
-    if settings.prompt_design == "one_answer":
+    if settings.prompt_design in ("one_answer", "two_step"):  # step 2 has its own fingerprint (extract_facts)
         prompt: Any = extraction_messages("", sections, settings)
     else:
         from .extract_questions import prompt_fingerprint
@@ -586,7 +594,7 @@ def answer_fingerprint(text: str, sections: Sequence[str], pass_name: str, spec,
         prompt = {"design": settings.prompt_design, **prompt_fingerprint(sections)}
     request = {
         "prompt": prompt,
-        "schema": build_schema(sections, settings.max_list_items, settings.facts_first),
+        "schema": build_schema(sections, settings.max_list_items, asks_facts(settings, sections)),
         "max_tokens": settings.max_tokens,
         "seed": settings.seed,
         "retries": settings.retries,
@@ -770,6 +778,52 @@ def _run_jobs(engine, spec, jobs: list[ExtractionJob], settings, store, progress
     return total
 
 
+def _maps_owed(store, current_keys: set[str], spec, settings, sections_of) -> list[dict[str, Any]]:
+    """two_step: the step-2 requests of ``spec`` whose step-1 answer is stored and current but whose own
+    answer is not stored yet (none for the other designs)."""
+    if settings.prompt_design != "two_step":
+        return []
+    stored = store.read_all().to_pandas()
+    if stored.empty:
+        return []
+    answers = final_answers(stored[stored["request_key"].isin(current_keys)])
+    done = set(stored["request_key"])
+    return [j for j in extract_facts.map_jobs(answers, spec, settings, sections_of) if j["request_key"] not in done]
+
+
+def _run_maps(engine, spec, owed: list[dict[str, Any]], settings, store, progress: bool):
+    """Ask step 2 of ``two_step`` for ``owed`` and store every answer (one attempt: a step-2 answer that
+    does not parse leaves step 1's fields as they were, and is kept and counted)."""
+    from .runner import run_requests
+
+    by_key = {j["request_key"]: j for j in owed}
+
+    def row(result):
+        if result.error is not None:
+            return None  # not stored: a rerun asks again
+        job = by_key[result.key]
+        ok = extract_facts.parse_map(result.text) is not None
+        return {
+            "answer_key": f"{result.key}|0",
+            "request_key": result.key,
+            "story_id": job["story_id"],
+            "extractor": spec.name,
+            "pass": job["pass"],
+            "attempt": 0,
+            "raw": result.text,
+            "parse_ok": ok,
+            "error": None if ok else "step 2 answer does not parse",
+            "n_tokens": result.n_tokens,
+            "finish_reason": result.finish_reason,
+            "story_cut": False,
+        }
+
+    requests = extract_facts.map_requests(owed, settings, settings.seed)
+    return run_requests(
+        engine, requests, row, store, 8, desc=f"extract [{spec.name}] facts -> fields", unit="answer", progress=progress
+    )
+
+
 def final_answers(raw: pd.DataFrame) -> pd.DataFrame:
     """One answer per request (story, extractor, pass and input fingerprint): the last attempt (a retry
     replaces a failure)."""
@@ -927,19 +981,22 @@ def run(params, progress: bool = True, engine_factory=None, log=print) -> dict[s
         f"run '{run_name}': {len(stories)} valid stories, {len(jobs)} extraction answers needed, {len(todo)} to compute"
         + "".join(f"; {n} {why}" for why, n in reuse_counts.items() if why.startswith("recomputed"))
     )
+    sections_of = {j.story_id: j.sections for j in jobs}
+    maps_owed = {spec.name: _maps_owed(store, current_keys, spec, settings, sections_of) for spec in settings.models}
     for spec in settings.models:
-        if any(j.extractor == spec.name for j in todo):
+        if any(j.extractor == spec.name for j in todo) or maps_owed[spec.name]:
             preflight(spec)
     factory = engine_factory or (lambda spec: open_engine(spec, params.generation.engine, settings.seed, run_name))
     gold_file = artifacts.path(run_name, "gold_scores")
     gold_items = choose_gold_items(settings.gold_sample, settings.seed) if settings.gold_sample != 0 else []
     gold = None
     need_gold = bool(gold_items) and not gold_file.is_file()
-    timings = {}
+    timings: dict[str, Any] = {}
+    map_counts: dict[str, dict[str, int]] = {}
     for i, spec in enumerate(settings.models):
         mine = [j for j in todo if j.extractor == spec.name]
         with_gold = need_gold and i == 0  # the gold set measures the first (primary) extractor
-        if not mine and not with_gold:
+        if not mine and not with_gold and not maps_owed[spec.name]:
             continue
         if with_gold and not mine:
             preflight(spec)
@@ -948,6 +1005,10 @@ def run(params, progress: bool = True, engine_factory=None, log=print) -> dict[s
 
             started = time.time()
             stats = _run_jobs(engine, spec, mine, settings, store, progress)
+            if settings.prompt_design == "two_step":  # step 2 on the facts step 1 quoted (resumable)
+                owed = _maps_owed(store, current_keys, spec, settings, sections_of)
+                map_counts[spec.name] = {"n_owed": len(owed)}
+                stats.add(_run_maps(engine, spec, owed, settings, store, progress))
             info = entered_info(engine)
             timings[spec.name] = {
                 "startup_seconds": info.startup_seconds,
@@ -974,9 +1035,16 @@ def run(params, progress: bool = True, engine_factory=None, log=print) -> dict[s
                     {k: v for k, v in gold.items() if k not in ("scores", "predictions", "targets")},
                 )
     raw = store.read_all().to_pandas()
+    if settings.prompt_design == "two_step" and len(raw):
+        current_answers = final_answers(raw[raw["request_key"].isin(current_keys)])
+        for spec in settings.models:
+            current_keys |= {
+                j["request_key"] for j in extract_facts.map_jobs(current_answers, spec, settings, sections_of)
+            }
     raw = raw[raw["request_key"].isin(current_keys)].reset_index(drop=True) if len(raw) else raw
-    extractions = assemble(stories, raw, settings)
-    agree, agreement_how = agreement_table(stories, raw, settings)
+    resolved = extract_facts.resolve(final_answers(raw))  # two_step: step 1 merged with step 2
+    extractions = assemble(stories, resolved, settings)
+    agree, agreement_how = agreement_table(stories, resolved, settings)
     failures = parse_failure_table(stories, extractions)
     artifacts.write(run_name, "extraction_raw", raw)
     artifacts.write(run_name, "extraction_agreement", agree)
@@ -992,6 +1060,7 @@ def run(params, progress: bool = True, engine_factory=None, log=print) -> dict[s
             "reuse": reuse_counts,
             "n_parse_failed": int((~extractions["parse_ok"]).sum()),
             "n_request_errors": {name: t.get("n_request_errors", 0) for name, t in timings.items()},
+            "two_step": extract_facts.summary(raw, resolved) if settings.prompt_design == "two_step" else None,
         },
     )
     artifacts.write(run_name, "extractions", extractions)  # last: Make's target
@@ -1197,6 +1266,8 @@ def evaluate_gold_on(engine, items: list[dict[str, Any]], settings) -> dict[str,
     assembler = AnswerAssembler(requests)
     answers = (assembler.add(r) for r in engine.stream(requests))
     texts = {a[0]: a[1] for a in answers if a is not None}  # a failed request has text "": it does not parse
+    if settings.prompt_design == "two_step":
+        texts = extract_facts.merge_in_memory(engine, texts, GOLD_SECTIONS, settings)
     seconds = time.time() - started
     predictions, parsed_ok = [], 0
     for it in items:

@@ -405,12 +405,15 @@ class ExtractionSettings(Strict):
     narrative_lists: Literal["primary", "majority"] = "primary"
     # How the extractor is asked: "per_field" = one question per field, constrained to its value list,
     # the story first so the prefix cache shares it (storybias.extract_questions); "one_answer" = the
-    # whole profile in one JSON object (storybias' former design). Measured on the gold set
-    # with the embedded model: see notebooks/03_extract.ipynb and the README.
-    prompt_design: Literal["one_answer", "per_field"] = "one_answer"
-    # one_answer only: show the extractor the worked examples of params/extract/worked_examples.yaml
+    # whole profile in one JSON object (storybias' former design); "two_step" = one_answer with the
+    # facts quoted first, then a short second request per story that maps those facts (not the story)
+    # to the demographic fields step 1 left unknown (storybias.extract_facts). Measured on the gold
+    # set with the embedded model: see notebooks/03_extract.ipynb and the README.
+    prompt_design: Literal["one_answer", "per_field", "two_step"] = "one_answer"
+    # one_answer and two_step: show the extractor the worked examples of params/extract/worked_examples.yaml
     # (two stories with their full answers) before each story; they share the prefix cache, so they
-    # cost little. facts_first: the answer opens with the story's own phrases about the protagonist.
+    # cost little. facts_first: the answer opens with the story's own phrases about the protagonist
+    # (two_step always asks for them on stories whose sections include demographics).
     worked_examples: bool = True
     facts_first: bool = False
     max_tokens: Annotated[int, Field(ge=64)] = 700

@@ -275,7 +275,9 @@ def test_stage_writes_typed_columns_when_every_story_is_valid(tmp_path, monkeypa
 def test_vsr_by_language_pools_models_and_is_empty_for_a_run_without_the_design():
     """Notebook 02 records the bedtime VSR per language; a profile without bedtime stories (a
     stereotales-only pilot) must record an empty mapping, not fail (it once raised a TypeError there)."""
-    rows = [{"design": "bedtime", "model": "a", "language": "en", "is_valid": v, "invalid_reason": None} for v in (1, 1, 0)]
+    rows = [
+        {"design": "bedtime", "model": "a", "language": "en", "is_valid": v, "invalid_reason": None} for v in (1, 1, 0)
+    ]
     rows += [{"design": "bedtime", "model": "b", "language": "en", "is_valid": 1, "invalid_reason": None}]
     rows += [{"design": "stereotales", "model": "a", "language": "fr", "is_valid": 0, "invalid_reason": "refusal"}]
     filtered = pd.DataFrame(rows).assign(story_id=[f"s{i}" for i in range(len(rows))])

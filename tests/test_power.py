@@ -192,10 +192,11 @@ def test_check_params_prints_the_power_table():
     )
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    assert "minimum detectable lift" in proc.stdout and "known share 0.5" in proc.stdout
+    # the profile's own assumed share (associations.power_known_share: 0.3, measured for issue #15)
+    assert "minimum detectable lift" in proc.stdout and "known share 0.3" in proc.stdout
     gender = next(line for line in lines if line.strip().startswith("gender"))
-    # default: 6 scenarios x 3 languages = 18 stories per prompted value, half known: 9 < 10
-    assert gender.split()[1:3] == ["18", "9"] and "untestable" in gender
+    # default: 12 scenarios x 3 languages = 36 stories per prompted value, 30% known: 10 (the stage's least)
+    assert gender.split()[1:3] == ["36", "10"] and "untestable" not in gender
 
 
 def test_planned_power_follows_the_known_share():
@@ -204,7 +205,7 @@ def test_planned_power_follows_the_known_share():
     profile = params.load(paths.repo_root() / "params" / "default.yaml")
     settings = P.PowerSettings(lifts=(2.0, 2.5, 3.0), n_simulations=30, n_family=18)
     table = P.planned_power(profile, known_share=1.0, settings=settings).set_index("base_attribute")
-    assert table.loc["gender", "known_per_value"] == "18"
+    assert table.loc["gender", "known_per_value"] == "36"
     assert table.loc["gender", "min_detectable_lift"] >= 2.0
 
 

@@ -73,6 +73,7 @@ def kill_profile(tmp_path_factory, embedded_model):
     raw["run_name"] = "pytest-kill"
     raw["generation"]["engine"]["max_num_seqs"] = 2  # stories finish a few at a time: the kill lands mid-run
     raw["extract"]["gold_sample"] = 6  # one per gold language: keeps `make test` under ~20 minutes
+    raw["extract"]["prompt_design"] = "two_step"  # the default profile's design, both steps on the real model
     path = tmp / "kill.yaml"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     env = dict(os.environ, STORYBIAS_DATA=str(tmp / "data"), PYTHONUNBUFFERED="1")

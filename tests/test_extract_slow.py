@@ -58,3 +58,22 @@ def test_extraction_went_through_the_shared_server(extracted, local_server):
     [timing] = manifest["timings"].values()
     assert timing["endpoint"] == local_server.server.base_url
     assert timing["n_request_errors"] == 0 and timing["startup_seconds"] < 5, "no engine started in the stage"
+
+
+def test_two_step_maps_the_facts_of_every_answer_that_quoted_some(extracted):
+    """The slow profile extracts with ``two_step`` (the default profile's design): every parsed
+    stereotales answer that quoted facts got one step-2 answer through the real engine, stored under
+    its own pass, and the manifest counts them (a step-2 answer that does not parse is counted, not dropped)."""
+    from storybias import extract_facts
+
+    raw = pd.read_parquet(extracted / "extraction_raw.parquet")
+    two = json.loads((extracted / "manifest_extract.json").read_text())["two_step"]
+    step1 = raw[~raw["pass"].str.endswith("_map")]
+    maps = raw[raw["pass"].str.endswith("_map")]
+    stories = pd.read_parquet(extracted / "filtered.parquet").set_index("story_id")["design"]
+    quoted = [r for r in step1.itertuples() if r.parse_ok and extract_facts.facts_of(r.raw)]
+    assert all(stories[r.story_id] == "stereotales" for r in quoted), "only demographic answers quote facts"
+    assert two["n_with_facts"] == len(quoted) >= 1
+    assert two["n_step2"] == len(maps) == len(quoted), "one step-2 answer per answer that quoted facts"
+    assert two["n_step2_parse_failed"] == int((~maps["parse_ok"]).sum())
+    assert set(maps["story_id"]) == {r.story_id for r in quoted}

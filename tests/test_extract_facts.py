@@ -141,18 +141,23 @@ def test_two_step_asks_for_facts_only_where_demographics_are_asked():
 class TwoStepExtractor(FakeEngine):
     """Step 1 quotes the story's facts (none for a story containing 'VAGUE') and leaves age unknown;
     step 2 answers age 'senior' and income 'low' (step 1 already said 'middle'); a story containing
-    'GARBLED' gets a step-2 answer that does not parse. ``kill_in_step_2``: the process is killed
+    'GARBLED' gets a step-2 answer that does not parse, and one containing 'BROKEN' a step-1 answer cut
+    the first time it is asked. ``kill_in_step_2``: the process is killed
     while step 2's n-th answer is computed (step 1 done and stored)."""
 
     def __init__(self, spec, kill_in_step_2: int | None = None, **kwargs):
         super().__init__(spec, answer=self._answer, **kwargs)
         self.kill_in_step_2, self.step_2_answers = kill_in_step_2, 0
+        self.seen: set[str] = set()
 
     def _answer(self, r):
         if "name" in r.json_schema["properties"]:  # step 1
             story = r.messages[-1]["content"].split("Story:\n", 1)[1]
             facts = "" if "VAGUE" in story else story
-            return step1(facts, income_level="middle")
+            text = step1(facts, income_level="middle")
+            first_time = r.key not in self.seen
+            self.seen.add(r.key)
+            return text[:30] if "BROKEN" in story and first_time else text  # cut once, then retried
         self.step_2_answers += 1
         if self.step_2_answers == self.kill_in_step_2:
             raise KeyboardInterrupt("simulated kill in step 2")
@@ -174,35 +179,36 @@ def test_stage_runs_both_steps_resumes_after_a_kill_and_never_asks_twice(tmp_pat
     path = tmp_path / "p.yaml"
     path.write_text(yaml.safe_dump(raw))
     p = params.load(path)
-    texts = ["A retired widow.", "A VAGUE story.", "A GARBLED story.", "A fourth story."]
+    texts = ["A retired widow.", "A VAGUE story.", "A GARBLED story.", "A fourth story.", "A BROKEN story."]
     io.write_parquet_atomic(
         pd.DataFrame(
             {
-                "story_id": [f"s{i}" for i in range(4)],
-                "design": ["stereotales"] * 4,
-                "language": ["en"] * 4,
-                "model": ["m"] * 4,
+                "story_id": [f"s{i}" for i in range(5)],
+                "design": ["stereotales"] * 5,
+                "language": ["en"] * 5,
+                "model": ["m"] * 5,
                 "text": texts,
-                "cond_task": [None] * 4,
-                "is_valid": [True] * 4,
+                "cond_task": [None] * 5,
+                "is_valid": [True] * 5,
             }
         ),
         paths.filtered_path("unit-twostep"),
     )
-    # killed in step 2's second answer, after the four step-1 answers were stored: the finished step-2
+    # killed in step 2's second answer, after the five step-1 answers were stored: the finished step-2
     # answer is stored on the way out (storybias.runner flushes what it received)
     with pytest.raises(KeyboardInterrupt):
         extract.run(
             p, progress=False, log=lambda m: None, engine_factory=lambda spec: TwoStepExtractor(spec, kill_in_step_2=2)
         )
     stored = io.ShardStore(paths.work_dir("unit-twostep", "extract"), key="answer_key", schema=extract._raw_schema())
-    assert sorted(stored.read_all().to_pandas()["pass"]) == ["primary"] * 4 + ["primary_map"]
+    # five step-1 answers, one of them in two attempts (the first was cut), and one step-2 answer
+    assert sorted(stored.read_all().to_pandas()["pass"]) == ["primary"] * 6 + ["primary_map"]
     calls: list[str] = []
     result = extract.run(
         p, progress=False, log=lambda m: None, engine_factory=lambda spec: TwoStepExtractor(spec, calls=calls)
     )
     assert not any(c.split("|")[2] == "primary" for c in calls), "stored step-1 answers are never asked again"
-    assert sorted(c.split("|")[0] for c in calls) == ["s2", "s3"], (
+    assert sorted(c.split("|")[0] for c in calls) == ["s2", "s3", "s4"], (
         "the owed step-2 answers, and only where facts were quoted"
     )
     ex = result["extractions"].set_index("story_id")
@@ -212,17 +218,18 @@ def test_stage_runs_both_steps_resumes_after_a_kill_and_never_asks_twice(tmp_pat
     assert ex.at["s1", "demo_age"] == "unknown", "no facts, no step 2"
     assert ex.at["s2", "demo_age"] == "unknown", "a step-2 answer that does not parse fills nothing"
     final = result["raw"]
-    assert final["answer_key"].is_unique and len(final) == 7  # 4 step-1 + 3 step-2 answers
+    assert ex.at["s4", "demo_age"] == "senior", "the retried answer's facts were mapped"
+    assert final["answer_key"].is_unique and len(final) == 10  # 6 step-1 attempts + 4 step-2 answers
     garbled = final[(final.story_id == "s2") & final["pass"].str.endswith("_map")]
     assert not garbled["parse_ok"].iloc[0] and garbled["raw"].iloc[0], "kept and counted, not dropped"
     manifest = io.read_json(paths.run_dir("unit-twostep") / "manifest_extract.json")
-    assert manifest["two_step"] == {
-        "n_step1": 4,
-        "n_with_facts": 3,
-        "n_step2": 3,
+    assert manifest["two_step"] == {  # answers, not attempts
+        "n_step1": 5,
+        "n_with_facts": 4,
+        "n_step2": 4,
         "n_step2_parse_failed": 1,
-        "n_fields_filled": 2,
-        "filled_per_field": {"age": 2},
+        "n_fields_filled": 3,
+        "filled_per_field": {"age": 3},
     }
     calls.clear()
     again = extract.run(

@@ -992,7 +992,6 @@ def run(params, progress: bool = True, engine_factory=None, log=print) -> dict[s
     gold = None
     need_gold = bool(gold_items) and not gold_file.is_file()
     timings: dict[str, Any] = {}
-    map_counts: dict[str, dict[str, int]] = {}
     for i, spec in enumerate(settings.models):
         mine = [j for j in todo if j.extractor == spec.name]
         with_gold = need_gold and i == 0  # the gold set measures the first (primary) extractor
@@ -1005,15 +1004,15 @@ def run(params, progress: bool = True, engine_factory=None, log=print) -> dict[s
 
             started = time.time()
             stats = _run_jobs(engine, spec, mine, settings, store, progress)
-            if settings.prompt_design == "two_step":  # step 2 on the facts step 1 quoted (resumable)
-                owed = _maps_owed(store, current_keys, spec, settings, sections_of)
-                map_counts[spec.name] = {"n_owed": len(owed)}
+            owed = _maps_owed(store, current_keys, spec, settings, sections_of)  # two_step's step 2, else []
+            if owed:
                 stats.add(_run_maps(engine, spec, owed, settings, store, progress))
             info = entered_info(engine)
             timings[spec.name] = {
                 "startup_seconds": info.startup_seconds,
                 "extraction_seconds": round(time.time() - started, 1),
                 "n_answers": len(mine),
+                "n_step2_answers": len(owed),  # two_step: facts mapped to fields, in the same seconds
                 "stories_per_second": round(len(mine) / max(time.time() - started, 1e-9), 3) if mine else None,
                 "endpoint": info.endpoint,
                 "model_id": info.model_id,
@@ -1060,7 +1059,9 @@ def run(params, progress: bool = True, engine_factory=None, log=print) -> dict[s
             "reuse": reuse_counts,
             "n_parse_failed": int((~extractions["parse_ok"]).sum()),
             "n_request_errors": {name: t.get("n_request_errors", 0) for name, t in timings.items()},
-            "two_step": extract_facts.summary(raw, resolved) if settings.prompt_design == "two_step" else None,
+            "two_step": (
+                extract_facts.summary(final_answers(raw), resolved) if settings.prompt_design == "two_step" else None
+            ),
         },
     )
     artifacts.write(run_name, "extractions", extractions)  # last: Make's target

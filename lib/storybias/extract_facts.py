@@ -240,8 +240,9 @@ def merge_in_memory(engine, texts: dict[str, str], sections: Sequence[str], sett
 
 
 def summary(raw: pd.DataFrame, resolved: pd.DataFrame) -> dict[str, Any]:
-    """For the manifest: step-1 answers, how many quoted facts, step-2 answers and their parse failures,
-    and how many fields step 2 filled (in all and per field)."""
+    """For the manifest, from the final answers ``raw`` (one per request, ``extract.final_answers``) and
+    their ``resolve``d form: step-1 answers, how many quoted facts, step-2 answers and their parse
+    failures, and how many fields step 2 filled (in all and per field)."""
     if raw.empty:
         return {
             "n_step1": 0,

@@ -95,13 +95,18 @@ def map_messages(facts: str, settings) -> list[dict[str, str]]:
     return [*messages, {"role": "user", "content": map_prompt(facts)}]
 
 
+def _json_object(raw: str | None) -> dict[str, Any] | None:
+    """``raw`` parsed as a JSON object, or None (not JSON, or not an object)."""
+    try:
+        data = json.loads(raw) if raw is not None else None
+    except (json.JSONDecodeError, TypeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def facts_of(raw: str) -> str:
     """The ``facts`` a step-1 answer quoted ('' when it quoted none or does not parse)."""
-    try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, TypeError):
-        return ""
-    facts = data.get("facts", "") if isinstance(data, dict) else ""
+    facts = (_json_object(raw) or {}).get("facts", "")
     return facts.strip() if isinstance(facts, str) else ""
 
 
@@ -151,11 +156,8 @@ def parse_map(raw: str) -> dict[str, str] | None:
     """A step-2 answer's fields, or None when it does not parse or names a value outside a field's list."""
     from .extract import allowed_values
 
-    try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, TypeError):
-        return None
-    if not isinstance(data, dict):
+    data = _json_object(raw)
+    if data is None:
         return None
     out = {}
     for dim in map_dimensions():
@@ -169,11 +171,8 @@ def merge(step1_raw: str, step2_raw: str | None) -> str:
     """Step 1's answer with the fields it left ``unknown`` filled from step 2. The joined JSON lists the
     filled fields under ``facts_mapped``; it is step 1's text unchanged when step 1 does not parse as a
     JSON object, and step 1's fields with an empty ``facts_mapped`` when step 2 is missing or does not parse."""
-    try:
-        data = json.loads(step1_raw)
-    except (json.JSONDecodeError, TypeError):
-        return step1_raw
-    if not isinstance(data, dict):
+    data = _json_object(step1_raw)
+    if data is None:
         return step1_raw
     mapped = parse_map(step2_raw) if step2_raw is not None else None
     filled = []
@@ -256,12 +255,7 @@ def summary(raw: pd.DataFrame, resolved: pd.DataFrame) -> dict[str, Any]:
     step1 = raw[~is_map]
     filled: Counter = Counter()
     for text in resolved["raw"]:
-        try:
-            data = json.loads(text)
-        except (json.JSONDecodeError, TypeError):
-            continue
-        if isinstance(data, dict):
-            filled.update(data.get("facts_mapped", []))
+        filled.update((_json_object(text) or {}).get("facts_mapped", []))
     return {
         "n_step1": int(len(step1)),
         "n_with_facts": int(sum(bool(facts_of(t)) for t in step1["raw"])),

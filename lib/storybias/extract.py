@@ -2,7 +2,8 @@
 
 It stays above 600 lines on purpose: the schema, the answer parsing, the consensus of several
 extractors, the resumable stage and the gold-set scoring share one answer format and change together;
-the per-field prompt design lives apart in ``storybias.extract_questions``.
+the per-field prompt design lives apart in ``storybias.extract_questions``, and the second step of the
+two-step design (quoted facts mapped to the fields) in ``storybias.extract_facts``.
 
 One JSON answer per story and extractor, constrained by a JSON schema with closed value sets (vLLM
 structured outputs), temperature 0. The schema is built from the designs, so a value outside the

@@ -110,8 +110,10 @@ def facts_of(raw: str) -> str:
     return facts.strip() if isinstance(facts, str) else ""
 
 
-def map_fingerprint(facts: str, spec, settings) -> str:
-    """``<facts>-<request>-<model>``, the parts of ``extract.answer_fingerprint`` for step 2."""
+def _request_and_model_hashes(spec, settings) -> str:
+    """``<request>-<model>`` of a step-2 answer's fingerprint (the parts of ``extract.answer_fingerprint``;
+    ``<facts>`` comes first): the same for every story of a run, so ``map_jobs`` computes it once (the
+    request holds the worked-example turns)."""
     from .extract import _sha
     from .params import model_identity
 
@@ -121,7 +123,13 @@ def map_fingerprint(facts: str, spec, settings) -> str:
         "max_tokens": settings.max_tokens,
         "seed": settings.seed,
     }
-    return f"{_sha(facts)}-{_sha(request)}-{_sha(model_identity(spec))}"
+    return f"{_sha(request)}-{_sha(model_identity(spec))}"
+
+
+def _fingerprint_with(facts: str, request_and_model: str) -> str:
+    from .extract import _sha
+
+    return f"{_sha(facts)}-{request_and_model}"
 
 
 def map_jobs(answers: pd.DataFrame, spec, settings, sections_of: Mapping[str, Sequence[str]]) -> list[dict[str, Any]]:
@@ -131,6 +139,7 @@ def map_jobs(answers: pd.DataFrame, spec, settings, sections_of: Mapping[str, Se
     from .extract import parse_answer, request_key
 
     jobs = []
+    request_and_model = _request_and_model_hashes(spec, settings)
     for a in answers.to_dict("records"):  # "pass" is a keyword: no itertuples attribute
         sections = sections_of.get(a["story_id"], ())
         if a["extractor"] != spec.name or "demographics" not in sections or a["pass"].endswith(MAP_SUFFIX):
@@ -139,7 +148,7 @@ def map_jobs(answers: pd.DataFrame, spec, settings, sections_of: Mapping[str, Se
         if not facts or not parse_answer(a["raw"], sections).ok:
             continue
         pass_name = a["pass"] + MAP_SUFFIX
-        key = request_key(a["story_id"], a["extractor"], pass_name, map_fingerprint(facts, spec, settings))
+        key = request_key(a["story_id"], a["extractor"], pass_name, _fingerprint_with(facts, request_and_model))
         jobs.append(
             {
                 "request_key": key,

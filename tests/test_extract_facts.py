@@ -79,6 +79,44 @@ def test_an_unparsable_step_is_kept_as_it_was():
     assert extract_facts.facts_of('{"name": "Ma') == "" and extract_facts.facts_of(step1("  x ; y ")) == "x ; y"
 
 
+def test_map_fields_limit_what_step_2_is_asked_and_what_it_may_fill():
+    settings = params.ExtractionSettings(prompt_design="two_step", map_fields=["employment_status", "age"])
+    assert extract_facts.map_dimensions(settings) == ["age", "employment_status"], "the taxonomy's order"
+    prompt = extract_facts.map_prompt("a retired teacher", settings)
+    assert '"employment_status":' in prompt and '"geographic_origin":' not in prompt
+    assert set(extract_facts.map_schema(settings)["required"]) == {"age", "employment_status"}
+    examples = extract_facts.map_messages("x", settings)[1::2]
+    assert all(set(json.loads(m["content"])) == {"age", "employment_status"} for m in examples)
+    # an answer with only the chosen fields parses under them (and not under the full list)
+    answer = json.dumps({"age": "senior", "employment_status": "retired"})
+    assert extract_facts.parse_map(answer, settings) == {"age": "senior", "employment_status": "retired"}
+    assert extract_facts.parse_map(answer) is None
+    # a field outside the list stays step 1's even when a step-2 answer names it
+    merged = json.loads(extract_facts.merge(step1(), step2(age="senior", geographic_origin="europe"), settings))
+    assert merged["age"] == "senior" and merged["geographic_origin"] == "unknown"
+    assert merged["facts_mapped"] == ["age"]
+    # other fields, another request: answers stored under the full list are not reused
+    spec = params.ModelSpec(name="e", source="embedded")
+    rows = _answers([("s0", "primary", step1("seventy; retired"))])
+    full = extract_facts.map_jobs(rows, spec, params.ExtractionSettings(prompt_design="two_step"), {"s0": DEMO})
+    some = extract_facts.map_jobs(rows, spec, settings, {"s0": DEMO})
+    assert full[0]["request_key"] != some[0]["request_key"]
+
+
+@pytest.mark.parametrize(
+    "extract_settings, message",
+    [
+        ({"prompt_design": "two_step", "map_fields": ["agee"]}, "unknown field(s) ['agee']"),
+        ({"prompt_design": "two_step", "map_fields": ["gender"]}, "unknown field(s) ['gender']"),
+        ({"prompt_design": "one_answer", "map_fields": ["age"]}, "map_fields: needs prompt_design: two_step"),
+    ],
+)
+def test_map_fields_errors_name_the_parameter(extract_settings, message):
+    with pytest.raises(ValueError, match="map_fields") as error:
+        params.ExtractionSettings(**extract_settings)
+    assert message in str(error.value)
+
+
 def _answers(rows):
     return pd.DataFrame(
         [

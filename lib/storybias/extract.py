@@ -803,7 +803,7 @@ def _run_maps(engine, spec, owed: list[dict[str, Any]], settings, store, progres
         if result.error is not None:
             return None  # not stored: a rerun asks again
         job = by_key[result.key]
-        ok = extract_facts.parse_map(result.text) is not None
+        ok = extract_facts.parse_map(result.text, settings) is not None
         return {
             "answer_key": f"{result.key}|0",
             "request_key": result.key,
@@ -1042,7 +1042,7 @@ def run(params, progress: bool = True, engine_factory=None, log=print) -> dict[s
                 j["request_key"] for j in extract_facts.map_jobs(current_answers, spec, settings, sections_of)
             }
     raw = raw[raw["request_key"].isin(current_keys)].reset_index(drop=True) if len(raw) else raw
-    resolved = extract_facts.resolve(final_answers(raw))  # two_step: step 1 merged with step 2
+    resolved = extract_facts.resolve(final_answers(raw), settings)  # two_step: step 1 merged with step 2
     extractions = assemble(stories, resolved, settings)
     agree, agreement_how = agreement_table(stories, resolved, settings)
     failures = parse_failure_table(stories, extractions)

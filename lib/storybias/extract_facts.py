@@ -43,11 +43,13 @@ MAP_RULES = (
 )
 
 
-def map_dimensions() -> list[str]:
-    """The fields step 2 answers: every demographic dimension but gender (step 1's, from the story)."""
+def map_dimensions(settings=None) -> list[str]:
+    """The fields step 2 answers: ``extract.map_fields`` when set (in the taxonomy's order), else every
+    demographic dimension but gender (step 1's, from the story)."""
     from .extract import dimensions
 
-    return [d for d in dimensions() if d != "gender"]
+    chosen = getattr(settings, "map_fields", None)
+    return [d for d in dimensions() if d != "gender" and (chosen is None or d in chosen)]
 
 
 def _option(dimension: str, key: str) -> str:
@@ -58,21 +60,21 @@ def _option(dimension: str, key: str) -> str:
     return f"{key} = {label}" if label and label.replace(" ", "_") != key else key
 
 
-def map_prompt(facts: str) -> str:
+def map_prompt(facts: str, settings=None) -> str:
     """Step 2's instructions: the fields with their options, then the facts (last, so the prefix is shared)."""
     from .extract import allowed_values
 
     lines = [MAP_RULES, "", "Fields (one value each):"]
-    for dim in map_dimensions():
+    for dim in map_dimensions(settings):
         lines.append(f'  "{dim}": ' + " | ".join(_option(dim, k) for k in allowed_values(dim)))
     lines += ["", "Phrases about the protagonist:", facts.strip()]
     return "\n".join(lines)
 
 
-def map_schema() -> dict[str, Any]:
+def map_schema(settings=None) -> dict[str, Any]:
     from .extract import allowed_values
 
-    props = {d: {"type": "string", "enum": allowed_values(d)} for d in map_dimensions()}
+    props = {d: {"type": "string", "enum": allowed_values(d)} for d in map_dimensions(settings)}
     return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
 
 
@@ -85,14 +87,14 @@ def map_messages(facts: str, settings) -> list[dict[str, str]]:
     if settings.worked_examples:
         for example in load_worked_examples():
             answer = example["answer"]
-            messages.append({"role": "user", "content": map_prompt(answer["facts"])})
+            messages.append({"role": "user", "content": map_prompt(answer["facts"], settings)})
             messages.append(
                 {
                     "role": "assistant",
-                    "content": json.dumps({d: answer[d] for d in map_dimensions()}, ensure_ascii=False),
+                    "content": json.dumps({d: answer[d] for d in map_dimensions(settings)}, ensure_ascii=False),
                 }
             )
-    return [*messages, {"role": "user", "content": map_prompt(facts)}]
+    return [*messages, {"role": "user", "content": map_prompt(facts, settings)}]
 
 
 def _json_object(raw: str | None) -> dict[str, Any] | None:
@@ -119,7 +121,7 @@ def _request_and_model_hashes(spec, settings) -> str:
 
     request = {
         "prompt": map_messages("", settings),
-        "schema": map_schema(),
+        "schema": map_schema(settings),
         "max_tokens": settings.max_tokens,
         "seed": settings.seed,
     }
@@ -161,29 +163,30 @@ def map_jobs(answers: pd.DataFrame, spec, settings, sections_of: Mapping[str, Se
     return jobs
 
 
-def parse_map(raw: str) -> dict[str, str] | None:
-    """A step-2 answer's fields, or None when it does not parse or names a value outside a field's list."""
+def parse_map(raw: str, settings=None) -> dict[str, str] | None:
+    """A step-2 answer's fields (those of ``map_dimensions(settings)``), or None when it does not parse,
+    lacks one of them or names a value outside a field's list."""
     from .extract import allowed_values
 
     data = _json_object(raw)
     if data is None:
         return None
     out = {}
-    for dim in map_dimensions():
+    for dim in map_dimensions(settings):
         if data.get(dim) not in allowed_values(dim):
             return None
         out[dim] = data[dim]
     return out
 
 
-def merge(step1_raw: str, step2_raw: str | None) -> str:
+def merge(step1_raw: str, step2_raw: str | None, settings=None) -> str:
     """Step 1's answer with the fields it left ``unknown`` filled from step 2. The joined JSON lists the
     filled fields under ``facts_mapped``; it is step 1's text unchanged when step 1 does not parse as a
     JSON object, and step 1's fields with an empty ``facts_mapped`` when step 2 is missing or does not parse."""
     data = _json_object(step1_raw)
     if data is None:
         return step1_raw
-    mapped = parse_map(step2_raw) if step2_raw is not None else None
+    mapped = parse_map(step2_raw, settings) if step2_raw is not None else None
     filled = []
     for dim, value in (mapped or {}).items():
         if data.get(dim) == "unknown" and value != "unknown":
@@ -193,7 +196,7 @@ def merge(step1_raw: str, step2_raw: str | None) -> str:
     return json.dumps(data, ensure_ascii=False)
 
 
-def resolve(answers: pd.DataFrame) -> pd.DataFrame:
+def resolve(answers: pd.DataFrame, settings=None) -> pd.DataFrame:
     """The final answers with each step-1 answer's raw text replaced by its merge with the step-2 answer
     made from it, and the step-2 rows dropped: what ``assemble`` and the agreement table read. Answers
     of the one-answer and per-field designs have no step-2 row and pass through unchanged."""
@@ -208,7 +211,7 @@ def resolve(answers: pd.DataFrame) -> pd.DataFrame:
     }
     out = answers[~is_map].copy()
     out["raw"] = [
-        merge(r["raw"], by_source[(r["story_id"], r["extractor"], r["pass"])])
+        merge(r["raw"], by_source[(r["story_id"], r["extractor"], r["pass"])], settings)
         if (r["story_id"], r["extractor"], r["pass"]) in by_source
         else r["raw"]
         for r in out.to_dict("records")
@@ -227,7 +230,7 @@ def map_requests(jobs: Sequence[dict[str, Any]], settings, seed: int) -> list:
             messages=map_messages(job["facts"], settings),
             sampling=_decoding(settings, 0.0),
             seed=seed,
-            json_schema=map_schema(),
+            json_schema=map_schema(settings),
         )
         for job in jobs
     ]
@@ -244,7 +247,7 @@ def merge_in_memory(engine, texts: dict[str, str], sections: Sequence[str], sett
         if "demographics" in sections and facts_of(raw) and parse_answer(raw, sections).ok
     ]
     mapped = {r.key: r.text for r in engine.stream(map_requests(jobs, settings, settings.seed))}
-    return {key: merge(raw, mapped[key]) if key in mapped else raw for key, raw in texts.items()}
+    return {key: merge(raw, mapped[key], settings) if key in mapped else raw for key, raw in texts.items()}
 
 
 def summary(raw: pd.DataFrame, resolved: pd.DataFrame) -> dict[str, Any]:

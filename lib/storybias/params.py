@@ -416,6 +416,10 @@ class ExtractionSettings(Strict):
     # (two_step always asks for them on stories whose sections include demographics).
     worked_examples: bool = True
     facts_first: bool = False
+    # two_step: the demographic fields step 2 may fill from the quoted facts (None = every field but
+    # gender, which step 1 reads from the whole story). Fields whose step-2 answers the gold set shows
+    # to be mostly guesses can be left to step 1 alone (notebooks/03_extract.ipynb measures them).
+    map_fields: Annotated[list[str], Field(min_length=1)] | None = None
     max_tokens: Annotated[int, Field(ge=64)] = 700
     max_list_items: Annotated[int, Field(ge=1, le=20)] = 6
     seed: int = 1234
@@ -439,8 +443,28 @@ class ExtractionSettings(Strict):
             raise ValueError("extractor names must be unique")
         return models
 
+    @field_validator("map_fields")
+    @classmethod
+    def _map_fields_are_demographic(cls, fields: list[str] | None) -> list[str] | None:
+        if fields is None:
+            return None
+        from .extract import dimensions
+
+        allowed = [d for d in dimensions() if d != "gender"]
+        unknown = [f for f in fields if f not in allowed]
+        if unknown:
+            raise ValueError(
+                f"unknown field(s) {unknown}: step 2 fills demographic dimensions other than gender "
+                f"({', '.join(allowed)})"
+            )
+        if len(set(fields)) != len(fields):
+            raise ValueError("a field is named twice")
+        return fields
+
     @model_validator(mode="after")
     def _one_answer_options(self) -> ExtractionSettings:
+        if self.map_fields is not None and self.prompt_design != "two_step":
+            raise ValueError("map_fields: needs prompt_design: two_step (only its second step fills fields)")
         if self.prompt_design == "per_field":
             for key in ("worked_examples", "facts_first"):
                 if getattr(self, key) and key in self.model_fields_set:

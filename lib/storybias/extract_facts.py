@@ -7,7 +7,9 @@ the same answer often stay ``unknown`` although the quoted facts settle them (is
 quoted for 103 of 108 default stories, ages and incomes among them, and the fields left unknown).
 
 Step 2 asks the same model one short question per story: the quoted facts alone (not the story), the
-demographic fields with their value lists and labels (the age bands' year ranges among them), the
+demographic fields with their value lists and labels (the age bands' year ranges among them; the fields
+of ``extract.map_fields`` when set, and every library caller passes the settings so that prompt, schema,
+parsing and merge agree on them), the
 worked examples' facts and answers as earlier turns. Its prefix is the same for every story, so the
 engine's prefix cache computes it once, and each request is short.
 

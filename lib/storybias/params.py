@@ -448,9 +448,9 @@ class ExtractionSettings(Strict):
     def _map_fields_are_demographic(cls, fields: list[str] | None) -> list[str] | None:
         if fields is None:
             return None
-        from .extract import dimensions
+        from .extract_facts import map_dimensions
 
-        allowed = [d for d in dimensions() if d != "gender"]
+        allowed = map_dimensions()  # unset: every field step 2 can fill
         unknown = [f for f in fields if f not in allowed]
         if unknown:
             raise ValueError(

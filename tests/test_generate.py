@@ -71,6 +71,26 @@ def test_plan_matches_profile(tmp_path):
     assert plan.loc[plan.design == "bedtime", "cond_attribute"].isna().all()
 
 
+def test_a_design_is_written_only_by_its_models(tmp_path):
+    """designs.<d>.models: the default profile's 0.5B model writes the occupations only."""
+
+    def two_models(raw):
+        raw["generation"]["models"] = [
+            {"name": "big", "source": "embedded"},
+            {"name": "small", "source": "embedded", "embedded": "qwen2.5-coder-0.5b"},
+        ]
+        raw["designs"]["stereotales"]["models"] = ["big"]
+        raw["designs"]["bedtime"]["models"] = ["big"]
+
+    plan = generate.plan(profile_with(tmp_path, two_models))
+    by_design = plan.groupby("design")["model"].agg(lambda m: sorted(set(m))).to_dict()
+    assert by_design == {"bedtime": ["big"], "occupations": ["big", "small"], "stereotales": ["big"]}
+    occupations = plan[plan.design == "occupations"]
+    assert (occupations["model"] == "small").sum() == (occupations["model"] == "big").sum() == 3
+    cells = occupations.groupby("model")["prompt_id"].agg(lambda ids: tuple(sorted(ids)))
+    assert cells["big"] == cells["small"], "both models get the same cells"
+
+
 def test_run_writes_the_contract(tmp_path, data_dir, monkeypatch):
     no_preflight(monkeypatch)
     p = profile(tmp_path)

@@ -11,8 +11,13 @@ One session-scoped run (tests/conftest.py) keeps the cost to two engine start-up
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
+import pandas as pd
 import pytest
+import yaml
 
 from storybias import generate, params, paths
 
@@ -61,3 +66,47 @@ def test_real_generation_is_sane(resumed):
     assert len(story["text"].split()) > 10
     values = json.loads((data / "values" / "01_generate.json").read_text())
     assert values["n_stories"] == values["n_unique_story_ids"] == len(stories)
+
+
+def test_the_sibling_model_is_assembled_verified_and_generates(tmp_path):
+    """The second embedded model (qwen2.5-coder-0.5b, the default profile's occupations writer):
+    its 6 chunk packages joined and checked against the pinned sha256, dequantized, and run through
+    stage 01 (a separate process, as `make generate` runs it) for two occupation prompts."""
+    from storybias import models
+
+    folder = models.prepare_embedded("qwen2.5-coder-0.5b", log=lambda m: None)
+    config = json.loads((folder / "config.json").read_text())
+    assert (config["hidden_size"], config["num_hidden_layers"]) == (896, 24), "the 0.5B architecture"
+    assert folder != models.embedded_model_dir("qwen2.5-coder-1.5b")
+
+    raw = {
+        "run_name": "sibling",
+        "generation": {
+            "seed": 42,
+            "models": [{"name": "small", "source": "embedded", "embedded": "qwen2.5-coder-0.5b"}],
+            "sampling": {"max_tokens": 24},
+            "engine": {"cpu_kvcache_gb": 1, "max_num_seqs": 4, "enforce_eager": True},
+        },
+        "designs": {
+            "occupations": {"languages": ["en"], "restrict": {"occupation": ["nurse"]}, "tasks": ["explicit", "story"]}
+        },
+    }
+    path = tmp_path / "sibling.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    env = {**os.environ, "STORYBIAS_DATA": str(tmp_path / "data")}
+    done = subprocess.run(
+        [sys.executable, "-m", "storybias.cli", "generate", str(path)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    stories = pd.read_parquet(tmp_path / "data" / "sibling" / "stories.parquet")
+    assert len(stories) == 2 and (stories["model"] == "small").all()
+    assert stories.loc[stories["cond_task"] == "explicit", "text"].isin(["female", "woman", "male", "man"]).all()
+    assert (stories["text"].str.len() > 0).all()
+    manifest = json.loads((tmp_path / "data" / "sibling" / "manifest_generate.json").read_text())
+    [model] = manifest["models"]
+    assert model["weights_sha256"] == models.embedded_weights("qwen2.5-coder-0.5b").sha256
+    assert model["model_id"].startswith("Qwen2.5-Coder-0.5B-Instruct")

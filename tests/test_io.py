@@ -57,10 +57,18 @@ def test_join_parts_checks_sha256_and_order(tmp_path):
     assert not target.exists() and not list(tmp_path.glob(".*.tmp"))
 
 
-def test_embedded_parts_are_found_in_numeric_order():
-    parts = models.embedded_part_paths()
-    assert len(parts) == models.EMBEDDED_PARTS
-    assert [p.name for p in parts] == [f"part{i:02d}.bin" for i in range(1, 23)]
+@pytest.mark.parametrize("key", sorted(models.EMBEDDED))
+def test_embedded_parts_are_found_in_numeric_order(key):
+    weights = models.embedded_weights(key)
+    parts = models.embedded_part_paths(key)
+    assert len(parts) == weights.parts
+    assert [p.name for p in parts] == [f"part{i:02d}.bin" for i in range(1, weights.parts + 1)]
+    assert sum(p.stat().st_size for p in parts) == weights.size
+
+
+def test_unknown_embedded_model_is_named():
+    with pytest.raises(models.ModelError, match="no embedded model 'tiny'.*qwen2.5-coder-1.5b"):
+        models.embedded_weights("tiny")
 
 
 def test_artifact_schema_reads_names_and_types_from_the_footer(tmp_path):

@@ -101,6 +101,43 @@ def test_duplicate_model_names_rejected(tmp_path):
     assert "generation.models" in msg and "unique" in msg
 
 
+def test_embedded_model_key_is_checked_and_only_for_embedded_sources(tmp_path):
+    def unknown(r):
+        r["generation"]["models"] = [{"name": "small", "source": "embedded", "embedded": "qwen2.5-coder-7b"}]
+
+    msg = _error(tmp_path, unknown)
+    assert "generation.models[0]" in msg and "'qwen2.5-coder-7b'" in msg
+    assert "qwen2.5-coder-1.5b" in msg and "qwen2.5-coder-0.5b" in msg, "the message lists the embedded models"
+
+    def on_local(r):
+        r["generation"]["models"] = [
+            {"name": "mine", "source": "local", "path": str(tmp_path), "embedded": "qwen2.5-coder-0.5b"}
+        ]
+
+    assert "`embedded`" in _error(tmp_path, on_local)
+
+
+def test_design_models_must_be_generation_models(tmp_path):
+    msg = _error(tmp_path, lambda r: r["designs"]["occupations"].update(models=["qwen2.5-coder-05b"]))
+    assert "designs.occupations.models[0]" in msg and "'qwen2.5-coder-05b'" in msg
+    assert "qwen2.5-coder-1.5b" in msg, "the message names the generation models to choose from"
+
+
+def test_default_embedded_model_keeps_its_fingerprint_and_the_sibling_has_its_own():
+    """Stories stored before there were two embedded models are still reused: the default key is
+    left out of the model's identity; the 0.5B model's identity names it."""
+    from storybias.generate import gen_config_hash
+    from storybias.params import ModelSpec, model_identity
+
+    big = ModelSpec(name="qwen2.5-coder-1.5b", source="embedded")
+    assert model_identity(big) == {"name": "qwen2.5-coder-1.5b", "source": "embedded"}
+    assert "embedded" not in model_identity(big, exclude_defaults=False)
+    small = ModelSpec(name="qwen2.5-coder-1.5b", source="embedded", embedded="qwen2.5-coder-0.5b")
+    assert model_identity(small)["embedded"] == "qwen2.5-coder-0.5b"
+    sampling = {"temperature": 1.0}
+    assert gen_config_hash(big, sampling, None) != gen_config_hash(small, sampling, None)
+
+
 def test_not_yaml_and_missing_file(tmp_path):
     bad = tmp_path / "broken.yaml"
     bad.write_text("generation: [unclosed\n")

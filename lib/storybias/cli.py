@@ -8,7 +8,7 @@ with-servers PARAMS -- CMD ...   run CMD with one local vLLM server per local mo
 serve-mode PARAMS          print 1 when the profile asks for the shared local server, else 0
 stamps PARAMS              write data/<run>/.params/<stage>.params (content changes only)
 run-name PARAMS            print the run's name
-prepare-model              assemble, verify and convert the embedded model (once)
+prepare-model [--model K]  assemble, verify and convert the embedded models (once; default: every one)
 generate PARAMS            stage 01 outside a notebook (the notebook calls the same function)
 bench-generate PARAMS      time stage 01's engine path against a bare LLM.chat call
 bench-ray PARAMS           time a smoke generation through Ray Data's vLLM processor against the
@@ -44,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     for name in ("check-params", "stamps", "run-name", "generate", "clean-run", "where", "serve-mode"):
         sub.add_parser(name).add_argument("params")
-    sub.add_parser("prepare-model")
+    prep = sub.add_parser("prepare-model")
+    prep.add_argument("--model", action="append", help="an embedded model's key (repeatable; default: every one)")
     bench = sub.add_parser("bench-generate")
     bench.add_argument("params")
     bench.add_argument("--n-prompts", type=int, default=24)
@@ -176,9 +177,10 @@ def main(argv: list[str] | None = None) -> int:
         p = _load(args.params)
         write_stage_stamps(p, paths.run_dir(p.run_name) / ".params")
     elif args.command == "prepare-model":
-        from .models import prepare_embedded
+        from .models import EMBEDDED, prepare_embedded
 
-        prepare_embedded()
+        for key in args.model or list(EMBEDDED):
+            prepare_embedded(key)
     elif args.command == "generate":
         from . import generate
 

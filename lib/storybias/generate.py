@@ -114,6 +114,8 @@ def plan(params: Params) -> pd.DataFrame:
             cells = [c for c in cells if c.conditions["cond_task"] in run.tasks]
         sampling = params.sampling_for(design)
         for model in params.generation.models:
+            if run.models is not None and model.name not in run.models:
+                continue
             for language in run.languages:
                 for cell in cells:
                     prompt = render_prompt(cell, language)
@@ -368,9 +370,9 @@ def run(
             record.endpoint = info.endpoint
             generate_with(engine, model_todo.to_dict("records"), store, params.generation.shard_size, record, progress)
         if spec.source == "embedded":
-            from .models import EMBEDDED_SHA256
+            from .models import embedded_weights
 
-            record.weights_sha256 = EMBEDDED_SHA256
+            record.weights_sha256 = embedded_weights(spec.embedded).sha256
 
     stored = _stored_rows(run_name, store)
     stories = _assemble(planned, stored)
@@ -465,8 +467,9 @@ def _manifest(
 
 
 def prepare_models(params: Params, log: Callable[[str], None] = print) -> None:
-    """Build the embedded model's folder if the run uses it (a no-op once cached)."""
-    if any(m.source == "embedded" for m in [*params.generation.models, *params.extract.models]):
-        from .models import prepare_embedded
+    """Build the folder of each embedded model the run uses (a no-op once cached)."""
+    from .models import prepare_embedded
 
-        prepare_embedded(log=log)
+    specs = [*params.generation.models, *params.extract.models, *params.associations.judge.models]
+    for key in sorted({m.embedded for m in specs if m.source == "embedded"}):
+        prepare_embedded(key, log=log)

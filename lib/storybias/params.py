@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from . import paths
 from .designs import get as get_design
 from .designs import names as design_names
+from .models import DEFAULT_EMBEDDED, EMBEDDED
 from .prompts import LANGUAGES, available_languages, design_cells
 
 Language = Literal["en", "fr", "es", "it", "pt", "nl", "uk", "ar", "hi", "zh", "ja", "ko", "ru", "sw"]
@@ -82,7 +83,7 @@ class ModelSpec(Strict):
 
     name: Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:+-]*$")]
     source: Literal["embedded", "local", "hub", "openai"]
-    embedded: str = "qwen2.5-coder-1.5b"  # source 'embedded' only: which one (storybias.models.EMBEDDED)
+    embedded: str = DEFAULT_EMBEDDED  # source 'embedded' only: which one (storybias.models.EMBEDDED)
     path: str | None = None
     hub_id: str | None = None
     device: Literal["cpu", "cuda"] = "cpu"
@@ -110,8 +111,6 @@ class ModelSpec(Strict):
 
     @model_validator(mode="after")
     def _source_fields(self) -> ModelSpec:
-        from .models import EMBEDDED
-
         if "embedded" in self.model_fields_set and self.source != "embedded":
             raise ValueError("`embedded` names an embedded model: only for source 'embedded'")
         if self.embedded not in EMBEDDED:
@@ -170,8 +169,6 @@ def model_identity(spec: ModelSpec, exclude_defaults: bool = True) -> dict[str, 
     """What of ``spec`` shapes its outputs (fingerprints): everything but OPERATIONAL_FIELDS; for a
     local model, the served-only fields are left out too, so fingerprints of local models are the
     same as before those fields existed."""
-    from .models import DEFAULT_EMBEDDED
-
     dumped = spec.model_dump(mode="json", exclude_defaults=exclude_defaults)
     drop = set(OPERATIONAL_FIELDS) | (
         set()

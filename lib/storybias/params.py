@@ -784,6 +784,7 @@ def _format_validation_error(exc: ValidationError, source: Path) -> str:
 def _check_semantics(profile: Profile, source: Path) -> list[str]:
     """Checks that need the design files or the file system."""
     problems: list[str] = []
+    generation_models = [m.name for m in profile.generation.models]
     for design in design_names():
         run: DesignRun | None = getattr(profile.designs, design, None)
         if run is None or not run.enabled:
@@ -806,7 +807,6 @@ def _check_semantics(profile: Profile, source: Path) -> list[str]:
                     problems.append(f"designs.{design}.restrict.{key}: unknown value {value!r}")
         if run.tasks is not None and "cond_task" not in get_design(design).conditions:
             problems.append(f"designs.{design}.tasks: only a design with a task condition (occupations) has tasks")
-        generation_models = [m.name for m in profile.generation.models]
         for i, name in enumerate(run.models or []):
             if name not in generation_models:
                 problems.append(

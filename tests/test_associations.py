@@ -29,15 +29,6 @@ def test_effect_size_thresholds_scale_with_table_size():
     assert A.effect_size(0.05, 5, 3) == "negligible"
 
 
-def test_by_is_more_conservative_than_bh():
-    p = [0.001, 0.01, 0.02, 0.03, 0.04]
-    bh, by = A.adjust(p, "fdr_bh"), A.adjust(p, "fdr_by")
-    # BH: p_(i) * m / i, monotone; BY multiplies by c(m) = sum 1/k
-    assert bh[0] == pytest.approx(0.005)
-    assert by[0] == pytest.approx(0.005 * sum(1 / k for k in range(1, 6)))
-    assert (by >= bh).all()
-
-
 def test_value_level_lift_fraction_and_exact_one_sided_fisher():
     table = pd.DataFrame([[30, 10], [5, 35]], index=["low", "high"], columns=["basic", "higher"])
     out = A.value_level(table).set_index(["base_value", "compared_value"])
@@ -298,21 +289,6 @@ def test_clopper_pearson_matches_binomtest_and_reference_interval_narrows_to_the
     # all resamples drawn: exactly the reference p-value (same stream, same order)
     assert estimate.p == A.fisher_rxc_monte_carlo(table, 60_000, seed=3)[0]
     assert estimate.method == "monte-carlo(60000)"
-
-
-def test_bh_open_only_flags_what_can_change_a_decision():
-    t = np.asarray(A.bh_thresholds(4))  # 0.0125, 0.025, 0.0375, 0.05
-    lo, hi = np.array([1e-6, 1e-5, 0.2, 0.5]), np.array([1e-4, 1e-3, 0.6, 0.9])
-    assert not A.bh_open(lo, hi, t).any()
-    assert A.bh_rejections(hi, t) == 2
-    # the third table straddles t_3: it decides whether k* is 2 or 3
-    lo[2], hi[2] = 0.03, 0.06
-    assert A.bh_open(lo, hi, t).tolist() == [False, False, True, False]
-    # a p-value far above every threshold never needs refining, even when the others are open
-    lo[0], hi[0] = 0.001, 0.02
-    assert not A.bh_open(lo, hi, t)[3]
-    p = np.array([0.001, 0.02, 0.03, 0.9])
-    assert A.bh_rejections(p, t) == int((A.adjust(p, "fdr_bh") < A.ALPHA).sum())
 
 
 def _sparse_near(seed: int) -> np.ndarray:

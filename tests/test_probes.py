@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from sklearn.metrics import balanced_accuracy_score, roc_auc_score
 
 from storybias import cultural, embeddings, params, paths, probes
+from storybias.stats.bootstrap import bootstrap_group_counts
 
 
 def planted(n: int = 400, d: int = 32, n_groups: int = 40, strength: float = 3.0, seed: int = 0):
@@ -87,7 +88,7 @@ def test_weighted_auc_matches_sklearn_and_explicit_group_resamples():
     y = rng.integers(0, 2, 120)
     groups = rng.integers(0, 15, 120)
     assert probes.weighted_auc(scores, y, np.ones((1, 120)))[0] == pytest.approx(roc_auc_score(y, scores))
-    counts = probes.bootstrap_group_counts(15, 50, seed=1)
+    counts = bootstrap_group_counts(15, 50, seed=1)
     assert (counts.sum(axis=1) == 15).all()
     fast = probes.bootstrap_auc(scores, y, groups, counts, chunk=7)
     for b in range(50):
@@ -103,7 +104,7 @@ def test_bootstrap_balanced_accuracy_matches_explicit_resamples():
     y = rng.choice(["en", "fr", "zh"], 90)
     pred = np.where(rng.random(90) < 0.6, y, rng.choice(["en", "fr", "zh"], 90))
     groups = rng.integers(0, 12, 90)
-    counts = probes.bootstrap_group_counts(12, 30, seed=3)
+    counts = bootstrap_group_counts(12, 30, seed=3)
     fast = probes.bootstrap_balanced_accuracy(y, pred, groups, counts)
     for b in range(30):
         idx = np.concatenate([np.flatnonzero(groups == g) for g in range(12) for _ in range(int(counts[b, g]))])
@@ -116,7 +117,7 @@ def test_bootstrap_of_many_cells_takes_seconds():
     started = time.perf_counter()
     for _ in range(6):  # six language x genre cells of 3,000 stories, 2,000 resamples each
         scores, y, groups = rng.normal(size=3000), rng.integers(0, 2, 3000), rng.integers(0, 200, 3000)
-        boot = probes.bootstrap_auc(scores, y, groups, probes.bootstrap_group_counts(200, 2000, seed=42))
+        boot = probes.bootstrap_auc(scores, y, groups, bootstrap_group_counts(200, 2000, seed=42))
         assert boot.shape == (2000,) and np.isfinite(boot).all()
     assert time.perf_counter() - started < 30  # ~1 s per cell on 2 busy cores
 

@@ -10,6 +10,7 @@ from scipy import stats
 from sklearn.metrics import cohen_kappa_score
 
 from storybias import validation
+from storybias.stats.bootstrap import bootstrap_group_counts
 
 # marker A (en, automated 6): raters 6, 7; B (en, 2): 5, 2; C (fr, 4): 4, 6; D (fr, 7): 1
 MARKERS = """marker_id,language,rater_id,human,automated,keep
@@ -56,20 +57,6 @@ def test_marker_statistics_by_hand(tmp_path):
         assert table.loc[metric, "ci_low"] <= table.loc[metric, "estimate"] <= table.loc[metric, "ci_high"]
 
 
-def test_vectorised_quadratic_kappa_equals_sklearn():
-    rng = np.random.default_rng(0)
-    h, a = rng.integers(1, 8, 200), rng.integers(1, 8, 200)
-    a[:120] = h[:120]
-    w = rng.integers(0, 4, 200)
-    scale = list(range(1, 8))
-    assert validation.quadratic_kappa(h, a)[0] == pytest.approx(
-        cohen_kappa_score(h, a, weights="quadratic", labels=scale)
-    )
-    assert validation.quadratic_kappa(h, a, w[None, :])[0] == pytest.approx(
-        cohen_kappa_score(h, a, weights="quadratic", labels=scale, sample_weight=w)
-    )
-
-
 def _agreeing_markers(n_markers, noise, seed):
     rng = np.random.default_rng(seed)
     rows = []
@@ -110,7 +97,7 @@ def test_marker_bootstrap_resamples_markers_not_comparisons():
     data = _agreeing_markers(30, 2, 5)
     table = validation.marker_agreement(data, n_boot=400, n_perm=100, seed=4).set_index("metric")
     # explicit marker resamples with the same generator reproduce the interval
-    counts = validation._marker_counts(30, 400, 4)
+    counts = bootstrap_group_counts(30, 400, 4)
     codes, _ = pd.factorize(data.sort_values(["marker_id", "rater_id"])["marker_id"])
     sorted_data = data.sort_values(["marker_id", "rater_id"]).reset_index(drop=True)
     diff = np.abs(sorted_data["human"] - sorted_data["automated"]).to_numpy()

@@ -25,9 +25,10 @@ bounds the reference's final count from the part already drawn, and a table that
 resample gets exactly the reference p-value.
 
 The judge's prompt, requests and rating summaries are in ``storybias.judge``, the human panel's
-ratings in ``storybias.human``. This module stays above 600 lines on purpose: the sequential
-Monte-Carlo Fisher test, its intervals and the BH decisions it serves are one algorithm sharing
-constants, and the stage's tables and run are the only callers of it.
+ratings in ``storybias.human``; BH/BY adjustment and BH's step-up thresholds and decisions in
+``storybias.stats.multiple_testing``. This module stays above 600 lines on purpose: the sequential
+Monte-Carlo Fisher test and its intervals are one algorithm sharing constants, and the stage's
+tables and run are the only callers of it.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ import pyarrow as pa
 from scipy import special, stats
 
 from .locks import holds_run_lock
+from .stats.multiple_testing import adjust, bh_open, bh_thresholds
 
 MIN_ROW_TOTAL = 10
 ALPHA = 0.05
@@ -358,31 +360,6 @@ def fisher_rxc(
     return estimate.decision()
 
 
-def bh_rejections(p_values: np.ndarray, thresholds: np.ndarray) -> int:
-    """How many hypotheses Benjamini-Hochberg rejects (adjusted p < alpha): k* = max{k : #{p < t_k} >= k},
-    0 if none; the rejected ones are those with p < t_k*."""
-    below = (np.asarray(p_values)[None, :] < thresholds[:, None]).sum(1)
-    k = np.flatnonzero(below >= np.arange(1, len(thresholds) + 1))
-    return int(k[-1]) + 1 if k.size else 0
-
-
-def bh_open(lo: np.ndarray, hi: np.ndarray, thresholds: np.ndarray) -> np.ndarray:
-    """Which p-values must be narrowed before BH's decisions are known, each p_i lying in [lo_i, hi_i].
-
-    k* falls as any p rises, so it lies in [k_lo, k_hi] = [k*(hi), k*(lo)]. Table i is surely rejected
-    when hi_i < t_k_lo, surely not when lo_i >= t_k_hi (t_0 = 0); the others are open, and so is every
-    table whose interval holds a threshold t_k, k_lo <= k <= k_hi, since those decide k*.
-    """
-    k_lo, k_hi = bh_rejections(hi, thresholds), bh_rejections(lo, thresholds)
-    t_lo = thresholds[k_lo - 1] if k_lo else 0.0
-    t_hi = thresholds[k_hi - 1] if k_hi else 0.0
-    open_ = ~((hi < t_lo) | (lo >= t_hi))
-    relevant = thresholds[max(k_lo, 1) - 1 : k_hi]
-    if relevant.size:
-        open_ |= ((lo[:, None] < relevant[None, :]) & (hi[:, None] >= relevant[None, :])).any(1)
-    return open_
-
-
 def fisher_family(
     tables: Sequence[np.ndarray], seed: int, max_resamples: int = 500_000, alpha: float = ALPHA
 ) -> list[FisherDecision]:
@@ -402,21 +379,6 @@ def fisher_family(
             return [e.decision() for e in estimates]
         for i in np.flatnonzero(todo):
             estimates[i].refine()
-
-
-def bh_thresholds(m: int, alpha: float = ALPHA) -> list[float]:
-    """Every rank's Benjamini-Hochberg threshold k/m * alpha: the only values a p-value is compared with."""
-    return [alpha * k / m for k in range(1, m + 1)]
-
-
-def adjust(p_values: Sequence[float], method: str) -> np.ndarray:
-    """Benjamini-Hochberg (``fdr_bh``) or Benjamini-Yekutieli (``fdr_by``) adjusted p-values."""
-    from statsmodels.stats.multitest import multipletests
-
-    p = np.asarray(p_values, float)
-    if p.size == 0:
-        return p
-    return multipletests(p, method=method)[1]
 
 
 def value_level(table: pd.DataFrame) -> pd.DataFrame:

@@ -46,9 +46,7 @@ from .associations import (
     SPARSE_MARGIN,
     _g_test,
     _map_tasks,
-    adjust,
     available_cores,
-    bh_thresholds,
     clopper_pearson,
     contingency,
     cramers_v_corrected,
@@ -61,6 +59,7 @@ from .engines import ChatEngine, Engine, EngineInfo, entered_info
 from .generate import STORIES_SCHEMA, ModelRun, _request, generate_with, plan
 from .io import ShardStore, write_json_atomic
 from .params import Params
+from .stats.multiple_testing import adjust, bh_thresholds
 
 
 def _trial(repeat: int, path: str, seconds: float, tokens: int) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 narrative-weighted relevance of the kept cultural markers (Eq. 4), the self-context advantage (Eq. 5)
 with a bootstrap interval over stories, and source-language separability of the markers' original
 text, English translation and entity-masked translation (NER masking with spaCy), probed with the
-cross-validation and group bootstrap of ``storybias.probes``.
+cross-validation of ``storybias.probes`` and the group bootstrap of ``storybias.stats.bootstrap``.
 """
 
 from __future__ import annotations
@@ -24,12 +24,11 @@ from .probes import (
     ProbeSkipped,
     Timings,
     bootstrap_balanced_accuracy,
-    bootstrap_group_counts,
     check_cell,
     group_folds,
     out_of_fold,
-    percentile_interval,
 )
+from .stats.bootstrap import bootstrap_group_counts, bootstrap_mean_interval, percentile_interval
 
 # Named-entity masking (Feng et al. App. D.5: person, nationality or group, facility, organization,
 # geopolitical, location, product, event, work-of-art, law and language spans -> one common token).
@@ -177,15 +176,6 @@ def self_context_advantage(per_story: pd.DataFrame) -> pd.Series:
             per_story.loc[mask, f"r_{c}"] - per_story.loc[mask, [f"r_{o}" for o in others]].mean(axis=1)
         ).to_numpy()
     return pd.Series(values, index=per_story.index, name="advantage")
-
-
-def bootstrap_mean_interval(values: np.ndarray, n_boot: int, seed: int, level: float = 0.95) -> tuple[float, float]:
-    """Percentile interval of the mean, resampling the items (here: narratives) with replacement."""
-    values = np.asarray(values, float)
-    if len(values) < 2:
-        return float("nan"), float("nan")
-    counts = bootstrap_group_counts(len(values), n_boot, seed)
-    return percentile_interval(counts @ values / len(values), level)
 
 
 def advantage_table(per_story: pd.DataFrame, n_boot: int, seed: int) -> pd.DataFrame:

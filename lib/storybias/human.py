@@ -16,6 +16,8 @@ import pandas as pd
 from scipy import stats
 
 from .judge import HARMFUL_MEDIAN, REALISM_ANSWERS
+from .stats.agreement import cohen_kappa
+from .stats.bootstrap import bootstrap_indices, percentile_interval
 
 # --- human ratings: the file -----------------------------------------------------------------------
 
@@ -188,13 +190,11 @@ def harm_gap_by_attribute(
 def harmful_agreement(human: pd.DataFrame, llm: pd.DataFrame) -> dict:
     """How the human 'median >= 4 = harmful' classification and the LLMs' compare on the
     associations both rated: counts of each combination and Cohen's kappa."""
-    from sklearn.metrics import cohen_kappa_score
-
     both = human[["association_id", "harmful"]].merge(
         llm[["association_id", "harmful"]], on="association_id", suffixes=("_human", "_llm")
     )
     h, m = both["harmful_human"].astype(bool), both["harmful_llm"].astype(bool)
-    kappa = float(cohen_kappa_score(h, m)) if len(both) and len(set(h) | set(m)) > 1 else float("nan")
+    kappa = cohen_kappa(h, m)
     return {
         "n": int(len(both)),
         "both_harmful": int((h & m).sum()),
@@ -247,11 +247,10 @@ def human_llm_agreement(human: pd.DataFrame, llm: pd.DataFrame, n_boot: int = 20
             "note": "fewer than 3 associations rated by both",
         }
     rho = stats.spearmanr(merged["human"], merged["llm"]).statistic
-    rng = np.random.default_rng(seed)
     boots = []
-    for idx in rng.integers(0, len(merged), size=(n_boot, len(merged))):
+    for idx in bootstrap_indices(len(merged), n_boot, np.random.default_rng(seed)):
         sample = merged.iloc[idx]
         if sample["human"].nunique() > 1 and sample["llm"].nunique() > 1:
             boots.append(stats.spearmanr(sample["human"], sample["llm"]).statistic)
-    lo, hi = np.percentile(boots, [2.5, 97.5]) if boots else (np.nan, np.nan)
-    return {"rho": float(rho), "ci_low": float(lo), "ci_high": float(hi), "n": len(merged), "note": ""}
+    lo, hi = percentile_interval(boots)
+    return {"rho": float(rho), "ci_low": lo, "ci_high": hi, "n": len(merged), "note": ""}

@@ -50,6 +50,7 @@ from .embeddings import EmbeddingCache, EmbedStats, embed_cached, make_embedder
 from .io import read_yaml_strict
 from .locks import holds_run_lock
 from .prompts import CONDITION_COLUMNS
+from .stats.bootstrap import bootstrap_group_counts, percentile_interval
 
 LABELS: tuple[str, str] = ("female", "male")  # y = 1 for female, 0 for male
 CONTEXTS: tuple[str, ...] = ("en", "fr", "zh")  # the three language-linked contexts of the relevance scores
@@ -264,13 +265,7 @@ def out_of_fold(X: np.ndarray, y: np.ndarray, folds: np.ndarray, kind: str = "sc
 
 
 # --- vectorised group bootstrap ---------------------------------------------------------------
-
-
-def bootstrap_group_counts(n_groups: int, n_boot: int, seed: int) -> np.ndarray:
-    """Resample ``n_groups`` groups with replacement ``n_boot`` times: the (n_boot x n_groups) matrix of
-    how often each group is drawn (each row a multinomial(n_groups, uniform) draw)."""
-    rng = np.random.default_rng(seed)
-    return rng.multinomial(n_groups, np.full(n_groups, 1.0 / n_groups), size=n_boot).astype(np.float64)
+# (the resampled groups: ``storybias.stats.bootstrap.bootstrap_group_counts``)
 
 
 def weighted_auc(scores: np.ndarray, y: np.ndarray, weights: np.ndarray) -> np.ndarray:
@@ -322,16 +317,6 @@ def bootstrap_balanced_accuracy(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", category=RuntimeWarning)
         return np.nanmean(recall, axis=1)
-
-
-def percentile_interval(values: np.ndarray, level: float = 0.95) -> tuple[float, float]:
-    """Percentile interval of the finite bootstrap values (NaN, NaN if none)."""
-    values = np.asarray(values, float)
-    values = values[np.isfinite(values)]
-    if not len(values):
-        return float("nan"), float("nan")
-    lo, hi = np.percentile(values, [50 * (1 - level), 50 * (1 + level)])
-    return float(lo), float(hi)
 
 
 @dataclass

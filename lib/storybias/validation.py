@@ -49,6 +49,15 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from .stats.agreement import (
+    cohen_kappa,
+    fleiss_kappa_counts,
+    quadratic_kappa,
+    quadratic_kappa_fixed_chance,
+    weighted_kappa,
+)
+from .stats.bootstrap import bootstrap_group_counts, percentile_interval
+
 MARKER_COLUMNS: tuple[str, ...] = ("marker_id", "language", "rater_id", "human", "automated")
 LABEL_COLUMNS: tuple[str, ...] = ("item_id", "language", "genre", "automated", "rater_id", "human")
 SCALE: tuple[int, ...] = tuple(range(1, 8))  # the 1-7 relevance scale
@@ -165,27 +174,6 @@ def load_label_ratings(path: str | Path) -> pd.DataFrame:
 # --- cultural markers (App. D.2.1) -------------------------------------------------------------
 
 
-def quadratic_kappa(h: np.ndarray, a: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
-    """Quadratic-weighted Cohen's kappa of ratings ``h`` and ``a`` on an interval scale, for each row of
-    ``weights`` (resamples x comparisons; None = one unweighted row).
-
-    Hand-written because the intervals and baselines need 12,000 of them: with quadratic weights,
-    kappa = 1 - E_obs[(h - a)^2] / E_indep[(h - a')^2], and the chance term is
-    var(h) + var(a) + (mean h - mean a)^2 under the same weights. It equals sklearn's
-    ``cohen_kappa_score(h, a, weights="quadratic")`` (tested), whose pairwise weights (i - j)^2 / (k - 1)^2
-    differ by a constant that cancels."""
-    h, a = np.asarray(h, float), np.asarray(a, float)
-    w = np.ones((1, len(h))) if weights is None else np.atleast_2d(np.asarray(weights, float))
-    total = w.sum(1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        mh, ma = w @ h / total, w @ a / total
-        vh = w @ h**2 / total - mh**2
-        va = w @ a**2 / total - ma**2
-        observed = w @ (h - a) ** 2 / total
-        chance = vh + va + (mh - ma) ** 2
-        return np.where(chance > 0, 1.0 - observed / chance, np.nan)
-
-
 def _marker_stats(h: np.ndarray, a: np.ndarray, marker: np.ndarray, weights: np.ndarray) -> dict[str, np.ndarray]:
     """The four agreement metrics for each row of comparison ``weights`` (resamples x comparisons)."""
     total = weights.sum(1)
@@ -209,19 +197,6 @@ def _marker_stats(h: np.ndarray, a: np.ndarray, marker: np.ndarray, weights: np.
     return out
 
 
-def _marker_counts(n_markers: int, n_boot: int, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    return rng.multinomial(n_markers, np.full(n_markers, 1.0 / n_markers), size=n_boot).astype(float)
-
-
-def _interval(values: np.ndarray, level: float = 0.95) -> tuple[float, float]:
-    values = values[np.isfinite(values)]
-    if not len(values):
-        return float("nan"), float("nan")
-    lo, hi = np.percentile(values, [100 * (1 - level) / 2, 100 * (1 + level) / 2])
-    return float(lo), float(hi)
-
-
 def marker_agreement(ratings: pd.DataFrame, n_boot: int = 2000, n_perm: int = 10_000, seed: int = 42) -> pd.DataFrame:
     """Automated-human agreement on the marker ratings (Feng et al. Table 3) and its baselines.
 
@@ -233,17 +208,13 @@ def marker_agreement(ratings: pd.DataFrame, n_boot: int = 2000, n_perm: int = 10
     Rows ``human_human_*`` give the pooled human-human baseline over every pair of raters of a marker
     (pairs ordered by rater_id), and ``keep_endorsement`` the share of comparisons where the rater kept
     the marker (when the CSV has ``keep``), both with marker-bootstrap intervals."""
-    from sklearn.metrics import cohen_kappa_score
-
     data = ratings.sort_values(["marker_id", "rater_id"]).reset_index(drop=True)
     marker_codes, marker_ids = pd.factorize(data["marker_id"])
     h, a = data["human"].to_numpy(float), data["automated"].to_numpy(float)
     n_markers = len(marker_ids)
     point = _marker_stats(h, a, marker_codes, np.ones((1, len(data))))
-    point["kappa_quadratic"] = np.array(
-        [cohen_kappa_score(data["human"], data["automated"], weights="quadratic", labels=list(SCALE))]
-    )
-    counts = _marker_counts(n_markers, n_boot, seed)
+    point["kappa_quadratic"] = np.array([weighted_kappa(data["human"], data["automated"], SCALE)])
+    counts = bootstrap_group_counts(n_markers, n_boot, seed)
     boot = _marker_stats(h, a, marker_codes, counts[:, marker_codes])
 
     # permutations: each marker's automated score shuffled among the markers of its language
@@ -263,9 +234,7 @@ def marker_agreement(ratings: pd.DataFrame, n_boot: int = 2000, n_perm: int = 10
         null["within_two"].append((diff <= 2).mean(1))
         null["mae"].append(diff.mean(1))
         # the marginals do not change under permutation: only E[(h - a)^2] moves
-        observed = ((h - a_perm) ** 2).mean(1)
-        chance = h.var() + a.var() + (h.mean() - a.mean()) ** 2
-        null["kappa_quadratic"].append(1.0 - observed / chance if chance > 0 else np.full(size, np.nan))
+        null["kappa_quadratic"].append(quadratic_kappa_fixed_chance(h, a, a_perm))
         mean_h = np.bincount(marker_codes, weights=h) / np.bincount(marker_codes)
         rh = stats.rankdata(mean_h)
         ra = stats.rankdata(shuffled, axis=1)
@@ -278,7 +247,7 @@ def marker_agreement(ratings: pd.DataFrame, n_boot: int = 2000, n_perm: int = 10
         nulls = np.concatenate(null[metric]) if n_perm else np.array([])
         finite = nulls[np.isfinite(nulls)]
         better = (finite >= value - 1e-12) if HIGHER_IS_BETTER[metric] else (finite <= value + 1e-12)
-        lo, hi = _interval(boot[metric])
+        lo, hi = percentile_interval(boot[metric])
         rows.append(
             {
                 "metric": metric,
@@ -296,7 +265,7 @@ def marker_agreement(ratings: pd.DataFrame, n_boot: int = 2000, n_perm: int = 10
         kept = data["keep"].notna().to_numpy()
         y = (data["keep"] == "keep").to_numpy(float)
         w = counts[:, marker_codes] * kept
-        lo, hi = _interval(w @ y / w.sum(1))
+        lo, hi = percentile_interval(w @ y / w.sum(1))
         rows.append(
             {
                 "metric": "keep_endorsement",
@@ -318,8 +287,6 @@ def human_human(
     """The pooled human-human baseline (App. D.2.1): every pair of raters of one marker (ordered by
     rater_id); quadratic-weighted kappa, MAE and within-two agreement over pairs, intervals from the
     same marker resamples (``counts``)."""
-    from sklearn.metrics import cohen_kappa_score
-
     first, second, pair_marker = [], [], []
     for code, g in data.groupby(marker_codes, sort=True):
         values = g.sort_values("rater_id")["human"].to_numpy(float)
@@ -347,18 +314,13 @@ def human_human(
     diff = np.abs(x - y)
     with np.errstate(invalid="ignore", divide="ignore"):  # a resample without any rated pair: NaN, left out
         values = {
-            "kappa_quadratic": (
-                cohen_kappa_score(x.astype(int), y.astype(int), weights="quadratic", labels=list(SCALE))
-                if len(np.unique(np.r_[x, y])) > 1
-                else np.nan,
-                quadratic_kappa(x, y, w),
-            ),
+            "kappa_quadratic": (weighted_kappa(x.astype(int), y.astype(int), SCALE), quadratic_kappa(x, y, w)),
             "mae": (diff.mean(), w @ diff / w.sum(1)),
             "within_two": ((diff <= 2).mean(), w @ (diff <= 2) / w.sum(1)),
         }
     rows = []
     for metric, (value, boot) in values.items():
-        lo, hi = _interval(np.asarray(boot, float))
+        lo, hi = percentile_interval(boot)
         rows.append(
             {
                 "metric": f"human_human_{metric}",
@@ -423,9 +385,8 @@ def poststratification_weights(items: pd.DataFrame, corpus: pd.DataFrame | None)
 def fleiss(ratings: pd.DataFrame, seed: int = 42) -> tuple[float, int, int]:
     """Fleiss' kappa among the raters of one language (statsmodels), on the items with the most common
     number k >= 2 of ratings or more (items with more keep a seeded random k of them, since Fleiss' kappa
-    needs the same number per item). Returns (kappa, items used, k)."""
-    from statsmodels.stats.inter_rater import fleiss_kappa
-
+    needs the same number per item); a single category used is perfect agreement, 1. Returns (kappa,
+    items used, k)."""
     per_item = ratings.groupby("item_id").size()
     eligible = per_item[per_item >= 2]
     if eligible.empty:
@@ -442,15 +403,13 @@ def fleiss(ratings: pd.DataFrame, seed: int = 42) -> tuple[float, int, int]:
     used = table.sum(0) > 0
     if used.sum() < 2:
         return (1.0 if len(table) else float("nan")), len(table), k
-    return float(fleiss_kappa(table[:, used], method="fleiss")), len(table), k
+    return fleiss_kappa_counts(table[:, used]), len(table), k
 
 
 def label_agreement(ratings: pd.DataFrame, corpus: pd.DataFrame | None = None, seed: int = 42) -> pd.DataFrame:
     """Per language: items, resolved items, post-stratified automated-human agreement and Cohen's kappa
     (with the item weights of :func:`poststratification_weights`), the unweighted agreement, and Fleiss'
     kappa among the human raters (Feng et al. Sec. 3.1 and App. D.2.2)."""
-    from sklearn.metrics import cohen_kappa_score
-
     items = item_reference(ratings)
     items["weight"] = poststratification_weights(items, corpus)
     rows = []
@@ -458,11 +417,7 @@ def label_agreement(ratings: pd.DataFrame, corpus: pd.DataFrame | None = None, s
         r = g[g["reference"].notna()]
         agree = (r["automated"] == r["reference"]).to_numpy(float)
         w = r["weight"].to_numpy(float)
-        kappa = (
-            cohen_kappa_score(r["automated"], r["reference"], sample_weight=w)
-            if len(r) and len(set(r["automated"]) | set(r["reference"])) > 1 and w.sum() > 0
-            else np.nan
-        )
+        kappa = cohen_kappa(r["automated"], r["reference"], sample_weight=w)
         fk, n_fk, k = fleiss(ratings[ratings["language"] == lang], seed)
         rows.append(
             {

@@ -23,11 +23,10 @@ from storybias import paths
 ROOT = paths.repo_root()
 
 # Test markers, registered here rather than in pyproject.toml (the Makefile hashes pyproject.toml
-# into the environment's stamp, so editing it would rebuild .venv). `make test-fast` deselects all three.
+# into the environment's stamp, so editing it would rebuild .venv). `make test-fast` deselects both.
 MARKERS = {
     "slow": "runs the embedded model through vLLM (minutes)",
     "browser": "drives headless Chromium (scripts/install-browser.sh installs it; `make test` runs it)",
-    "gpu": "needs an NVIDIA GPU and vLLM's CUDA build (DEVICE=cuda)",
 }
 
 
@@ -166,7 +165,7 @@ def local_server(kill_profile):
 @pytest.fixture(scope="session")
 def killed_run(kill_profile, local_server):
     path, env, tmp = kill_profile
-    work = Path(env["STORYBIAS_DATA"]) / "pytest-kill" / "work" / "generate"
+    work = Path(env["STORYBIAS_DATA"]) / "pytest-kill" / "cache"  # storybias.cache: stage 01's answers
     log = open(tmp / "killed.log", "w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "storybias.cli", "generate", str(path)],
@@ -192,8 +191,10 @@ def killed_run(kill_profile, local_server):
     time.sleep(1)
     shards = sorted(work.glob("part-*.parquet"))
     before = pd.concat([pq.read_table(s).to_pandas() for s in shards], ignore_index=True)
+    # a story's request is keyed by its id, and the cache's answer time is the story's generated_at
+    before = before.rename(columns={"logical_key": "story_id", "created_at": "generated_at"})
     # Observed now, before any other fixture resumes the run (tests run in any order).
-    before.attrs["stories_written"] = (work.parent.parent / "stories.parquet").exists()
+    before.attrs["stories_written"] = (work.parent / "stories.parquet").exists()
     before.attrs["survivors"] = [
         pid
         for pid in victims

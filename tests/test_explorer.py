@@ -3,7 +3,7 @@ missing artifacts, the CLI, and the page itself driven in headless Chromium thro
 
 The browser test needs Debian's chromium and chromium-driver (scripts/install-browser.sh); without
 them it fails, naming the install command, instead of skipping. Those tests carry the `browser`
-marker, so `make test-fast` (-m "not slow and not browser and not gpu") deselects them where there
+marker, so `make test-fast` (-m "not slow and not browser") deselects them where there
 is no Chromium, while `make test` installs it and runs them.
 """
 

@@ -85,9 +85,9 @@ def test_licence_and_changelog():
 
 def test_markers_are_registered_and_test_fast_deselects_them(pytestconfig):
     registered = {line.split(":", 1)[0] for line in pytestconfig.getini("markers")}
-    assert {"slow", "browser", "gpu"} <= registered
+    assert {"slow", "browser"} <= registered
     recipe = re.search(r"^test-fast:.*\n\t(.*)$", (ROOT / "Makefile").read_text(), re.M).group(1)
-    assert '-m "not slow and not browser and not gpu"' in recipe
+    assert '-m "not slow and not browser"' in recipe
 
 
 def test_browser_tests_are_marked():

@@ -234,9 +234,9 @@ test: $(VENV_STAMP)  ## every test, the slow ones (embedded model) and the brows
 	scripts/install-browser.sh
 	$(VENV)/bin/pytest tests
 
-# Markers (registered in tests/conftest.py): slow = the embedded model, browser = Chromium, gpu = CUDA.
-test-fast: $(VENV_STAMP)  ## the tests that need no model, browser or GPU (runs anywhere, a few minutes)
-	$(VENV)/bin/pytest -m "not slow and not browser and not gpu" tests
+# Markers (registered in tests/conftest.py): slow = the embedded model, browser = Chromium.
+test-fast: $(VENV_STAMP)  ## the tests that need no model or browser (runs anywhere, a few minutes)
+	$(VENV)/bin/pytest -m "not slow and not browser" tests
 
 # Lint, format and types (configured in pyproject.toml; tests/test_habits.py runs the same checks).
 lint: $(VENV_STAMP)  ## ruff check + ruff format --check on lib/ and tests/ (what pre-commit runs)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib
 import re
-import warnings
 from pathlib import Path
 
 import pandas as pd
@@ -143,36 +142,14 @@ def test_write_checks_columns_and_keeps_types(tmp_path, monkeypatch):
         artifacts.write("r", "nope", {})
 
 
-def test_old_extraction_section_is_read_with_a_warning(tmp_path):
+def test_an_unknown_section_is_refused_by_name(tmp_path):
+    """The old `extraction:` section (renamed `extract:`) is an unknown key like any other."""
     raw = yaml.safe_load((ROOT / "params" / "smoke.yaml").read_text())
-    new = tmp_path / "new.yaml"
-    new.write_text(yaml.safe_dump(raw))
     raw["extraction"] = raw.pop("extract")
     old = tmp_path / "old.yaml"
     old.write_text(yaml.safe_dump(raw))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        got = params.load(old)
-    assert any(
-        issubclass(w.category, FutureWarning) and "`extraction:` is now `extract:`" in str(w.message) for w in caught
-    )
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # the new name: no warning
-        expected = params.load(new)
-    assert got.profile.extract == expected.profile.extract
-    assert got.stage_digest("extract") == expected.stage_digest("extract")
-    # the stamp Make compares is the one written before the rename: existing runs do not rerun stage 03
-    import hashlib
-    import json
-
-    dumped = expected.profile.model_dump(mode="json")
-    before = {"filter": dumped["filter"], "extraction": dumped["extract"]}
-    assert expected.stage_digest("extract") == hashlib.sha256(json.dumps(before, sort_keys=True).encode()).hexdigest()
-    raw["extract"] = raw["extraction"]
-    both = tmp_path / "both.yaml"
-    both.write_text(yaml.safe_dump(raw))
-    with pytest.raises(params.ParamsError, match="both `extraction:` and `extract:`"):
-        params.load(both)
+    with pytest.raises(params.ParamsError, match="extraction"):
+        params.load(old)
 
 
 def test_cli_prints_stage_outputs_and_data_contract(capsys):

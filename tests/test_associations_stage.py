@@ -212,7 +212,7 @@ def test_human_ratings_file_is_checked_before_any_work(tmp_path, monkeypatch):
 def test_judge_ratings_are_reused_only_for_the_same_request(tmp_path, monkeypatch):
     """Issue #12.2: a rating is reused while its prompt, schema, model and sampling are unchanged;
     an edited judge prompt asks again (it used to reuse the old rating)."""
-    from storybias.engines import FakeEngine
+    from fake_engine import FakeEngine
 
     asked: list[str] = []
 
@@ -234,18 +234,20 @@ def test_judge_ratings_are_reused_only_for_the_same_request(tmp_path, monkeypatc
     first, _ = J.run_judges(items, p, progress=False, engine_factory=judge)
     assert len(asked) == 1 and first["harm"].tolist() == [2.0]
     second, info = J.run_judges(items, p, progress=False, engine_factory=judge)
-    assert len(asked) == 1 and info == [], "an unchanged request is answered from the shards"
+    assert len(asked) == 1, "an unchanged request is answered from the run's cache"
+    assert info[0]["n_requests"] == 0 and info[0]["reuse"] == {"reused": 1}
     assert second.equals(first)
     original = J.judge_prompt
     monkeypatch.setattr(J, "judge_prompt", lambda item, order: original(item, order) + "\nOne more instruction.")
-    third, _ = J.run_judges(items, p, progress=False, engine_factory=judge)
+    third, info = J.run_judges(items, p, progress=False, engine_factory=judge)
     assert len(asked) == 2 and len(third) == 1, "the edited prompt is asked again, and only its rating is kept"
+    assert info[0]["reuse"] == {"prompt changed": 1}
 
 
 def test_a_failed_judge_request_is_counted_not_stored_and_asked_again(tmp_path, monkeypatch):
     """Issue #14: a request that fails after the engine's retries is data (counted per judge), and a
     rerun asks for exactly the failed ones."""
-    from storybias.engines import FakeEngine
+    from fake_engine import FakeEngine
 
     asked: list[str] = []
     failing = {"on": True}

@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 import yaml
 
+from fake_engine import FakeEngine
 from storybias import artifacts, designs, generate, langid, params, paths, prompts
 from storybias import filter as filter_stage
-from storybias.engines import FakeEngine
 
 STORY = (
     "Once upon a time a small owl lived in a quiet forest near the river. Every night she flew over "

@@ -10,8 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from storybias import extract, io, params, paths
-from storybias.engines import FakeEngine
+from fake_engine import FakeEngine
+from storybias import extract, extract_stage, io, params, paths
 from storybias.prompts import load_design
 
 ALL = ("demographics", "narrative", "markers")
@@ -103,28 +103,10 @@ def test_majority_vote_and_ties():
     assert extract.majority(["a", "b"]) == "unknown"
     assert extract.majority(["a", "b", "c", "c", "b"]) == "unknown"
     assert extract.majority([]) == "unknown"
-    assert extract.majority_list([["brave", "kind"], ["brave"], ["kind", "tall"]]) == ["brave", "kind"]
-    assert extract.majority_list([["brave"], ["kind"]]) == []
     records = [extract.to_record(answer(income_level=v), ALL) for v in ("low", "low", "high")]
     assert extract.combine(records)["demo_income_level"] == "low"
     tie = [extract.to_record(answer(income_level=v), ALL) for v in ("low", "high")]
     assert extract.combine(tie)["demo_income_level"] == "unknown"
-
-
-def test_cohen_kappa_hand_computed():
-    # 10 items, two raters. Table: yes/yes 4, yes/no 1, no/yes 1, no/no 4.
-    a = ["y"] * 5 + ["n"] * 5
-    b = ["y", "y", "y", "y", "n", "y", "n", "n", "n", "n"]
-    # p_o = 0.8; p_e = 0.5*0.5 + 0.5*0.5 = 0.5; kappa = (0.8 - 0.5) / 0.5 = 0.6
-    assert extract.cohen_kappa(a, b) == pytest.approx(0.6)
-    assert pd.isna(extract.cohen_kappa(["x", "x"], ["x", "x"]))
-
-
-def test_fleiss_kappa_hand_computed():
-    # 4 items x 3 raters; categories a/b.
-    ratings = [["a", "a", "a"], ["a", "a", "b"], ["b", "b", "b"], ["a", "b", "b"]]
-    # P_i = [1, 1/3, 1, 1/3] -> P_bar = 2/3; p_a = p_b = 0.5 -> P_e = 0.5; kappa = (2/3 - 1/2)/(1/2) = 1/3
-    assert extract.fleiss_kappa(ratings) == pytest.approx(1 / 3)
 
 
 def test_agreement_table_counts_unknown():
@@ -199,8 +181,8 @@ class ScriptedExtractor(FakeEngine):
 
     def _answer(self, r):
         story = r.messages[-1]["content"].split("Story:\n", 1)[1]
-        n = self.seen.get(r.key, 0)
-        self.seen[r.key] = n + 1
+        n = self.seen.get(story, 0)  # attempts of this story so far
+        self.seen[story] = n + 1
         text = json.dumps(answer(income_level="low"))
         if "HOPELESS" in story or ("BROKEN" in story and n == 0):
             text = text[:40]
@@ -228,8 +210,8 @@ def test_stage_keeps_and_counts_parse_failures(tmp_path, monkeypatch):
         }
     )
     io.write_parquet_atomic(filtered, paths.filtered_path("unit-extract"))
-    monkeypatch.setattr("storybias.engines.preflight", lambda spec: (Path("."), "scripted"))
-    result = extract.run(p, progress=False, engine_factory=ScriptedExtractor, log=lambda m: None)
+    monkeypatch.setattr("storybias.extract_stage.preflight", lambda spec: (Path("."), "scripted"))
+    result = extract_stage.run(p, progress=False, engine_factory=ScriptedExtractor, log=lambda m: None)
     ex = result["extractions"].set_index("story_id")
     assert len(ex) == 5
     # written with the contract's types even where a column is empty here (no names, no markers)
@@ -248,14 +230,14 @@ def test_stage_keeps_and_counts_parse_failures(tmp_path, monkeypatch):
     assert gold["n_items"] == 6 and len(gold["languages"]) == 6, "round-robin over the gold languages"
     assert set(gold["scores"]["field"]) >= {"protagonist_gender", "demo_income_level", "protagonist_name"}
     # a rerun has nothing left to do and gives the same table
-    again = extract.run(p, progress=False, engine_factory=ScriptedExtractor, log=lambda m: None)
+    again = extract_stage.run(p, progress=False, engine_factory=ScriptedExtractor, log=lambda m: None)
     assert again["raw"].shape == raw_answers.shape
 
 
 def test_changed_story_or_schema_recomputes_only_what_changed(tmp_path, monkeypatch):
     """Issue #12.2: an answer stored for an old story text (or an old schema) used to be reused."""
     monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path / "data"))
-    monkeypatch.setattr("storybias.engines.preflight", lambda spec: (Path("."), "scripted"))
+    monkeypatch.setattr("storybias.extract_stage.preflight", lambda spec: (Path("."), "scripted"))
     raw = yaml.safe_load((paths.params_dir() / "smoke.yaml").read_text())
     raw["run_name"] = "unit-refresh"
     raw["extract"] = {"retries": 0, "self_consistency_sample": 0, "gold_sample": 0, "prompt_design": "one_answer"}
@@ -290,26 +272,74 @@ def test_changed_story_or_schema_recomputes_only_what_changed(tmp_path, monkeypa
             yield from super().stream(requests)
 
     write_stories(["One story.", "Two story.", "Three story."])
-    extract.run(load(), progress=False, engine_factory=Counting, log=lambda m: None)
+    extract_stage.run(load(), progress=False, engine_factory=Counting, log=lambda m: None)
     assert sorted(asked) == ["s0", "s1", "s2"]
     asked.clear()
     write_stories(["One story, regenerated.", "Two story.", "Three story."])
-    again = extract.run(load(), progress=False, engine_factory=Counting, log=lambda m: None)
+    again = extract_stage.run(load(), progress=False, engine_factory=Counting, log=lambda m: None)
     assert asked == ["s0"]
     manifest = io.read_json(paths.manifest_path("unit-refresh", "extract"))
-    assert manifest["reuse"] == {"recomputed: story text changed": 1, "reused": 2}
+    assert manifest["reuse"] == {"prompt changed": 1, "reused": 2}
     assert len(again["raw"]) == 3, "the stage's tables hold the current answers only"
     asked.clear()
-    extract.run(load(max_list_items=3), progress=False, engine_factory=Counting, log=lambda m: None)
+    extract_stage.run(load(max_list_items=3), progress=False, engine_factory=Counting, log=lambda m: None)
     assert sorted(asked) == ["s0", "s1", "s2"]
     manifest = io.read_json(paths.manifest_path("unit-refresh", "extract"))
-    assert manifest["reuse"] == {"recomputed: extraction prompt or schema changed": 3}
+    assert manifest["reuse"] == {"constraint changed": 3}  # the schema's list length
+    asked.clear()
+    extract_stage.run(load(max_list_items=3), progress=False, engine_factory=Counting, log=lambda m: None)
+    assert asked == [], "an unchanged run asks nothing"
 
 
-def _assembled(consensus: str, answers_by_extractor: dict[str, str]) -> pd.Series:
+@pytest.mark.parametrize(
+    "engine, asked_again",
+    [({"compact_json": True}, 3), ({"enforce_eager": True}, 3), ({"max_num_seqs": 4}, 0), ({"cpu_kvcache_gb": 9}, 0)],
+    ids=["compact_json", "enforce_eager", "max_num_seqs", "cpu_kvcache_gb"],
+)
+def test_an_engine_setting_that_shapes_answers_reruns_stage_03_and_one_that_cannot_does_not(
+    tmp_path, monkeypatch, engine, asked_again
+):
+    """Stage 03 runs on generation.engine: whitespace-free JSON (compact_json) used to reuse the
+    answers written with free whitespace, because neither the answer fingerprint nor the stage's
+    Make stamp read the engine settings."""
+    monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path / "data"))
+    monkeypatch.setattr("storybias.extract_stage.preflight", lambda spec: (Path("."), "scripted"))
+    raw = yaml.safe_load((paths.params_dir() / "smoke.yaml").read_text())
+    raw["run_name"] = "unit-engine"
+    raw["extract"] = {"retries": 0, "self_consistency_sample": 0, "gold_sample": 0, "prompt_design": "one_answer"}
+    path = tmp_path / "p.yaml"
+
+    def load(**settings) -> params.Params:
+        raw["generation"]["engine"] = settings
+        path.write_text(yaml.safe_dump(raw))
+        return params.load(path)
+
+    stories = pd.DataFrame(
+        {
+            "story_id": ["s0", "s1", "s2"],
+            "design": ["stereotales"] * 3,
+            "language": ["en"] * 3,
+            "model": ["m"] * 3,
+            "text": ["One.", "Two.", "Three."],
+            "cond_task": [None] * 3,
+            "is_valid": [True] * 3,
+        }
+    )
+    io.write_parquet_atomic(stories, paths.filtered_path("unit-engine"))
+    calls: list[str] = []
+    first = load()
+    extract_stage.run(first, progress=False, engine_factory=lambda s: ScriptedExtractor(s, calls=calls), log=print)
+    calls.clear()
+    changed = load(**engine)
+    extract_stage.run(changed, progress=False, engine_factory=lambda s: ScriptedExtractor(s, calls=calls), log=print)
+    assert len(calls) == asked_again
+    assert first.stage_digest("extract") != changed.stage_digest("extract"), "Make reruns stage 03 on any engine edit"
+
+
+def _assembled(answers_by_extractor: dict[str, str]) -> pd.Series:
     """``assemble`` on one stereotales story answered by the given extractors (raw texts)."""
     settings = params.ExtractionSettings(
-        models=[params.ModelSpec(name=n, source="embedded") for n in answers_by_extractor], consensus=consensus
+        models=[params.ModelSpec(name=n, source="embedded") for n in answers_by_extractor]
     )
     stories = pd.DataFrame(
         {
@@ -329,7 +359,7 @@ def _assembled(consensus: str, answers_by_extractor: dict[str, str]) -> pd.Serie
                 "pass": "primary",
                 "attempt": 0,
                 "raw": text,
-                "request_key": extract.request_key("s0", n, "primary"),
+                "request_key": f"s0|{n}|primary",
                 "story_cut": False,
             }
             for n, text in answers_by_extractor.items()
@@ -346,136 +376,20 @@ def test_consensus_of_the_extractors_that_answered():
         "e2": '{"name": "Ami',
         "e3": json.dumps(answer(income_level="low")),
     }
-    row = _assembled("answered_majority", answers)
+    row = _assembled(answers)
     assert row["parse_ok"] and row["demo_income_level"] == "low" and row["n_parse_failures"] == 1
-    assert not _assembled("all_parsed", answers)["parse_ok"]
     # the two that answered disagree: kept, the field has no majority -> unknown
     split = {**answers, "e3": json.dumps(answer(income_level="high"))}
-    row = _assembled("answered_majority", split)
+    row = _assembled(split)
     assert row["parse_ok"] and row["demo_income_level"] == "unknown"
     # nobody answered: dropped
-    assert not _assembled("answered_majority", {"e1": "no", "e2": "{", "e3": ""})["parse_ok"]
+    assert not _assembled({"e1": "no", "e2": "{", "e3": ""})["parse_ok"]
 
 
 def test_majority_is_a_strict_majority_of_the_votes_not_a_plurality():
     assert extract.majority(["a", "a", "b", "c"]) == "unknown"  # 2 of 4: a plurality, not a majority
     assert extract.majority(["a", "a", "a", "b"]) == "a"
     assert extract.majority(["a"]) == "a"
-    assert params.ExtractionSettings().consensus == "answered_majority"
-
-
-# --- the per_field prompt design (issue #15) ------------------------------------------------------
-
-
-class PerFieldExtractor(FakeEngine):
-    """Answers each per-field question as a constrained engine would: the scripted value of its field
-    (``answer()``'s), the name as text, the lists as JSON; the lists answer of a story containing
-    'BROKEN' is cut mid-object the first time it is asked."""
-
-    def __init__(self, spec, **kwargs):
-        self.seen: dict[str, int] = {}
-        super().__init__(spec, answer=self._answer, tokenizer=WordTokenizer(), **kwargs)
-
-    def _answer(self, r):
-        story = r.messages[0]["content"].split("Story:\n", 1)[1].split("\n\n---\n", 1)[0]
-        field = r.key.rpartition("#")[2]
-        data = answer(income_level="low", age="senior")
-        if field == "name":
-            return "NONE" if "NAMELESS" in story else data["name"]
-        if field == "lists":
-            n = self.seen.get(r.key, 0)
-            self.seen[r.key] = n + 1
-            text = json.dumps({k: data[k] for k in r.json_schema["properties"]})
-            return text[:25] if "BROKEN" in story and n == 0 else text
-        assert data[field] in r.choice, f"{field}: the scripted value must be one of the engine's choices"
-        return data[field]
-
-
-def test_per_field_requests_put_the_story_first_and_constrain_each_field():
-    settings = params.ExtractionSettings(prompt_design="per_field")
-    requests = extract.answer_requests("s0|e|primary|f", "Il était une fois.", ALL, settings, 0.0, 7)
-    fields = [r.key.rpartition("#")[2] for r in requests]
-    dims = [d for d in extract.dimensions() if d != "gender"]
-    assert fields == ["name", "gender", *dims, "lists"]
-    for r in requests:
-        # one shared prefix per story: the engine's prefix cache computes the story once
-        assert r.messages[0]["content"].startswith("Story:\nIl était une fois.\n\n---\n")
-        assert r.seed == 7 and r.sampling.temperature == 0.0
-    by_field = dict(zip(fields, requests))
-    for dim in dims:
-        assert by_field[dim].choice == extract.allowed_values(dim)
-    assert by_field["gender"].choice == list(extract.GENDER_ANSWERS)
-    # StereoTales' labels (age ranges) are shown to the extractor, not only the canonical keys
-    assert "senior: senior (65+)" in by_field["age"].messages[0]["content"]
-    assert set(by_field["lists"].json_schema["properties"]) == {"adjectives", "settings", "cultural_refs", "markers"}
-    only_demo = extract.answer_requests("k", "A story.", ["demographics"], settings, 0.0, 7)
-    assert not any(r.key.endswith("#lists") for r in only_demo), "no list question when no list is asked"
-    one = extract.answer_requests("k", "A story.", ALL, params.ExtractionSettings(prompt_design="one_answer"), 0.0, 7)
-    assert len(one) == 1 and one[0].json_schema == extract.build_schema(ALL)
-
-
-def test_per_field_answers_join_into_one_answer_and_resume_without_duplicates(tmp_path, monkeypatch):
-    monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path / "data"))
-    monkeypatch.setattr("storybias.engines.preflight", lambda spec: (Path("."), "scripted"))
-    raw = yaml.safe_load((paths.params_dir() / "smoke.yaml").read_text())
-    raw["run_name"] = "unit-perfield"
-    raw["extract"] = {
-        "retries": 1,
-        "self_consistency_sample": 0,
-        "gold_sample": 0,
-        "prompt_design": "per_field",
-        "sections": {"stereotales": ["demographics", "narrative"]},
-    }
-    path = tmp_path / "p.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    p = params.load(path)
-    texts = ["A story about Amina.", "A BROKEN story.", "A NAMELESS story.", "A fourth story."]
-    io.write_parquet_atomic(
-        pd.DataFrame(
-            {
-                "story_id": [f"s{i}" for i in range(4)],
-                "design": ["stereotales"] * 4,
-                "language": ["en"] * 4,
-                "model": ["m"] * 4,
-                "text": texts,
-                "cond_task": [None] * 4,
-                "is_valid": [True] * 4,
-            }
-        ),
-        paths.filtered_path("unit-perfield"),
-    )
-    n_questions = len(extract.answer_requests("k", "x", ("demographics", "narrative"), p.extraction, 0.0, 1))
-    # killed in the middle of the second story's questions: the first story's answer is stored whole,
-    # the second's partial answers are not stored at all
-    with pytest.raises(KeyboardInterrupt):
-        extract.run(
-            p,
-            progress=False,
-            log=lambda m: None,
-            engine_factory=lambda spec: PerFieldExtractor(spec, crash_after=n_questions + 3),
-        )
-    stored = (
-        io.ShardStore(paths.work_dir("unit-perfield", "extract"), key="answer_key", schema=extract._raw_schema())
-        .read_all()
-        .to_pandas()
-    )
-    assert stored["story_id"].tolist() == ["s0"] and stored["parse_ok"].tolist() == [True]
-    calls: list[str] = []
-    result = extract.run(
-        p, progress=False, log=lambda m: None, engine_factory=lambda spec: PerFieldExtractor(spec, calls=calls)
-    )
-    assert not any(c.startswith("s0|") for c in calls), "a stored answer is never asked again"
-    ex = result["extractions"].set_index("story_id")
-    assert ex["parse_ok"].all()
-    assert ex.at["s0", "demo_income_level"] == "low" and ex.at["s0", "demo_age"] == "senior"
-    assert ex.at["s0", "demo_gender"] == "woman" and ex.at["s0", "protagonist_name"] == "Amina"
-    assert pd.isna(ex.at["s2", "protagonist_name"]), "NONE means unnamed"
-    assert list(ex.at["s0", "adjectives_en"]) == ["brave"]
-    # the cut list answer was kept as a failed attempt, then retried: one answer per attempt, no duplicate
-    final = result["raw"]
-    broken = final[final["story_id"] == "s1"].sort_values("attempt")
-    assert broken["parse_ok"].tolist() == [False, True] and "lists_raw" in broken["raw"].iloc[0]
-    assert final["answer_key"].is_unique and len(final) == 5
 
 
 def test_gold_targets_count_answers_guesses_and_accuracy_separately():
@@ -501,67 +415,46 @@ def test_gold_targets_count_answers_guesses_and_accuracy_separately():
     assert table.set_index("language").at["target", "adjective_f1"] == extract.GOLD_TARGETS["adjective_f1"]
 
 
-@pytest.mark.parametrize("facts_first", [False, True])
+@pytest.mark.parametrize("with_facts", [False, True])
 @pytest.mark.parametrize(
     "sections", [("demographics",), ("narrative",), ("markers",), ("demographics", "narrative"), ALL]
 )
-def test_every_worked_example_answers_within_the_schema(sections, facts_first):
+def test_every_worked_example_answers_within_the_schema(sections, with_facts):
     examples = extract.load_worked_examples()
     assert len(examples) >= 2
     for example in examples:
-        answer = extract.example_answer(example["answer"], sections, facts_first)
+        answer = extract.example_answer(example["answer"], sections, with_facts)
         parsed = extract.parse_answer(answer, sections)
         assert parsed.ok, (example["answer"]["name"], parsed.error)
-        assert list(json.loads(answer)) == list(extract.build_schema(sections, facts_first=facts_first)["properties"])
+        assert list(json.loads(answer)) == list(extract.build_schema(sections, with_facts=with_facts)["properties"])
         # a worked example must not come from the gold set that scores the extractor
         assert all(example["text"][:60] not in item["text"] for item in extract.load_gold())
 
 
-def test_worked_examples_precede_each_story_as_one_shared_prefix():
-    settings = params.ExtractionSettings()
-    assert settings.prompt_design == "one_answer" and settings.worked_examples and not settings.facts_first
-    a = extract.answer_requests("a", "First story.", ["demographics"], settings, 0.0, 7)[0]
-    b = extract.answer_requests("b", "Second story.", ["demographics"], settings, 0.0, 7)[0]
+@pytest.mark.parametrize("design", ["one_answer", "two_step"])
+def test_worked_examples_precede_each_story_as_one_shared_prefix(design):
+    settings = params.ExtractionSettings(prompt_design=design)
+    a = extract.extraction_request("a", "First story.", ["demographics"], settings, 0.0, 7)
+    b = extract.extraction_request("b", "Second story.", ["demographics"], settings, 0.0, 7)
     n_examples = len(extract.load_worked_examples())
     assert len(a.messages) == 2 * n_examples + 1
     assert [m["role"] for m in a.messages[:2]] == ["user", "assistant"]
     assert a.messages[:-1] == b.messages[:-1]  # the prefix the engine's cache computes once
     assert a.messages[-1]["content"].endswith("Story:\nFirst story.")
-    plain = extract.answer_requests(
-        "a", "First story.", ["demographics"], settings.model_copy(update={"worked_examples": False}), 0.0, 7
-    )
-    assert len(plain[0].messages) == 1
 
 
-def test_facts_first_opens_the_answer_and_stays_out_of_the_table():
-    settings = params.ExtractionSettings(facts_first=True)
-    [request] = extract.answer_requests("a", "A story.", ["demographics"], settings, 0.0, 7)
+def test_two_step_opens_a_demographic_answer_with_facts_that_stay_out_of_the_table():
+    settings = params.ExtractionSettings()
+    assert settings.prompt_design == "two_step", "the schema's default design"
+    request = extract.extraction_request("a", "A story.", ["demographics"], settings, 0.0, 7)
     assert list(request.json_schema["properties"])[0] == "facts"
     assert extract.FACTS_RULE in request.messages[-1]["content"]
     answer = json.loads(extract.example_answer(extract.load_worked_examples()[0]["answer"], ["demographics"], True))
     parsed = extract.parse_answer(json.dumps(answer), ["demographics"])
     assert parsed.ok and "facts" not in extract.to_record(parsed.data, ["demographics"])
-
-
-def test_changing_the_worked_examples_or_facts_first_changes_the_answer_fingerprint():
-    spec = params.ModelSpec(name="qwen2.5-coder-1.5b", source="embedded")
-    base = params.ExtractionSettings()
-    prints = {
-        extract.answer_fingerprint("A story.", ["demographics"], "primary", spec, s)
-        for s in (
-            base,
-            base.model_copy(update={"worked_examples": False}),
-            base.model_copy(update={"facts_first": True}),
-        )
-    }
-    assert len(prints) == 3
-
-
-def test_worked_examples_need_the_one_answer_design():
-    assert not params.ExtractionSettings(prompt_design="per_field").facts_first  # the default is accepted
-    for key in ("worked_examples", "facts_first"):
-        with pytest.raises(ValueError, match=f"{key}: true needs prompt_design: one_answer"):
-            params.ExtractionSettings(prompt_design="per_field", **{key: True})
+    one_answer = settings.model_copy(update={"prompt_design": "one_answer"})
+    one = extract.extraction_request("a", "A story.", ["demographics"], one_answer, 0.0, 7)
+    assert "facts" not in one.json_schema["properties"]
 
 
 def test_worked_examples_are_read_once_per_version_of_the_file(tmp_path, monkeypatch):

@@ -9,8 +9,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from storybias import extract, extract_facts, io, params, paths
-from storybias.engines import FakeEngine
+from fake_engine import FakeEngine
+from storybias import extract, extract_facts, extract_stage, io, params, paths
+from storybias.cache import ResponseCache
 
 DEMO = ("demographics",)
 
@@ -53,8 +54,6 @@ def test_worked_examples_precede_the_facts_as_answered_turns():
     # everything before this story's facts is the same for every story (one shared prefix)
     other = extract_facts.map_messages("a retired farmer", settings)
     assert other[:-1] == messages[:-1]
-    bare = extract_facts.map_messages("x", params.ExtractionSettings(prompt_design="two_step", worked_examples=False))
-    assert len(bare) == 1
 
 
 def test_merge_fills_only_what_step_1_left_unknown_and_says_which():
@@ -98,9 +97,10 @@ def test_map_fields_limit_what_step_2_is_asked_and_what_it_may_fill():
     # other fields, another request: answers stored under the full list are not reused
     spec = params.ModelSpec(name="e", source="embedded")
     rows = _answers([("s0", "primary", step1("seventy; retired"))])
-    full = extract_facts.map_jobs(rows, spec, params.ExtractionSettings(prompt_design="two_step"), {"s0": DEMO})
-    some = extract_facts.map_jobs(rows, spec, settings, {"s0": DEMO})
-    assert full[0]["request_key"] != some[0]["request_key"]
+    every = params.ExtractionSettings(prompt_design="two_step")
+    [full] = extract_facts.map_requests(extract_facts.map_jobs(rows, spec, every, {"s0": DEMO}), every, 1)
+    [some] = extract_facts.map_requests(extract_facts.map_jobs(rows, spec, settings, {"s0": DEMO}), settings, 1)
+    assert full.key == some.key and full.json_schema != some.json_schema and full.messages != some.messages
 
 
 @pytest.mark.parametrize(
@@ -161,19 +161,21 @@ def test_map_jobs_need_demographics_parsed_answers_and_quoted_facts():
     jobs = extract_facts.map_jobs(answers, spec, settings, sections)
     assert [j["story_id"] for j in jobs] == ["s0"] and jobs[0]["pass"] == "primary_map"
     again = extract_facts.map_jobs(answers.assign(raw=[step1("forty"), *answers["raw"][1:]]), spec, settings, sections)
-    assert again[0]["request_key"] != jobs[0]["request_key"], "other facts, another step-2 answer"
+    [before] = extract_facts.map_requests(jobs, settings, 1)
+    [after] = extract_facts.map_requests(again, settings, 1)
+    assert before.messages[-1] != after.messages[-1], "other facts, another step-2 request (another cache entry)"
 
 
 def test_two_step_asks_for_facts_only_where_demographics_are_asked():
     settings = params.ExtractionSettings(prompt_design="two_step")
-    demo = extract.answer_requests("k", "A story.", DEMO, settings, 0.0, 1)
-    narrative = extract.answer_requests("k", "A story.", ("narrative",), settings, 0.0, 1)
-    assert len(demo) == 1 and list(demo[0].json_schema["properties"])[0] == "facts"
-    assert "facts" not in narrative[0].json_schema["properties"]
-    one = params.ExtractionSettings(prompt_design="one_answer")
-    assert extract.answer_fingerprint(
-        "t", DEMO, "primary", params.ModelSpec(name="e", source="embedded"), settings
-    ) != (extract.answer_fingerprint("t", DEMO, "primary", params.ModelSpec(name="e", source="embedded"), one))
+    demo = extract.extraction_request("k", "A story.", DEMO, settings, 0.0, 1)
+    narrative = extract.extraction_request("k", "A story.", ("narrative",), settings, 0.0, 1)
+    assert list(demo.json_schema["properties"])[0] == "facts"
+    assert "facts" not in narrative.json_schema["properties"]
+    one = extract.extraction_request(
+        "k", "A story.", DEMO, params.ExtractionSettings(prompt_design="one_answer"), 0.0, 1
+    )
+    assert one.json_schema != demo.json_schema, "the two designs never share a cache entry"
 
 
 class TwoStepExtractor(FakeEngine):
@@ -193,8 +195,8 @@ class TwoStepExtractor(FakeEngine):
             story = r.messages[-1]["content"].split("Story:\n", 1)[1]
             facts = "" if "VAGUE" in story else story
             text = step1(facts, income_level="middle")
-            first_time = r.key not in self.seen
-            self.seen.add(r.key)
+            first_time = story not in self.seen
+            self.seen.add(story)
             return text[:30] if "BROKEN" in story and first_time else text  # cut once, then retried
         self.step_2_answers += 1
         if self.step_2_answers == self.kill_in_step_2:
@@ -205,7 +207,7 @@ class TwoStepExtractor(FakeEngine):
 
 def test_stage_runs_both_steps_resumes_after_a_kill_and_never_asks_twice(tmp_path, monkeypatch):
     monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path / "data"))
-    monkeypatch.setattr("storybias.engines.preflight", lambda spec: (Path("."), "scripted"))
+    monkeypatch.setattr("storybias.extract_stage.preflight", lambda spec: (Path("."), "scripted"))
     raw = yaml.safe_load((paths.params_dir() / "smoke.yaml").read_text())
     raw["run_name"] = "unit-twostep"
     raw["extract"] = {
@@ -235,14 +237,14 @@ def test_stage_runs_both_steps_resumes_after_a_kill_and_never_asks_twice(tmp_pat
     # killed in step 2's second answer, after the five step-1 answers were stored: the finished step-2
     # answer is stored on the way out (storybias.runner flushes what it received)
     with pytest.raises(KeyboardInterrupt):
-        extract.run(
+        extract_stage.run(
             p, progress=False, log=lambda m: None, engine_factory=lambda spec: TwoStepExtractor(spec, kill_in_step_2=2)
         )
-    stored = io.ShardStore(paths.work_dir("unit-twostep", "extract"), key="answer_key", schema=extract._raw_schema())
+    stored = ResponseCache.for_run("unit-twostep").store.read_all().to_pandas()
     # five step-1 answers, one of them in two attempts (the first was cut), and one step-2 answer
-    assert sorted(stored.read_all().to_pandas()["pass"]) == ["primary"] * 6 + ["primary_map"]
+    assert sorted(k.split("|")[2] for k in stored["logical_key"]) == ["primary"] * 6 + ["primary_map"]
     calls: list[str] = []
-    result = extract.run(
+    result = extract_stage.run(
         p, progress=False, log=lambda m: None, engine_factory=lambda spec: TwoStepExtractor(spec, calls=calls)
     )
     assert not any(c.split("|")[2] == "primary" for c in calls), "stored step-1 answers are never asked again"
@@ -270,7 +272,7 @@ def test_stage_runs_both_steps_resumes_after_a_kill_and_never_asks_twice(tmp_pat
         "filled_per_field": {"age": 3},
     }
     calls.clear()
-    again = extract.run(
+    again = extract_stage.run(
         p, progress=False, log=lambda m: None, engine_factory=lambda spec: TwoStepExtractor(spec, calls=calls)
     )
     assert calls == [] and again["raw"].shape == final.shape, "a finished run has nothing left to ask"

@@ -11,8 +11,9 @@ import pandas as pd
 import pytest
 import yaml
 
+from fake_engine import FakeEngine
 from storybias import generate, params, paths
-from storybias.engines import FakeEngine
+from storybias.cache import ResponseCache, cache_dir
 from storybias.prompts import ALL_CONDITION_COLUMNS
 
 CONTRACT = [
@@ -32,7 +33,7 @@ CONTRACT = [
 
 
 class ScriptedEngine(FakeEngine):
-    """The one fake engine (storybias.engines.FakeEngine), recording every request in ``calls``."""
+    """The one fake engine (storybias.FakeEngine), recording every request in ``calls``."""
 
     calls: list[str] = []
 
@@ -102,7 +103,9 @@ def test_run_writes_the_contract(tmp_path, data_dir, monkeypatch):
     manifest = result.manifest
     assert manifest["n_stories"] == len(stories)
     assert manifest["models"][0]["n_generated_this_run"] == len(stories)
-    assert not any(paths.work_dir("unit", "generate").glob("part-*.parquet")), "shards are cleared after assembly"
+    cached = ResponseCache.for_run("unit").store.read_all().to_pandas()
+    assert sorted(cached["logical_key"]) == sorted(stories["story_id"]), "every story is in the run's cache"
+    assert set(stories["gen_config"]) == set(cached["cache_key"])
 
 
 def test_crash_then_resume_generates_only_the_rest(tmp_path, data_dir, monkeypatch):
@@ -112,7 +115,7 @@ def test_crash_then_resume_generates_only_the_rest(tmp_path, data_dir, monkeypat
         generate.run(p, progress=False, engine_factory=lambda s: ScriptedEngine(s, crash_after=5), log=lambda m: None)
     assert not paths.stories_path("unit").exists()
     first = list(ScriptedEngine.calls)
-    shards = list(paths.work_dir("unit", "generate").glob("part-*.parquet"))
+    shards = list(cache_dir("unit").glob("part-*.parquet"))
     persisted = sum(len(pd.read_parquet(s)) for s in shards)
     # two full shards of 2, and the fifth story, flushed by the runner as the interrupt went by
     assert persisted == 5 and len(shards) == 3
@@ -216,7 +219,7 @@ def test_changed_seed_regenerates_and_the_manifest_says_why(tmp_path, data_dir, 
     stories = second.stories
     assert len(stories) == 2 and sorted(ScriptedEngine.calls) == sorted(stories["story_id"])
     assert second.manifest["base_seed"] == 7
-    assert second.manifest["reuse"] == {"regenerated: seed changed": 2}
+    assert second.manifest["reuse"] == {"sampling changed": 2}  # the seed is part of the sampling
     assert set(stories["seed"]).isdisjoint(set(first.stories["seed"]))
     planned = generate.plan(full_small_grid(7))
     assert stories.set_index("story_id")["seed"].to_dict() == planned.set_index("story_id")["seed"].to_dict()
@@ -240,12 +243,13 @@ def test_edited_template_regenerates_with_the_new_prompt(tmp_path, data_dir, mon
     assert sorted(ScriptedEngine.calls) == sorted(bedtime["story_id"])
     assert result.manifest["reuse"] == {
         "reused": len(result.stories) - len(bedtime),
-        "regenerated: prompt changed": len(bedtime),
+        "prompt changed": len(bedtime),
     }
 
 
-def test_narrowed_profile_archives_and_widening_restores_without_generation(tmp_path, data_dir, monkeypatch):
-    """Issue #12.3: fewer samples (or a dropped language) used to delete the unplanned stories."""
+def test_narrowed_profile_keeps_its_stories_and_widening_restores_without_generation(tmp_path, data_dir, monkeypatch):
+    """Issue #12.3: fewer samples (or a dropped language) used to delete the unplanned stories; the
+    append-only cache keeps them."""
     no_preflight(monkeypatch)
 
     def samples(n):
@@ -261,12 +265,8 @@ def test_narrowed_profile_archives_and_widening_restores_without_generation(tmp_
     assert (pd.read_parquet(paths.stories_path("unit"))["sample"] == 0).all(), (
         "stories.parquet holds the planned stories only"
     )
-    assert narrow.manifest["n_archived_this_run"] == len(wide.stories) // 2
     restored = quiet_run(profile_with(tmp_path, samples(2)))
     assert ScriptedEngine.calls == [], "widening again must not generate anything"
-    assert restored.manifest["n_restored_from_archive"] == len(wide.stories) // 2
+    assert restored.manifest["reuse"] == {"reused": len(wide.stories)}
     pd.testing.assert_frame_equal(restored.stories.reset_index(drop=True), wide.stories.reset_index(drop=True))
-    # a fourth run archives nothing new: every version is stored exactly once
-    quiet_run(profile_with(tmp_path, samples(1)))
-    archive = generate.archive_store("unit").read_all().to_pandas()
-    assert archive["version_key"].is_unique and len(archive) == len(wide.stories) // 2
+    assert len(ResponseCache.for_run("unit")) == len(wide.stories), "every story is stored exactly once"

@@ -158,15 +158,9 @@ def test_select_keeps_what_the_design_rule_keeps():
     assert list(langid.select(langid.classify(stories))["story_id"]) == ["s0"]
 
 
-def test_deprecated_filter_keys_still_read_with_a_warning():
+def test_the_default_filter_rules():
     from storybias.params import FilterSettings
 
-    with pytest.warns(FutureWarning, match="deprecated"):
-        strict = FilterSettings.model_validate({"truncated_is_invalid": True})
-    assert all("truncated" in rule for rule in strict.exclude.model_dump().values())
-    with pytest.warns(FutureWarning):
-        everything = FilterSettings.model_validate({"include_invalid_downstream": True})
-    assert everything.exclude.model_dump() == {"stereotales": [], "bedtime": [], "occupations": []}
     assert FilterSettings().exclude.bedtime == ["empty", "refusal", "wrong_language", "low_confidence"]
 
 

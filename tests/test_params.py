@@ -123,21 +123,6 @@ def test_design_models_must_be_generation_models(tmp_path):
     assert "qwen2.5-coder-1.5b" in msg, "the message names the generation models to choose from"
 
 
-def test_default_embedded_model_keeps_its_fingerprint_and_the_sibling_has_its_own():
-    """Stories stored before there were two embedded models are still reused: the default key is
-    left out of the model's identity; the 0.5B model's identity names it."""
-    from storybias.generate import gen_config_hash
-    from storybias.params import ModelSpec, model_identity
-
-    big = ModelSpec(name="qwen2.5-coder-1.5b", source="embedded")
-    assert model_identity(big) == {"name": "qwen2.5-coder-1.5b", "source": "embedded"}
-    assert "embedded" not in model_identity(big, exclude_defaults=False)
-    small = ModelSpec(name="qwen2.5-coder-1.5b", source="embedded", embedded="qwen2.5-coder-0.5b")
-    assert model_identity(small)["embedded"] == "qwen2.5-coder-0.5b"
-    sampling = {"temperature": 1.0}
-    assert gen_config_hash(big, sampling, None) != gen_config_hash(small, sampling, None)
-
-
 def test_not_yaml_and_missing_file(tmp_path):
     bad = tmp_path / "broken.yaml"
     bad.write_text("generation: [unclosed\n")

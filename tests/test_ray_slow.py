@@ -20,6 +20,7 @@ import yaml
 
 from storybias import generate, params, paths
 from storybias.bench import KillAfter
+from storybias.cache import cache_dir
 from storybias.engines import Engine
 from storybias.ray_engine import RayEngine
 
@@ -65,7 +66,7 @@ def killed_and_resumed(ray_profile):
     p = ray_profile
     spec = p.generation.models[0]
     assert len(generate.plan(p)) == 4
-    work = paths.work_dir(p.run_name, "generate")
+    work = cache_dir(p.run_name)
     with pytest.raises(KeyboardInterrupt):
         generate.run(
             p,
@@ -74,6 +75,7 @@ def killed_and_resumed(ray_profile):
         )
     shards = sorted(work.glob("part-*.parquet"))
     before = pd.concat([pd.read_parquet(s) for s in shards], ignore_index=True)
+    before = before.rename(columns={"logical_key": "story_id"})
     result = generate.run(p, progress=False)  # default factory: open_engine -> RayEngine (backend: ray)
     return before, result, spec
 

@@ -261,8 +261,8 @@ def test_a_bad_key_or_url_stops_the_stage_within_seconds(local_server, monkeypat
         assert proc.returncode != 0 and time.time() - started < 30
         assert message in proc.stderr and "'bad'" in proc.stderr and KEY_ENV in proc.stderr, proc.stderr[-2000:]
         assert local_server.server.api_key not in proc.stderr + proc.stdout
-        assert not (tmp_path / "data" / "pytest-bad" / "work" / "generate").exists() or not list(
-            (tmp_path / "data" / "pytest-bad" / "work" / "generate").glob("part-*")
+        assert not (tmp_path / "data" / "pytest-bad" / "cache").exists() or not list(
+            (tmp_path / "data" / "pytest-bad" / "cache").glob("part-*")
         ), "nothing was queued"
 
 
@@ -277,7 +277,7 @@ def test_server_killed_mid_generation_then_a_new_server_resumes(local_server, ki
     raw["run_name"] = run
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     data = Path(env["STORYBIAS_DATA"]) / run
-    work = data / "work" / "generate"
+    work = data / "cache"  # storybias.cache: stage 01's answers
     log = open(tmp_path / "serverkill.log", "w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "storybias.cli", "generate", str(path)],
@@ -298,6 +298,7 @@ def test_server_killed_mid_generation_then_a_new_server_resumes(local_server, ki
     assert "cannot reach the endpoint" in output, output[-3000:]
     assert not (data / "stories.parquet").exists()
     before = pd.concat([pq.read_table(s).to_pandas() for s in sorted(work.glob("part-*.parquet"))], ignore_index=True)
+    before = before.rename(columns={"logical_key": "story_id"})
     assert before["story_id"].is_unique and (before["finish_reason"] != "error").all()
 
     local_server.restart()  # a new server, registered for every run of the session

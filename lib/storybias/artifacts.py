@@ -157,13 +157,12 @@ ARTIFACTS: tuple[Artifact, ...] = (
         "one row per valid story: the extracted protagonist, demographics and lists",
         "extract:extractions_schema()",
     ),
-    # written with the types pandas infers (large_string), as before the registry: the shards'
-    # extract._raw_schema() has string, and casting would change the file
     Artifact(
         "extraction_raw",
         "extraction_raw.parquet",
         "extract",
-        "every attempt of every extraction answer, raw text and parse status (columns: extract._raw_schema())",
+        "every attempt of every extraction answer, raw text, parse status and cache key",
+        "extract:RAW_SCHEMA",
     ),
     Artifact(
         "extraction_agreement",

@@ -55,10 +55,11 @@ from .associations import (
     run_pass,
     value_level,
 )
+from .cache import CachingEngine, ResponseCache
 from .engines import ChatEngine, Engine, EngineInfo, entered_info
-from .generate import STORIES_SCHEMA, ModelRun, _request, generate_with, plan
-from .io import ShardStore, write_json_atomic
-from .params import Params
+from .generate import ModelRun, _request, generate_with, plan
+from .io import write_json_atomic
+from .params import EngineSettings, ModelSpec, Params
 from .stats.multiple_testing import adjust, bh_thresholds
 
 
@@ -102,12 +103,31 @@ def _bare(engine: Engine, rows: list[dict[str, Any]]) -> tuple[float, int]:
     return seconds, sum(len(o.outputs[0].token_ids) for o in outputs)
 
 
-def _pipeline(engine: ChatEngine, rows: list[dict[str, Any]], folder: Path, shard_size: int) -> tuple[float, int]:
-    store = ShardStore(folder, key="story_id", schema=STORIES_SCHEMA)
-    store.clear()
+class _Borrowed:
+    """A started engine lent to a CachingEngine, which would otherwise close it when it exits: the
+    benchmarks time several passes on one engine."""
+
+    def __init__(self, engine: ChatEngine):
+        self.engine = engine
+        self.info = engine.info
+
+    def __enter__(self) -> ChatEngine:
+        return self.engine
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+def _pipeline(engine: ChatEngine, params: Params, rows: list[dict[str, Any]], folder: Path) -> tuple[float, int]:
+    """Stage 01's path on a started ``engine`` over an emptied cache in ``folder``: (seconds, tokens)."""
+    ResponseCache(folder).store.clear()
+    cache = ResponseCache(folder, params.generation.shard_size)
+    spec = params.generation.models[0]
+    cached = CachingEngine(lambda: cast(ChatEngine, _Borrowed(engine)), spec, params.generation.engine, cache)
     record = ModelRun(model=rows[0]["model"])
     started = time.time()
-    generate_with(engine, rows, store, shard_size, record, progress=False)
+    with cached:
+        generate_with(cached, rows, record, progress=False)
     return time.time() - started, record.output_tokens
 
 
@@ -132,7 +152,7 @@ def bench_generate(
                     seconds, tokens = _bare(engine, rows)
                     bare_rates.append(tokens / seconds)
                 else:
-                    seconds, tokens = _pipeline(engine, rows, Path(tmp), params.generation.shard_size)
+                    seconds, tokens = _pipeline(engine, params, rows, Path(tmp))
                     pipe_rates.append(tokens / seconds)
                 trials.append(_trial(i, path, seconds, tokens))
                 log(f"  {path:8s} repeat {i}: {tokens} tokens in {seconds:.1f} s = {tokens / seconds:.1f} tokens/s")
@@ -186,9 +206,9 @@ def bench_served(
                 with engine:
                     startup[path] = round(time.time() - started, 1)
                     log(f"{path}: start-up {startup[path]:.1f} s")
-                    _pipeline(engine, rows[: min(4, len(rows))], Path(tmp), params.generation.shard_size)  # warm-up
+                    _pipeline(engine, params, rows[: min(4, len(rows))], Path(tmp))  # warm-up
                     for i in range(repeats):
-                        seconds, tokens = _pipeline(engine, rows, Path(tmp), params.generation.shard_size)
+                        seconds, tokens = _pipeline(engine, params, rows, Path(tmp))
                         rates[path].append(tokens / seconds)
                         trials.append(_trial(i, path, seconds, tokens))
                         log(
@@ -611,32 +631,39 @@ class KillAfter:
 
 
 def kill_and_resume(
-    engine_factory: Any, rows: list[dict[str, Any]], folder: Path, shard_size: int, kill_after: int
+    engine_factory: Any,
+    spec: ModelSpec,
+    settings: EngineSettings,
+    rows: list[dict[str, Any]],
+    folder: Path,
+    shard_size: int,
+    kill_after: int,
 ) -> dict[str, Any]:
-    """Stage 01's path (``generate_with`` on atomic shards) killed after ``kill_after`` results, then
-    resumed with a fresh engine on what the shards do not hold; counts what was kept, redone, duplicated."""
-    store = ShardStore(folder, key="story_id", schema=STORIES_SCHEMA)
-    store.clear()
+    """Stage 01's path (``generate_with`` through the cache in ``folder``) killed after ``kill_after``
+    results, then resumed with a fresh engine; counts what was kept, redone, duplicated."""
+    ResponseCache(folder).store.clear()
+
+    def caching(inner: Any) -> CachingEngine:
+        return CachingEngine(lambda: inner, spec, settings, ResponseCache(folder, shard_size))
+
     try:
-        with KillAfter(engine_factory(), kill_after) as engine:
-            generate_with(
-                cast(ChatEngine, engine), rows, store, shard_size, ModelRun(model=rows[0]["model"]), progress=False
-            )
+        with caching(KillAfter(engine_factory(), kill_after)) as engine:
+            generate_with(engine, rows, ModelRun(model=rows[0]["model"]), progress=False)
     except KeyboardInterrupt:
         pass
-    kept = store.done_keys()
-    todo = [r for r in rows if r["story_id"] not in kept]
-    with engine_factory() as engine:
-        generate_with(engine, todo, store, shard_size, ModelRun(model=rows[0]["model"]), progress=False)
-    ids = store.read_all().column("story_id").to_pylist()
+    kept = len(ResponseCache(folder))
+    resumed = ModelRun(model=rows[0]["model"])
+    with caching(engine_factory()) as engine:
+        stories = generate_with(engine, rows, resumed, progress=False)
+    keys = ResponseCache(folder).store.read_all().column("logical_key").to_pylist()
     return {
         "planned": len(rows),
-        "kept_after_kill": len(kept),
-        "generated_on_resume": len(todo),
-        "stored_rows": len(ids),
-        "unique_stories": len(set(ids)),
-        "duplicates": len(ids) - len(set(ids)),
-        "missing": len({r["story_id"] for r in rows} - set(ids)),
+        "kept_after_kill": kept,
+        "generated_on_resume": resumed.n_generated,
+        "stored_rows": len(keys),
+        "unique_stories": len(set(keys)),
+        "duplicates": len(keys) - len(set(keys)),
+        "missing": len({r["story_id"] for r in rows} - {s["story_id"] for s in stories}),
     }
 
 
@@ -751,6 +778,6 @@ def _bench_ray_paths(
     )
     with tempfile.TemporaryDirectory() as tmp:
         result["kill_and_resume"] = kill_and_resume(
-            lambda: RayEngine(spec, streamed, seed), rows, Path(tmp), shard, shard
+            lambda: RayEngine(spec, streamed, seed), spec, streamed, rows, Path(tmp), shard, shard
         )
     log(f"  kill and resume: {result['kill_and_resume']}")

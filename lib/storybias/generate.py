@@ -1,42 +1,41 @@
 """Stage 01: plan the prompt grid of a run, generate every story, write stories.parquet.
 
-Resumable: finished stories are written in atomic shards under data/<run>/work/generate/ as they
-complete. After a crash or kill, a rerun keeps every story already written (from the shards, a
-previous stories.parquet or the archive) whose every input is unchanged -- rendered prompt, seed,
-model and sampling (``gen_config``) -- generates only the rest, and assembles exactly one row per
-planned story. The manifest counts why each story was generated (``reuse``: reused, new,
-"regenerated: prompt changed", "retried: error", ...).
+Every request goes through the run's one cache (``storybias.cache``, data/<run>/cache/): a story
+whose request -- rendered prompt, seed, sampling, answer constraint, model identity and the engine
+settings that shape outputs -- was answered before is read from it, the others are generated and
+stored there as they finish. After a crash or kill, a rerun generates only what the cache lacks and
+assembles exactly one row per planned story. The manifest counts why each story was generated
+(``reuse``: reused, new, "prompt changed", "sampling and model changed", ...).
 
 A request that failed after the engine's retries (a served model: a 4xx, a content filter, a
 timeout) is stored as a story with ``finish_reason`` "error" and the reason in ``error``; the stage
 finishes, the manifest counts errors per model, stage 02 marks those stories invalid ("error"), and a
-rerun asks again for exactly those (a stored error is never reused).
+rerun asks again for exactly those (the cache never stores an error).
 
-Nothing paid for is deleted: a story the profile no longer plans (a language dropped, fewer samples)
-or an older version of a regenerated one is moved to data/<run>/archive/stories/, and comes back
-without generation when the profile asks for it again.
+Nothing paid for is deleted: the cache is append-only, so a story the profile no longer plans (a
+language dropped, fewer samples) stays in it and comes back without generation when the profile asks
+for it again.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
-import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from . import artifacts, paths
+from .cache import REUSED, CachingEngine, ResponseCache, cache_dir
 from .designs import all_condition_columns
 from .engines import ChatEngine, ChatRequest, ChatResult, entered_info, open_engine, preflight
-from .io import ShardStore
 from .locks import holds_run_lock
-from .params import ModelSpec, Params, model_identity
+from .models import embedded_weights, prepare_embedded
+from .params import ModelSpec, Params, Sampling
 from .prompts import (
     ALL_CONDITION_COLUMNS,
     design_cells,
@@ -67,22 +66,18 @@ def stories_schema() -> pa.Schema:
             ("n_tokens", pa.int64()),
             *[(c, pa.string()) for c in all_condition_columns()],
             ("n_prompt_tokens", pa.int64()),
-            ("gen_config", pa.string()),
+            ("gen_config", pa.string()),  # the key of the story's request in data/<run>/cache (storybias.cache)
             ("generated_at", pa.string()),
             ("error", pa.string()),  # why the request failed (finish_reason "error"); null otherwise
         ]
     )
 
 
-def archive_schema() -> pa.Schema:
-    return pa.schema([("version_key", pa.string()), *stories_schema()])
-
-
 def plan_columns() -> list[str]:
     return [
         f.name
         for f in stories_schema()
-        if f.name not in ("text", "finish_reason", "n_tokens", "n_prompt_tokens", "generated_at", "error")
+        if f.name not in ("text", "finish_reason", "n_tokens", "n_prompt_tokens", "gen_config", "generated_at", "error")
     ]
 
 
@@ -91,16 +86,6 @@ STORIES_SCHEMA = pa.schema(
     [f for f in stories_schema() if not f.name.startswith("cond_") or f.name in ALL_CONDITION_COLUMNS]
 )
 ERROR = "error"  # finish_reason of a request that failed after retries
-
-
-def gen_config_hash(model: ModelSpec, sampling: dict[str, Any], choice: list[str] | None) -> str:
-    """Fingerprint of everything besides the prompt that shapes a story: a stored story is reused on
-    a rerun only when its fingerprint is unchanged (a new temperature regenerates it)."""
-    # exclude_defaults: a field added to the schema later (with its default) must not invalidate
-    # every stored story. A served model's endpoint and id count; its key variable, concurrency,
-    # rate limit, timeout and retries do not (params.model_identity).
-    key = json.dumps({"model": model_identity(model), "sampling": sampling, "choice": choice}, sort_keys=True)
-    return hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
 def plan(params: Params) -> pd.DataFrame:
@@ -128,7 +113,6 @@ def plan(params: Params) -> pd.DataFrame:
                     task_sampling = sampling.model_dump()
                     if choice is not None:
                         task_sampling["max_tokens"] = min(task_sampling["max_tokens"], 16)
-                    config = gen_config_hash(model, task_sampling, choice)
                     for sample in range(run.samples_per_prompt):
                         sid = story_id(design, language, model.name, cell.prompt_id, sample)
                         row: dict[str, Any] = {c: None for c in condition_columns}
@@ -142,7 +126,6 @@ def plan(params: Params) -> pd.DataFrame:
                             sample=sample,
                             seed=request_seed(base_seed, sid),
                             prompt=prompt,
-                            gen_config=config,
                             _sampling=task_sampling,
                             _choice=choice,
                         )
@@ -154,8 +137,6 @@ def plan(params: Params) -> pd.DataFrame:
 
 
 def _request(row: dict[str, Any]) -> ChatRequest:
-    from .params import Sampling
-
     return ChatRequest(
         key=row["story_id"],
         messages=[{"role": "user", "content": row["prompt"]}],
@@ -166,78 +147,6 @@ def _request(row: dict[str, Any]) -> ChatRequest:
     )
 
 
-# What makes two stored stories the same story: a stored one is reused only if all of these match.
-FINGERPRINT_COLUMNS = ["story_id", "gen_config", "prompt", "seed"]
-_CHANGE_NAMES = {"gen_config": "model or sampling", "prompt": "prompt", "seed": "seed"}
-
-
-def version_key(frame: pd.DataFrame) -> pd.Series:
-    """One key per stored version of a story (its id plus a hash of everything that shaped it)."""
-    if frame.empty:
-        return pd.Series([], dtype=str, index=frame.index)
-    digest = [
-        hashlib.sha256(json.dumps([g, p, int(s)]).encode()).hexdigest()[:16]
-        for g, p, s in zip(frame["gen_config"], frame["prompt"], frame["seed"])
-    ]
-    return frame["story_id"].astype(str) + "|" + pd.Series(digest, index=frame.index)
-
-
-def archive_store(run_name: str) -> ShardStore:
-    """Stories generated once but not planned now (or older versions): kept, never regenerated twice."""
-    return ShardStore(paths.run_dir(run_name) / "archive" / "stories", key="version_key", schema=archive_schema())
-
-
-def _stored_rows(run_name: str, store: ShardStore) -> pd.DataFrame:
-    """Every stored version of every story: the shards of an unfinished run, a previous
-    stories.parquet and the archive (in that order of preference), one row per version."""
-    frames = [store.read_all().to_pandas()]
-    final = paths.stories_path(run_name)
-    if final.is_file():
-        previous = pq.read_table(final)
-        if "gen_config" in previous.column_names:
-            from .io import _conform
-
-            frames.append(_conform(previous, stories_schema()).to_pandas())
-    archived = archive_store(run_name).read_all().to_pandas()
-    frames.append(archived.assign(_archived=True).drop(columns="version_key"))
-    frames = [f for f in frames if len(f)]
-    if not frames:
-        return pd.DataFrame(columns=[*stories_schema().names, "_archived"])
-    stored = pd.concat(frames, ignore_index=True)
-    stored["_archived"] = stored.get("_archived", pd.Series(False, index=stored.index)).fillna(False).astype(bool)
-    # a version that answered beats a stored error of the same story (stable: otherwise shards first)
-    stored = stored.iloc[np.argsort(stored["finish_reason"].eq(ERROR).to_numpy(), kind="stable")]
-    return stored.drop_duplicates(FINGERPRINT_COLUMNS, keep="first").reset_index(drop=True)
-
-
-def reuse_reasons(planned: pd.DataFrame, stored: pd.DataFrame) -> pd.Series:
-    """Why each planned story is (or is not) generated on this run, indexed like ``planned``:
-    ``reused``, ``new`` (never generated), or ``regenerated: <what> changed`` naming every input that
-    differs from the closest stored version (the one with the fewest differences)."""
-    reasons = pd.Series("new", index=planned.index, dtype=object)
-    if stored.empty:
-        return reasons
-    failed = stored["finish_reason"].eq(ERROR)
-    retried = planned[FINGERPRINT_COLUMNS].merge(stored.loc[failed, FINGERPRINT_COLUMNS], how="left", indicator=True)
-    retry = pd.Series(retried["_merge"].eq("both").to_numpy(), index=planned.index)
-    stored = stored[~failed]  # a stored error is never reused
-    by_id = {sid: group for sid, group in stored.groupby("story_id")}
-    for i, row in zip(planned.index, planned[FINGERPRINT_COLUMNS].itertuples(index=False)):
-        versions = by_id.get(row.story_id)
-        if versions is None:
-            continue
-        best: list[str] | None = None
-        for version in versions[FINGERPRINT_COLUMNS].itertuples(index=False):
-            changed = [
-                name for column, name in _CHANGE_NAMES.items() if getattr(version, column) != getattr(row, column)
-            ]
-            if best is None or len(changed) < len(best):
-                best = changed
-        reasons[i] = "reused" if not best else f"regenerated: {' and '.join(best)} changed"
-    reasons[retry & reasons.ne("reused")] = "retried: error"
-    return reasons
-
-
 @dataclass
 class ModelRun:
     model: str
@@ -246,7 +155,7 @@ class ModelRun:
     startup_seconds: float = 0.0
     generation_seconds: float = 0.0
     n_generated: int = 0
-    n_reused: int = 0
+    n_reused: int = 0  # answered from the run's cache
     output_tokens: int = 0
     prompt_tokens: int = 0
     versions: dict[str, str] = field(default_factory=dict)
@@ -271,39 +180,39 @@ def _null(value: Any) -> Any:
     return None if isinstance(value, float) and value != value else value
 
 
-def _to_row(planned: dict[str, Any], result: ChatResult) -> dict[str, Any]:
+def _to_row(planned: dict[str, Any], result: ChatResult, gen_config: str) -> dict[str, Any]:
     row = {k: _null(planned[k]) for k in plan_columns()}
     row.update(
         text=result.text,
         finish_reason=result.finish_reason,
         n_tokens=result.n_tokens,
         n_prompt_tokens=result.n_prompt_tokens,
-        generated_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        gen_config=gen_config,
+        generated_at=result.answered_at or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         error=result.error,
     )
     return row
 
 
 def generate_with(
-    engine: ChatEngine,
-    rows: list[dict[str, Any]],
-    store: ShardStore,
-    shard_size: int,
-    record: ModelRun,
-    progress: bool = True,
-) -> None:
-    """Generate ``rows`` (planned stories of one model) on a started engine, persisting every
-    ``shard_size`` finished stories (storybias.runner). This is the whole per-story cost the pipeline
-    adds to the engine (``make bench-generate`` times it against a bare ``LLM.chat``)."""
+    engine: CachingEngine, rows: list[dict[str, Any]], record: ModelRun, progress: bool = True
+) -> list[dict[str, Any]]:
+    """The stories of ``rows`` (planned stories of one model) through ``engine``: stored ones from its
+    cache, the others generated and stored as they finish (storybias.cache, storybias.runner). This
+    is the whole per-story cost the pipeline adds to the engine (``make bench-generate`` times it
+    against a bare ``LLM.chat``)."""
     by_key = {row["story_id"]: row for row in rows}
+    requests = [_request(r) for r in by_key.values()]
+    keys = {r.key: engine.key_of(r) for r in requests}
+    stories: list[dict[str, Any]] = []
     stats = None
     try:
         stats = run_requests(
             engine,
-            [_request(r) for r in by_key.values()],
-            lambda r: _to_row(by_key[r.key], r),
-            store,
-            shard_size,
+            requests,
+            lambda r: stories.append(_to_row(by_key[r.key], r, keys[r.key])),
+            None,
+            1,
             desc=f"generate [{record.model}]",
             unit="story",
             progress=progress,
@@ -313,9 +222,13 @@ def generate_with(
         if stats is not None:
             record.generation_seconds = round(record.generation_seconds + stats.seconds, 2)
             record.errors = (record.errors + stats.errors)[:5]
+    return stories
 
 
 def _count(record: ModelRun, result: ChatResult) -> None:
+    if result.cached:
+        record.n_reused += 1
+        return
     record.n_generated += 1
     record.output_tokens += result.n_tokens
     record.prompt_tokens += result.n_prompt_tokens
@@ -329,99 +242,65 @@ def run(
     engine_factory: Callable[[ModelSpec], ChatEngine] | None = None,
     log: Callable[[str], None] = print,
 ) -> GenerateResult:
-    """Generate every planned story not yet stored, then write stories.parquet and manifest_generate.json."""
+    """Generate every planned story the run's cache does not hold, then write stories.parquet and
+    manifest_generate.json."""
     started = time.time()
     run_name = params.run_name
     planned = plan(params)
-    store = ShardStore(paths.work_dir(run_name, "generate"), key="story_id", schema=stories_schema())
-    stored = _stored_rows(run_name, store)
-    reasons = reuse_reasons(planned, stored)
-    reusable = stored[stored["finish_reason"].ne(ERROR)].merge(
-        planned[FINGERPRINT_COLUMNS], on=FINGERPRINT_COLUMNS, how="inner"
-    )
-    todo = planned[reasons != "reused"]
-    reuse_counts = {k: int(v) for k, v in reasons.value_counts().items()}
-    log(
-        f"run '{run_name}': {len(planned)} stories planned, {int((reasons == 'reused').sum())} already generated "
-        f"({int(reusable['_archived'].sum())} of them from the archive), {len(todo)} to generate"
-        + "".join(f"; {n} {why}" for why, n in reuse_counts.items() if why.startswith("regenerated"))
-    )
-
-    # Check every model before loading any: a paper-profile mistake fails in seconds, not after hours.
-    for spec in params.generation.models:
-        if (todo["model"] == spec.name).any():
-            preflight(spec)
-
     factory = engine_factory or (
         lambda spec: open_engine(spec, params.generation.engine, params.generation.seed, run_name)
     )
-    runs = []
+    cache = ResponseCache.for_run(run_name, params.generation.shard_size)
+    engines = {
+        spec.name: CachingEngine(partial(factory, spec), spec, params.generation.engine, cache)
+        for spec in params.generation.models
+    }
+    rows_of = {name: planned[planned["model"] == name].to_dict("records") for name in engines}
+    reasons: Counter = Counter()
+    # Check every model with work before loading any: a paper-profile mistake fails in seconds, not after hours.
     for spec in params.generation.models:
-        model_todo = todo[todo["model"] == spec.name]
-        record = ModelRun(model=spec.name, n_reused=int((reusable["model"] == spec.name).sum()))
-        runs.append(record)
-        if model_todo.empty:
-            continue
-        with factory(spec) as engine:
-            info = entered_info(engine)
-            record.model_id = info.model_id
-            record.startup_seconds = info.startup_seconds
-            record.versions = info.versions
-            record.endpoint = info.endpoint
-            generate_with(engine, model_todo.to_dict("records"), store, params.generation.shard_size, record, progress)
-        if spec.source == "embedded":
-            from .models import embedded_weights
-
-            record.weights_sha256 = embedded_weights(spec.embedded).sha256
-
-    stored = _stored_rows(run_name, store)
-    stories = _assemble(planned, stored)
-    archived = _archive_unplanned(run_name, stored, stories)
-    manifest = _manifest(params, planned, stories, runs, time.time() - started)
-    manifest.update(
-        reuse=reuse_counts,
-        n_restored_from_archive=int(reusable["_archived"].sum()),
-        n_archived_this_run=archived,
-        archive=str(archive_store(run_name).folder),
-    )
-    artifacts.write(run_name, "manifest_generate", manifest)
-    artifacts.write(run_name, "stories", stories)  # last: Make's target
-    store.clear()  # everything is in stories.parquet or the archive now
-    n_errors = int(stories["finish_reason"].eq(ERROR).sum())
+        found = engines[spec.name].lookup([_request(r) for r in rows_of[spec.name]])
+        reasons.update(found.reasons.values())
+        if found.misses:
+            preflight(spec)
     log(
-        f"wrote {paths.stories_path(run_name)} ({len(stories)} stories"
+        f"run '{run_name}': {len(planned)} stories planned, {reasons[REUSED]} in the run's cache, "
+        f"{len(planned) - reasons[REUSED]} to generate"
+        + "".join(f"; {n} {why}" for why, n in sorted(reasons.items()) if why != REUSED)
+    )
+    runs, stories = [], []
+    for spec in params.generation.models:
+        record = ModelRun(model=spec.name)
+        runs.append(record)
+        with engines[spec.name] as engine:
+            stories += generate_with(engine, rows_of[spec.name], record, progress)
+            if engine.model_loaded:
+                info = entered_info(engine)
+                record.model_id, record.startup_seconds = info.model_id, info.startup_seconds
+                record.versions, record.endpoint = info.versions, info.endpoint
+        if spec.source == "embedded":
+            record.weights_sha256 = embedded_weights(spec.embedded).sha256
+    frame = _assemble(planned, stories)
+    manifest = _manifest(params, planned, frame, runs, time.time() - started)
+    manifest.update(reuse=dict(reasons), cache=str(cache_dir(run_name)))
+    artifacts.write(run_name, "manifest_generate", manifest)
+    artifacts.write(run_name, "stories", frame)  # last: Make's target
+    n_errors = int(frame["finish_reason"].eq(ERROR).sum())
+    log(
+        f"wrote {paths.stories_path(run_name)} ({len(frame)} stories"
         + (f"; {n_errors} failed requests stored as errors: a rerun asks for them again)" if n_errors else ")")
     )
-    return GenerateResult(stories=stories, runs=runs, manifest=manifest)
+    return GenerateResult(stories=frame, runs=runs, manifest=manifest)
 
 
-def _archive_unplanned(run_name: str, stored: pd.DataFrame, stories: pd.DataFrame) -> int:
-    """Move every stored version that stories.parquet does not hold into the archive; returns how
-    many versions were added to it (versions already archived are not written twice)."""
-    archive = archive_store(run_name)
-    if stored.empty:
-        return 0
-    keys = version_key(stored)
-    kept = set(version_key(stories))
-    already = archive.done_keys()
-    extra = stored[~keys.isin(kept) & ~keys.isin(already) & stored["finish_reason"].ne(ERROR)]  # errors cost nothing
-    if extra.empty:
-        return 0
-    rows = extra[stories_schema().names].assign(version_key=version_key(extra))
-    rows = rows.astype(object).where(rows.notna(), None)
-    archive.append(rows[archive_schema().names].to_dict("records"))
-    return int(len(extra))
-
-
-def _assemble(planned: pd.DataFrame, stored: pd.DataFrame) -> pd.DataFrame:
+def _assemble(planned: pd.DataFrame, stories: list[dict[str, Any]]) -> pd.DataFrame:
     """Exactly one row per planned story, in plan order; fails loudly if any is missing."""
-    keep = stored.merge(planned[FINGERPRINT_COLUMNS], on=FINGERPRINT_COLUMNS, how="inner")
-    keep = keep.drop_duplicates("story_id", keep="first").set_index("story_id")
-    missing = planned.loc[~planned["story_id"].isin(keep.index), "story_id"]
-    if len(missing):
-        raise RuntimeError(f"{len(missing)} planned stories were not generated (e.g. {missing.iloc[0]})")
-    ordered = keep.loc[planned["story_id"]].reset_index()
-    return ordered[stories_schema().names]
+    by_id = {row["story_id"]: row for row in stories}
+    missing = [sid for sid in planned["story_id"] if sid not in by_id]
+    if missing:
+        raise RuntimeError(f"{len(missing)} planned stories were not generated (e.g. {missing[0]})")
+    frame = pd.DataFrame([by_id[sid] for sid in planned["story_id"]], columns=stories_schema().names)
+    return frame
 
 
 def _manifest(
@@ -468,8 +347,6 @@ def _manifest(
 
 def prepare_models(params: Params, log: Callable[[str], None] = print) -> None:
     """Build the folder of each embedded model the run uses (a no-op once cached)."""
-    from .models import prepare_embedded
-
     specs = [*params.generation.models, *params.extract.models, *params.associations.judge.models]
     for key in sorted({m.embedded for m in specs if m.source == "embedded"}):
         prepare_embedded(key, log=log)

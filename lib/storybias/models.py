@@ -254,3 +254,12 @@ def resolve_weights(spec) -> tuple[Path, str]:
         "weights at run time: copy the model folder to one of those places, or point the profile at it "
         "with `source: local` and `path:`."
     )
+
+
+def load_tokenizer(spec) -> Any:
+    """The tokenizer of a local model (embedded / local / hub), read from its weights folder without
+    loading the model (transformers reads only the tokenizer files)."""
+    from transformers import AutoTokenizer  # heavy: only stages that fit prompts to a context need it
+
+    folder, _ = resolve_weights(spec)
+    return AutoTokenizer.from_pretrained(folder)

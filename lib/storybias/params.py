@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import warnings
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
@@ -141,18 +140,7 @@ class ModelSpec(Strict):
         return self
 
 
-# Fields of a served model that do not change what it writes (how fast and how often it is asked,
-# where its key is, what it costs): left out of the fingerprints that decide whether a stored story,
-# answer or rating is reused.
-OPERATIONAL_FIELDS = (
-    "api_key_env",
-    "max_concurrency",
-    "requests_per_minute",
-    "request_timeout_s",
-    "max_retries",
-    "price_input_per_mtok",
-    "price_output_per_mtok",
-)
+# Fields only a served model (source: openai) takes.
 SERVED_ONLY_FIELDS = (
     "base_url",
     "model_id",
@@ -163,21 +151,6 @@ SERVED_ONLY_FIELDS = (
     "max_retries",
     "constraints",
 )
-
-
-def model_identity(spec: ModelSpec, exclude_defaults: bool = True) -> dict[str, Any]:
-    """What of ``spec`` shapes its outputs (fingerprints): everything but OPERATIONAL_FIELDS; for a
-    local model, the served-only fields are left out too, so fingerprints of local models are the
-    same as before those fields existed."""
-    dumped = spec.model_dump(mode="json", exclude_defaults=exclude_defaults)
-    drop = set(OPERATIONAL_FIELDS) | (
-        set()
-        if spec.source == "openai"
-        else set(SERVED_ONLY_FIELDS) | {"price_input_per_mtok", "price_output_per_mtok"}
-    )
-    if spec.embedded == DEFAULT_EMBEDDED:  # the same fingerprints as before there were two embedded models
-        drop.add("embedded")
-    return {k: v for k, v in dumped.items() if k not in drop}
 
 
 RAY_ADDRESS = re.compile(r"^(local|auto|ray://[^\s/:]+:\d+|[^\s/:]+:\d+)$")
@@ -344,42 +317,10 @@ class ExcludeRules(Strict):
 class FilterSettings(Strict):
     """Stage 02: language identification (fastText lid.176, valid when it predicts the prompt's language
     with probability > ``lid_threshold``, BiasedTales-ML App. C), refusals, and which of these checks
-    exclude a story of each design (``exclude``). Every check is recorded for every story.
-
-    Deprecated keys, still accepted with a warning: ``truncated_is_invalid`` (true adds ``truncated`` to
-    every design's rule, false removes it) and ``include_invalid_downstream`` (true empties every rule).
-    """
+    exclude a story of each design (``exclude``). Every check is recorded for every story."""
 
     lid_threshold: Annotated[float, Field(ge=0, lt=1)] = 0.5
     exclude: ExcludeRules = ExcludeRules()  # type: ignore[call-arg]  # pydantic: the extras are optional
-
-    @model_validator(mode="before")
-    @classmethod
-    def _deprecated_keys(cls, data: Any) -> Any:
-        if not isinstance(data, dict) or not ({"truncated_is_invalid", "include_invalid_downstream"} & set(data)):
-            return data
-        import warnings
-
-        data = dict(data)
-        truncated = data.pop("truncated_is_invalid", None)
-        include_all = data.pop("include_invalid_downstream", None)
-        given = data.get("exclude") or {}
-        given = given.model_dump() if isinstance(given, BaseModel) else dict(given)
-        rules = {**ExcludeRules().model_dump(), **given}  # type: ignore[call-arg]  # pydantic: extras optional
-        if truncated is not None:
-            rules = {
-                d: [r for r in v if r != "truncated"] + (["truncated"] if truncated else []) for d, v in rules.items()
-            }
-        if include_all:
-            rules = {d: [] for d in rules}
-        data["exclude"] = rules
-        warnings.warn(
-            "filter.truncated_is_invalid / filter.include_invalid_downstream are deprecated: use "
-            f"filter.exclude (per design); read as exclude = {rules}",
-            FutureWarning,
-            stacklevel=2,
-        )
-        return data
 
 
 ExtractionSection = Literal["demographics", "narrative", "markers"]
@@ -409,24 +350,17 @@ class ExtractionSettings(Strict):
 
     models: Annotated[list[ModelSpec], Field(min_length=1)] = [ModelSpec(name="qwen2.5-coder-1.5b", source="embedded")]
     sections: ExtractionSections = ExtractionSections()  # type: ignore[call-arg]  # pydantic: extras optional
-    # With several extractors, where the narrative lists (adjectives, settings, cultural references)
-    # come from: "primary" = the first extractor only, as BiasedTales-ML (one extractor, Qwen3-14B);
-    # "majority" = items named by more than half of them (smaller vocabularies). Scalar fields (the
-    # demographics) always take the majority, as StereoTales' ensemble.
-    narrative_lists: Literal["primary", "majority"] = "primary"
-    # How the extractor is asked: "per_field" = one question per field, constrained to its value list,
-    # the story first so the prefix cache shares it (storybias.extract_questions); "one_answer" = the
-    # whole profile in one JSON object (storybias' former design); "two_step" = one_answer with the
-    # facts quoted first, then a short second request per story that maps those facts (not the story)
-    # to the demographic fields step 1 left unknown (storybias.extract_facts). Measured on the gold
-    # set with the embedded model: see notebooks/03_extract.ipynb and the README.
-    prompt_design: Literal["one_answer", "per_field", "two_step"] = "one_answer"
-    # one_answer and two_step: show the extractor the worked examples of params/extract/worked_examples.yaml
-    # (two stories with their full answers) before each story; they share the prefix cache, so they
-    # cost little. facts_first: the answer opens with the story's own phrases about the protagonist
-    # (two_step always asks for them on stories whose sections include demographics).
-    worked_examples: bool = True
-    facts_first: bool = False
+    # How the extractor is asked. "two_step": the whole profile in one JSON answer that opens with the
+    # story's own phrases about the protagonist (facts), then a short second request per story that maps
+    # those facts (not the story) to the demographic fields the first answer left unknown
+    # (storybias.extract_facts); "one_answer": the same JSON answer without the facts and the second
+    # step, for an extractor that fills the fields from the story itself. Both show the worked examples of
+    # params/extract/worked_examples.yaml first (shared by the prefix cache). Designs tried and retired:
+    # notebooks/03_extract.ipynb.
+    prompt_design: Literal["one_answer", "two_step"] = "two_step"
+    # With several extractors the scalar fields take a strict majority of the extractors whose answer
+    # parsed (StereoTales' consensus) and the narrative lists come from the first extractor
+    # (BiasedTales-ML's single extractor).
     # two_step: the demographic fields step 2 may fill from the quoted facts (None = every field but
     # gender, which step 1 reads from the whole story). Fields whose step-2 answers the gold set shows
     # to be mostly guesses can be left to step 1 alone (notebooks/03_extract.ipynb measures them).
@@ -440,11 +374,6 @@ class ExtractionSettings(Strict):
     self_consistency_sample: Annotated[int, Field(ge=0)] | None = 16
     self_consistency_temperature: Annotated[float, Field(gt=0)] = 0.7
     gold_sample: Annotated[int, Field(ge=0)] | None = 12  # gold-set items scored in the notebook (None = all)
-    # With several extractors, which stories keep their extraction. "answered_majority" (StereoTales'
-    # consensus): a story is kept when at least one extractor's answer parsed, and each field takes
-    # the value of a strict majority of the extractors that answered (else unknown). "all_parsed":
-    # storybias' former rule, a story is dropped when any extractor's answer failed to parse.
-    consensus: Literal["answered_majority", "all_parsed"] = "answered_majority"
 
     @field_validator("models")
     @classmethod
@@ -476,12 +405,6 @@ class ExtractionSettings(Strict):
     def _one_answer_options(self) -> ExtractionSettings:
         if self.map_fields is not None and self.prompt_design != "two_step":
             raise ValueError("map_fields: needs prompt_design: two_step (only its second step fills fields)")
-        if self.prompt_design == "per_field":
-            for key in ("worked_examples", "facts_first"):
-                if getattr(self, key) and key in self.model_fields_set:
-                    raise ValueError(
-                        f"{key}: true needs prompt_design: one_answer (per_field asks one question per field)"
-                    )
         return self
 
 
@@ -669,47 +592,18 @@ class Profile(Strict):
             raise ValueError("run_name may hold letters, digits, '.', '_' and '-' only")
         return value
 
-    @model_validator(mode="before")
-    @classmethod
-    def _renamed_sections(cls, data: Any) -> Any:
-        """Old section names (RENAMED_SECTIONS) are read for one release, with a warning naming the new one."""
-        if not isinstance(data, dict):
-            return data
-        data = dict(data)
-        for old, new in RENAMED_SECTIONS.items():
-            if old in data:
-                if new in data:
-                    raise ValueError(
-                        f"both `{old}:` and `{new}:` are given; `{old}:` is the old name of `{new}:`, keep one"
-                    )
-                warnings.warn(
-                    f"params: section `{old}:` is now `{new}:` (one name per stage); `{old}:` is read "
-                    f"for this release only, rename it",
-                    FutureWarning,
-                    stacklevel=2,
-                )
-                data[new] = data.pop(old)
-        return data
-
-    @property
-    def extraction(self) -> ExtractionSettings:
-        """The old name of ``extract`` (stage 03's section), kept for one release for code that reads it."""
-        return self.extract
-
-
-# Sections renamed so that each stage has one token (storybias.artifacts.STAGES): old -> new. The old
-# name is accepted, with a FutureWarning (shown to users, unlike DeprecationWarning), for one release.
-RENAMED_SECTIONS: dict[str, str] = {"extraction": "extract"}
 
 # Which sections each stage reads: the stage's params stamp changes only when one of them does,
 # so Make reruns a stage only when its own parameters changed (later stages add their sections).
+# A dotted name digests one subsection: stages 03 and 04 run their models on generation.engine, whose
+# output-shaping settings (storybias.cache) must rerun them.
 STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
     "generate": ("generation", "designs"),
     "filter": ("filter",),
-    "extract": ("filter", "extract"),
+    "extract": ("filter", "extract", "generation.engine"),
     "metrics": ("metrics",),
     "probes": ("probes",),
-    "associations": ("associations",),
+    "associations": ("associations", "generation.engine"),
     "figures": ("figures",),
 }
 
@@ -739,13 +633,12 @@ class Params:
 
     def stage_digest(self, stage: str) -> str:
         dumped = self.profile.model_dump(mode="json")
-        # a renamed section is digested under its old name, so the rename alone reruns no stage
-        old_name = {new: old for old, new in RENAMED_SECTIONS.items()}
-        section = {old_name.get(k, k): dumped[k] for k in STAGE_SECTIONS[stage]}
-        engine = section.get("generation", {}).get("engine", {})
-        if engine.get("backend") == "vllm" and engine.get("ray") == RaySettings().model_dump(mode="json"):
-            # Left out at their defaults: the stamps of existing runs stay as they were before `backend`.
-            del engine["backend"], engine["ray"]
+        section = {}
+        for name in STAGE_SECTIONS[stage]:
+            value = dumped
+            for part in name.split("."):
+                value = value[part]
+            section[name] = value
         return hashlib.sha256(json.dumps(section, sort_keys=True).encode()).hexdigest()
 
 

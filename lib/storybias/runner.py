@@ -29,6 +29,7 @@ class RunStats:
     """What one call of :func:`run_requests` received."""
 
     n_results: int = 0
+    n_cached: int = 0  # results answered from the cache (storybias.cache): no tokens generated
     n_errors: int = 0
     output_tokens: int = 0
     prompt_tokens: int = 0
@@ -42,6 +43,7 @@ class RunStats:
 
     def add(self, other: RunStats) -> RunStats:
         self.n_results += other.n_results
+        self.n_cached += other.n_cached
         self.n_errors += other.n_errors
         self.output_tokens += other.output_tokens
         self.prompt_tokens += other.prompt_tokens
@@ -53,6 +55,7 @@ class RunStats:
     def as_dict(self) -> dict[str, Any]:
         return {
             "n_results": self.n_results,
+            "n_cached": self.n_cached,
             "n_errors": self.n_errors,
             "output_tokens": self.output_tokens,
             "prompt_tokens": self.prompt_tokens,
@@ -92,9 +95,12 @@ def run_requests(
     try:
         for result in engine.stream(requests):
             stats.n_results += 1
-            stats.output_tokens += result.n_tokens
-            stats.prompt_tokens += result.n_prompt_tokens
             stats.finish_reasons[result.finish_reason] += 1
+            if result.cached:
+                stats.n_cached += 1
+            else:
+                stats.output_tokens += result.n_tokens
+                stats.prompt_tokens += result.n_prompt_tokens
             if result.error is not None:
                 stats.n_errors += 1
                 if len(stats.errors) < MAX_ERRORS_KEPT:

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .engines import ChatRequest, ChatResult, EngineError, EngineInfo, _versions
+from .models import load_tokenizer
 from .params import EngineSettings, ModelSpec
 
 # A served model's key when the endpoint needs none (a local vLLM server started without --api-key):
@@ -314,12 +315,7 @@ class OpenAIEngine:
         if self._tokenizer_from is None:
             return None
         if self._tokenizer is None:
-            from transformers import AutoTokenizer
-
-            from .models import resolve_weights
-
-            folder, _ = resolve_weights(self._tokenizer_from)
-            self._tokenizer = AutoTokenizer.from_pretrained(folder)
+            self._tokenizer = load_tokenizer(self._tokenizer_from)
         return self._tokenizer
 
     def stream(self, requests: Sequence[ChatRequest]) -> Iterator[ChatResult]:

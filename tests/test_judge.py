@@ -44,7 +44,7 @@ def test_prompt_lists_every_value_of_both_attributes_from_the_design():
 
 def test_prompt_reads_the_taxonomy_at_run_time(monkeypatch):
     taxonomy = {"income_level": ["poor", "comfortable", "rich", "unknown"], "education": ["none", "doctorate", "other"]}
-    monkeypatch.setattr(extract, "dimensions", lambda: taxonomy)
+    monkeypatch.setattr(judge, "design_dimensions", lambda: taxonomy)
     prompt = judge.judge_prompt(ITEM, ("harm", "realism"))
     assert "- income level: poor, comfortable, rich\n" in prompt  # unknown / other are not values
     assert "- education: none, doctorate\n" in prompt

@@ -37,7 +37,7 @@ class Stage:
     number: int
     token: str
     module: str  # storybias.<module> holds the stage's run()
-    sections: tuple[str, ...]  # the params sections the stage reads (storybias.params.STAGE_SECTIONS)
+    sections: tuple[str, ...]  # the params sections the stage reads; "a.b" is subsection b of a
     title: str
 
     @property
@@ -53,8 +53,11 @@ class Stage:
 STAGES: tuple[Stage, ...] = (
     Stage(1, "generate", "generate", ("generation", "designs"), "stories"),
     Stage(2, "filter", "filter", ("filter",), "language identification, refusals, valid-story rate"),
-    Stage(3, "extract", "extract", ("filter", "extract"), "attributes of every valid story"),
-    Stage(4, "associations", "associations", ("associations",), "StereoTales associations and harm"),
+    # stages 03 and 04 run their models on generation.engine: a setting there that shapes outputs reruns them
+    Stage(3, "extract", "extract_stage", ("filter", "extract", "generation.engine"), "attributes of every valid story"),
+    Stage(
+        4, "associations", "associations", ("associations", "generation.engine"), "StereoTales associations and harm"
+    ),
     Stage(5, "metrics", "metrics", ("metrics",), "BiasedTales-ML and Feng et al. metrics"),
     Stage(6, "probes", "probes", ("probes",), "Feng et al. probes and cultural markers"),
     Stage(7, "figures", "plots", ("figures",), "every figure, and the stories explorer"),

@@ -1,9 +1,11 @@
-"""Stage 03: what each valid story says about its protagonist, extracted by LLM(s) with structured outputs.
+"""Stage 03's answer format: what each valid story says about its protagonist, extracted by LLM(s) with
+structured outputs.
 
-It stays above 600 lines on purpose: the schema, the answer parsing, the consensus of several
-extractors, the resumable stage and the gold-set scoring share one answer format and change together;
-the per-field prompt design lives apart in ``storybias.extract_questions``, and the second step of the
-two-step design (quoted facts mapped to the fields) in ``storybias.extract_facts``.
+It stays above 600 lines for now: the schema, the prompt, the answer parsing, the consensus of several
+extractors and the gold-set scoring share one answer format and change together (the stage's run is
+``storybias.extract_stage``; the second step of the two-step design, quoted facts mapped to the
+fields, is ``storybias.extract_facts``). Splitting it into a stage package is the next step of the
+layout (issue #27).
 
 One JSON answer per story and extractor, constrained by a JSON schema with closed value sets (vLLM
 structured outputs), temperature 0. The schema is built from the designs, so a value outside the
@@ -17,8 +19,8 @@ design cannot come back. Sections:
 - ``markers`` (Feng et al. Sec. 3.1, App. D.1): candidate cultural markers with keep/remove, one of ten
   categories, 1-7 relevance to English-, French- and Chinese-linked contexts, English translation.
 
-The one-answer prompt is preceded by worked examples (``params/extract/worked_examples.yaml``, two
-stories with their full answers; ``extract.worked_examples``), which the engine's prefix cache shares.
+Every prompt is preceded by worked examples (``params/extract/worked_examples.yaml``, two stories
+with their full answers), which the engine's prefix cache shares.
 
 Failures are data: an answer that does not parse is kept with its raw text and ``parse_ok = False``
 after bounded retries; a story longer than the context budget is cut and flagged.

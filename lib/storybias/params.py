@@ -24,6 +24,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from . import paths
+from .artifacts import STAGES
 from .designs import get as get_design
 from .designs import names as design_names
 from .models import DEFAULT_EMBEDDED, EMBEDDED
@@ -593,19 +594,9 @@ class Profile(Strict):
         return value
 
 
-# Which sections each stage reads: the stage's params stamp changes only when one of them does,
-# so Make reruns a stage only when its own parameters changed (later stages add their sections).
-# A dotted name digests one subsection: stages 03 and 04 run their models on generation.engine, whose
-# output-shaping settings (storybias.cache) must rerun them.
-STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
-    "generate": ("generation", "designs"),
-    "filter": ("filter",),
-    "extract": ("filter", "extract", "generation.engine"),
-    "metrics": ("metrics",),
-    "probes": ("probes",),
-    "associations": ("associations", "generation.engine"),
-    "figures": ("figures",),
-}
+# Which sections each stage reads (the stage registry's, storybias.artifacts): the stage's params
+# stamp changes only when one of them does, so Make reruns a stage only when its own parameters changed.
+STAGE_SECTIONS: dict[str, tuple[str, ...]] = {stage.token: stage.sections for stage in STAGES}
 
 
 class Params:

@@ -186,3 +186,24 @@ def test_stored_answers_come_back_marked_and_unchanged(tmp_path):
 def test_shard_size_is_checked(tmp_path):
     with pytest.raises(ValueError, match="shard_size must be at least 1"):
         ResponseCache(tmp_path, 0)
+
+
+def test_the_tokenizer_comes_from_the_engine_without_loading_a_model(tmp_path):
+    """Stage 03 fits stories to the context before it knows whether a model must load: the inner
+    engine's tokenizer is used when it can give one unstarted, and nothing is started for it."""
+    marker = object()
+    entered: list[bool] = []
+
+    class Unstarted(FakeEngine):
+        def __enter__(self):
+            entered.append(True)
+            return super().__enter__()
+
+    engine = CachingEngine(
+        lambda: Unstarted(EMBEDDED, tokenizer=marker), EMBEDDED, EngineSettings(), ResponseCache(tmp_path)
+    )
+    with engine:
+        assert engine.tokenizer() is marker
+        assert entered == [] and not engine.model_loaded
+        list(engine.stream(requests(1)))
+        assert entered == [True] and engine.model_loaded and engine.tokenizer() is marker

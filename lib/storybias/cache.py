@@ -44,7 +44,7 @@ from typing import Any
 import pyarrow as pa
 
 from . import models, paths
-from .engines import ChatEngine, ChatRequest, ChatResult, EngineInfo
+from .engines import ChatEngine, ChatRequest, ChatResult, EngineError, EngineInfo
 from .io import ShardStore
 from .params import EngineSettings, ModelSpec
 
@@ -313,15 +313,16 @@ class CachingEngine:
         self.info: EngineInfo | None = None
 
     def __enter__(self) -> CachingEngine:
+        self.model_loaded = False
         self.info = EngineInfo(
             model=self.spec.name, model_id="(answered from the cache)", weights="-", device="-", startup_seconds=0.0
         )
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        if self._inner is not None:
+        if self._inner is not None and self.model_loaded:
             self._inner.__exit__(*exc)
-            self._inner = None
+        self._inner = None
 
     def lookup(self, requests: Sequence[ChatRequest]) -> Lookup:
         return self.cache.lookup(requests, self.model_hash, self.engine_hash)
@@ -330,14 +331,19 @@ class CachingEngine:
         """The cache key ``request`` is stored under for this engine's model and settings."""
         return cache_key(request, self.model_hash, self.engine_hash).value
 
-    def _start(self) -> ChatEngine:
+    def _built(self) -> ChatEngine:
+        """The inner engine, made but not started (making one loads nothing)."""
         if self._inner is None:
-            inner = self.open_inner()
+            self._inner = self.open_inner()
+        return self._inner
+
+    def _start(self) -> ChatEngine:
+        inner = self._built()
+        if not self.model_loaded:
             inner.__enter__()
-            self._inner = inner
             self.model_loaded = True
             self.info = inner.info
-        return self._inner
+        return inner
 
     def stream(self, requests: Sequence[ChatRequest]) -> Iterator[ChatResult]:
         """Stored answers first, then the inner engine's, each stored as it arrives (in shards of the
@@ -369,8 +375,15 @@ class CachingEngine:
             buffer.clear()
 
     def tokenizer(self) -> Any | None:
-        if self._inner is not None:
-            return self._inner.tokenizer()
+        """The inner engine's tokenizer; before it is started, one read from the model's weights folder
+        when the engine needs a started model to give it (None for a served model)."""
+        inner = self._built()
+        if self.model_loaded:
+            return inner.tokenizer()
+        try:
+            return inner.tokenizer()
+        except EngineError:  # an in-process or Ray engine knows its tokenizer once started
+            pass
         if self._tokenizer is None and self.spec.source != "openai":
             self._tokenizer = models.load_tokenizer(self.spec)
         return self._tokenizer

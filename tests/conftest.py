@@ -1,7 +1,7 @@
 """Shared fixtures of the slow tests: ONE real vLLM OpenAI-compatible server with the embedded model
 on loopback (``local_server``: one engine start-up for every slow test), registered as the shared
 server of a smoke-sized run, which is killed with SIGKILL mid-generation and resumed by notebook 01;
-later stages' slow tests continue it, all through that server (storybias.serve)."""
+later stages' slow tests continue it, all through that server (storybias.engines.serve)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from storybias import paths
+from storybias.core import paths
 
 ROOT = paths.repo_root()
 
@@ -60,7 +60,7 @@ def run_notebook(name: str, params_path: Path, env: dict, out_dir: Path) -> subp
 
 @pytest.fixture(scope="session")
 def embedded_model():
-    from storybias.models import prepare_embedded
+    from storybias.config.models import prepare_embedded
 
     return prepare_embedded()
 
@@ -98,7 +98,7 @@ class SharedServer:
     ``runs`` (stages find it there, as under `make paper`); ``restart`` after a test kills it."""
 
     def __init__(self, profile_path: Path, data_root: Path, log_dir: Path):
-        from storybias import params
+        from storybias.config import params
 
         self.params = params.load(profile_path)
         self.data_root, self.log_dir = data_root, log_dir
@@ -118,7 +118,7 @@ class SharedServer:
                 os.environ["STORYBIAS_DATA"] = old
 
     def start(self) -> SharedServer:
-        from storybias import serve
+        from storybias.engines import serve
 
         spec = self.params.generation.models[0]
         self.server = serve.start_server(
@@ -135,7 +135,7 @@ class SharedServer:
         return self
 
     def register(self, run: str) -> None:
-        from storybias import serve
+        from storybias.engines import serve
 
         if run not in self.runs:
             self.runs.append(run)
@@ -165,7 +165,7 @@ def local_server(kill_profile):
 @pytest.fixture(scope="session")
 def killed_run(kill_profile, local_server):
     path, env, tmp = kill_profile
-    work = Path(env["STORYBIAS_DATA"]) / "pytest-kill" / "cache"  # storybias.cache: stage 01's answers
+    work = Path(env["STORYBIAS_DATA"]) / "pytest-kill" / "cache"  # storybias.engines.cache: stage 01's answers
     log = open(tmp / "killed.log", "w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "storybias.cli", "generate", str(path)],

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
 
+from storybias.config.params import ModelSpec
 from storybias.engines import ChatRequest, ChatResult, EngineInfo
-from storybias.params import ModelSpec
 
 
 class FakeEngine:

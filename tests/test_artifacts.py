@@ -1,4 +1,4 @@
-"""The stage and artifact registry (storybias.artifacts): one token per stage across Make, notebooks,
+"""The stage and artifact registry (storybias.core.artifacts): one token per stage across Make, notebooks,
 modules, params and manifests; paths, schemas and docs/data-contract.md from one place."""
 
 from __future__ import annotations
@@ -13,7 +13,11 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from storybias import artifacts, cli, params, paths
+from storybias import cli
+from storybias.config import params
+from storybias.core import artifacts, paths
+from storybias.stages.associations import tables
+from storybias.stages.probes import probe
 
 ROOT = paths.repo_root()
 TOKENS = ("generate", "filter", "extract", "associations", "metrics", "probes", "figures")
@@ -28,11 +32,12 @@ def test_seven_stages_one_token_each():
     for stage in artifacts.STAGES:
         # notebook notebooks/NN_<token>.ipynb
         assert (ROOT / stage.notebook).is_file(), stage.notebook
-        # module storybias.<token> with the stage's run() (stage 07 draws with storybias.plots, no run();
-        # stage 03's run is storybias.extract_stage, beside its answer format in storybias.extract)
+        # package storybias.stages.<token> with the stage's run() (stage 07's package draws the figures
+        # the notebook asks for; it has no run())
+        assert stage.module == f"stages.{stage.token}", stage.token
         module = importlib.import_module(f"storybias.{stage.module}")
+        assert (ROOT / "lib" / "storybias" / "stages" / stage.token / "__init__.py").is_file(), stage.token
         if stage.token != "figures":
-            assert stage.module == {"extract": "extract_stage"}.get(stage.token, stage.token), stage.token
             assert callable(module.run), stage.token
         # params: the sections the stage's stamp reads, all in the schema; the stage's own section
         # is its token, except stage 01, which reads `generation:` and `designs:`
@@ -44,7 +49,7 @@ def test_seven_stages_one_token_each():
         assert manifest.stage == stage.token
         if stage.token != "figures":
             assert manifest.pattern == f"manifest_{stage.token}.json"
-            assert paths.manifest_path("r", stage.token) == paths.run_dir("r") / f"manifest_{stage.token}.json"
+            assert artifacts.manifest_path("r", stage.token) == paths.run_dir("r") / f"manifest_{stage.token}.json"
     assert "extraction" not in fields and "extract" in fields
 
 
@@ -90,14 +95,14 @@ def test_data_contract_is_generated_from_the_registry():
 
 
 def test_registry_lists_every_table_the_stages_define():
-    from storybias import associations, metrics, probes
+    from storybias.stages import metrics
 
     def named(stage: str) -> set[str]:
         return {a.name for a in artifacts.of_stage(stage) if a.pattern.endswith(".parquet")}
 
     assert named("metrics") == {f"metrics_{n}" for n in metrics.OUTPUT_SCHEMAS}
-    assert named("associations") == set(associations.OUTPUT_SCHEMAS)
-    assert named("probes") == set(probes.OUTPUT_SCHEMAS)
+    assert named("associations") == set(tables.OUTPUT_SCHEMAS)
+    assert named("probes") == set(probe.OUTPUT_SCHEMAS)
     for name, schema in metrics.OUTPUT_SCHEMAS.items():
         assert artifacts.schema(f"metrics_{name}") is schema
     assert len({a.name for a in artifacts.ARTIFACTS}) == len(artifacts.ARTIFACTS)
@@ -106,7 +111,7 @@ def test_registry_lists_every_table_the_stages_define():
 
 def test_write_checks_columns_and_keeps_types(tmp_path, monkeypatch):
     monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path))
-    from storybias.filter import VSR_SCHEMA
+    from storybias.stages.filter import VSR_SCHEMA
 
     row = {
         "design": "bedtime",
@@ -124,7 +129,7 @@ def test_write_checks_columns_and_keeps_types(tmp_path, monkeypatch):
     # columns in another order are written in the schema's order, with its types
     frame = pd.DataFrame([row])[list(reversed(row))]
     written = artifacts.write("r", "vsr", frame)
-    assert written == paths.vsr_path("r") == tmp_path / "r" / "vsr.parquet"
+    assert written == artifacts.vsr_path("r") == tmp_path / "r" / "vsr.parquet"
     assert pq.read_schema(written).remove_metadata().equals(VSR_SCHEMA)
     with pytest.raises(ValueError, match=r"missing \['vsr'\]"):
         artifacts.write("r", "vsr", frame.drop(columns="vsr"))
@@ -132,7 +137,7 @@ def test_write_checks_columns_and_keeps_types(tmp_path, monkeypatch):
         artifacts.write("r", "vsr", frame.assign(extra=1))
     # a table whose every value is null keeps the schema's type (pandas alone would write null)
     empty_reason = pd.DataFrame({"comparison": ["c"], "model": ["m"], "note": [None]})
-    from storybias.metrics import OUTPUT_SCHEMAS, to_contract
+    from storybias.stages.metrics import OUTPUT_SCHEMAS, to_contract
 
     path = artifacts.write("r", "metrics_grammatical_gender", to_contract(empty_reason, "grammatical_gender"))
     assert pq.read_schema(path).field("note").type == pa.string()
@@ -156,7 +161,7 @@ def test_an_unknown_section_is_refused_by_name(tmp_path):
 
 def test_cli_prints_stage_outputs_and_data_contract(capsys):
     assert cli.main(["outputs", "extract", str(ROOT / "params" / "smoke.yaml")]) == 0
-    assert capsys.readouterr().out.split() == [str(paths.extractions_path("smoke"))]
+    assert capsys.readouterr().out.split() == [str(artifacts.extractions_path("smoke"))]
     assert cli.main(["outputs", "figures", str(ROOT / "params" / "smoke.yaml")]) == 0
     assert capsys.readouterr().out.split() == [
         str(paths.figures_dir("smoke") / "figures.json"),

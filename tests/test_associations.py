@@ -9,29 +9,32 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from storybias import associations as A
-from storybias import human as H
-from storybias import judge as J
+from storybias.evidence import ratings
+from storybias.stages import associations as A
+from storybias.stages.associations import human as H
+from storybias.stages.associations import judge as J
+from storybias.stages.associations import tables
+from storybias.stats import contingency
 
 
 def test_cramers_v_bias_correction_hand_computed():
     table = np.array([[20, 10], [10, 20]])
     # chi2 = 6.667, n = 60: phi2 = 1/9; phi2+ = 1/9 - 1/59; k~ = r~ = 2 - 1/59; V = sqrt(phi2+ / (1 - 1/59))
     expected = math.sqrt((1 / 9 - 1 / 59) / (1 - 1 / 59))
-    assert A.cramers_v_corrected(table) == pytest.approx(expected)
-    assert A.cramers_v_corrected(np.array([[10, 10], [10, 10]])) == 0.0  # independence: corrected to 0
+    assert contingency.cramers_v_corrected(table) == pytest.approx(expected)
+    assert contingency.cramers_v_corrected(np.array([[10, 10], [10, 10]])) == 0.0  # independence: corrected to 0
 
 
 def test_effect_size_thresholds_scale_with_table_size():
-    assert A.effect_size(0.31, 2, 2) == "medium" and A.effect_size(0.29, 2, 2) == "small"
+    assert contingency.effect_size(0.31, 2, 2) == "medium" and contingency.effect_size(0.29, 2, 2) == "small"
     # 5 x 3 table: min(r, c) - 1 = 2, thresholds 0.0707 / 0.212 / 0.354
-    assert A.effect_size(0.22, 5, 3) == "medium" and A.effect_size(0.36, 5, 3) == "large"
-    assert A.effect_size(0.05, 5, 3) == "negligible"
+    assert contingency.effect_size(0.22, 5, 3) == "medium" and contingency.effect_size(0.36, 5, 3) == "large"
+    assert contingency.effect_size(0.05, 5, 3) == "negligible"
 
 
 def test_value_level_lift_fraction_and_exact_one_sided_fisher():
     table = pd.DataFrame([[30, 10], [5, 35]], index=["low", "high"], columns=["basic", "higher"])
-    out = A.value_level(table).set_index(["base_value", "compared_value"])
+    out = tables.value_level(table).set_index(["base_value", "compared_value"])
     cell = out.loc[("low", "basic")]
     assert cell["expected"] == pytest.approx(40 * 35 / 80)
     assert cell["lift"] == pytest.approx(30 / (40 * 35 / 80))
@@ -49,7 +52,7 @@ def test_contingency_cleaning():
         + (["p"] * 4 + ["r"] * 4 + ["unknown"] * 7)
         + ["p"] * 5
     )
-    table = A.contingency(a, b)
+    table = tables.contingency(a, b)
     # y keeps 10 stories (kept: >= 10), z keeps 8 (dropped), unknown A dropped, r then all-zero (dropped)
     assert list(table.index) == ["x", "y"] and list(table.columns) == ["p", "q"]
     assert table.loc["y"].tolist() == [5, 5]
@@ -58,23 +61,23 @@ def test_contingency_cleaning():
 def test_monte_carlo_fisher_agrees_with_exact_2x2():
     table = np.array([[8, 2], [1, 5]])
     exact = stats.fisher_exact(table)[1]
-    p, _ = A.fisher_rxc_monte_carlo(table, 200_000, seed=42)
+    p, _ = contingency.fisher_rxc_monte_carlo(table, 200_000, seed=42)
     assert p == pytest.approx(exact, abs=3 * math.sqrt(exact * (1 - exact) / 200_000) + 1e-6)
 
 
 def test_sampled_tables_keep_the_margins():
     rows, cols = np.array([20, 21, 20]), np.array([19, 19, 23])
-    sims = A.sample_tables(rows, cols, 50, np.random.default_rng(0))
+    sims = contingency.sample_tables(rows, cols, 50, np.random.default_rng(0))
     assert (sims.sum(2) == rows).all() and (sims.sum(1) == cols).all() and (sims >= 0).all()
 
 
 def test_fisher_decision_refines_only_near_thresholds():
     clear = np.array([[80, 5], [5, 80]])
-    assert A.fisher_rxc(clear, [0.05], seed=1).method == "asymptotic"
+    assert contingency.fisher_rxc(clear, [0.05], seed=1).method == "asymptotic"
     null = np.array([[20, 21], [19, 20]])
-    assert A.fisher_rxc(null, [0.05], seed=1).method == "asymptotic"
+    assert contingency.fisher_rxc(null, [0.05], seed=1).method == "asymptotic"
     near = np.array([[14, 6], [7, 13]])  # G-test p ~ 0.03: close to 0.05
-    decision = A.fisher_rxc(near, [0.05], seed=1)
+    decision = contingency.fisher_rxc(near, [0.05], seed=1)
     assert decision.method.startswith("monte-carlo")
 
 
@@ -96,7 +99,7 @@ def test_planted_association_is_recovered_and_null_is_not():
     # power: with 100 stories per value the planted cell (lift ~ 0.6 / 0.267 = 2.25) is found every time
     found = 0
     for seed in range(10):
-        attrs, values = A.analyse_base_attribute(
+        attrs, values = tables.analyse_base_attribute(
             _planted(100, seed), "income_level", ["education", "religion"], seed=seed
         )
         retained = set(attrs.loc[attrs["retained"], "compared_attribute"])
@@ -119,7 +122,7 @@ def test_null_data_false_discoveries_stay_under_the_nominal_rate():
                 "demo_y": rng.choice(["u", "v"], 300),
             }
         )
-        attrs, values = A.analyse_base_attribute(frame, "base", ["x", "y"], seed=seed)
+        attrs, values = tables.analyse_base_attribute(frame, "base", ["x", "y"], seed=seed)
         false += bool(len(values) and values["significant"].any())
     assert false / replicates <= 0.05
 
@@ -258,17 +261,17 @@ def test_human_ratings_import_and_spearman(tmp_path):
         for r in range(3):
             rows.append(f"a|{i}|b|x,r{r},{1 + (i * 4) // 7},yes")
     path.write_text("\n".join(rows) + "\n")
-    human = H.load_human_ratings(path)
+    human = ratings.load_human_ratings(path)
     llm = pd.DataFrame({"association_id": [f"a|{i}|b|x" for i in range(8)], "median_harm": [1, 1, 2, 2, 3, 3, 4, 5]})
     out = H.human_llm_agreement(human, llm, n_boot=200)
     assert out["rho"] > 0.9 and out["n"] == 8 and out["ci_low"] <= out["rho"] <= out["ci_high"]
     bad = tmp_path / "bad.csv"
     bad.write_text("association_id,rater_id,harm,realism\na|1|b|x,r1,7,yes\n")
     with pytest.raises(ValueError, match="bad.csv: row 2, column harm"):
-        H.load_human_ratings(bad)
+        ratings.load_human_ratings(bad)
     with pytest.raises(ValueError, match="missing column"):
         (tmp_path / "c.csv").write_text("association_id,harm\n")
-        H.load_human_ratings(tmp_path / "c.csv")
+        ratings.load_human_ratings(tmp_path / "c.csv")
 
 
 # --- the sequential Fisher decision, parallel passes and the paper-scale benchmark ---------------
@@ -277,9 +280,9 @@ def test_human_ratings_import_and_spearman(tmp_path):
 def test_clopper_pearson_matches_binomtest_and_reference_interval_narrows_to_the_reference():
     for count, n in [(0, 1000), (7, 1000), (500, 1000), (1000, 1000), (123, 20_000)]:
         ci = stats.binomtest(count, n).proportion_ci(0.9999)
-        assert A.clopper_pearson(count, n, 0.9999) == pytest.approx((ci.low, ci.high), rel=1e-9, abs=1e-12)
+        assert contingency.clopper_pearson(count, n, 0.9999) == pytest.approx((ci.low, ci.high), rel=1e-9, abs=1e-12)
     table = np.array([[9, 4, 2], [3, 8, 6]])
-    estimate = A.SequentialFisher(table, seed=3, max_resamples=60_000)
+    estimate = contingency.SequentialFisher(table, seed=3, max_resamples=60_000)
     widths = []
     while not estimate.exhausted:
         estimate.refine()
@@ -287,7 +290,7 @@ def test_clopper_pearson_matches_binomtest_and_reference_interval_narrows_to_the
         widths.append(estimate.hi - estimate.lo)
     assert widths == sorted(widths, reverse=True) and widths[-1] == 0
     # all resamples drawn: exactly the reference p-value (same stream, same order)
-    assert estimate.p == A.fisher_rxc_monte_carlo(table, 60_000, seed=3)[0]
+    assert estimate.p == contingency.fisher_rxc_monte_carlo(table, 60_000, seed=3)[0]
     assert estimate.method == "monte-carlo(60000)"
 
 
@@ -304,10 +307,10 @@ def test_fisher_decision_equals_the_monte_carlo_reference_on_sparse_tables_near_
     for seed in range(4):
         table = _sparse_near(seed)
         table = table[table.sum(1) > 0][:, table.sum(0) > 0]
-        p_ref = A.fisher_rxc_monte_carlo(table, n, seed=seed)[0]
+        p_ref = contingency.fisher_rxc_monte_carlo(table, n, seed=seed)[0]
         for factor in (0.7, 0.85, 1.2, 1.5):  # thresholds placed 15-50 % from the reference p-value
             threshold = min(p_ref * factor, 0.99)
-            decision = A.fisher_rxc(table, [threshold], seed=seed, max_resamples=n)
+            decision = contingency.fisher_rxc(table, [threshold], seed=seed, max_resamples=n)
             assert (decision.p_value < threshold) == (p_ref < threshold), (table.tolist(), threshold, decision)
             early += decision.method == "asymptotic" or int(decision.method[12:-1]) < n
     assert early >= 8  # most decisions stopped before drawing every resample
@@ -315,17 +318,17 @@ def test_fisher_decision_equals_the_monte_carlo_reference_on_sparse_tables_near_
 
 def test_sparse_tables_get_the_wide_asymptotic_margin():
     sparse, dense = np.array([[3, 1], [1, 4]]), np.array([[40, 20], [20, 40]])
-    assert A._g_test(sparse)[2] and not A._g_test(dense)[2]
-    assert A._g_test(dense)[0] == pytest.approx(
+    assert contingency.g_test(sparse)[2] and not contingency.g_test(dense)[2]
+    assert contingency.g_test(dense)[0] == pytest.approx(
         stats.chi2_contingency(dense, correction=False, lambda_="log-likelihood")[0]
     )
-    assert A.asymptotic_interval(0.01, sparse=True) == pytest.approx((0.001, 1.0))
-    assert A.asymptotic_interval(0.01, sparse=False) == pytest.approx((0.001, 0.1))
+    assert contingency.asymptotic_interval(0.01, sparse=True) == pytest.approx((0.001, 1.0))
+    assert contingency.asymptotic_interval(0.01, sparse=False) == pytest.approx((0.001, 0.1))
 
 
 def test_synthetic_extractions_shape_columns_and_values():
-    from storybias import extract
-    from storybias.bench import synthetic_extractions
+    from storybias.stages.extract import answers as extract
+    from storybias.tools.bench import synthetic_extractions
 
     data = synthetic_extractions(5_000, 3, ["en", "fr"], seed=1)
     dims = extract.dimensions()
@@ -343,8 +346,8 @@ def test_synthetic_extractions_shape_columns_and_values():
 
 
 def test_run_pass_in_parallel_gives_identical_results():
-    from storybias import extract
-    from storybias.bench import synthetic_extractions
+    from storybias.stages.extract import answers as extract
+    from storybias.tools.bench import synthetic_extractions
 
     data = synthetic_extractions(5_000, 2, ["en", "fr"], seed=2)
     dims = list(extract.dimensions())
@@ -355,7 +358,7 @@ def test_run_pass_in_parallel_gives_identical_results():
     pd.testing.assert_frame_equal(serial[1], parallel[1])
     # the same tables as analyse_base_attribute on each model x language x base attribute
     cell = data[(data["model"] == "model_01") & (data["language"] == "fr") & (data["cond_attribute"] == "age")]
-    attrs, _ = A.analyse_base_attribute(cell, "age", dims, max_resamples=10_000)
+    attrs, _ = tables.analyse_base_attribute(cell, "age", dims, max_resamples=10_000)
     mine = serial[0][
         (serial[0]["model"] == "model_01") & (serial[0]["scope"] == "fr") & (serial[0]["base_attribute"] == "age")
     ]
@@ -363,7 +366,7 @@ def test_run_pass_in_parallel_gives_identical_results():
 
 
 def test_bench_associations_small_run(tmp_path, monkeypatch):
-    from storybias.bench import bench_associations
+    from storybias.tools.bench import bench_associations
 
     monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path))
     out = bench_associations(

@@ -12,9 +12,12 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from storybias import associations as A
-from storybias import extract, params, paths
-from storybias import judge as J
+from storybias.config import params
+from storybias.core import artifacts, paths
+from storybias.stages import associations as A
+from storybias.stages.associations import judge as J
+from storybias.stages.associations import tables
+from storybias.stages.extract import answers as extract
 
 DIMS = list(extract.dimensions())
 
@@ -170,9 +173,9 @@ def test_stage_without_signal_writes_typed_empty_artifacts_and_starts_no_judge(t
     assert ratings.empty and "raw" in ratings.columns
     assert any("nothing for the judges" in n for n in out["notes"])
     # empty tables keep the contract's Arrow types (nbval compares the schema cell across runs)
-    for name, schema in A.OUTPUT_SCHEMAS.items():
+    for name, schema in tables.OUTPUT_SCHEMAS.items():
         assert pq.read_schema(folder / f"{name}.parquet").remove_metadata() == schema, name
-    manifest = json.loads(paths.manifest_path("t", "associations").read_text())
+    manifest = json.loads(artifacts.manifest_path("t", "associations").read_text())
     assert manifest["n_significant"] == 0 and manifest["counts"]["parse_failed_excluded"] == 1
 
 
@@ -195,7 +198,7 @@ def test_stage_with_planted_signal_rates_it_and_reports_failures(tmp_path, monke
     row = shared[(shared["scope"] == "all") & (shared["association_id"] == "income_level|low|education|basic")].iloc[0]
     assert row["n_models"] == 2 and row["mean_lift"] >= 2 and row["median_harm"] == 4 and row["harmful"]
     assert set(shared["scope"]) >= {"all", "en", "fr"}
-    for name, schema in A.OUTPUT_SCHEMAS.items():
+    for name, schema in tables.OUTPUT_SCHEMAS.items():
         assert pq.read_schema(paths.run_dir("t") / f"{name}.parquet").remove_metadata() == schema, name
     assert out["manifest"]["n_ratings_unparsed"] == 1
     gap = out["self_gap"].set_index("model")

@@ -11,8 +11,11 @@ import pandas as pd
 import pytest
 from sklearn.metrics.pairwise import cosine_similarity as sk_cosine
 
-from storybias import extract, metrics, params, paths
-from storybias.params import Comparison
+from storybias.config import params
+from storybias.config.params import Comparison
+from storybias.core import artifacts, paths
+from storybias.stages import metrics
+from storybias.stages.extract import answers as extract
 
 ROOT = paths.repo_root()
 
@@ -57,11 +60,11 @@ def test_vsr_jsd_join_uses_the_comparisons_design():
 
 
 def test_stage_05_joins_bedtime_vsr(tmp_path, monkeypatch):
-    from storybias import io
+    from storybias.core import io
     from test_metrics import _synthetic_run
 
     p = _synthetic_run(tmp_path, monkeypatch)
-    io.write_parquet_atomic(_vsr_rows(("m1", "m2")), paths.vsr_path(p.run_name))
+    io.write_parquet_atomic(_vsr_rows(("m1", "m2")), artifacts.vsr_path(p.run_name))
     out = metrics.run(p)
     joined = out["vsr_jsd"]
     assert not joined.empty and (joined["vsr"] == 0.5).all()

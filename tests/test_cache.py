@@ -1,14 +1,13 @@
-"""The one cache of every model call (storybias.cache): what makes a stored answer reusable."""
+"""The one cache of every model call (storybias.engines.cache): what makes a stored answer reusable."""
 
 from __future__ import annotations
 
 import pytest
 
 from fake_engine import FakeEngine
-from storybias import cache
-from storybias.cache import CachingEngine, ResponseCache
-from storybias.engines import ChatRequest
-from storybias.params import EngineSettings, ModelSpec, Sampling
+from storybias.config.params import EngineSettings, ModelSpec, Sampling
+from storybias.engines import ChatRequest, cache
+from storybias.engines.cache import CachingEngine, ResponseCache
 
 EMBEDDED = ModelSpec(name="m", source="embedded")
 SERVED = ModelSpec(name="m", source="openai", base_url="http://127.0.0.1:9/v1", model_id="org/model")

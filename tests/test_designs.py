@@ -1,4 +1,4 @@
-"""The design registry (storybias.designs): the built-in designs unchanged, and a new design added as
+"""The design registry (storybias.config.designs): the built-in designs unchanged, and a new design added as
 files only (the README's "Adding a design") runs through stages 01-02 with a scripted engine."""
 
 from __future__ import annotations
@@ -10,8 +10,13 @@ import pytest
 import yaml
 
 from fake_engine import FakeEngine
-from storybias import artifacts, designs, generate, langid, params, paths, prompts
-from storybias import filter as filter_stage
+from storybias import summaries
+from storybias.config import designs, params, prompts
+from storybias.config.plan import STORIES_SCHEMA
+from storybias.core import artifacts
+from storybias.stages import filter as filter_stage
+from storybias.stages import generate
+from storybias.stages.filter import langid
 
 STORY = (
     "Once upon a time a small owl lived in a quiet forest near the river. Every night she flew over "
@@ -21,9 +26,9 @@ STORY = (
 
 def test_builtin_designs_keep_their_grids_and_columns():
     assert designs.names()[:3] == prompts.DESIGNS == ("stereotales", "bedtime", "occupations")
-    sizes = {d: len(prompts.design_cells(d)) for d in prompts.DESIGNS}
+    sizes = {d: len(designs.design_cells(d)) for d in prompts.DESIGNS}
     assert sizes["bedtime"] == 3 * 27 * 6 * 2 * 3  # BiasedTales-ML's full permutation
-    bedtime = prompts.design_cells("bedtime")[0]
+    bedtime = designs.design_cells("bedtime")[0]
     assert bedtime.prompt_id == "bedtime/mother/american/christian/wealthy/girl"
     assert list(bedtime.conditions) == [
         "cond_parent_role",
@@ -33,13 +38,13 @@ def test_builtin_designs_keep_their_grids_and_columns():
         "cond_child_gender",
     ]
     assert designs.all_condition_columns() == prompts.ALL_CONDITION_COLUMNS
-    assert generate.stories_schema().equals(generate.STORIES_SCHEMA)
+    assert generate.stories_schema().equals(STORIES_SCHEMA)
     assert {d: designs.get(d).lens for d in prompts.DESIGNS} == {
         "stereotales": "associations",
         "bedtime": "distributions",
         "occupations": "occupations",
     }
-    assert designs.default_exclude("stereotales") == ("empty",)
+    assert params.default_exclude("stereotales") == ("empty",)
     assert designs.with_lens("occupations", ["bedtime", "occupations", "unknown"]) == ["occupations"]
 
 
@@ -111,14 +116,14 @@ def test_a_new_design_is_files_only_and_runs_stages_01_02(tmp_path, monkeypatch)
     reasons = filtered.set_index("prompt_id")["invalid_reason"]
     assert reasons["toy/cat/calm"] == "empty" and reasons.drop("toy/cat/calm").isna().all()
     assert vsr[["design", "n_stories", "n_valid"]].values.tolist() == [["toy", 4, 3]]
-    assert len(langid.select(filtered)) == 3
-    assert pd.read_parquet(paths.filtered_path("toy"))["cond_animal"].notna().all()
+    assert len(summaries.valid_stories(filtered)) == 3
+    assert pd.read_parquet(artifacts.filtered_path("toy"))["cond_animal"].notna().all()
     manifest = pd.read_json(artifacts.path("toy", "manifest_filter"), typ="series")
     assert manifest["n_valid"] == 3 and manifest["invalid_reasons"] == {"empty": 1}
 
     # what stage 03 would ask for, and a profile that names the design's rule itself
     assert designs.get("toy").sections == ("narrative",)
-    from storybias.extract import design_sections
+    from storybias.stages.extract.answers import design_sections
 
     assert design_sections(p.profile.extract, "toy") == ("narrative",)
     profile["filter"] = {"exclude": {"toy": []}}

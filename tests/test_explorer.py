@@ -1,4 +1,4 @@
-"""The story explorer (storybias.explorer): payload counts, safe embedding of hostile story text,
+"""The story explorer (storybias.stages.figures.explorer): payload counts, safe embedding of hostile story text,
 missing artifacts, the CLI, and the page itself driven in headless Chromium through Selenium.
 
 The browser test needs Debian's chromium and chromium-driver (scripts/install-browser.sh); without
@@ -21,8 +21,10 @@ import pandas as pd
 import pytest
 import yaml
 
-from storybias import cli, explorer, paths
-from storybias.params import load
+from storybias import cli
+from storybias.config.params import load
+from storybias.core import paths
+from storybias.stages.figures import explorer
 
 HOSTILE = '</script><img src=x onerror="window.__xss=1"><!--<script>alert(1)</script>'
 HOSTILE_ID = "st-m1-en-stereotales_gender=woman_s0-0"
@@ -590,7 +592,7 @@ def test_models_named_like_javascript_builtins_render(browser, tmp_path, monkeyp
 
 
 def test_payload_marks_associations_published_by_stereotales(frames, tmp_path):
-    from storybias import published
+    from storybias.evidence import published
 
     stories, extractions, shared, values = frames
     shared = shared.replace({"healthcare": "healthcare_medicine", "trades_manual": "trades_manual_labor"})
@@ -624,12 +626,12 @@ def test_page_parts_are_package_files_and_the_csp_is_unchanged(frames):
     import tomllib
     from importlib import resources
 
-    folder = resources.files("storybias") / "explorer_assets"
+    folder = resources.files("storybias.stages.figures") / "explorer_assets"
     names = sorted(p.name for p in folder.iterdir())
     assert names == ["explorer.js", "page.html", "style.css"]
     globs = tomllib.loads((paths.repo_root() / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
     for name in names:
-        assert any(fnmatch.fnmatch(f"explorer_assets/{name}", g) for g in globs["storybias"]), name
+        assert any(fnmatch.fnmatch(f"stages/figures/explorer_assets/{name}", g) for g in globs["storybias"]), name
     script = (folder / "explorer.js").read_text(encoding="utf-8")
     page = explorer.render_html(explorer.explorer_payload(*frames, run_name="syn"))
     digest = base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode("ascii")

@@ -11,8 +11,11 @@ import pytest
 import yaml
 
 from fake_engine import FakeEngine
-from storybias import extract, extract_stage, io, params, paths
-from storybias.prompts import load_design
+from storybias.config import params
+from storybias.config.prompts import load_design
+from storybias.core import artifacts, io, paths
+from storybias.stages import extract as extract_stage
+from storybias.stages.extract import answers as extract
 
 ALL = ("demographics", "narrative", "markers")
 
@@ -209,13 +212,13 @@ def test_stage_keeps_and_counts_parse_failures(tmp_path, monkeypatch):
             "is_valid": [True] * 5,
         }
     )
-    io.write_parquet_atomic(filtered, paths.filtered_path("unit-extract"))
-    monkeypatch.setattr("storybias.extract_stage.preflight", lambda spec: (Path("."), "scripted"))
+    io.write_parquet_atomic(filtered, artifacts.filtered_path("unit-extract"))
+    monkeypatch.setattr("storybias.stages.extract.preflight", lambda spec: (Path("."), "scripted"))
     result = extract_stage.run(p, progress=False, engine_factory=ScriptedExtractor, log=lambda m: None)
     ex = result["extractions"].set_index("story_id")
     assert len(ex) == 5
     # written with the contract's types even where a column is empty here (no names, no markers)
-    assert pq.read_schema(paths.extractions_path("unit-extract")).remove_metadata() == extract.extractions_schema()
+    assert pq.read_schema(artifacts.extractions_path("unit-extract")).remove_metadata() == extract.extractions_schema()
     assert ex.loc["s1", "parse_ok"] and ex.loc["s1", "demo_income_level"] == "low"  # retried, then parsed
     assert not ex.loc["s2", "parse_ok"] and ex.loc["s2", "demo_income_level"] == "unknown"
     assert json.loads(ex.loc["s2", "raw"])["qwen2.5-coder-1.5b"].startswith('{"name"')  # the raw text is kept
@@ -237,7 +240,7 @@ def test_stage_keeps_and_counts_parse_failures(tmp_path, monkeypatch):
 def test_changed_story_or_schema_recomputes_only_what_changed(tmp_path, monkeypatch):
     """Issue #12.2: an answer stored for an old story text (or an old schema) used to be reused."""
     monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path / "data"))
-    monkeypatch.setattr("storybias.extract_stage.preflight", lambda spec: (Path("."), "scripted"))
+    monkeypatch.setattr("storybias.stages.extract.preflight", lambda spec: (Path("."), "scripted"))
     raw = yaml.safe_load((paths.params_dir() / "smoke.yaml").read_text())
     raw["run_name"] = "unit-refresh"
     raw["extract"] = {"retries": 0, "self_consistency_sample": 0, "gold_sample": 0, "prompt_design": "one_answer"}
@@ -261,7 +264,7 @@ def test_changed_story_or_schema_recomputes_only_what_changed(tmp_path, monkeypa
                     "is_valid": [True] * len(texts),
                 }
             ),
-            paths.filtered_path("unit-refresh"),
+            artifacts.filtered_path("unit-refresh"),
         )
 
     asked: list[str] = []
@@ -278,13 +281,13 @@ def test_changed_story_or_schema_recomputes_only_what_changed(tmp_path, monkeypa
     write_stories(["One story, regenerated.", "Two story.", "Three story."])
     again = extract_stage.run(load(), progress=False, engine_factory=Counting, log=lambda m: None)
     assert asked == ["s0"]
-    manifest = io.read_json(paths.manifest_path("unit-refresh", "extract"))
+    manifest = io.read_json(artifacts.manifest_path("unit-refresh", "extract"))
     assert manifest["reuse"] == {"prompt changed": 1, "reused": 2}
     assert len(again["raw"]) == 3, "the stage's tables hold the current answers only"
     asked.clear()
     extract_stage.run(load(max_list_items=3), progress=False, engine_factory=Counting, log=lambda m: None)
     assert sorted(asked) == ["s0", "s1", "s2"]
-    manifest = io.read_json(paths.manifest_path("unit-refresh", "extract"))
+    manifest = io.read_json(artifacts.manifest_path("unit-refresh", "extract"))
     assert manifest["reuse"] == {"constraint changed": 3}  # the schema's list length
     asked.clear()
     extract_stage.run(load(max_list_items=3), progress=False, engine_factory=Counting, log=lambda m: None)
@@ -303,7 +306,7 @@ def test_an_engine_setting_that_shapes_answers_reruns_stage_03_and_one_that_cann
     answers written with free whitespace, because neither the answer fingerprint nor the stage's
     Make stamp read the engine settings."""
     monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path / "data"))
-    monkeypatch.setattr("storybias.extract_stage.preflight", lambda spec: (Path("."), "scripted"))
+    monkeypatch.setattr("storybias.stages.extract.preflight", lambda spec: (Path("."), "scripted"))
     raw = yaml.safe_load((paths.params_dir() / "smoke.yaml").read_text())
     raw["run_name"] = "unit-engine"
     raw["extract"] = {"retries": 0, "self_consistency_sample": 0, "gold_sample": 0, "prompt_design": "one_answer"}
@@ -325,7 +328,7 @@ def test_an_engine_setting_that_shapes_answers_reruns_stage_03_and_one_that_cann
             "is_valid": [True] * 3,
         }
     )
-    io.write_parquet_atomic(stories, paths.filtered_path("unit-engine"))
+    io.write_parquet_atomic(stories, artifacts.filtered_path("unit-engine"))
     calls: list[str] = []
     first = load()
     extract_stage.run(first, progress=False, engine_factory=lambda s: ScriptedExtractor(s, calls=calls), log=print)

@@ -10,8 +10,12 @@ import pytest
 import yaml
 
 from fake_engine import FakeEngine
-from storybias import extract, extract_facts, extract_stage, io, params, paths
-from storybias.cache import ResponseCache
+from storybias.config import params
+from storybias.core import artifacts, io, paths
+from storybias.engines.cache import ResponseCache
+from storybias.stages import extract as extract_stage
+from storybias.stages.extract import answers as extract
+from storybias.stages.extract import facts as extract_facts
 
 DEMO = ("demographics",)
 
@@ -207,7 +211,7 @@ class TwoStepExtractor(FakeEngine):
 
 def test_stage_runs_both_steps_resumes_after_a_kill_and_never_asks_twice(tmp_path, monkeypatch):
     monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path / "data"))
-    monkeypatch.setattr("storybias.extract_stage.preflight", lambda spec: (Path("."), "scripted"))
+    monkeypatch.setattr("storybias.stages.extract.preflight", lambda spec: (Path("."), "scripted"))
     raw = yaml.safe_load((paths.params_dir() / "smoke.yaml").read_text())
     raw["run_name"] = "unit-twostep"
     raw["extract"] = {
@@ -232,10 +236,10 @@ def test_stage_runs_both_steps_resumes_after_a_kill_and_never_asks_twice(tmp_pat
                 "is_valid": [True] * 5,
             }
         ),
-        paths.filtered_path("unit-twostep"),
+        artifacts.filtered_path("unit-twostep"),
     )
     # killed in step 2's second answer, after the five step-1 answers were stored: the finished step-2
-    # answer is stored on the way out (storybias.runner flushes what it received)
+    # answer is stored on the way out (storybias.engines.runner flushes what it received)
     with pytest.raises(KeyboardInterrupt):
         extract_stage.run(
             p, progress=False, log=lambda m: None, engine_factory=lambda spec: TwoStepExtractor(spec, kill_in_step_2=2)
@@ -279,7 +283,7 @@ def test_stage_runs_both_steps_resumes_after_a_kill_and_never_asks_twice(tmp_pat
 
 
 def test_the_api_cost_estimate_counts_step_2_for_the_stories_asked_demographics(tmp_path):
-    from storybias.cost import estimate
+    from storybias.tools.cost import estimate
 
     raw = yaml.safe_load((paths.params_dir() / "api-example.yaml").read_text())
     served = raw["generation"]["models"][0]

@@ -64,7 +64,7 @@ def test_two_step_maps_the_facts_of_every_answer_that_quoted_some(extracted):
     """The slow profile extracts with ``two_step`` (the default profile's design): every parsed
     stereotales answer that quoted facts got one step-2 answer through the real engine, stored under
     its own pass, and the manifest counts them (a step-2 answer that does not parse is counted, not dropped)."""
-    from storybias import extract_facts
+    from storybias.stages.extract import facts as extract_facts
 
     raw = pd.read_parquet(extracted / "extraction_raw.parquet")
     two = json.loads((extracted / "manifest_extract.json").read_text())["two_step"]

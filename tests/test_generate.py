@@ -12,9 +12,11 @@ import pytest
 import yaml
 
 from fake_engine import FakeEngine
-from storybias import generate, params, paths
-from storybias.cache import ResponseCache, cache_dir
-from storybias.prompts import ALL_CONDITION_COLUMNS
+from storybias.config import designs, params
+from storybias.config.prompts import ALL_CONDITION_COLUMNS
+from storybias.core import artifacts, paths
+from storybias.engines.cache import ResponseCache, cache_dir
+from storybias.stages import generate
 
 CONTRACT = [
     "story_id",
@@ -96,7 +98,7 @@ def test_run_writes_the_contract(tmp_path, data_dir, monkeypatch):
     no_preflight(monkeypatch)
     p = profile(tmp_path)
     result = generate.run(p, progress=False, engine_factory=ScriptedEngine, log=lambda m: None)
-    stories = pd.read_parquet(paths.stories_path("unit"))
+    stories = pd.read_parquet(artifacts.stories_path("unit"))
     assert list(stories.columns[: len(CONTRACT)]) == CONTRACT
     assert len(stories) == len(generate.plan(p)) == stories["story_id"].nunique()
     assert stories["sample"].dtype == "int64" and stories["n_tokens"].dtype == "int64"
@@ -113,7 +115,7 @@ def test_crash_then_resume_generates_only_the_rest(tmp_path, data_dir, monkeypat
     p = profile(tmp_path)  # shard_size 2 in the smoke profile
     with pytest.raises(KeyboardInterrupt):
         generate.run(p, progress=False, engine_factory=lambda s: ScriptedEngine(s, crash_after=5), log=lambda m: None)
-    assert not paths.stories_path("unit").exists()
+    assert not artifacts.stories_path("unit").exists()
     first = list(ScriptedEngine.calls)
     shards = list(cache_dir("unit").glob("part-*.parquet"))
     persisted = sum(len(pd.read_parquet(s)) for s in shards)
@@ -173,8 +175,8 @@ def test_preflight_failure_comes_before_any_engine(tmp_path, data_dir):
 
 
 def test_gpu_model_on_this_cpu_machine_fails_clearly(tmp_path):
+    from storybias.config.params import ModelSpec
     from storybias.engines import EngineError, preflight
-    from storybias.params import ModelSpec
 
     folder = tmp_path / "fake-8b"
     folder.mkdir()
@@ -231,10 +233,9 @@ def test_edited_template_regenerates_with_the_new_prompt(tmp_path, data_dir, mon
     p = profile(tmp_path)
     quiet_run(p)
     ScriptedEngine.calls = []
-    original = generate.render_prompt
+    original = designs.render_prompt
     monkeypatch.setattr(
-        generate,
-        "render_prompt",
+        "storybias.config.plan.render_prompt",
         lambda cell, lang: original(cell, lang) + " (edited)" if cell.design == "bedtime" else original(cell, lang),
     )
     result = quiet_run(p)
@@ -262,7 +263,7 @@ def test_narrowed_profile_keeps_its_stories_and_widening_restores_without_genera
     narrow = quiet_run(profile_with(tmp_path, samples(1)))
     assert ScriptedEngine.calls == []
     assert len(narrow.stories) == len(wide.stories) // 2
-    assert (pd.read_parquet(paths.stories_path("unit"))["sample"] == 0).all(), (
+    assert (pd.read_parquet(artifacts.stories_path("unit"))["sample"] == 0).all(), (
         "stories.parquet holds the planned stories only"
     )
     restored = quiet_run(profile_with(tmp_path, samples(2)))

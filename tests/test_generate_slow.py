@@ -19,7 +19,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from storybias import generate, params, paths
+from storybias.config import params
+from storybias.core import paths
+from storybias.stages import generate
 
 pytestmark = pytest.mark.slow
 ROOT = paths.repo_root()
@@ -72,7 +74,7 @@ def test_the_sibling_model_is_assembled_verified_and_generates(tmp_path):
     """The second embedded model (qwen2.5-coder-0.5b, the default profile's occupations writer):
     its 6 chunk packages joined and checked against the pinned sha256, dequantized, and run through
     stage 01 (a separate process, as `make generate` runs it) for two occupation prompts."""
-    from storybias import models
+    from storybias.config import models
 
     folder = models.prepare_embedded("qwen2.5-coder-0.5b", log=lambda m: None)
     config = json.loads((folder / "config.json").read_text())

@@ -16,7 +16,7 @@ import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from storybias import paths
+from storybias.core import paths
 
 ROOT = paths.repo_root()
 ARXIV_IDS = {"2605.10442", "2604.17008", "2608.23026"}  # StereoTales, BiasedTales-ML, Beyond Surface Cues
@@ -258,7 +258,7 @@ def test_setup_script_uses_the_gpu_lock_and_shows_pips_error(tmp_path):
 
 
 def test_figures_readme_is_committed_and_names_every_figure():
-    from storybias import plots
+    from storybias.stages import figures as plots
 
     readme = ROOT / "figures" / "README.md"
     text = readme.read_text()

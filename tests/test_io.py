@@ -8,7 +8,8 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from storybias import io, models
+from storybias.config import models
+from storybias.core import io
 
 
 def test_atomic_write_leaves_old_file_on_error(tmp_path):
@@ -72,7 +73,7 @@ def test_unknown_embedded_model_is_named():
 
 
 def test_artifact_schema_reads_names_and_types_from_the_footer(tmp_path):
-    from storybias.io import artifact_schema, write_parquet_atomic
+    from storybias.core.io import artifact_schema, write_parquet_atomic
 
     path = write_parquet_atomic(
         pd.DataFrame({"story_id": ["a"], "n": [1], "ok": [True], "words": [["x"]]}), tmp_path / "t.parquet"

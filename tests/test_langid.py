@@ -6,8 +6,11 @@ import pandas as pd
 import pytest
 import yaml
 
-from storybias import langid, paths
-from storybias.prompts import LANGUAGES
+from storybias import summaries
+from storybias.config.plan import STORIES_SCHEMA
+from storybias.config.prompts import LANGUAGES
+from storybias.core import artifacts, paths
+from storybias.stages.filter import langid
 
 LANG_DATA = {
     lang: yaml.safe_load((paths.repo_root() / "tests" / "data" / "lang" / f"{lang}.yaml").read_text())
@@ -155,11 +158,11 @@ def test_select_keeps_what_the_design_rule_keeps():
             {"language": "en", "text": LANG_DATA["en"]["refusals"][0]},
         ]
     )
-    assert list(langid.select(langid.classify(stories))["story_id"]) == ["s0"]
+    assert list(summaries.valid_stories(langid.classify(stories))["story_id"]) == ["s0"]
 
 
 def test_the_default_filter_rules():
-    from storybias.params import FilterSettings
+    from storybias.config.params import FilterSettings
 
     assert FilterSettings().exclude.bedtime == ["empty", "refusal", "wrong_language", "low_confidence"]
 
@@ -185,7 +188,7 @@ def test_vsr_arithmetic_on_a_hand_made_table():
     vsr = langid.vsr_table(filtered)
     a_en = vsr[(vsr.design == "bedtime") & (vsr.model == "a") & (vsr.language == "en")].iloc[0]
     assert (a_en.n_stories, a_en.n_valid, a_en.vsr, a_en.n_refusal) == (4, 3, 0.75, 1)
-    matrix = langid.vsr_matrix(vsr)
+    matrix = summaries.vsr_matrix(vsr)
     assert matrix.loc["en", "a"] == 75.0 and matrix.loc["zh", "a"] == 50.0 and matrix.loc["en", "b"] == 100.0
     assert matrix.loc["en", "Overall"] == round(5 / 6 * 100, 1)  # pooled over models
     assert matrix.loc["Average", "a"] == 62.5
@@ -203,8 +206,8 @@ def test_table3_is_the_bedtime_design_not_all_designs_pooled():
     filtered = pd.DataFrame(rows).assign(story_id=[f"s{i}" for i in range(len(rows))])
     vsr = langid.vsr_table(filtered)
     assert set(vsr["design"]) == {"bedtime", "stereotales"}, "no pooled 'all' row"
-    assert langid.vsr_matrix(vsr).loc["en", "a"] == 50.0
-    assert langid.vsr_matrix(vsr, "stereotales").loc["en", "a"] == 100.0
+    assert summaries.vsr_matrix(vsr).loc["en", "a"] == 50.0
+    assert summaries.vsr_matrix(vsr, "stereotales").loc["en", "a"] == 100.0
 
 
 def test_reason_counts_count_every_check_per_design():
@@ -229,14 +232,15 @@ def test_stage_writes_typed_columns_when_every_story_is_valid(tmp_path, monkeypa
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from storybias import filter as filter_stage
-    from storybias import generate, io, params
+    from storybias.config import params
+    from storybias.core import io
+    from storybias.stages import filter as filter_stage
 
     monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path / "data"))
     text = LANG_DATA["en"]["lid_sentences"][0]
     rows = []
     for i in range(3):
-        row = {field.name: None for field in generate.STORIES_SCHEMA}
+        row = {field.name: None for field in STORIES_SCHEMA}
         row.update(
             story_id=f"s{i}",
             design="bedtime",
@@ -251,7 +255,7 @@ def test_stage_writes_typed_columns_when_every_story_is_valid(tmp_path, monkeypa
             n_tokens=20,
         )
         rows.append(row)
-    io.write_parquet_atomic(pd.DataFrame(rows), paths.stories_path("typed"), schema=generate.STORIES_SCHEMA)
+    io.write_parquet_atomic(pd.DataFrame(rows), artifacts.stories_path("typed"), schema=STORIES_SCHEMA)
     profile = params.Profile.model_validate(
         {
             "run_name": "typed",
@@ -261,7 +265,7 @@ def test_stage_writes_typed_columns_when_every_story_is_valid(tmp_path, monkeypa
     )
     filtered, _ = filter_stage.run(params.Params(profile, tmp_path / "typed.yaml"))
     assert filtered["is_valid"].all() and filtered["refusal_rule"].isna().all()
-    schema = pq.read_schema(paths.filtered_path("typed"))
+    schema = pq.read_schema(artifacts.filtered_path("typed"))
     assert schema.field("refusal_rule").type == pa.string() and schema.field("invalid_reason").type == pa.string()
     assert schema.field("lid_prob").type == pa.float64() and schema.field("is_valid").type == pa.bool_()
 
@@ -277,6 +281,6 @@ def test_vsr_by_language_pools_models_and_is_empty_for_a_run_without_the_design(
     filtered = pd.DataFrame(rows).assign(story_id=[f"s{i}" for i in range(len(rows))])
     filtered["is_valid"] = filtered["is_valid"].astype(bool)
     vsr = langid.vsr_table(filtered)
-    assert langid.vsr_by_language(vsr) == {"en": 0.75}
-    assert langid.vsr_by_language(vsr, "stereotales") == {"fr": 0.0}
-    assert langid.vsr_by_language(vsr[vsr.design == "stereotales"], "bedtime") == {}
+    assert summaries.vsr_by_language(vsr) == {"en": 0.75}
+    assert summaries.vsr_by_language(vsr, "stereotales") == {"fr": 0.0}
+    assert summaries.vsr_by_language(vsr[vsr.design == "stereotales"], "bedtime") == {}

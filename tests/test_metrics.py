@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 from scipy.spatial.distance import jensenshannon
 
-from storybias import metrics
+from storybias.core import artifacts
+from storybias.stages import metrics
 
 
 def test_s_c_hand_computed_with_clipping():
@@ -289,7 +290,8 @@ def test_lexicon_has_the_required_categories_and_no_duplicates():
 def _synthetic_run(tmp_path, monkeypatch, models=("m1", "m2"), languages=("en", "fr"), girls_have_adjectives=True):
     import yaml
 
-    from storybias import io, params, paths
+    from storybias.config import params
+    from storybias.core import io, paths
 
     monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path / "data"))
     rng = np.random.default_rng(0)
@@ -359,8 +361,8 @@ def _synthetic_run(tmp_path, monkeypatch, models=("m1", "m2"), languages=("en", 
     filtered = pd.DataFrame(rows)
     extractions = pd.DataFrame(ex)
     run = "unit-metrics"
-    io.write_parquet_atomic(filtered, paths.filtered_path(run))
-    io.write_parquet_atomic(extractions, paths.extractions_path(run))
+    io.write_parquet_atomic(filtered, artifacts.filtered_path(run))
+    io.write_parquet_atomic(extractions, artifacts.extractions_path(run))
     vsr = (
         filtered.groupby(["design", "model", "language"])
         .size()
@@ -368,7 +370,7 @@ def _synthetic_run(tmp_path, monkeypatch, models=("m1", "m2"), languages=("en", 
         .reset_index()
         .assign(n_valid=lambda d: d.n_stories, vsr=1.0)
     )
-    io.write_parquet_atomic(vsr, paths.vsr_path(run))
+    io.write_parquet_atomic(vsr, artifacts.vsr_path(run))
     raw = yaml.safe_load((paths.params_dir() / "smoke.yaml").read_text())
     raw["run_name"] = run
     raw["metrics"] = {"bootstrap": 200, "min_stories": 20}
@@ -430,7 +432,7 @@ def test_stage_degenerate_inputs_give_notes_not_crashes(tmp_path, monkeypatch):
 def _written_schemas(run_name: str) -> dict:
     import pyarrow.parquet as pq
 
-    from storybias import paths
+    from storybias.core import paths
 
     return {
         name: pq.read_schema(paths.run_dir(run_name) / f"metrics_{name}.parquet").remove_metadata()
@@ -439,15 +441,15 @@ def _written_schemas(run_name: str) -> dict:
 
 
 def test_stage_writes_the_contract_schemas_full_and_empty(tmp_path, monkeypatch):
-    from storybias import io, paths
+    from storybias.core import io, paths
 
     p = _synthetic_run(tmp_path, monkeypatch, models=("m1",), languages=("en", "fr"))
     metrics.run(p)
     assert _written_schemas(p.run_name) == metrics.OUTPUT_SCHEMAS  # a full run: the contract, type for type
     # No extraction at all (every story invalid, or stage 03 found nothing): every table keeps its
     # columns and types, with zero rows, instead of a zero-column parquet file.
-    empty = pd.read_parquet(paths.extractions_path(p.run_name)).iloc[:0]
-    io.write_parquet_atomic(empty, paths.extractions_path(p.run_name))
+    empty = pd.read_parquet(artifacts.extractions_path(p.run_name)).iloc[:0]
+    io.write_parquet_atomic(empty, artifacts.extractions_path(p.run_name))
     out = metrics.run(p)
     assert _written_schemas(p.run_name) == metrics.OUTPUT_SCHEMAS
     for name, schema in metrics.OUTPUT_SCHEMAS.items():
@@ -466,12 +468,12 @@ def test_stage_writes_the_contract_schemas_full_and_empty(tmp_path, monkeypatch)
     ],
 )
 def test_malformed_input_names_the_file_and_the_missing_columns(tmp_path, monkeypatch, table, drop):
-    from storybias import io, paths
+    from storybias.core import io, paths
 
     p = _synthetic_run(tmp_path, monkeypatch, models=("m1",), languages=("en",))
-    path = {"extractions": paths.extractions_path, "filtered": paths.filtered_path, "vsr": paths.vsr_path}[table](
-        p.run_name
-    )
+    path = {"extractions": artifacts.extractions_path, "filtered": artifacts.filtered_path, "vsr": artifacts.vsr_path}[
+        table
+    ](p.run_name)
     io.write_parquet_atomic(pd.read_parquet(path).drop(columns=drop), path)
     with pytest.raises(metrics.InputContractError) as exc:
         metrics.run(p)
@@ -481,18 +483,18 @@ def test_malformed_input_names_the_file_and_the_missing_columns(tmp_path, monkey
 
 
 def test_non_boolean_parse_ok_is_named(tmp_path, monkeypatch):
-    from storybias import io, paths
+    from storybias.core import io
 
     p = _synthetic_run(tmp_path, monkeypatch, models=("m1",), languages=("en",))
-    path = paths.extractions_path(p.run_name)
+    path = artifacts.extractions_path(p.run_name)
     io.write_parquet_atomic(pd.read_parquet(path).assign(parse_ok="yes"), path)
     with pytest.raises(metrics.InputContractError, match="parse_ok must be boolean"):
         metrics.run(p)
 
 
 def test_lexicon_with_a_repeated_category_is_refused(tmp_path, monkeypatch):
-    from storybias import paths
-    from storybias.params import ParamsError
+    from storybias.config.params import ParamsError
+    from storybias.core import paths
 
     text = (paths.params_dir() / "lexicon" / "categories.yaml").read_text(encoding="utf-8")
     (tmp_path / "lexicon").mkdir()

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from storybias import paths
+from storybias.core import paths
 
 pytestmark = pytest.mark.slow
 NOTEBOOKS = [

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from storybias import io, params, paths
-from storybias.params import ParamsError
+from storybias.config import params
+from storybias.config.params import ParamsError
+from storybias.core import io, paths
 
 PROFILES = ["smoke", "default", "paper"]
 
@@ -203,7 +204,7 @@ def test_check_params_cli_exits_nonzero_fast_naming_key(tmp_path):
         [
             sys.executable,
             "-c",
-            "import sys, storybias.params as p; p.load('params/smoke.yaml'); "
+            "import sys, storybias.config.params as p; p.load('params/smoke.yaml'); "
             "print('vllm' in sys.modules, 'torch' in sys.modules)",
         ],
         capture_output=True,
@@ -256,7 +257,7 @@ def test_paper_profile_follows_biasedtales_table_2():
 def test_duplicate_key_in_a_design_file_is_refused(tmp_path, monkeypatch):
     """Issue #12.9: the strict loader guards every parameter file, not only profiles (a repeated value
     key in a localization would silently drop a translation)."""
-    from storybias import prompts
+    from storybias.config import prompts
 
     designs = tmp_path / "designs" / "bedtime"
     designs.mkdir(parents=True)

@@ -13,7 +13,8 @@ import pytest
 from matplotlib.figure import Figure
 from matplotlib.text import Text
 
-from storybias import metrics, plots
+from storybias.stages import figures as plots
+from storybias.stages import metrics
 
 SMALL_MODELS = ["qwen2.5-coder-1.5b"]
 SMALL_LANGS = ["en", "fr", "zh"]
@@ -742,7 +743,7 @@ def test_jsd_figure_says_too_few_stories_when_every_jsd_is_ln2():
 
 
 def _power_table(testable: bool):
-    from storybias.power import ALL_COMPARED
+    from storybias.summaries import ALL_COMPARED
 
     rows = [
         {
@@ -1083,7 +1084,7 @@ def test_every_figure_saves(tmp_path):
 
 
 def test_quote_stats_formats_and_marks_missing_values():
-    from storybias.plots import quote_stats
+    from storybias.stages.figures import quote_stats
 
     assert (
         quote_stats("mean {mean_vsr:.1%} over {n_models}", {"mean_vsr": 0.8125, "n_models": 3}) == "mean 81.2% over 3"
@@ -1095,7 +1096,7 @@ def test_quote_stats_formats_and_marks_missing_values():
 def test_gallery_saves_indexes_and_flags_empty_figures(tmp_path):
     import json
 
-    from storybias import plots
+    from storybias.stages import figures as plots
 
     gallery = plots.Gallery(tmp_path, dpi=72)
     fig, stats = plots.vsr_heatmap(
@@ -1120,7 +1121,7 @@ def test_gallery_saves_indexes_and_flags_empty_figures(tmp_path):
 
 
 def test_missing_artifacts_load_as_empty_tables_with_a_note(tmp_path, monkeypatch):
-    from storybias import plots
+    from storybias.stages import figures as plots
 
     monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path))
     (tmp_path / "r").mkdir()
@@ -1167,7 +1168,7 @@ def test_figures_live_in_one_module_per_stage_and_share_one_empty_input_guard():
     }
     assert sorted(names) == [stem[:2] for stem, _ in plots.FIGURES]
     for module_name, numbers in stage_modules.items():
-        module = importlib.import_module(f"storybias.plots.{module_name}")
+        module = importlib.import_module(f"storybias.stages.figures.{module_name}")
         source = inspect.getsource(module)
         # the message panel is drawn in one place only
         assert not CENTRED_TEXT.search(source) and "no data: " not in source, module_name
@@ -1179,7 +1180,7 @@ def test_figures_live_in_one_module_per_stage_and_share_one_empty_input_guard():
             (ax,) = fig.axes
             assert not ax.get_xticks().size and not ax.get_yticks().size
             assert [" ".join(t.get_text().split()) for t in ax.texts] == [f"no data: {stats['no_data']}"]
-    style = inspect.getsource(importlib.import_module("storybias.plots.style"))
+    style = inspect.getsource(importlib.import_module("storybias.stages.figures.style"))
     assert len(CENTRED_TEXT.findall(style)) == 2  # the two texts of message_panel, nowhere else
 
 
@@ -1191,7 +1192,7 @@ def _n_tables(function) -> int:
 
 
 def test_a_table_missing_columns_is_refused_with_its_file_name_from_the_registry():
-    from storybias import plots
+    from storybias.stages import figures as plots
 
     with pytest.raises(KeyError, match=r"vsr\.parquet: missing column\(s\) n_valid"):
         plots.vsr_heatmap(

@@ -1,4 +1,4 @@
-"""storybias.power: the smallest lift stage 04 detects, simulated through the stage's own tests;
+"""storybias.stages.associations.power: the smallest lift stage 04 detects, simulated through the stage's own tests;
 why a compared dimension is untestable; the stage's power artifact; `check-params`'s table."""
 
 from __future__ import annotations
@@ -12,10 +12,12 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from storybias import associations as A
-from storybias import extract, paths
-from storybias import judge as J
-from storybias import power as P
+from storybias.core import paths
+from storybias.stages import associations as A
+from storybias.stages.associations import judge as J
+from storybias.stages.associations import power as P
+from storybias.stages.associations import tables
+from storybias.stages.extract import answers as extract
 
 DIMS = list(extract.dimensions())
 
@@ -47,14 +49,14 @@ def test_power_is_high_for_a_large_lift_on_big_rows_and_near_zero_under_the_null
 
 def test_the_simulation_calls_the_stage_tests(monkeypatch):
     """A stage that never retains a table detects nothing, whatever the lift: the simulation goes
-    through associations._analyse_family, it does not test on its own."""
-    real = A._analyse_family
+    through associations.analyse_family, it does not test on its own."""
+    real = tables.analyse_family
 
     def never_retained(base, tables, seed, max_resamples):
         attrs, values = real(base, tables, seed, max_resamples)
         return attrs.assign(retained=False), values.iloc[0:0]
 
-    monkeypatch.setattr(A, "_analyse_family", never_retained)
+    monkeypatch.setattr(tables, "analyse_family", never_retained)
     assert P.simulate_power((150, 150, 150), 4, 2.8, P.PowerSettings(n_simulations=10)) == 0.0
 
 
@@ -63,7 +65,7 @@ def test_minimum_detectable_lift_shrinks_as_rows_grow():
     found = [P.minimum_detectable_lift((n,) * 4, 6, settings).min_detectable_lift for n in (12, 25, 60)]
     big = [np.inf if f is None else f for f in found]
     assert big == sorted(big, reverse=True) and big[0] > big[-1]
-    assert all(f is None or f >= A.MIN_LIFT for f in found)  # never below the stage's lift threshold
+    assert all(f is None or f >= tables.MIN_LIFT for f in found)  # never below the stage's lift threshold
 
 
 @pytest.mark.parametrize("n_simulations", [50, 33])  # 33: 0.8 x 33 is no whole number of hits
@@ -165,17 +167,17 @@ def test_stage_writes_the_power_artifact_with_its_schema(tmp_path, monkeypatch):
     monkeypatch.setattr(J, "run_judges", lambda *a, **k: pytest.fail("nothing is significant"))
     A.run(p, progress=False)
     path = paths.run_dir("t") / "associations_power.parquet"
-    assert pq.read_schema(path).remove_metadata() == A.OUTPUT_SCHEMAS["associations_power"]
+    assert pq.read_schema(path).remove_metadata() == tables.OUTPUT_SCHEMAS["associations_power"]
     power = pd.read_parquet(path)
     assert set(power["scope"]) == {"all", "en", "fr"} and set(power["model"]) == {"m1", "m2"}
     pooled = power[(power["scope"] == "all") & (power["model"] == "m1")].set_index("compared_attribute")
     assert pooled.loc["education", "testable"] and pooled.loc["age", "reason"] == "all unknown"
-    assert pooled.loc["education", "min_detectable_lift"] >= A.MIN_LIFT
+    assert pooled.loc["education", "min_detectable_lift"] >= tables.MIN_LIFT
     assert list(pooled.loc[P.ALL_COMPARED, "row_sizes"]) == [80, 80, 80]
     per_language = power[(power["scope"] == "en") & (power["compared_attribute"] == "education")]
     assert per_language["testable"].all() and per_language["min_detectable_lift"].isna().all()  # pooled pass only
     head = power[(power["scope"] == "en") & (power["compared_attribute"] == P.ALL_COMPARED)]
-    assert (head["min_detectable_lift"] >= A.MIN_LIFT).all()
+    assert (head["min_detectable_lift"] >= tables.MIN_LIFT).all()
     assert list((paths.work_dir("t", "power")).glob("*.json"))  # cached under data/<run>/work/power/
 
 
@@ -200,7 +202,7 @@ def test_check_params_prints_the_power_table():
 
 
 def test_planned_power_follows_the_known_share():
-    from storybias import params
+    from storybias.config import params
 
     profile = params.load(paths.repo_root() / "params" / "default.yaml")
     settings = P.PowerSettings(lifts=(2.0, 2.5, 3.0), n_simulations=30, n_family=18)

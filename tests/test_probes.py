@@ -15,7 +15,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sklearn.metrics import balanced_accuracy_score, roc_auc_score
 
-from storybias import cultural, embeddings, params, paths, probes
+from storybias.config import params
+from storybias.core import paths
+from storybias.stages import probes
+from storybias.stages.probes import cultural, embeddings, probe
 from storybias.stats.bootstrap import bootstrap_group_counts
 
 
@@ -51,7 +54,7 @@ def test_group_folds_never_split_a_group():
     for _ in range(5):
         y = rng.integers(0, 2, 500)
         groups = rng.integers(0, 60, 500).astype(str)
-        folds = probes.group_folds(y, groups, n_splits=5, seed=42)
+        folds = probe.group_folds(y, groups, n_splits=5, seed=42)
         assert set(folds) == set(range(5))
         per_group = pd.DataFrame({"g": groups, "f": folds}).groupby("g")["f"].nunique()
         assert (per_group == 1).all()
@@ -87,10 +90,10 @@ def test_weighted_auc_matches_sklearn_and_explicit_group_resamples():
     scores = np.round(rng.normal(size=120), 1)  # ties on purpose
     y = rng.integers(0, 2, 120)
     groups = rng.integers(0, 15, 120)
-    assert probes.weighted_auc(scores, y, np.ones((1, 120)))[0] == pytest.approx(roc_auc_score(y, scores))
+    assert probe.weighted_auc(scores, y, np.ones((1, 120)))[0] == pytest.approx(roc_auc_score(y, scores))
     counts = bootstrap_group_counts(15, 50, seed=1)
     assert (counts.sum(axis=1) == 15).all()
-    fast = probes.bootstrap_auc(scores, y, groups, counts, chunk=7)
+    fast = probe.bootstrap_auc(scores, y, groups, counts, chunk=7)
     for b in range(50):
         idx = np.concatenate([np.flatnonzero(groups == g) for g in range(15) for _ in range(int(counts[b, g]))])
         if len(np.unique(y[idx])) == 2:
@@ -105,7 +108,7 @@ def test_bootstrap_balanced_accuracy_matches_explicit_resamples():
     pred = np.where(rng.random(90) < 0.6, y, rng.choice(["en", "fr", "zh"], 90))
     groups = rng.integers(0, 12, 90)
     counts = bootstrap_group_counts(12, 30, seed=3)
-    fast = probes.bootstrap_balanced_accuracy(y, pred, groups, counts)
+    fast = probe.bootstrap_balanced_accuracy(y, pred, groups, counts)
     for b in range(30):
         idx = np.concatenate([np.flatnonzero(groups == g) for g in range(12) for _ in range(int(counts[b, g]))])
         with np.errstate(all="ignore"):
@@ -117,7 +120,7 @@ def test_bootstrap_of_many_cells_takes_seconds():
     started = time.perf_counter()
     for _ in range(6):  # six language x genre cells of 3,000 stories, 2,000 resamples each
         scores, y, groups = rng.normal(size=3000), rng.integers(0, 2, 3000), rng.integers(0, 200, 3000)
-        boot = probes.bootstrap_auc(scores, y, groups, bootstrap_group_counts(200, 2000, seed=42))
+        boot = probe.bootstrap_auc(scores, y, groups, bootstrap_group_counts(200, 2000, seed=42))
         assert boot.shape == (2000,) and np.isfinite(boot).all()
     assert time.perf_counter() - started < 30  # ~1 s per cell on 2 busy cores
 
@@ -143,8 +146,8 @@ FILLERS = {
 
 
 def _safe_fillers(language: str) -> list[str]:
-    cues = probes.load_cues(language)
-    banned = [t.casefold() for t in cues.terms] + [t.casefold() for t in probes.name_terms(NAMES[language])]
+    cues = probe.load_cues(language)
+    banned = [t.casefold() for t in cues.terms] + [t.casefold() for t in probe.name_terms(NAMES[language])]
     if cues.match == "word":
         return [f for f in FILLERS[language] if f.casefold() not in banned]
     return [f for f in FILLERS[language] if not any(b in f for b in banned)]
@@ -153,9 +156,9 @@ def _safe_fillers(language: str) -> list[str]:
 @st.composite
 def story(draw):
     language = draw(st.sampled_from(sorted(NAMES)))
-    cues = probes.load_cues(language)
+    cues = probe.load_cues(language)
     name = NAMES[language]
-    cue_pool = list(cues.terms) + [name, *probes.name_terms(name)]
+    cue_pool = list(cues.terms) + [name, *probe.name_terms(name)]
     fillers = _safe_fillers(language)
     tokens = draw(
         st.lists(
@@ -179,9 +182,9 @@ def story(draw):
 @given(story())
 def test_cue_deletion_removes_every_term_and_the_name(case):
     language, words = case
-    cues = probes.load_cues(language)
+    cues = probe.load_cues(language)
     name = NAMES[language]
-    banned = set(cues.terms) | set(probes.name_terms(name))
+    banned = set(cues.terms) | set(probe.name_terms(name))
     if cues.match == "word":
         out = probes.delete_cues(" ".join(w for _, w in words), language, name)
         folded = {b.casefold() for b in banned}
@@ -196,7 +199,7 @@ def test_cue_deletion_removes_every_term_and_the_name(case):
 @given(story())
 def test_cue_deletion_leaves_other_words(case):
     language, words = case
-    cues = probes.load_cues(language)
+    cues = probe.load_cues(language)
     fillers = [w for kind, w in words if kind == "filler"]
     if cues.match == "word":
         out = probes.delete_cues(" ".join(w for _, w in words), language, NAMES[language])
@@ -219,10 +222,8 @@ def test_cue_deletion_examples():
     # Arabic terms match undiacritised and diacritised spellings; Hindi words are not cut at vowel signs
     assert probes.delete_cues("قالت المرأةُ إنها ذهبت", "ar") == "قالت ذهبت"
     assert probes.delete_cues("लड़कियाँ खेल रही थीं", "hi") == "खेल रही थीं"
-    assert (
-        probes.name_terms(None) == () and probes.name_terms(float("nan")) == () and probes.name_terms("unknown") == ()
-    )
-    assert probes.name_terms("玛丽·居里") == ("玛丽·居里", "居里", "玛丽")
+    assert probe.name_terms(None) == () and probe.name_terms(float("nan")) == () and probe.name_terms("unknown") == ()
+    assert probe.name_terms("玛丽·居里") == ("玛丽·居里", "居里", "玛丽")
 
 
 # --- which narratives are sampled, probed and projected (Feng et al. Sec. 3.3.2, App. D.4) --------
@@ -516,7 +517,7 @@ def test_run_writes_the_contract_tables(tmp_path, monkeypatch):
     }
     for name, columns in contract.items():
         assert list(pd.read_parquet(run_dir / f"{name}.parquet").columns) == columns, name
-        assert pq.read_schema(run_dir / f"{name}.parquet").remove_metadata() == probes.OUTPUT_SCHEMAS[name], name
+        assert pq.read_schema(run_dir / f"{name}.parquet").remove_metadata() == probe.OUTPUT_SCHEMAS[name], name
     table = out["probes"]
     assert set(table["genre"]) == {"bedtime", "story"}  # the explicit task is never probed
     assert set(table["language"]) == {"en", "fr", "all"}

@@ -1,5 +1,5 @@
 """What a newcomer sees during `make paper`: the running stage's tqdm progress echoed from its
-papermill log to the terminal (storybias.notebook_runner), instead of one line per stage."""
+papermill log to the terminal (storybias.tools.notebook_runner), instead of one line per stage."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import yaml
 from tqdm import tqdm
 
 from stage_notebooks import tiny_stage_notebook
-from storybias import paths
-from storybias.notebook_runner import ProgressFollower, latest_progress, run_stage
+from storybias.core import paths
+from storybias.tools.notebook_runner import ProgressFollower, latest_progress, run_stage
 
 ROOT = paths.repo_root()
 DONE = re.compile(r"(\d+)/(\d+) \[")

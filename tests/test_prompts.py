@@ -6,8 +6,9 @@ import re
 
 import pytest
 
-from storybias import prompts
-from storybias.prompts import LANGUAGES, design_cells, load_localization, render_prompt
+from storybias.config import prompts
+from storybias.config.designs import design_cells, render_prompt
+from storybias.config.prompts import LANGUAGES, load_localization
 
 LOCALIZED = {d: prompts.available_languages(d) for d in prompts.DESIGNS}
 PAIRS = [(d, lang) for d in prompts.DESIGNS for lang in LOCALIZED[d]]
@@ -214,7 +215,7 @@ STEREOTALES_ASPECTS = [
 def _reference() -> dict:
     import yaml
 
-    from storybias import paths
+    from storybias.core import paths
 
     with open(paths.designs_dir() / "stereotales" / "reference.yaml", encoding="utf-8") as fh:
         return yaml.safe_load(fh)

@@ -8,8 +8,11 @@ import pandas as pd
 import pytest
 import yaml
 
-from storybias import extract, params, paths, prompts, published
-from storybias.params import ParamsError
+from storybias.config import params, prompts
+from storybias.config.params import ParamsError
+from storybias.core import paths
+from storybias.evidence import published
+from storybias.stages.extract import answers as extract
 
 # Every value label of StereoTales' taxonomy as its published associations word them
 # (Giskard-AI/stereotales-pipeline, attributes.en.yaml, `values`), `other` included; the published

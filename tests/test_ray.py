@@ -12,11 +12,21 @@ import pytest
 import yaml
 
 from fake_engine import FakeEngine
-from storybias import engines, paths, planning, ray_engine
-from storybias.bench import kill_and_resume
-from storybias.cache import cache_dir
-from storybias.engines import ChatRequest, EngineError
-from storybias.params import EngineSettings, ModelSpec, ParamsError, PlanningSettings, RaySettings, Sampling, load
+from storybias import engines
+from storybias.config.params import (
+    EngineSettings,
+    ModelSpec,
+    ParamsError,
+    PlanningSettings,
+    RaySettings,
+    Sampling,
+    load,
+)
+from storybias.core import paths
+from storybias.engines import ChatRequest, EngineError, ray_engine
+from storybias.engines.cache import cache_dir
+from storybias.tools import planning
+from storybias.tools.bench import kill_and_resume
 
 ROOT = paths.repo_root()
 CPU = ModelSpec(name="m", source="embedded")
@@ -240,7 +250,7 @@ def test_kill_and_resume_counts(tmp_path):
         }
         for i in range(5)
     ]
-    from storybias import generate
+    from storybias.stages import generate
 
     for col in generate.plan_columns():
         for r in rows:
@@ -304,7 +314,7 @@ def test_plan_with_known_numbers():
 def test_plan_of_the_smoke_profile_counts_its_requests():
     p = load(ROOT / "params" / "smoke.yaml")
     rows = planning.profile_plan(p)
-    from storybias.generate import plan
+    from storybias.config.plan import plan
 
     assert sum(r.requests for r in rows) == len(plan(p)) == 8
     assert sum(r.output_tokens for r in rows) == 8 * 48
@@ -313,8 +323,8 @@ def test_plan_of_the_smoke_profile_counts_its_requests():
 def test_stage01_killed_after_its_first_shard_resumes_like_the_slow_test(tmp_path, monkeypatch):
     """The slow test's flow (tests/test_ray_slow.py) on the scripted engine: KillAfter lands after the
     first shard, the rerun keeps those 2 stories and generates the 2 others."""
-    from storybias import generate
-    from storybias.bench import KillAfter
+    from storybias.stages import generate
+    from storybias.tools.bench import KillAfter
 
     monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path / "data"))
     monkeypatch.setattr(generate, "preflight", lambda spec: (None, "fake"))

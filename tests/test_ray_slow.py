@@ -18,11 +18,14 @@ import pandas as pd
 import pytest
 import yaml
 
-from storybias import generate, params, paths
-from storybias.bench import KillAfter
-from storybias.cache import cache_dir
+from storybias.config import params
+from storybias.config.plan import STORIES_SCHEMA
+from storybias.core import paths
 from storybias.engines import Engine
-from storybias.ray_engine import RayEngine
+from storybias.engines.cache import cache_dir
+from storybias.engines.ray_engine import RayEngine
+from storybias.stages import generate
+from storybias.tools.bench import KillAfter
 
 pytestmark = [
     pytest.mark.slow,
@@ -90,7 +93,7 @@ def test_killed_after_the_first_shard_resumes_with_nothing_lost_or_duplicated(ki
     [run] = result.runs
     assert run.n_generated == 2 and run.endpoint == "ray:local" and "ray" in run.versions
     # the stories.parquet contract: finish_reason derived from the token count
-    assert set(generate.STORIES_SCHEMA.names) == set(stories.columns)
+    assert set(STORIES_SCHEMA.names) == set(stories.columns)
     assert stories["error"].isna().all() and (stories["text"].str.len() > 0).all()
     expected = stories["n_tokens"].ge(24).map({True: "length", False: "stop"})
     assert stories["finish_reason"].tolist() == expected.tolist()
@@ -101,7 +104,7 @@ def test_same_texts_as_the_in_process_engine(killed_and_resumed, ray_profile):
     p = ray_profile
     planned = generate.plan(p).to_dict("records")
     with Engine(spec, p.generation.engine, p.generation.seed) as engine:
-        local = {r.key: r for r in engine.stream([generate._request(row) for row in planned])}
+        local = {r.key: r for r in engine.stream([generate.story_request(row) for row in planned])}
     on_ray = result.stories.set_index("story_id")
     for key, r in local.items():
         assert on_ray.loc[key, "text"] == r.text, key

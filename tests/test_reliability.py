@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from stage_notebooks import tiny_stage_notebook
-from storybias import io, locks, paths
+from storybias.core import io, locks, paths
 
 ROOT = paths.repo_root()
 PYTHON = sys.executable
@@ -49,7 +49,7 @@ def profile(tmp_path: Path, run_name: str, name: str = "p.yaml") -> Path:
 def hold_lock(run_name: str, env: dict, stage: str = "generate") -> subprocess.Popen:
     """Another process holding the run's lock (until killed)."""
     code = (
-        "import sys, time\nfrom storybias.locks import run_lock\n"
+        "import sys, time\nfrom storybias.core.locks import run_lock\n"
         f"with run_lock({run_name!r}, {stage!r}):\n    print('locked', flush=True)\n    time.sleep(120)\n"
     )
     proc = subprocess.Popen([PYTHON, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
@@ -134,13 +134,13 @@ def test_run_stage_runs_papermill_without_a_shell(tmp_path, monkeypatch):
     target = tmp_path / "data" / run / "target.json"
     nb = tiny_stage_notebook(
         'params_file = ""\nfail = False',
-        "from storybias import io, params, paths\np = params.load(params_file)\n"
+        "from storybias.config import params\nfrom storybias.core import io, paths\np = params.load(params_file)\n"
         "io.write_json_atomic({'run': p.run_name}, paths.run_dir(p.run_name) / 'target.json')\n"
         "assert not fail or open(params_file).read().count('fail_me') == 0, 'asked to fail'",
     )
     nbformat.write(nb, folder / "tiny stage.ipynb")
     params_file = profile(folder, run, name="my profile.yaml")
-    from storybias.notebook_runner import run_stage
+    from storybias.tools.notebook_runner import run_stage
 
     try:
         assert run_stage("tiny", folder / "tiny stage.ipynb", params_file, run, target=target, log=lambda m: None) == 0
@@ -255,7 +255,7 @@ def test_written_files_follow_the_umask(tmp_path, umask, mode):
 def test_sigterm_during_a_write_leaves_no_temporary_file(tmp_path):
     target = tmp_path / "big.bin"
     code = (
-        f"from pathlib import Path\nfrom storybias.io import atomic_open\n"
+        f"from pathlib import Path\nfrom storybias.core.io import atomic_open\n"
         f"with atomic_open(Path({str(target)!r})) as fh:\n"
         "    fh.write(b'x' * 1_000_000); fh.flush(); print('writing', flush=True)\n"
         "    while True:\n        fh.write(b'x' * 1_000_000)\n"

@@ -21,9 +21,12 @@ import yaml
 
 from fake_engine import FakeEngine
 from fake_openai import FakeOpenAI
-from storybias import generate, langid, params, paths, serve, served
-from storybias.engines import ChatRequest, EngineError, open_engine
-from storybias.params import ModelSpec, ParamsError, Sampling
+from storybias.config import params
+from storybias.config.params import ModelSpec, ParamsError, Sampling
+from storybias.core import paths
+from storybias.engines import ChatRequest, EngineError, open_engine, serve, served
+from storybias.stages import generate
+from storybias.stages.filter import langid
 
 ROOT = paths.repo_root()
 
@@ -334,7 +337,7 @@ def test_api_example_profile_validates_and_prints_a_cost_estimate():
         env=dict(os.environ),
     )
     assert proc.returncode == 0, proc.stderr
-    from storybias.cost import estimate
+    from storybias.tools.cost import estimate
 
     rows = {r.stage: r for r in estimate(p)}
     planned = generate.plan(p)
@@ -387,7 +390,8 @@ def smoke(tmp_path, monkeypatch):
 def test_with_servers_registers_one_server_and_leaves_no_process(smoke, tmp_path):
     seen = tmp_path / "seen.json"
     probe = (
-        f"import json; from storybias import serve, params; p = params.load({str(smoke.source)!r}); "
+        f"import json; from storybias.config import params; from storybias.engines import serve; "
+        f"p = params.load({str(smoke.source)!r}); "
         f"json.dump({{m.name: serve.lookup(p.run_name, m) for m in serve.local_models(p)}}, open({str(seen)!r}, 'w'))"
     )
     code = serve.with_servers(
@@ -413,7 +417,8 @@ def test_with_servers_stops_the_server_when_the_command_fails_or_is_killed(smoke
     # SIGTERM to `storybias.cli with-servers` itself (make interrupted): the server goes with it
     env = dict(os.environ, PYTHONPATH=str(ROOT / "lib"))
     script = (
-        f"import sys; from storybias import serve, params; p = params.load({str(smoke.source)!r}); "
+        f"import sys; from storybias.config import params; from storybias.engines import serve; "
+        f"p = params.load({str(smoke.source)!r}); "
         f"sys.exit(serve.with_servers(p, [sys.executable, '-c', 'import time; time.sleep(300)'], "
         f"server_command_override={FAKE_SERVER!r}))"
     )
@@ -488,8 +493,8 @@ def test_server_command_matches_the_in_process_engine(smoke):
 def test_runner_shards_counts_and_keeps_what_arrived_before_a_crash(tmp_path):
     import pyarrow as pa
 
-    from storybias.io import ShardStore
-    from storybias.runner import run_requests
+    from storybias.core.io import ShardStore
+    from storybias.engines.runner import run_requests
 
     schema = pa.schema([("key", pa.string()), ("text", pa.string())])
     store = ShardStore(tmp_path / "s", key="key", schema=schema)

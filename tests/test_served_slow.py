@@ -29,9 +29,12 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from storybias import generate, params, paths, served
-from storybias.engines import ChatRequest
-from storybias.params import ModelSpec, Sampling
+from storybias.config import params
+from storybias.config.params import ModelSpec, Sampling
+from storybias.config.plan import STORIES_SCHEMA
+from storybias.core import paths
+from storybias.engines import ChatRequest, served
+from storybias.stages import generate
 
 pytestmark = pytest.mark.slow
 ROOT = paths.repo_root()
@@ -75,7 +78,7 @@ def test_stories_went_through_the_server(resumed, local_server):
     [model] = manifest["models"]
     assert model["endpoint"] == local_server.server.base_url or model["endpoint"].startswith("http://127.0.0.1:")
     assert model["weights_sha256"] == "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
-    assert set(generate.STORIES_SCHEMA.names) == set(stories.columns)
+    assert set(STORIES_SCHEMA.names) == set(stories.columns)
     assert stories["finish_reason"].isin(["stop", "length"]).all() and stories["error"].isna().all()
 
 
@@ -277,7 +280,7 @@ def test_server_killed_mid_generation_then_a_new_server_resumes(local_server, ki
     raw["run_name"] = run
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     data = Path(env["STORYBIAS_DATA"]) / run
-    work = data / "cache"  # storybias.cache: stage 01's answers
+    work = data / "cache"  # storybias.engines.cache: stage 01's answers
     log = open(tmp_path / "serverkill.log", "w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "storybias.cli", "generate", str(path)],

@@ -9,7 +9,7 @@ import pytest
 from scipy import stats
 from sklearn.metrics import cohen_kappa_score
 
-from storybias import validation
+from storybias.stages.probes import validation
 from storybias.stats.bootstrap import bootstrap_group_counts
 
 # marker A (en, automated 6): raters 6, 7; B (en, 2): 5, 2; C (fr, 4): 4, 6; D (fr, 7): 1

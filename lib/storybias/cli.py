@@ -4,7 +4,7 @@ check-params PARAMS        validate a profile (exit 2 with the problems, naming 
                            print stage 04's minimum detectable lift for its planned stories and, for
                            served models, the requests and tokens the run will ask for (its cost when priced)
 with-servers PARAMS -- CMD ...   run CMD with one local vLLM server per local model of the profile
-                           (storybias.serve), stopped when CMD ends, fails or is interrupted
+                           (storybias.engines.serve), stopped when CMD ends, fails or is interrupted
 serve-mode PARAMS          print 1 when the profile asks for the shared local server, else 0
 stamps PARAMS              write data/<run>/.params/<stage>.params (content changes only)
 run-name PARAMS            print the run's name
@@ -20,7 +20,7 @@ run-stage STAGE NOTEBOOK PARAMS [--target FILE]   what Make runs: the notebook u
 clean-run PARAMS           delete the run's own folders (data/<run>, reports/<run>, figures/<run>)
 where PARAMS               print the run's name and folders (absolute paths)
 data-contract              print docs/data-contract.md, generated from the artifact registry
-outputs STAGE PARAMS       print the files Make tracks for STAGE (storybias.artifacts.MAKE_TARGETS)
+outputs STAGE PARAMS       print the files Make tracks for STAGE (storybias.core.artifacts.MAKE_TARGETS)
 """
 
 from __future__ import annotations
@@ -28,9 +28,25 @@ from __future__ import annotations
 import argparse
 import sys
 
+from storybias.config.models import EMBEDDED, prepare_embedded
+from storybias.config.params import ParamsError, load, write_stage_stamps
+from storybias.core import paths
+from storybias.core.artifacts import data_contract
+from storybias.core.artifacts import outputs as stage_outputs
+from storybias.core.locks import RunBusy, clean_run
+from storybias.engines import EngineError
+from storybias.engines.serve import ServerError, local_models, with_servers
+from storybias.stages import generate
+from storybias.stages.associations.power import format_planned, planned_power
+from storybias.stages.figures.explorer import build_explorer
+from storybias.tools.bench import bench_associations, bench_generate, bench_served
+from storybias.tools.bench import bench_ray as run_bench_ray
+from storybias.tools.cost import estimate, format_estimate
+from storybias.tools.notebook_runner import run_stage
+from storybias.tools.planning import format_plan, profile_plan
+
 
 def _load(path: str):
-    from .params import ParamsError, load
 
     try:
         return load(path)
@@ -54,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument(
         "--served",
         action="store_true",
-        help="compare the in-process engine with the local vLLM server over HTTP (storybias.serve)",
+        help="compare the in-process engine with the local vLLM server over HTTP (storybias.engines.serve)",
     )
     bench_ray = sub.add_parser("bench-ray")
     bench_ray.add_argument("params")
@@ -93,13 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.command == "data-contract":
-        from .artifacts import data_contract
-
         sys.stdout.write(data_contract())
         return 0
     if args.command == "outputs":
-        from .artifacts import outputs as stage_outputs
-
         p = _load(args.params)
         print(" ".join(str(path) for path in stage_outputs(args.stage, p.run_name)))
         return 0
@@ -110,27 +122,20 @@ def main(argv: list[str] | None = None) -> int:
             f"{p.source}: OK (run '{p.run_name}'; designs: {', '.join(p.enabled_designs())}; "
             f"models: {', '.join(m.name for m in p.generation.models)})"
         )
-        from .power import format_planned, planned_power
 
         print(format_planned(planned_power(p), p.associations.power_known_share))
-        from .cost import estimate, format_estimate
 
         rows = estimate(p)
         if rows:
             print(format_estimate(rows))
     elif args.command == "serve-mode":
-        from .serve import local_models
-
         p = _load(args.params)
         print(1 if p.generation.engine.shared_server and local_models(p) else 0)
     elif args.command == "with-servers":
-        from .serve import ServerError, with_servers
-
         p = _load(args.params)
         cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
         if not cmd:
             parser.error("with-servers: give the command after --")
-        from .engines import EngineError
 
         try:
             return with_servers(p, cmd, log=lambda m: print(m, file=sys.stderr, flush=True))
@@ -138,9 +143,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"storybias: {exc}", file=sys.stderr)
             return 1
     elif args.command == "run-stage":
-        from . import paths
-        from .notebook_runner import run_stage
-
         p = _load(args.params)
         return run_stage(
             args.stage,
@@ -150,9 +152,6 @@ def main(argv: list[str] | None = None) -> int:
             target=paths.resolve(args.target) if args.target else None,
         )
     elif args.command == "clean-run":
-        from .locks import RunBusy
-        from .paths import clean_run
-
         p = _load(args.params)
         try:
             removed = clean_run(p.run_name)
@@ -161,8 +160,6 @@ def main(argv: list[str] | None = None) -> int:
             return 3
         print("\n".join(f"removed {path}" for path in removed) if removed else f"run '{p.run_name}': nothing to remove")
     elif args.command == "where":
-        from . import paths
-
         p = _load(args.params)
         print(
             f"run {p.run_name}\ndata {paths.run_dir(p.run_name)}\nreports {paths.reports_dir(p.run_name)}\n"
@@ -171,44 +168,28 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "run-name":
         print(_load(args.params).run_name)
     elif args.command == "stamps":
-        from . import paths
-        from .params import write_stage_stamps
-
         p = _load(args.params)
         write_stage_stamps(p, paths.run_dir(p.run_name) / ".params")
     elif args.command == "prepare-model":
-        from .models import EMBEDDED, prepare_embedded
-
         for key in args.model or list(EMBEDDED):
             prepare_embedded(key)
     elif args.command == "generate":
-        from . import generate
-
         p = _load(args.params)
         generate.prepare_models(p)
         generate.run(p)
     elif args.command == "bench-generate":
-        from .bench import bench_generate, bench_served
-
         run_bench = bench_served if args.served else bench_generate
         run_bench(_load(args.params), n_prompts=args.n_prompts, repeats=args.repeats, max_tokens=args.max_tokens)
     elif args.command == "bench-ray":
-        from .bench import bench_ray as run_bench_ray
-        from .engines import EngineError
-
         try:
             run_bench_ray(_load(args.params), n_prompts=args.n_prompts)
         except EngineError as exc:
             print(f"storybias: {exc}", file=sys.stderr)
             return 1
     elif args.command == "plan":
-        from .planning import format_plan, profile_plan
-
         p = _load(args.params)
         print(format_plan(profile_plan(p), p.planning))
     elif args.command == "bench-associations":
-        from .bench import bench_associations
-
         r = bench_associations(
             n_stories=args.n_stories,
             n_models=args.n_models,
@@ -234,8 +215,6 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 0 if (not check or check["disagreements_unexplained"] == 0) else 1
     elif args.command == "explorer":
-        from .explorer import build_explorer
-
         profile = _load(args.params)
         limit = profile.figures.explorer_max_stories if args.max_stories is None else args.max_stories
         print(build_explorer(profile, max_stories_per_cell=limit))
@@ -244,7 +223,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def entry(argv: list[str] | None = None) -> int:
     """``main`` with a busy run reported as one line (exit 3) instead of a traceback."""
-    from .locks import RunBusy
 
     try:
         return main(argv)

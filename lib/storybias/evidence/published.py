@@ -1,0 +1,281 @@
+"""A run's associations next to the ones StereoTales published.
+
+StereoTales (*StereoTales: A Multilingual Framework for Open-Ended Stereotype Discovery in LLMs*,
+Le Jeune et al., Giskard AI, 2026, arXiv:2605.10442) released the 1,580 associations of its human study as a JSON list
+(public repository ``Giskard-AI/stereotales-human-study``, ``data/questions.json``). Each record names
+a base attribute and a compared attribute by dimension name and by the reference taxonomy's English
+label (``"southern asia (e.g. India, Pakistan, Sri Lanka, Nepal, etc)"``), with the average
+percentage and lift over the models that produced it (``metadata.model_list``)::
+
+    {"question_id": "...", "base_attribute": {"name": "professional_field", "value": "agriculture"},
+     "compared_attribute": {"name": "urbanicity", "value": "rural"}, "avg_percentage": 87.3,
+     "avg_lift": 10.27, "metadata": {"model_list": ["anthropic/claude-haiku-4-5", ...]}}
+
+:func:`load_published` validates such a file before any work (an error names the file, the record
+and the field) and maps every label onto storybias' canonical keys through
+``params/designs/stereotales/reference.yaml``. :func:`compare` then says, for a run's
+``associations_values.parquet``, which published associations the run reproduces, which of its
+significant associations were not published, and the overlap per base attribute.
+
+Reproduction is judged model by model where the names match: a run model matches a published one when
+their names agree after dropping the provider prefix and case (``azure_ai/gpt-4o`` = ``gpt-4o``). When
+no run model appears in the file, a published association counts as reproduced when any run model
+finds it significant.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+from storybias.core import paths
+
+KEY = ["base_attribute", "base_value", "compared_attribute", "compared_value"]
+PUBLISHED_COLUMNS = ["question_id", *KEY, "base_label", "compared_label", "avg_percentage", "avg_lift", "models"]
+
+
+class PublishedFormatError(ValueError):
+    """A published-associations file does not have the expected format."""
+
+
+def normalise_label(text: str) -> str:
+    """Case, spacing and parenthesised examples removed: the published file writes some labels
+    without their examples ("trades and manual labor") and some with them."""
+    text = re.sub(r"\([^)]*\)", " ", text.lower())
+    return " ".join(text.replace("_", " ").split()).strip(" .,;")
+
+
+def model_key(name: str) -> str:
+    """A model name without its provider prefix, lower-cased: ``azure_ai/GPT-4o`` -> ``gpt-4o``."""
+    return name.strip().rsplit("/", 1)[-1].lower()
+
+
+@cache
+def reference_taxonomy() -> dict[str, Any]:
+    with open(paths.designs_dir() / "stereotales" / "reference.yaml", encoding="utf-8") as fh:
+        return yaml.safe_load(fh)
+
+
+@cache
+def label_index() -> dict[str, dict[str, str]]:
+    """Attribute -> {normalised label -> canonical key}. Each key is reachable from its canonical
+    spelling, the reference's full label and that label without its examples; a form that would
+    lead to two keys is an error in reference.yaml."""
+    index: dict[str, dict[str, str]] = {}
+    for attribute, values in reference_taxonomy()["dimensions"].items():
+        forms: dict[str, str] = {}
+        for key, words in values.items():
+            for form in {
+                normalise_label(key),
+                normalise_label(words["value"]),
+                " ".join(words["value"].lower().split()),
+            }:
+                if forms.setdefault(form, key) != key:
+                    raise PublishedFormatError(
+                        f"reference.yaml: {attribute} label {form!r} maps to both {forms[form]!r} and {key!r}"
+                    )
+        index[attribute] = forms
+    return index
+
+
+def canonical_value(attribute: str, label: str) -> str:
+    """The canonical key of a published label; KeyError naming the attribute when it has none."""
+    forms = label_index().get(attribute)
+    if forms is None:
+        raise KeyError(f"unknown attribute {attribute!r}")
+    for form in (" ".join(label.lower().split()), normalise_label(label)):
+        if form in forms:
+            return forms[form]
+    raise KeyError(f"{attribute} has no value {label!r}")
+
+
+def _fail(path: Path, i: int, record: Any, field: str, problem: str) -> PublishedFormatError:
+    qid = record.get("question_id") if isinstance(record, dict) else None
+    where = f"record {i}" + (f" (question_id {qid})" if qid else "")
+    return PublishedFormatError(f"{path}: {where}: field {field}: {problem}")
+
+
+def _attribute(path: Path, i: int, record: dict, field: str) -> tuple[str, str, str]:
+    part = record.get(field)
+    if not isinstance(part, dict):
+        raise _fail(path, i, record, field, "missing or not an object with name and value")
+    name, label = part.get("name"), part.get("value")
+    if not isinstance(name, str) or not name:
+        raise _fail(path, i, record, f"{field}.name", "missing or not a string")
+    if not isinstance(label, str) or not label:
+        raise _fail(path, i, record, f"{field}.value", "missing or not a string")
+    attribute = "_".join(name.strip().lower().split())
+    try:
+        return attribute, canonical_value(attribute, label), label
+    except KeyError as exc:
+        raise _fail(path, i, record, field, str(exc).strip('"')) from None
+
+
+def _number(path: Path, i: int, record: dict, field: str, low: float, high: float | None) -> float:
+    value = record.get(field)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _fail(path, i, record, field, f"missing or not a number ({value!r})")
+    if value < low or (high is not None and value > high):
+        raise _fail(path, i, record, field, f"{value} is outside [{low}, {high if high is not None else 'inf'}]")
+    return float(value)
+
+
+def load_published(path: str | Path) -> pd.DataFrame:
+    """The published associations of a StereoTales ``questions.json``-format file, one row each, with
+    canonical keys (columns ``PUBLISHED_COLUMNS``; ``*_label`` keep the file's wording)."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise PublishedFormatError(f"{path}: file does not exist") from None
+    except json.JSONDecodeError as exc:
+        raise PublishedFormatError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(data, list):
+        raise PublishedFormatError(f"{path}: expected a JSON list of associations, got {type(data).__name__}")
+    rows = []
+    for i, record in enumerate(data):
+        if not isinstance(record, dict):
+            raise PublishedFormatError(f"{path}: record {i}: not an object")
+        qid = record.get("question_id")
+        if not isinstance(qid, str) or not qid:
+            raise _fail(path, i, record, "question_id", "missing or not a string")
+        base_attr, base_value, base_label = _attribute(path, i, record, "base_attribute")
+        comp_attr, comp_value, comp_label = _attribute(path, i, record, "compared_attribute")
+        if base_attr == comp_attr:
+            raise _fail(path, i, record, "compared_attribute.name", f"same attribute as the base ({base_attr})")
+        models = (record.get("metadata") or {}).get("model_list") if isinstance(record.get("metadata"), dict) else None
+        if not isinstance(models, list) or not models or not all(isinstance(m, str) and m for m in models):
+            raise _fail(path, i, record, "metadata.model_list", "missing, empty or not a list of model names")
+        rows.append(
+            {
+                "question_id": qid,
+                "base_attribute": base_attr,
+                "base_value": base_value,
+                "compared_attribute": comp_attr,
+                "compared_value": comp_value,
+                "base_label": base_label,
+                "compared_label": comp_label,
+                "avg_percentage": _number(path, i, record, "avg_percentage", 0.0, 100.0),
+                "avg_lift": _number(path, i, record, "avg_lift", 0.0, None),
+                "models": sorted(set(models)),
+            }
+        )
+    frame = pd.DataFrame(rows, columns=PUBLISHED_COLUMNS)
+    dup = frame[frame["question_id"].duplicated()]
+    if len(dup):
+        raise PublishedFormatError(
+            f"{path}: record {dup.index[0]}: field question_id: {dup['question_id'].iloc[0]!r} appears twice"
+        )
+    return frame
+
+
+@dataclass
+class Comparison:
+    """The result of :func:`compare`.
+
+    ``mode`` is ``same_model`` when some run model matches a published model name (``matched_models``),
+    else ``any_model``. ``published``: the published associations with ``status`` (``reproduced``,
+    ``missed``, or ``untested`` when the run tested no table for the base/compared attribute pair, or,
+    in ``same_model`` mode, no matching model produced it) and the run models that reproduce it.
+    ``new``: the run's significant associations that were not published. ``per_attribute``: per base
+    attribute, the tested published associations, how many the run reproduces, the run's significant
+    associations, how many of those were not published, and the two rates.
+    """
+
+    mode: str
+    matched_models: dict[str, list[str]]
+    published: pd.DataFrame
+    new: pd.DataFrame
+    per_attribute: pd.DataFrame
+
+
+def compare(values: pd.DataFrame, published: pd.DataFrame, scope: str = "all") -> Comparison:
+    """Compare a run's value-level results (``associations_values.parquet``: model, scope, the four key
+    columns, significant) with the published associations, within one scope (``all``: the pooled pass).
+
+    Rates (per base attribute, over tested attribute pairs only):
+    ``reproduced_rate`` = reproduced / published associations considered;
+    ``published_rate`` = run's significant associations that were published / run's significant ones.
+    """
+    run = values[values["scope"] == scope]
+    tested_pairs = set(zip(run["base_attribute"], run["compared_attribute"]))
+    sig = run[run["significant"].astype(bool)]
+    found: dict[tuple, set[str]] = {}
+    for row in sig[["model", *KEY]].itertuples(index=False):
+        found.setdefault(tuple(row[1:]), set()).add(row[0])
+
+    published_models = {model_key(m) for ms in published["models"] for m in ms}
+    matched = {
+        m: sorted({p for ms in published["models"] for p in ms if model_key(p) == model_key(m)})
+        for m in sorted(set(run["model"]))
+        if model_key(m) in published_models
+    }
+    mode = "same_model" if matched else "any_model"
+
+    out = published.copy()
+    statuses: list[str] = []
+    reproducers: list[list[str]] = []
+    for row in out.itertuples(index=False):
+        key = (row.base_attribute, row.base_value, row.compared_attribute, row.compared_value)
+        if (row.base_attribute, row.compared_attribute) not in tested_pairs:
+            statuses.append("untested")
+            reproducers.append([])
+            continue
+        if mode == "same_model":
+            record_models = {model_key(m) for m in row.models}
+            eligible = {m for m in matched if model_key(m) in record_models}
+            if not eligible:
+                statuses.append("untested")
+                reproducers.append([])
+                continue
+        else:
+            eligible = set(run["model"])
+        hits = sorted(found.get(key, set()) & eligible)
+        statuses.append("reproduced" if hits else "missed")
+        reproducers.append(hits)
+    out["status"] = statuses
+    out["reproduced_by"] = reproducers
+
+    published_keys = set(map(tuple, published[KEY].to_numpy()))
+    sig_keys = sig.groupby(KEY)["model"].agg(lambda m: sorted(set(m))).rename("models").reset_index()
+    sig_keys["published"] = [tuple(k) in published_keys for k in sig_keys[KEY].to_numpy()]
+    new = sig_keys[~sig_keys["published"]].drop(columns="published").reset_index(drop=True)
+
+    considered = out[out["status"] != "untested"]
+    attributes = sorted(set(considered["base_attribute"]) | set(sig_keys["base_attribute"]))
+    per = []
+    for attribute in attributes:
+        pub = considered[considered["base_attribute"] == attribute]
+        mine = sig_keys[sig_keys["base_attribute"] == attribute]
+        n_rep = int((pub["status"] == "reproduced").sum())
+        per.append(
+            {
+                "base_attribute": attribute,
+                "published_tested": len(pub),
+                "reproduced": n_rep,
+                "run_significant": len(mine),
+                "not_published": int((~mine["published"]).sum()),
+                "reproduced_rate": n_rep / len(pub) if len(pub) else float("nan"),
+                "published_rate": float(mine["published"].mean()) if len(mine) else float("nan"),
+            }
+        )
+    per_attribute = pd.DataFrame(
+        per,
+        columns=[
+            "base_attribute",
+            "published_tested",
+            "reproduced",
+            "run_significant",
+            "not_published",
+            "reproduced_rate",
+            "published_rate",
+        ],
+    )
+    return Comparison(mode=mode, matched_models=matched, published=out, new=new, per_attribute=per_attribute)

@@ -1,0 +1,288 @@
+"""Stage 04 statistics: StereoTales' two-step association tests.
+
+Observations: for one model and scope (all languages pooled, or one language) and one base attribute
+A that stereotales prompts fixed, the stories prompted with A; A's value is the prompted value, every
+other dimension B comes from the extraction.
+
+1. Attribute level: contingency table A x B (``unknown`` dropped on both sides, ``other`` on B, rows
+   with < 10 stories and all-zero columns dropped; skipped below 2 x 2); Fisher's exact test for r x c
+   tables; Benjamini-Hochberg over the pairs of one base attribute; for adjusted p < 0.05 the
+   bias-corrected Cramer's V (Bergsma 2013) and its effect category (thresholds 0.1 / 0.3 / 0.5 divided
+   by sqrt(min(r, c) - 1)); medium and large pairs are retained.
+2. Value level: in a retained table, each cell's one-sided Fisher test on {a, not a} x {b, not b},
+   Benjamini-Yekutieli over the table's cells; significant when adjusted p < 0.05 and
+   lift = observed / expected >= 2.
+
+The r x c Fisher p-value is the Monte-Carlo one with ``max_resamples`` (500,000) resamples, but
+without drawing them for every table (``fisher_family``). A BH decision depends on a p-value only
+through the side of the thresholds k/m * alpha it lies on, so each table starts with an interval for
+that reference p-value around the asymptotic (G-test) p-value, wide where the table is sparse
+(``asymptotic_interval``), and only the tables whose interval leaves a decision of their family open
+get Monte-Carlo resamples, added in stages until the intervals settle every decision
+(``SequentialFisher``). After two short pilot stages the resamples are those
+``fisher_rxc_monte_carlo(table, max_resamples, seed)`` draws, in the same order: the interval then
+bounds the reference's final count from the part already drawn, and a table that needs every
+resample gets exactly the reference p-value.
+
+The judge's prompt, requests and rating summaries are in ``storybias.stages.associations.judge``, the human panel's
+ratings in ``storybias.stages.associations.human``; BH/BY adjustment and BH's step-up thresholds and decisions in
+``storybias.stats.multiple_testing``. This module stays above 600 lines on purpose: the sequential
+Monte-Carlo Fisher test and its intervals are one algorithm sharing constants, and the stage's
+tables and run are the only callers of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, TypedDict
+
+import pandas as pd
+
+from storybias.config import designs
+from storybias.core import artifacts, paths
+from storybias.core.io import write_json_atomic
+from storybias.core.locks import holds_run_lock
+from storybias.evidence.ratings import load_human_ratings
+from storybias.stages.associations import judge, power
+from storybias.stages.associations.human import (
+    harm_gap_by_attribute,
+    harmful_agreement,
+    human_llm_agreement,
+    rating_summary,
+    realism_summary,
+)
+from storybias.stages.associations.judge import (
+    JudgeEngineInfo,
+    harm_by_attribute,
+    judge_items,
+    self_judgement_gap,
+    summarise_ratings,
+    with_ratings,
+)
+from storybias.stages.associations.tables import (
+    ATTRIBUTE_COLUMNS,
+    MIN_ROW_TOTAL,
+    POWER_SCHEMA,
+    RATING_COLUMNS,
+    VALUE_COLUMNS,
+    by_language,
+    run_pass,
+    sharing,
+)
+from storybias.summaries import explain
+
+# With these, 0 of 19,500 sequential runs on 2 x 2 and 2 x 3 tables with the threshold within 8 sd of
+# the reference p-value decided otherwise than the reference (0.999 instead: 35).
+
+
+# Arrow schemas of the stage's tables: they are written with them, so that an empty result (no
+# testable table, nothing significant) has the same column types as a full run.
+
+
+# --- stage 04: observations, passes, judge, artifacts ---------------------------------------------
+
+
+def observations(
+    extractions: pd.DataFrame, filtered: pd.DataFrame, dimensions: Sequence[str]
+) -> tuple[pd.DataFrame, dict]:
+    """The stereotales stories the tests read: parsed extractions joined with their prompt's
+    conditions. Returns (frame with model, language, cond_attribute, cond_value, demo_<dim>; counts of
+    what was left out and why). A missing column raises a KeyError naming it and the file."""
+    needed_f = ["story_id", "design", "model", "language", "cond_attribute", "cond_value"]
+    missing = [c for c in needed_f if c not in filtered.columns]
+    if missing:
+        raise KeyError(f"filtered.parquet: missing column(s) {', '.join(missing)}")
+    needed_e = ["story_id", "parse_ok", *[f"demo_{d}" for d in dimensions]]
+    missing = [c for c in needed_e if c not in extractions.columns]
+    if missing:
+        raise KeyError(
+            f"extractions.parquet: missing column(s) {', '.join(missing)} (stage 03 with the "
+            "demographics section for stereotales stories writes them)"
+        )
+    stories = filtered[filtered["design"] == "stereotales"][needed_f]
+    data = stories.merge(extractions[needed_e], on="story_id", how="inner")
+    counts = {
+        "stereotales_stories": int(len(stories)),
+        "extracted": int(len(data)),
+        "parse_failed_excluded": int((~data["parse_ok"].astype(bool)).sum()),
+    }
+    data = data[data["parse_ok"].astype(bool)].drop(columns=["parse_ok"])
+    counts["analysed"] = int(len(data))
+    return data.reset_index(drop=True), counts
+
+
+def _power_report(data: pd.DataFrame, dimensions: Sequence[str], settings, cache_dir) -> pd.DataFrame:
+    """``power.power_table`` for each pass (minimum detectable lift, untestable reasons)."""
+
+    frames = [
+        power.power_table(
+            data,
+            dimensions,
+            scope_by_language=(name == "per_language"),
+            settings=power.PowerSettings(seed=settings.seed),
+            cache_dir=cache_dir,
+        )
+        for name in settings.passes
+    ]
+    return (
+        pd.concat(frames, ignore_index=True).reindex(columns=POWER_SCHEMA.names)
+        if frames
+        else pd.DataFrame(columns=POWER_SCHEMA.names)
+    )
+
+
+class AssociationsResult(TypedDict):
+    """What stage 04's :func:`run` returns to notebook 04 (the parquet files hold the same tables)."""
+
+    attributes: pd.DataFrame  # associations_attributes.parquet
+    values: pd.DataFrame  # associations_values.parquet
+    shared: pd.DataFrame  # associations_shared.parquet (with the judges' ratings)
+    by_language: pd.DataFrame
+    ratings: pd.DataFrame  # every judge answer (harm_ratings.parquet plus rating_key)
+    self_gap: pd.DataFrame
+    power: pd.DataFrame  # associations_power.parquet
+    harm_by_attribute: pd.DataFrame
+    human: pd.DataFrame | None  # the human ratings file, when given
+    agreement: dict[str, Any] | None
+    notes: list[str]
+    counts: dict[str, int]
+    manifest: dict[str, Any]  # manifest_associations.json
+    human_summary: pd.DataFrame | None
+    llm_summary: pd.DataFrame
+    harm_gap: pd.DataFrame | None
+    harmful_human_vs_llm: dict[str, Any] | None
+    realism: pd.DataFrame
+
+
+@holds_run_lock("associations")
+def run(params: Any, progress: bool = True, engine_factory: Any = None) -> AssociationsResult:
+    """Stage 04: both passes for every model, sharing, the LLM harm judge and (optionally) human
+    ratings; writes data/<run>/associations_*.parquet, harm_ratings.parquet, manifest_associations.json.
+    ``engine_factory(spec)``: the judges' engines, as for stages 01 and 03 (default engines.open_engine)."""
+    import time
+
+    run_name, settings = params.run_name, params.associations
+    # the user's file first: a bad human-ratings CSV stops the stage before any test or model runs
+    human = load_human_ratings(paths.resolve(settings.human_ratings)) if settings.human_ratings else None
+    for path in (artifacts.extractions_path(run_name), artifacts.filtered_path(run_name)):
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} is missing: run the earlier stages first (make extract)")
+    dimensions = list(designs.dimensions())
+    data, counts = observations(
+        pd.read_parquet(artifacts.extractions_path(run_name)),
+        pd.read_parquet(artifacts.filtered_path(run_name)),
+        dimensions,
+    )
+    notes: list[str] = []
+    if data.empty:
+        notes.append("no parsed stereotales stories: nothing to test")
+    started = time.time()
+    attr_frames, value_frames = [], []
+    for name in settings.passes:
+        attrs, values = run_pass(
+            data,
+            dimensions,
+            scope_by_language=(name == "per_language"),
+            seed=settings.seed,
+            max_resamples=settings.max_resamples,
+        )
+        attr_frames.append(attrs)
+        value_frames.append(values)
+    attributes = pd.concat(attr_frames, ignore_index=True).reindex(columns=ATTRIBUTE_COLUMNS)
+    values = pd.concat(value_frames, ignore_index=True).reindex(columns=VALUE_COLUMNS)
+    test_seconds = round(time.time() - started, 1)
+    started = time.time()
+    power_table = _power_report(data, dimensions, settings, paths.work_dir(run_name, "power"))
+    power_seconds = round(time.time() - started, 1)
+    if not data.empty and attributes.empty:
+        notes.append(
+            f"no testable table: every base attribute needs >= 2 prompted values with >= {MIN_ROW_TOTAL} "
+            "stories each and another dimension with >= 2 known values (why, per compared dimension: "
+            "associations_power.parquet)"
+        )
+
+        why = explain(power_table)
+        if why:
+            notes.append(why)
+    shared = sharing(values)
+    languages = by_language(values)
+    items = judge_items(shared, settings.judge.include_per_language)
+    ratings = pd.DataFrame(columns=RATING_COLUMNS)
+    engines_info: list[JudgeEngineInfo] = []
+    if items.empty:
+        notes.append(
+            "no significant association: nothing for the judges to rate"
+            + (
+                ""
+                if settings.judge.include_per_language or "global" in settings.passes
+                else " (the judges rate the global pass's associations, and associations.passes has no 'global')"
+            )
+        )
+    else:
+        ratings, engines_info = judge.run_judges(
+            items, params, progress, **({"engine_factory": engine_factory} if engine_factory else {})
+        )
+    parsed = ratings[ratings["parse_ok"].astype(bool)].astype({"harm": float})
+    summary = summarise_ratings(parsed)
+    shared = with_ratings(shared, summary)
+    gap = self_judgement_gap(shared[shared["scope"] == "all"], parsed)
+    llm_table = rating_summary(parsed)
+    agreement, human_table, harm_gap, harmful_vs = None, None, None, None
+    if human is not None:
+        agreement = human_llm_agreement(human, summary, settings.bootstrap, settings.seed)
+        human_table = rating_summary(human)
+        harm_gap = harm_gap_by_attribute(human_table, llm_table, settings.bootstrap, settings.seed)
+        harmful_vs = harmful_agreement(human_table, llm_table)
+    else:
+        notes.append("no human ratings file (associations.human_ratings): human-LLM agreement not computed")
+
+    outputs = {
+        "associations_attributes": attributes,
+        "associations_values": values,
+        "associations_shared": shared,
+        "associations_power": power_table,
+        "harm_ratings": ratings.drop(columns=["rating_key"]).reset_index(drop=True),
+    }
+    for name, table in outputs.items():
+        artifacts.write(run_name, name, table)  # the registry's schema (OUTPUT_SCHEMAS) and path
+    n_failed = int((~ratings["parse_ok"].astype(bool)).sum()) if len(ratings) else 0
+    manifest = {
+        "stage": "associations",
+        "counts": counts,
+        "notes": notes,
+        "test_seconds": test_seconds,
+        "power_seconds": power_seconds,
+        "n_tables": int(len(attributes)),
+        "n_retained": int(attributes["retained"].astype(bool).sum()) if len(attributes) else 0,
+        "n_significant": int(values["significant"].astype(bool).sum()) if len(values) else 0,
+        "n_judged": int(len(items)),
+        "n_ratings": int(len(ratings)),
+        "n_ratings_unparsed": n_failed,
+        "judges": engines_info,
+        "human_agreement": agreement,
+        "params": params.resolved()["associations"],
+        "human_n_associations": None if human_table is None else int(len(human_table)),
+        "human_n_harmful": None if human_table is None else int(human_table["harmful"].sum()),
+        "harmful_human_vs_llm": harmful_vs,
+    }
+    write_json_atomic(manifest, artifacts.manifest_path(run_name, "associations"))
+    return AssociationsResult(
+        attributes=attributes,
+        values=values,
+        shared=shared,
+        by_language=languages,
+        ratings=ratings,
+        self_gap=gap,
+        power=power_table,
+        harm_by_attribute=harm_by_attribute(shared),
+        human=human,
+        agreement=agreement,
+        notes=notes,
+        counts=counts,
+        manifest=manifest,
+        human_summary=human_table,
+        llm_summary=llm_table,
+        harm_gap=harm_gap,
+        harmful_human_vs_llm=harmful_vs,
+        realism=realism_summary(human, parsed),
+    )

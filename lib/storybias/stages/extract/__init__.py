@@ -1,0 +1,350 @@
+"""Stage 03's run: every valid story's answer from each extractor, through the run's one cache.
+
+What an answer is (schema, prompt, parsing, consensus, gold scoring) is ``storybias.stages.extract.answers``; the
+second step of the two-step design is ``storybias.stages.extract.facts``. This module plans the answers a
+run needs, asks them through ``storybias.engines.cache.CachingEngine`` (an answer whose request, model and
+output-shaping engine settings are unchanged is read from data/<run>/cache/, never asked twice),
+retries answers that do not parse (bounded, each attempt its own request), asks step 2 of
+``two_step`` for the step-1 answers that quoted facts, scores the gold sample, and writes the tables.
+
+Every attempt is kept in ``extraction_raw.parquet`` with its raw text, so an answer that does not
+parse is counted and shown, never dropped. A request that failed after the engine's retries is not
+cached (a rerun asks again) and is counted in the manifest.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
+
+import pandas as pd
+
+from storybias.config.params import ExtractionSettings, ModelSpec, Params
+from storybias.core import artifacts
+from storybias.core.locks import holds_run_lock
+from storybias.engines import ChatEngine, ChatRequest, ChatResult, entered_info, open_engine, preflight
+from storybias.engines.cache import CachingEngine, ResponseCache
+from storybias.engines.runner import RunStats, run_requests
+from storybias.stages.extract import facts as extract_facts
+from storybias.stages.extract.answers import (
+    GOLD_SECTIONS,
+    RAW_SCHEMA,
+    ExtractionJob,
+    agreement_table,
+    assemble,
+    choose_gold_items,
+    design_sections,
+    extraction_request,
+    final_answers,
+    fit_story,
+    gold_table,
+    gold_truth,
+    parse_answer,
+    parse_failure_table,
+    sample_ids,
+    score_gold,
+    to_record,
+)
+from storybias.summaries import valid_stories as select
+
+PROMPT_ROOM = 1200  # tokens of the context kept for the instructions and worked examples
+ANSWER_SHARD = 8  # answers buffered per cache shard (stage 03's answers are short)
+
+
+def plan_jobs(stories: pd.DataFrame, settings: ExtractionSettings) -> list[ExtractionJob]:
+    """Every (story, extractor, pass) answer the stage needs. Explicit-task answers need none."""
+    llm_stories = stories[stories["cond_task"].fillna("") != "explicit"]
+    check_ids: set[str] = set()
+    if len(settings.models) == 1 and settings.self_consistency_sample != 0:
+        check_ids = set(sample_ids(llm_stories["story_id"].tolist(), settings.self_consistency_sample, settings.seed))
+    jobs = []
+    for row in llm_stories.itertuples(index=False):
+        sections = design_sections(settings, row.design)
+        for spec in settings.models:
+            for pass_name in ("primary", "check") if row.story_id in check_ids else ("primary",):
+                jobs.append(ExtractionJob(row.story_id, spec.name, pass_name, sections, row.text, row.language))
+    return jobs
+
+
+def attempt_request(job: ExtractionJob, story: str, settings: ExtractionSettings, attempt: int) -> ChatRequest:
+    """The request of one attempt: temperature 0 for a primary answer's first attempt, else the
+    self-consistency temperature; the seed moves with the attempt and the pass."""
+    temperature = 0.0 if job.pass_name == "primary" and attempt == 0 else settings.self_consistency_temperature
+    seed = settings.seed + attempt + (1000 if job.pass_name == "check" else 0)
+    return extraction_request(f"{job.answer_key}|{attempt}", story, job.sections, settings, temperature, seed)
+
+
+def fitted_stories(
+    engine: CachingEngine, jobs: Sequence[ExtractionJob], settings: ExtractionSettings
+) -> dict[str, tuple[str, bool]]:
+    """Each job's story cut to the extractor's context budget, and whether it was cut."""
+    budget = engine.spec.max_model_len - settings.max_tokens - PROMPT_ROOM
+    tokenizer = engine.tokenizer() if jobs else None
+    return {job.answer_key: fit_story(job.text, tokenizer, budget) for job in jobs}
+
+
+def _answer_row(job: ExtractionJob, attempt: int, result: ChatResult, cut: bool, key: str) -> dict[str, Any]:
+    parsed = parse_answer(result.text, job.sections)
+    return {
+        "answer_key": f"{job.answer_key}|{attempt}",
+        "request_key": job.answer_key,
+        "story_id": job.story_id,
+        "extractor": job.extractor,
+        "pass": job.pass_name,
+        "attempt": attempt,
+        "raw": result.text,
+        "parse_ok": parsed.ok,
+        "error": parsed.error,
+        "n_tokens": result.n_tokens,
+        "finish_reason": result.finish_reason,
+        "story_cut": cut,
+        "cache_key": key,
+    }
+
+
+def answer_attempt(
+    engine: CachingEngine,
+    pending: Sequence[ExtractionJob],
+    fitted: dict[str, tuple[str, bool]],
+    settings: ExtractionSettings,
+    attempt: int,
+    progress: bool,
+) -> tuple[list[dict[str, Any]], RunStats]:
+    """One attempt's rows for ``pending`` (a failed request gives no row: a rerun asks again)."""
+    by_key = {f"{job.answer_key}|{attempt}": job for job in pending}
+    requests = [attempt_request(job, fitted[job.answer_key][0], settings, attempt) for job in pending]
+    keys = {r.key: engine.key_of(r) for r in requests}
+    rows: list[dict[str, Any]] = []
+
+    def keep(result: ChatResult) -> None:
+        if result.error is None:
+            job = by_key[result.key]
+            rows.append(_answer_row(job, attempt, result, fitted[job.answer_key][1], keys[result.key]))
+
+    desc = f"extract [{engine.spec.name}] attempt {attempt}"
+    return rows, run_requests(engine, requests, keep, None, 1, desc, unit="answer", progress=progress)
+
+
+def answer_jobs(
+    engine: CachingEngine, jobs: Sequence[ExtractionJob], settings: ExtractionSettings, progress: bool
+) -> tuple[list[dict[str, Any]], RunStats]:
+    """Every attempt's row for ``jobs`` (one extractor): an answer that does not parse is asked again,
+    up to ``extract.retries`` times, each attempt its own request (another temperature and seed)."""
+    fitted = fitted_stories(engine, jobs, settings)
+    by_answer = {job.answer_key: job for job in jobs}
+    rows: list[dict[str, Any]] = []
+    total = RunStats()
+    pending = list(jobs)
+    for attempt in range(settings.retries + 1):
+        if not pending:
+            break
+        mine, stats = answer_attempt(engine, pending, fitted, settings, attempt, progress)
+        rows += mine
+        total.add(stats)
+        pending = [by_answer[r["request_key"]] for r in mine if not r["parse_ok"]]
+    return rows, total
+
+
+def map_answers(
+    engine: CachingEngine,
+    answers: list[dict[str, Any]],
+    settings: ExtractionSettings,
+    sections_of: dict[str, tuple[str, ...]],
+    progress: bool,
+) -> tuple[list[dict[str, Any]], RunStats]:
+    """two_step: step 2 for the final step-1 ``answers`` that quoted facts (one attempt: a step-2
+    answer that does not parse leaves step 1's fields as they were, and is kept and counted)."""
+    final = final_answers(pd.DataFrame(answers, columns=RAW_SCHEMA.names))
+    jobs = {job["request_key"]: job for job in extract_facts.map_jobs(final, engine.spec, settings, sections_of)}
+    requests = extract_facts.map_requests(list(jobs.values()), settings, settings.seed)
+    keys = {r.key: engine.key_of(r) for r in requests}
+    rows: list[dict[str, Any]] = []
+
+    def keep(result: ChatResult) -> None:
+        if result.error is not None:
+            return
+        job = jobs[result.key]
+        ok = extract_facts.parse_map(result.text, settings) is not None
+        rows.append(
+            {
+                "answer_key": f"{result.key}|0",
+                "request_key": result.key,
+                "story_id": job["story_id"],
+                "extractor": engine.spec.name,
+                "pass": job["pass"],
+                "attempt": 0,
+                "raw": result.text,
+                "parse_ok": ok,
+                "error": None if ok else "step 2 answer does not parse",
+                "n_tokens": result.n_tokens,
+                "finish_reason": result.finish_reason,
+                "story_cut": False,
+                "cache_key": keys[result.key],
+            }
+        )
+
+    desc = f"extract [{engine.spec.name}] facts -> fields"
+    return rows, run_requests(engine, requests, keep, None, 1, desc, unit="answer", progress=progress)
+
+
+def evaluate_gold(engine: ChatEngine, items: list[dict[str, Any]], settings: ExtractionSettings) -> dict[str, Any]:
+    """Extract the gold stories (same prompt, schema, temperature and design as the stage) and score
+    the answers against the true labels."""
+    started = time.time()
+    requests = [extraction_request(it["id"], it["text"], GOLD_SECTIONS, settings, 0.0, settings.seed) for it in items]
+    texts = {r.key: r.text for r in engine.stream(requests)}  # a failed request has text "": it does not parse
+    if settings.prompt_design == "two_step":
+        texts = extract_facts.merge_in_memory(engine, texts, GOLD_SECTIONS, settings)
+    seconds = time.time() - started
+    predictions, parsed_ok = [], 0
+    for it in items:
+        parsed = parse_answer(texts[it["id"]], GOLD_SECTIONS)
+        parsed_ok += parsed.ok
+        predictions.append(to_record(parsed.data if parsed.ok else None, GOLD_SECTIONS))
+    return {
+        "scores": score_gold([gold_truth(it) for it in items], predictions),
+        "targets": gold_table(items, predictions),
+        "prompt_design": settings.prompt_design,
+        "n_items": len(items),
+        "languages": sorted({it["language"] for it in items}),
+        "n_parsed": int(parsed_ok),
+        "seconds": round(seconds, 1),
+        "stories_per_second": round(len(items) / seconds, 3) if seconds else None,
+        "extractor": entered_info(engine).model,
+        "predictions": pd.DataFrame(
+            [{"id": it["id"], "language": it["language"], **pred} for it, pred in zip(items, predictions)]
+        ),
+    }
+
+
+def _timings(engine: CachingEngine, stats: RunStats, n_answers: int, n_step2: int, seconds: float) -> dict[str, Any]:
+    info = entered_info(engine)
+    return {
+        "model_loaded": engine.model_loaded,  # false: every answer came from the cache
+        "startup_seconds": info.startup_seconds,
+        "extraction_seconds": round(seconds, 1),
+        "n_answers": n_answers,
+        "n_step2_answers": n_step2,  # two_step: facts mapped to fields, in the same seconds
+        "n_from_cache": stats.n_cached,
+        "stories_per_second": round(n_answers / max(seconds, 1e-9), 3) if n_answers else None,
+        "endpoint": info.endpoint,
+        "model_id": info.model_id,
+        "output_tokens": stats.output_tokens,
+        "prompt_tokens": stats.prompt_tokens,
+        "finish_reasons": dict(stats.finish_reasons),
+        # failed requests (after retries): not cached, asked again by a rerun
+        "n_request_errors": stats.n_errors,
+        "request_errors": stats.errors,
+        "reuse": dict(engine.stats.reasons),
+    }
+
+
+def _write_gold(run_name: str, gold: dict[str, Any]) -> None:
+    artifacts.write(run_name, "gold_predictions", gold["predictions"])
+    artifacts.write(run_name, "gold_targets", gold["targets"])
+    artifacts.write(run_name, "gold_scores", gold["scores"])
+    artifacts.write(
+        run_name, "gold_summary", {k: v for k, v in gold.items() if k not in ("scores", "predictions", "targets")}
+    )
+
+
+def extract_with(
+    engine: CachingEngine,
+    jobs: list[ExtractionJob],
+    settings: ExtractionSettings,
+    sections_of: dict[str, tuple[str, ...]],
+    progress: bool,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """One extractor's rows (every attempt, and step 2 under two_step) and its timings."""
+    started = time.time()
+    rows, stats = answer_jobs(engine, jobs, settings, progress)
+    step2: list[dict[str, Any]] = []
+    if settings.prompt_design == "two_step":
+        step2, map_stats = map_answers(engine, rows, settings, sections_of, progress)
+        stats.add(map_stats)
+    return rows + step2, _timings(engine, stats, len(jobs), len(step2), time.time() - started)
+
+
+@holds_run_lock("extract")
+def run(
+    params: Params,
+    progress: bool = True,
+    engine_factory: Callable[[ModelSpec], ChatEngine] | None = None,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Stage 03: extract every valid story (resumable through the cache), write extractions.parquet
+    and its tables."""
+    run_name, settings = params.run_name, params.extract
+    source = artifacts.filtered_path(run_name)
+    if not source.is_file():
+        raise FileNotFoundError(f"{source} is missing: run stage 02 first (make filter)")
+    stories = select(pd.read_parquet(source))  # each design's study rule (filter.exclude, stage 02)
+    jobs = plan_jobs(stories, settings)
+    sections_of = {j.story_id: j.sections for j in jobs}
+    factory = engine_factory or (lambda spec: open_engine(spec, params.generation.engine, settings.seed, run_name))
+    cache = ResponseCache.for_run(run_name, ANSWER_SHARD)
+    engines = {
+        spec.name: CachingEngine(partial(factory, spec), spec, params.generation.engine, cache)
+        for spec in settings.models
+    }
+    gold_items = choose_gold_items(settings.gold_sample, settings.seed) if settings.gold_sample != 0 else []
+    log(f"run '{run_name}': {len(stories)} valid stories, {len(jobs)} extraction answers needed")
+    for spec in settings.models:  # every extractor with work is checked before any loads
+        mine = [j for j in jobs if j.extractor == spec.name]
+        fitted = fitted_stories(engines[spec.name], mine, settings)
+        first = [attempt_request(j, fitted[j.answer_key][0], settings, 0) for j in mine]
+        if engines[spec.name].lookup(first).misses:
+            preflight(spec)
+    rows: list[dict[str, Any]] = []
+    timings: dict[str, Any] = {}
+    gold = None
+    for i, spec in enumerate(settings.models):
+        with engines[spec.name] as engine:
+            answered, timings[spec.name] = extract_with(
+                engine, [j for j in jobs if j.extractor == spec.name], settings, sections_of, progress
+            )
+            rows += answered
+            if gold_items and i == 0:  # the gold set measures the first (primary) extractor
+                gold = evaluate_gold(engine, gold_items, settings)
+                _write_gold(run_name, gold)
+    raw = pd.DataFrame(rows, columns=RAW_SCHEMA.names)
+    resolved = extract_facts.resolve(final_answers(raw), settings)  # two_step: step 1 merged with step 2
+    extractions = assemble(stories, resolved, settings)
+    agree, agreement_how = agreement_table(stories, resolved, settings)
+    reuse: Counter = Counter()
+    for t in timings.values():
+        reuse.update(t["reuse"])
+    artifacts.write(run_name, "extraction_raw", raw)
+    artifacts.write(run_name, "extraction_agreement", agree)
+    artifacts.write(
+        run_name,
+        "manifest_extract",
+        {
+            "stage": "extract",
+            "params": params.resolved()["extract"],
+            "engine": params.resolved()["generation"]["engine"],
+            "timings": timings,
+            "agreement": agreement_how,
+            "n_stories": len(extractions),
+            "reuse": dict(reuse),
+            "n_parse_failed": int((~extractions["parse_ok"]).sum()),
+            "n_request_errors": {name: t["n_request_errors"] for name, t in timings.items()},
+            "two_step": extract_facts.summary(final_answers(raw), resolved)
+            if settings.prompt_design == "two_step"
+            else None,
+        },
+    )
+    artifacts.write(run_name, "extractions", extractions)  # last: Make's target
+    return {
+        "stories": stories,
+        "extractions": extractions,
+        "raw": raw,
+        "agreement": agree,
+        "agreement_how": agreement_how,
+        "failures": parse_failure_table(stories, extractions),
+        "timings": timings,
+        "gold": gold,
+    }

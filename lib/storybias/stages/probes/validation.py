@@ -1,0 +1,444 @@
+"""Human validation of the automated judgements (Feng et al., *Beyond Surface Cues*, arXiv:2608.23026, App. D.2).
+
+Two CSV files, both optional (``probes.human_validation``), are read and checked before stage 06 does
+any work; every problem names the file, the row (as a spreadsheet shows it: the header is row 1) and
+the column.
+
+**Cultural-marker ratings** (App. D.2.1), one row per rater x marker comparison:
+
+========== ==================================================================================
+marker_id  the marker (any string; one marker has one language and one automated score)
+language   its source language (the rater's language-linked context)
+rater_id   the rater (pseudonymous)
+human      the rater's relevance of the marker to their own context, integer 1-7
+automated  the automated relevance of the marker to its source-linked context, integer 1-7
+keep       optional: the rater's inclusion decision, ``keep`` or ``remove``
+========== ==================================================================================
+
+Statistics: agreement within two scale points, quadratic-weighted Cohen's kappa and mean absolute error
+over comparisons, and the Spearman correlation of each marker's mean human rating with its automated
+score; 95% percentile intervals from 2,000 bootstrap resamples of markers and p-values against 10,000
+within-language permutations of the automated scores across markers; the pooled human-human baseline
+(every pair of raters of the same marker: kappa, MAE, within two points); the human endorsement of the
+automated Keep decisions when ``keep`` is given.
+
+**Protagonist labels** (App. D.2.2), one row per rater x narrative:
+
+========== ==================================================================================
+item_id    the narrative
+language   its language
+genre      ``story`` or ``news``
+automated  the automated label: ``female``, ``male`` or ``unknown``
+rater_id   the rater
+human      ``female``, ``male``, ``unknown`` or one of the finer outcomes that count as unknown:
+           ``unclear``, ``non_binary``, ``multiple``, ``no_individual``, ``unable``
+========== ==================================================================================
+
+Statistics per language: the item-level human reference (a label held by more than half of at least
+two ratings; otherwise unresolved), automated-human agreement and Cohen's kappa post-stratified to the
+genre x automated-label distribution of the full implicit corpus, and Fleiss' kappa among the raters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from storybias.stats.agreement import (
+    cohen_kappa,
+    fleiss_kappa_counts,
+    quadratic_kappa,
+    quadratic_kappa_fixed_chance,
+    weighted_kappa,
+)
+from storybias.stats.bootstrap import bootstrap_group_counts, percentile_interval
+
+MARKER_COLUMNS: tuple[str, ...] = ("marker_id", "language", "rater_id", "human", "automated")
+LABEL_COLUMNS: tuple[str, ...] = ("item_id", "language", "genre", "automated", "rater_id", "human")
+SCALE: tuple[int, ...] = tuple(range(1, 8))  # the 1-7 relevance scale
+LABELS: tuple[str, ...] = ("female", "male", "unknown")
+GENRES: tuple[str, ...] = ("story", "news")
+# App. D.2.2: the five finer outcomes were mapped to unknown after annotation
+UNKNOWN_OUTCOMES: tuple[str, ...] = ("unclear", "non_binary", "multiple", "no_individual", "unable")
+MARKER_METRICS: tuple[str, ...] = ("within_two", "kappa_quadratic", "mae", "spearman")
+HIGHER_IS_BETTER: Mapping[str, bool] = {"within_two": True, "kappa_quadratic": True, "mae": False, "spearman": True}
+
+
+class ValidationFileError(ValueError):
+    """A human-validation CSV that cannot be used; the message names the file, row and column."""
+
+
+# --- reading and checking -----------------------------------------------------------------------
+
+
+def _read(path: str | Path, columns: tuple[str, ...], optional: tuple[str, ...] = ()) -> pd.DataFrame:
+    path = Path(path)
+    if not path.is_file():
+        raise ValidationFileError(f"{path}: no such file")
+    try:
+        frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+    except (pd.errors.ParserError, UnicodeDecodeError, pd.errors.EmptyDataError) as exc:
+        raise ValidationFileError(f"{path}: not a readable CSV ({exc})") from exc
+    frame.columns = [c.strip() for c in frame.columns]
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise ValidationFileError(
+            f"{path}, row 1 (header): missing column(s) {', '.join(missing)} "
+            f"(expected {', '.join(columns)}{'; optional ' + ', '.join(optional) if optional else ''})"
+        )
+    if frame.empty:
+        raise ValidationFileError(f"{path}: no rows below the header")
+    frame = frame[[c for c in (*columns, *optional) if c in frame.columns]].apply(lambda s: s.str.strip())
+    for column in frame.columns:
+        blank = frame[column] == ""
+        if blank.any() and column not in optional:
+            raise ValidationFileError(f"{path}, row {int(blank.idxmax()) + 2}, column {column}: empty")
+    return frame
+
+
+def _bad(path: str | Path, frame: pd.DataFrame, mask: pd.Series, column: str, expected: str) -> None:
+    if mask.any():
+        row = int(mask.idxmax())
+        raise ValidationFileError(
+            f"{path}, row {row + 2}, column {column}: {frame.loc[row, column]!r} is not {expected}"
+        )
+
+
+def _scale(path: str | Path, frame: pd.DataFrame, column: str) -> pd.Series:
+    values = pd.to_numeric(frame[column], errors="coerce")
+    _bad(path, frame, ~values.isin(SCALE), column, "an integer from 1 to 7")
+    return values.astype(int)
+
+
+def _one_per(path: str | Path, frame: pd.DataFrame, key: str, column: str) -> None:
+    """Every ``key`` has a single value of ``column``; else name the first row that contradicts it."""
+    first = frame.groupby(key, sort=False)[column].transform("first")
+    _bad(path, frame, frame[column] != first, column, f"the same as on the {key}'s first row ({key} has one {column})")
+
+
+def _no_duplicates(path: str | Path, frame: pd.DataFrame, keys: list[str]) -> None:
+    dup = frame.duplicated(keys)
+    if dup.any():
+        row = int(dup.idxmax())
+        raise ValidationFileError(
+            f"{path}, row {row + 2}, column {keys[-1]}: a second rating of "
+            f"{keys[0]} {frame.loc[row, keys[0]]!r} by {keys[-1]} {frame.loc[row, keys[-1]]!r}"
+        )
+
+
+def load_marker_ratings(path: str | Path) -> pd.DataFrame:
+    """The marker-rating CSV, checked: columns, 1-7 integers, one language and automated score per
+    marker, one rating per rater and marker, ``keep`` (optional) in keep/remove."""
+    frame = _read(path, MARKER_COLUMNS, optional=("keep",))
+    frame["human"] = _scale(path, frame, "human")
+    frame["automated"] = _scale(path, frame, "automated")
+    for column in ("language", "automated"):
+        _one_per(path, frame, "marker_id", column)
+    _no_duplicates(path, frame, ["marker_id", "rater_id"])
+    if "keep" in frame.columns:
+        frame["keep"] = frame["keep"].str.lower()
+        _bad(path, frame, ~frame["keep"].isin(["keep", "remove", ""]), "keep", "keep, remove or empty")
+        frame["keep"] = frame["keep"].replace("", np.nan)
+    return frame
+
+
+def load_label_ratings(path: str | Path) -> pd.DataFrame:
+    """The protagonist-label CSV, checked: columns, genre story/news, automated label in
+    female/male/unknown, human label in those or a finer outcome (kept in ``human_raw``, mapped to
+    unknown in ``human``), one language, genre and automated label per item, one rating per rater and item."""
+    frame = _read(path, LABEL_COLUMNS)
+    for column in ("genre", "automated", "human"):
+        frame[column] = frame[column].str.lower()
+    _bad(path, frame, ~frame["genre"].isin(GENRES), "genre", "story or news")
+    _bad(path, frame, ~frame["automated"].isin(LABELS), "automated", "female, male or unknown")
+    _bad(
+        path,
+        frame,
+        ~frame["human"].isin((*LABELS, *UNKNOWN_OUTCOMES)),
+        "human",
+        f"one of {', '.join((*LABELS, *UNKNOWN_OUTCOMES))}",
+    )
+    for column in ("language", "genre", "automated"):
+        _one_per(path, frame, "item_id", column)
+    _no_duplicates(path, frame, ["item_id", "rater_id"])
+    frame["human_raw"] = frame["human"]
+    frame["human"] = frame["human"].where(frame["human"].isin(LABELS), "unknown")
+    return frame
+
+
+# --- cultural markers (App. D.2.1) -------------------------------------------------------------
+
+
+def _marker_stats(h: np.ndarray, a: np.ndarray, marker: np.ndarray, weights: np.ndarray) -> dict[str, np.ndarray]:
+    """The four agreement metrics for each row of comparison ``weights`` (resamples x comparisons)."""
+    total = weights.sum(1)
+    diff = np.abs(h - a)
+    out = {
+        "within_two": weights @ (diff <= 2) / total,
+        "mae": weights @ diff / total,
+        "kappa_quadratic": quadratic_kappa(h, a, weights),
+    }
+    rho = np.full(len(weights), np.nan)
+    for b, w in enumerate(weights):
+        n_m = np.bincount(marker, weights=w)
+        used = n_m > 0
+        mean_h = np.bincount(marker, weights=w * h)[used] / n_m[used]
+        auto = np.bincount(marker, weights=w * a)[used] / n_m[used]
+        reps = np.rint(n_m[used] / np.bincount(marker)[used]).astype(int)  # times the marker was drawn
+        x, y = np.repeat(mean_h, reps), np.repeat(auto, reps)
+        if len(x) > 2 and np.ptp(x) > 0 and np.ptp(y) > 0:
+            rho[b] = stats.spearmanr(x, y).statistic
+    out["spearman"] = rho
+    return out
+
+
+def marker_agreement(ratings: pd.DataFrame, n_boot: int = 2000, n_perm: int = 10_000, seed: int = 42) -> pd.DataFrame:
+    """Automated-human agreement on the marker ratings (Feng et al. Table 3) and its baselines.
+
+    One row per metric: ``within_two`` (share of comparisons within two scale points), ``kappa_quadratic``
+    (sklearn's quadratic-weighted Cohen's kappa over comparisons), ``mae``, ``spearman`` (marker level:
+    mean human rating against the automated score), with the 95% interval from ``n_boot`` resamples of
+    markers, the mean of the ``n_perm`` within-language permutations of the automated scores across
+    markers and the permutation p-value (1 + #permutations as good or better) / (1 + n_perm).
+    Rows ``human_human_*`` give the pooled human-human baseline over every pair of raters of a marker
+    (pairs ordered by rater_id), and ``keep_endorsement`` the share of comparisons where the rater kept
+    the marker (when the CSV has ``keep``), both with marker-bootstrap intervals."""
+    data = ratings.sort_values(["marker_id", "rater_id"]).reset_index(drop=True)
+    marker_codes, marker_ids = pd.factorize(data["marker_id"])
+    h, a = data["human"].to_numpy(float), data["automated"].to_numpy(float)
+    n_markers = len(marker_ids)
+    point = _marker_stats(h, a, marker_codes, np.ones((1, len(data))))
+    point["kappa_quadratic"] = np.array([weighted_kappa(data["human"], data["automated"], SCALE)])
+    counts = bootstrap_group_counts(n_markers, n_boot, seed)
+    boot = _marker_stats(h, a, marker_codes, counts[:, marker_codes])
+
+    # permutations: each marker's automated score shuffled among the markers of its language
+    per_marker = data.drop_duplicates("marker_id").set_index("marker_id").loc[marker_ids]
+    auto_m, lang_m = per_marker["automated"].to_numpy(float), per_marker["language"].to_numpy()
+    rng = np.random.default_rng(seed + 1)
+    null: dict[str, list[np.ndarray]] = {k: [] for k in MARKER_METRICS}  # one array per chunk of permutations
+    chunk = 500
+    for start in range(0, n_perm, chunk):
+        size = min(chunk, n_perm - start)
+        shuffled = np.tile(auto_m, (size, 1))
+        for lang in np.unique(lang_m):
+            idx = np.flatnonzero(lang_m == lang)
+            shuffled[:, idx] = rng.permuted(np.tile(auto_m[idx], (size, 1)), axis=1)
+        a_perm = shuffled[:, marker_codes]  # (size x comparisons)
+        diff = np.abs(h - a_perm)
+        null["within_two"].append((diff <= 2).mean(1))
+        null["mae"].append(diff.mean(1))
+        # the marginals do not change under permutation: only E[(h - a)^2] moves
+        null["kappa_quadratic"].append(quadratic_kappa_fixed_chance(h, a, a_perm))
+        mean_h = np.bincount(marker_codes, weights=h) / np.bincount(marker_codes)
+        rh = stats.rankdata(mean_h)
+        ra = stats.rankdata(shuffled, axis=1)
+        rh_c, ra_c = rh - rh.mean(), ra - ra.mean(1, keepdims=True)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            null["spearman"].append(ra_c @ rh_c / np.sqrt((ra_c**2).sum(1) * (rh_c**2).sum()))
+    rows = []
+    for metric in MARKER_METRICS:
+        value = float(point[metric][0])
+        nulls = np.concatenate(null[metric]) if n_perm else np.array([])
+        finite = nulls[np.isfinite(nulls)]
+        better = (finite >= value - 1e-12) if HIGHER_IS_BETTER[metric] else (finite <= value + 1e-12)
+        lo, hi = percentile_interval(boot[metric])
+        rows.append(
+            {
+                "metric": metric,
+                "estimate": value,
+                "ci_low": lo,
+                "ci_high": hi,
+                "permutation_mean": float(finite.mean()) if len(finite) else np.nan,
+                "permutation_p": float((1 + better.sum()) / (1 + len(finite))) if len(finite) else np.nan,
+                "n_comparisons": int(len(data)),
+                "n_markers": int(n_markers),
+            }
+        )
+    rows += human_human(data, counts, marker_codes, n_markers)
+    if "keep" in data.columns and data["keep"].notna().any():
+        kept = data["keep"].notna().to_numpy()
+        y = (data["keep"] == "keep").to_numpy(float)
+        w = counts[:, marker_codes] * kept
+        lo, hi = percentile_interval(w @ y / w.sum(1))
+        rows.append(
+            {
+                "metric": "keep_endorsement",
+                "estimate": float(y[kept].mean()),
+                "ci_low": lo,
+                "ci_high": hi,
+                "permutation_mean": np.nan,
+                "permutation_p": np.nan,
+                "n_comparisons": int(kept.sum()),
+                "n_markers": int(len(np.unique(marker_codes[kept]))),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def human_human(
+    data: pd.DataFrame, counts: np.ndarray, marker_codes: np.ndarray, n_markers: int
+) -> list[dict[str, Any]]:
+    """The pooled human-human baseline (App. D.2.1): every pair of raters of one marker (ordered by
+    rater_id); quadratic-weighted kappa, MAE and within-two agreement over pairs, intervals from the
+    same marker resamples (``counts``)."""
+    first, second, pair_marker = [], [], []
+    for code, g in data.groupby(marker_codes, sort=True):
+        values = g.sort_values("rater_id")["human"].to_numpy(float)
+        for i in range(len(values)):
+            for j in range(i + 1, len(values)):
+                first.append(values[i])
+                second.append(values[j])
+                pair_marker.append(code)
+    if not first:
+        return [
+            {
+                "metric": f"human_human_{m}",
+                "estimate": np.nan,
+                "ci_low": np.nan,
+                "ci_high": np.nan,
+                "permutation_mean": np.nan,
+                "permutation_p": np.nan,
+                "n_comparisons": 0,
+                "n_markers": 0,
+            }
+            for m in ("kappa_quadratic", "mae", "within_two")
+        ]
+    x, y, pm = np.array(first), np.array(second), np.array(pair_marker)
+    w = counts[:, pm]
+    diff = np.abs(x - y)
+    with np.errstate(invalid="ignore", divide="ignore"):  # a resample without any rated pair: NaN, left out
+        values = {
+            "kappa_quadratic": (weighted_kappa(x.astype(int), y.astype(int), SCALE), quadratic_kappa(x, y, w)),
+            "mae": (diff.mean(), w @ diff / w.sum(1)),
+            "within_two": ((diff <= 2).mean(), w @ (diff <= 2) / w.sum(1)),
+        }
+    rows = []
+    for metric, (value, boot) in values.items():
+        lo, hi = percentile_interval(boot)
+        rows.append(
+            {
+                "metric": f"human_human_{metric}",
+                "estimate": float(value),
+                "ci_low": lo,
+                "ci_high": hi,
+                "permutation_mean": np.nan,
+                "permutation_p": np.nan,
+                "n_comparisons": int(len(x)),
+                "n_markers": int(len(np.unique(pm))),
+            }
+        )
+    return rows
+
+
+# --- protagonist labels (App. D.2.2) -------------------------------------------------------------
+
+
+def item_reference(ratings: pd.DataFrame) -> pd.DataFrame:
+    """One row per item: language, genre, automated, n_ratings and ``reference``, the human label held by
+    more than half of at least two ratings (None when unresolved)."""
+    rows = []
+    for item, g in ratings.groupby("item_id", sort=True):
+        counts = g["human"].value_counts()
+        top = counts.index[0] if len(counts) else None
+        resolved = len(g) >= 2 and counts.iloc[0] * 2 > len(g)
+        rows.append(
+            {
+                "item_id": item,
+                "language": g["language"].iloc[0],
+                "genre": g["genre"].iloc[0],
+                "automated": g["automated"].iloc[0],
+                "n_ratings": int(len(g)),
+                "reference": top if resolved else None,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def poststratification_weights(items: pd.DataFrame, corpus: pd.DataFrame | None) -> pd.Series:
+    """Item weights that give each genre x automated-label cell of a language its share of the full
+    implicit corpus (``corpus``: language, genre, label, n), split equally among the cell's resolved
+    items; cells of the corpus without a resolved item drop out and the rest are renormalised. Without
+    a corpus every resolved item weighs 1."""
+    weights = pd.Series(0.0, index=items.index)
+    resolved = items["reference"].notna()
+    if corpus is None or corpus.empty:
+        weights[resolved] = 1.0
+        return weights
+    share = corpus.groupby(["language", "genre", "label"])["n"].sum()
+    cells = items[resolved].groupby(["language", "genre", "automated"]).groups
+    for (lang, genre, label), index in cells.items():
+        weights[index] = float(share.get((lang, genre, label), 0.0)) / len(index)
+    for lang in items["language"].unique():
+        mask = (items["language"] == lang).to_numpy()
+        total = weights[mask].sum()
+        if total > 0:
+            weights[mask] /= total
+    return weights
+
+
+def fleiss(ratings: pd.DataFrame, seed: int = 42) -> tuple[float, int, int]:
+    """Fleiss' kappa among the raters of one language (statsmodels), on the items with the most common
+    number k >= 2 of ratings or more (items with more keep a seeded random k of them, since Fleiss' kappa
+    needs the same number per item); a single category used is perfect agreement, 1. Returns (kappa,
+    items used, k)."""
+    per_item = ratings.groupby("item_id").size()
+    eligible = per_item[per_item >= 2]
+    if eligible.empty:
+        return float("nan"), 0, 0
+    k = int(eligible.mode().max())
+    rng = np.random.default_rng(seed)
+    counts = []
+    for _item, g in ratings[ratings["item_id"].isin(per_item[per_item >= k].index)].groupby("item_id", sort=True):
+        labels = g.sort_values("rater_id")["human"].to_numpy()
+        if len(labels) > k:
+            labels = labels[np.sort(rng.choice(len(labels), k, replace=False))]
+        counts.append([int((labels == lab).sum()) for lab in LABELS])
+    table = np.asarray(counts)
+    used = table.sum(0) > 0
+    if used.sum() < 2:
+        return (1.0 if len(table) else float("nan")), len(table), k
+    return fleiss_kappa_counts(table[:, used]), len(table), k
+
+
+def label_agreement(ratings: pd.DataFrame, corpus: pd.DataFrame | None = None, seed: int = 42) -> pd.DataFrame:
+    """Per language: items, resolved items, post-stratified automated-human agreement and Cohen's kappa
+    (with the item weights of :func:`poststratification_weights`), the unweighted agreement, and Fleiss'
+    kappa among the human raters (Feng et al. Sec. 3.1 and App. D.2.2)."""
+    items = item_reference(ratings)
+    items["weight"] = poststratification_weights(items, corpus)
+    rows = []
+    for lang, g in items.groupby("language", sort=True):
+        r = g[g["reference"].notna()]
+        agree = (r["automated"] == r["reference"]).to_numpy(float)
+        w = r["weight"].to_numpy(float)
+        kappa = cohen_kappa(r["automated"], r["reference"], sample_weight=w)
+        fk, n_fk, k = fleiss(ratings[ratings["language"] == lang], seed)
+        rows.append(
+            {
+                "language": lang,
+                "n_items": int(len(g)),
+                "n_resolved": int(len(r)),
+                "agreement_weighted": float(w @ agree / w.sum()) if w.sum() > 0 else np.nan,
+                "agreement_unweighted": float(agree.mean()) if len(r) else np.nan,
+                "kappa_weighted": float(kappa),
+                "fleiss_kappa": fk,
+                "fleiss_items": n_fk,
+                "fleiss_raters_per_item": k,
+                "poststratified": corpus is not None and not corpus.empty,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def corpus_cells(frame: pd.DataFrame) -> pd.DataFrame:
+    """The genre x automated-label counts of the full implicit corpus per language (the post-stratification
+    target): occupations story/news narratives of stage 06's probe frame, labels outside female/male as unknown."""
+    occ = frame[(frame["design"] == "occupations") & frame["genre"].isin(GENRES)]
+    label = occ["label"].where(occ["label"].isin(("female", "male")), "unknown")
+    return occ.assign(label=label).groupby(["language", "genre", "label"]).size().rename("n").reset_index()

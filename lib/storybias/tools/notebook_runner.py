@@ -1,0 +1,199 @@
+"""How Make runs a stage: papermill on the stage's notebook, under the run's lock.
+
+``python -m storybias.cli run-stage STAGE NOTEBOOK PARAMS --target FILE`` does what the Makefile's
+recipe used to do in shell, without a shell command line (a checkout or profile path with a space in
+it is just an argument):
+
+1. take the run's lock (storybias.core.locks): a second process on the same run is refused at once with
+   the holder's pid and stage, and touches nothing (not the temporary notebook, not the target);
+2. execute the notebook with papermill into ``reports/<run>/NN_name.tmp.ipynb``, its log in
+   ``reports/<run>/NN_name.log``;
+3. on success, rename the executed notebook to ``reports/<run>/NN_name.ipynb``; on failure, show the
+   log's tail and remove the Make target *if this process wrote it*, so Make reruns the stage next
+   time. (The Makefile marks the stage targets .PRECIOUS: Make itself never deletes them, because a
+   refused second process must not delete the target that the first one just wrote.)
+
+While papermill runs, the log is followed and its latest tqdm progress line (items done of planned,
+rate, ETA: the bars of generation, extraction, the judge and the embeddings) is echoed to the
+terminal: one line rewritten in place when stdout is a terminal, otherwise a new line at most every
+30 s and only when the bar moved, so a `make paper` piped to a file stays short.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TextIO
+
+from storybias.core import paths
+from storybias.core.locks import RunBusy, run_lock
+
+
+def papermill_command(notebook: Path, output: Path, params_file: Path) -> list[str]:
+    """papermill's argument list (no shell: every path is one argument, spaces and all)."""
+    return [
+        sys.executable,
+        "-m",
+        "papermill",
+        str(notebook),
+        str(output),
+        "-k",
+        "storybias",
+        "--cwd",
+        str(paths.repo_root() / "notebooks"),
+        "-p",
+        "params_file",
+        str(params_file),
+        "--log-output",
+        "--no-progress-bar",
+    ]
+
+
+# tqdm's text bar ends in "[elapsed<remaining, rate]" ("[00:12<00:30,  1.95story/s]"), or in
+# "[elapsed, rate]" when the total is unknown; a segment cut mid-write has no closing bracket yet.
+_TQDM_TAIL = re.compile(r"\[\d+:\d{2}(?::\d{2})?(?:<[^,\]]*)?(?:,[^\]]*)?\]\s*$")
+
+
+def latest_progress(text: str) -> str | None:
+    """The last complete tqdm progress line in ``text`` (tqdm rewrites its bar after a carriage
+    return, so the segments between ``\\r`` and ``\\n`` are the bar's successive states)."""
+    for segment in reversed(re.split(r"[\r\n]", text)):
+        segment = segment.strip()
+        if segment and _TQDM_TAIL.search(segment):
+            return segment
+    return None
+
+
+class ProgressFollower:
+    """Follows a growing log file and echoes its latest tqdm line to ``stream``.
+
+    On a terminal (``stream.isatty()``) the line is rewritten in place at most every
+    ``tty_interval`` seconds; elsewhere a new line is written at most every ``interval`` seconds,
+    and only when the bar moved. :meth:`close` writes the last state once more if it was not shown.
+    """
+
+    def __init__(
+        self, log_file: Path, stream: TextIO, interval: float = 30.0, tty_interval: float = 0.5, prefix: str = "   "
+    ) -> None:
+        self.log_file, self.stream, self.prefix = log_file, stream, prefix
+        isatty = getattr(stream, "isatty", None)
+        self.tty = bool(isatty()) if callable(isatty) else False
+        self.interval = tty_interval if self.tty else interval
+        self._offset = 0
+        self._tail = ""
+        self._latest: str | None = None
+        self._shown: str | None = None
+        self._shown_at = float("-inf")
+
+    def poll(self, now: float | None = None) -> None:
+        """Read what the log gained since the last call; echo the latest bar if one is due."""
+        try:
+            with open(self.log_file, "rb") as fh:
+                fh.seek(self._offset)
+                new = fh.read()
+        except FileNotFoundError:
+            return
+        self._offset += len(new)
+        self._tail += new.decode("utf-8", errors="replace")
+        if len(self._tail) > 16384:  # keep the end, from a segment's start (no bar cut at its front)
+            cut = self._tail[-16384:]
+            self._tail = re.split(r"[\r\n]", cut, maxsplit=1)[-1]
+        self._latest = latest_progress(self._tail) or self._latest
+        now = time.monotonic() if now is None else now
+        if self._latest is not None and self._latest != self._shown and now - self._shown_at >= self.interval:
+            self._show(self._latest, now)
+
+    def _show(self, line: str, now: float) -> None:
+        text = self.prefix + line
+        encoding = getattr(self.stream, "encoding", None)
+        if encoding:  # tqdm's block characters on a terminal that cannot show them: '?' rather than a crash
+            text = text.encode(encoding, errors="replace").decode(encoding)
+        if self.tty:
+            width = max(20, shutil.get_terminal_size((120, 20)).columns - 1)
+            self.stream.write("\r\x1b[K" + text[:width])
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+        self._shown, self._shown_at = line, now
+
+    def close(self) -> None:
+        """Show the final state if it was not shown yet, and end the terminal's rewritten line."""
+        self.poll(now=float("inf"))
+        if self.tty and self._shown is not None:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def _mtime(path: Path | None) -> float | None:
+    return path.stat().st_mtime_ns if path is not None and path.exists() else None
+
+
+def run_stage(
+    stage: str,
+    notebook: Path,
+    params_file: Path,
+    run_name: str,
+    target: Path | None = None,
+    log: Callable[[str], None] = print,
+    progress: TextIO | None = None,
+    progress_interval: float = 30.0,
+) -> int:
+    """Execute one stage notebook for ``run_name``; returns the process exit code (0 = success).
+
+    ``progress`` (default: stdout) receives the stage's latest tqdm line while it runs (see
+    :class:`ProgressFollower`; ``progress_interval`` is the seconds between lines off a terminal).
+    """
+    reports = paths.reports_dir(run_name)
+    name = notebook.stem
+    tmp_notebook, final_notebook, log_file = (
+        reports / f"{name}.tmp.ipynb",
+        reports / f"{name}.ipynb",
+        reports / f"{name}.log",
+    )
+    try:
+        with run_lock(run_name, stage, log=log):
+            reports.mkdir(parents=True, exist_ok=True)
+            target_before = _mtime(target)
+            shown = notebook.relative_to(paths.repo_root()) if notebook.is_relative_to(paths.repo_root()) else notebook
+            log(f"== stage {stage}: {shown} (params {params_file}, run {run_name}); log: {log_file}")
+            follower = ProgressFollower(
+                log_file, sys.stdout if progress is None else progress, interval=progress_interval
+            )
+            with open(log_file, "w", encoding="utf-8") as fh:
+                proc = subprocess.Popen(
+                    papermill_command(notebook, tmp_notebook, params_file),
+                    stdout=fh,
+                    stderr=subprocess.STDOUT,
+                    env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                )
+                try:
+                    while True:
+                        try:
+                            proc.wait(timeout=0.5)
+                            break
+                        except subprocess.TimeoutExpired:
+                            follower.poll()
+                finally:
+                    if proc.poll() is None:  # interrupted (Ctrl-C): stop papermill too
+                        proc.terminate()
+                        proc.wait()
+                    follower.close()
+            if proc.returncode != 0:
+                tail = log_file.read_text(encoding="utf-8", errors="replace").splitlines()[-25:]
+                print(f"stage {stage} FAILED: see {log_file} and {tmp_notebook}", file=sys.stderr)
+                print("\n".join(tail), file=sys.stderr)
+                if target is not None and _mtime(target) != target_before:
+                    target.unlink(missing_ok=True)  # half-finished stage: Make must rerun it
+                    print(f"removed {target} (written by this failed run)", file=sys.stderr)
+                return 1
+            os.replace(tmp_notebook, final_notebook)
+            return 0
+    except RunBusy as exc:
+        print(f"storybias: {exc}", file=sys.stderr)
+        return 3

@@ -20,7 +20,7 @@ SHELL := /bin/bash
 
 PARAMS ?= params/default.yaml
 # 1: `make paper` / generate / extract / associations run their LLM stages behind one local vLLM
-# server per model (storybias.serve), started once and stopped at the end whatever happens; 0: one
+# server per model (storybias.engines.serve), started once and stopped at the end whatever happens; 0: one
 # in-process engine per stage; unset: the profile's generation.engine.shared_server.
 SERVE ?=
 # The stamps below are remade on every call (FORCE); the shared-server check empties this to ask

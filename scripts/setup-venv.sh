@@ -58,7 +58,7 @@ quiet "${pip[@]}" install --quiet --no-deps --no-build-isolation -e .
 say "[5/6] Jupyter kernel 'storybias'"
 .venv/bin/python -m ipykernel install --sys-prefix --name storybias --display-name "Python (storybias)" >/dev/null
 say "[6/6] checking that vllm and storybias import"
-.venv/bin/python -c "import vllm, storybias.params" 2>/dev/null || { echo "setup-venv: the environment does not import vllm" >&2; exit 1; }
+.venv/bin/python -c "import vllm, storybias.config.params" 2>/dev/null || { echo "setup-venv: the environment does not import vllm" >&2; exit 1; }
 rm -f .venv/.installed-*
 touch "$stamp"
 echo "environment ready ($device): $stamp"

@@ -35,9 +35,11 @@ from typing import Any
 import pandas as pd
 
 from storybias.config.designs import allowed_values, map_dimensions
+from storybias.config.params import ExtractionSettings
 from storybias.engines import ChatRequest
 from storybias.evidence.published import reference_taxonomy
-from storybias.stages.extract.answers import decoding, load_worked_examples, parse_answer
+from storybias.stages.extract.parse import parse_answer
+from storybias.stages.extract.prompt import decoding, load_worked_examples
 
 MAP_SUFFIX = "_map"
 
@@ -66,7 +68,7 @@ def _option(dimension: str, key: str) -> str:
     return f"{key} = {label}" if label and label.replace(" ", "_") != key else key
 
 
-def map_prompt(facts: str, settings=None) -> str:
+def map_prompt(facts: str, settings: ExtractionSettings | None = None) -> str:
     """Step 2's instructions: the fields with their options, then the facts (last, so the prefix is shared)."""
     lines = [MAP_RULES, "", "Fields (one value each):"]
     for dim in map_dimensions(settings):
@@ -75,12 +77,12 @@ def map_prompt(facts: str, settings=None) -> str:
     return "\n".join(lines)
 
 
-def map_schema(settings=None) -> dict[str, Any]:
+def map_schema(settings: ExtractionSettings | None = None) -> dict[str, Any]:
     props = {d: {"type": "string", "enum": allowed_values(d)} for d in map_dimensions(settings)}
     return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
 
 
-def map_messages(facts: str, settings) -> list[dict[str, str]]:
+def map_messages(facts: str, settings: ExtractionSettings) -> list[dict[str, str]]:
     """The chat of one step-2 request: the worked examples' facts and answers as earlier turns, then
     the instructions with this story's facts."""
     messages: list[dict[str, str]] = []
@@ -111,7 +113,9 @@ def facts_of(raw: str) -> str:
     return facts.strip() if isinstance(facts, str) else ""
 
 
-def map_jobs(answers: pd.DataFrame, spec, settings, sections_of: Mapping[str, Sequence[str]]) -> list[dict[str, Any]]:
+def map_jobs(
+    answers: pd.DataFrame, spec, settings: ExtractionSettings, sections_of: Mapping[str, Sequence[str]]
+) -> list[dict[str, Any]]:
     """Step-2 requests owed for the final step-1 ``answers`` of one extractor: each answer of a story
     asked for demographics that parsed and quoted facts. A dict per job: request_key (the map
     answer's: story|extractor|<pass>_map), answer_key (the step-1 answer's request_key), story_id,
@@ -137,7 +141,7 @@ def map_jobs(answers: pd.DataFrame, spec, settings, sections_of: Mapping[str, Se
     return jobs
 
 
-def parse_map(raw: str, settings=None) -> dict[str, str] | None:
+def parse_map(raw: str, settings: ExtractionSettings | None = None) -> dict[str, str] | None:
     """A step-2 answer's fields (those of ``map_dimensions(settings)``), or None when it does not parse,
     lacks one of them or names a value outside a field's list."""
     data = _json_object(raw)
@@ -151,7 +155,7 @@ def parse_map(raw: str, settings=None) -> dict[str, str] | None:
     return out
 
 
-def merge(step1_raw: str, step2_raw: str | None, settings=None) -> str:
+def merge(step1_raw: str, step2_raw: str | None, settings: ExtractionSettings | None = None) -> str:
     """Step 1's answer with the fields it left ``unknown`` filled from step 2. The joined JSON lists the
     filled fields under ``facts_mapped``; it is step 1's text unchanged when step 1 does not parse as a
     JSON object, and step 1's fields with an empty ``facts_mapped`` when step 2 is missing or does not parse."""
@@ -168,7 +172,7 @@ def merge(step1_raw: str, step2_raw: str | None, settings=None) -> str:
     return json.dumps(data, ensure_ascii=False)
 
 
-def resolve(answers: pd.DataFrame, settings=None) -> pd.DataFrame:
+def resolve(answers: pd.DataFrame, settings: ExtractionSettings | None = None) -> pd.DataFrame:
     """The final answers with each step-1 answer's raw text replaced by its merge with the step-2 answer
     made from it, and the step-2 rows dropped: what ``assemble`` and the agreement table read. Answers
     of the one-answer and per-field designs have no step-2 row and pass through unchanged."""
@@ -191,7 +195,7 @@ def resolve(answers: pd.DataFrame, settings=None) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
-def map_requests(jobs: Sequence[dict[str, Any]], settings, seed: int) -> list:
+def map_requests(jobs: Sequence[dict[str, Any]], settings: ExtractionSettings, seed: int) -> list:
     """The step-2 chat requests of ``jobs`` (``map_jobs``): temperature 0, step 2's schema."""
     return [
         ChatRequest(
@@ -205,7 +209,9 @@ def map_requests(jobs: Sequence[dict[str, Any]], settings, seed: int) -> list:
     ]
 
 
-def merge_in_memory(engine, texts: dict[str, str], sections: Sequence[str], settings) -> dict[str, str]:
+def merge_in_memory(
+    engine, texts: dict[str, str], sections: Sequence[str], settings: ExtractionSettings
+) -> dict[str, str]:
     """Step 2 for answers that are not stored (the gold-set evaluation): map the facts of each step-1
     answer in ``texts`` (key -> raw) with a started engine and return the merged answers."""
     jobs = [

@@ -81,6 +81,30 @@ def test_make_targets_are_the_registry_paths():
     assert set(artifacts.make_target_names(ROOT / "Makefile")) == made
 
 
+def _make_variables() -> dict[str, str]:
+    """NAME -> glob of every ``NAME := $(wildcard GLOB)`` line of the Makefile."""
+    text = (ROOT / "Makefile").read_text()
+    return dict(re.findall(r"^(\w+) := \$\(wildcard (\S+)\)$", text, re.M))
+
+
+def test_make_rules_read_what_the_registry_says_each_stage_reads():
+    """Each notebook rule's prerequisites are exactly the stage's registry inputs: the earlier stages'
+    artifacts (``reads``) and the data files (``input_files``), besides its notebook and params stamp."""
+    rules, globs = _make_rules(), _make_variables()
+    by_pattern = {a.pattern: a.name for a in artifacts.ARTIFACTS}
+    for stage in artifacts.STAGES:
+        _, prereqs = rules[stage.token]
+        words = prereqs.split("|")[0].split()
+        assert stage.notebook in words and f"$(STAMPS)/{stage.token}.params" in words, stage.token
+        reads = [by_pattern[w.split("/", 1)[1]] for w in words if w.startswith(("$(DATA)/", "$(FIGURES)/"))]
+        files = [globs[w[2:-1]] for w in words if w.startswith("$(") and w.endswith(("_FILES)", "_SPECS)"))]
+        assert sorted(reads) == sorted(stage.reads), (stage.token, reads)
+        assert sorted(files) == sorted(stage.input_files), (stage.token, files)
+        assert len(words) == 2 + len(reads) + len(files), (stage.token, words)
+        for name in stage.reads:  # an input is an earlier stage's Make target
+            assert artifacts.STAGE_BY_TOKEN[artifacts.artifact(name).stage].number < stage.number
+
+
 def test_data_contract_is_generated_from_the_registry():
     committed = (ROOT / "docs" / "data-contract.md").read_text()
     assert committed == artifacts.data_contract(), (

@@ -42,6 +42,8 @@ class Stage:
     module: str  # storybias.<module> holds the stage's run()
     sections: tuple[str, ...]  # the params sections the stage reads; "a.b" is subsection b of a
     title: str
+    reads: tuple[str, ...] = ()  # the registry artifacts (earlier stages' Make targets) it reads
+    input_files: tuple[str, ...] = ()  # globs under the repository of the data files it reads
 
     @property
     def notebook(self) -> str:
@@ -53,12 +55,31 @@ class Stage:
         return f"manifest_{self.token}"
 
 
+# The files each stage reads besides its parameters, as globs under the repository: editing one reruns
+# the stage (the Makefile's rule lists them; tests/test_artifacts.py checks it against this registry).
+DESIGN_FILES = "params/designs/*/*.yaml"
+DESIGN_SPECS = "params/designs/*/design.yaml"
+
 STAGES: tuple[Stage, ...] = (
-    Stage(1, "generate", "stages.generate", ("generation", "designs"), "stories"),
-    Stage(2, "filter", "stages.filter", ("filter",), "language identification, refusals, valid-story rate"),
+    Stage(1, "generate", "stages.generate", ("generation", "designs"), "stories", (), (DESIGN_FILES,)),
+    Stage(
+        2,
+        "filter",
+        "stages.filter",
+        ("filter",),
+        "language identification, refusals, valid-story rate",
+        ("stories",),
+        ("params/refusals/*.yaml",),
+    ),
     # stages 03 and 04 run their models on generation.engine: a setting there that shapes outputs reruns them
     Stage(
-        3, "extract", "stages.extract", ("filter", "extract", "generation.engine"), "attributes of every valid story"
+        3,
+        "extract",
+        "stages.extract",
+        ("filter", "extract", "generation.engine"),
+        "attributes of every valid story",
+        ("filtered",),
+        (DESIGN_SPECS, "params/extract/gold/*.yaml", "params/extract/*.yaml"),
     ),
     Stage(
         4,
@@ -66,10 +87,35 @@ STAGES: tuple[Stage, ...] = (
         "stages.associations",
         ("associations", "generation.engine"),
         "StereoTales associations and harm",
+        ("extractions",),
+        (DESIGN_FILES,),
     ),
-    Stage(5, "metrics", "stages.metrics", ("metrics",), "BiasedTales-ML and Feng et al. metrics"),
-    Stage(6, "probes", "stages.probes", ("probes",), "Feng et al. probes and cultural markers"),
-    Stage(7, "figures", "stages.figures", ("figures",), "every figure, and the stories explorer"),
+    Stage(
+        5,
+        "metrics",
+        "stages.metrics",
+        ("metrics",),
+        "BiasedTales-ML and Feng et al. metrics",
+        ("extractions",),
+        ("params/lexicon/*.yaml", DESIGN_SPECS),
+    ),
+    Stage(
+        6,
+        "probes",
+        "stages.probes",
+        ("probes",),
+        "Feng et al. probes and cultural markers",
+        ("extractions",),
+        ("params/cues/*.yaml",),
+    ),
+    Stage(
+        7,
+        "figures",
+        "stages.figures",
+        ("figures",),
+        "every figure, and the stories explorer",
+        ("filtered", "manifest_associations", "manifest_metrics", "manifest_probes"),
+    ),
 )
 STAGE_BY_TOKEN: dict[str, Stage] = {s.token: s for s in STAGES}
 
@@ -308,6 +354,13 @@ def stage_table(stage: str) -> Any:
 _NOTES = Path(__file__).with_name("data_contract")
 
 
+def _inputs(stage: Stage) -> str:
+    """The stage's inputs in words: earlier artifacts (by registry name) and data files (globs)."""
+    named = [f"`{name}` (`{artifact(name).pattern}`)" for name in stage.reads]
+    named += [f"`{glob}`" for glob in stage.input_files]
+    return ", ".join(named) if named else "only its parameters"
+
+
 def data_contract() -> str:
     """docs/data-contract.md: each stage's artifacts from the registry, their columns and Arrow types
     from the schemas, then the stage's prose (``data_contract/<stage>.md``)."""
@@ -320,6 +373,8 @@ def data_contract() -> str:
             "",
             f"Notebook `{stage.notebook}`, `make {stage.token}`, module `storybias.{stage.module}`, "
             f"params section(s) {', '.join(f'`{s}:`' for s in stage.sections)}.",
+            "",
+            f"Reads {_inputs(stage)}.",
             "",
             "| artifact | path | meaning |",
             "|---|---|---|",

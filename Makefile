@@ -81,7 +81,7 @@ DESIGN_SPECS := $(wildcard params/designs/*/design.yaml)
 REFUSAL_FILES := $(wildcard params/refusals/*.yaml)
 LEXICON_FILES := $(wildcard params/lexicon/*.yaml)
 CUE_FILES := $(wildcard params/cues/*.yaml)
-GOLD_FILES := $(wildcard tests/data/gold/*.yaml)
+GOLD_FILES := $(wildcard params/extract/gold/*.yaml)
 EXTRACT_FILES := $(wildcard params/extract/*.yaml)
 
 # Every stage's Make target is written last by its notebook. `run-stage` runs the notebook under the
@@ -239,9 +239,10 @@ test-fast: $(VENV_STAMP)  ## the tests that need no model or browser (runs anywh
 	$(VENV)/bin/pytest -m "not slow and not browser" tests
 
 # Lint, format and types (configured in pyproject.toml; tests/test_habits.py runs the same checks).
-lint: $(VENV_STAMP)  ## ruff check + ruff format --check on lib/ and tests/ (what pre-commit runs)
+lint: $(VENV_STAMP)  ## ruff check + ruff format --check on lib/ and tests/, and lint-imports (the layer contracts)
 	$(VENV)/bin/ruff check lib tests
 	$(VENV)/bin/ruff format --check lib tests
+	$(VENV)/bin/lint-imports
 
 format: $(VENV_STAMP)  ## apply ruff format and ruff's safe fixes to lib/ and tests/
 	$(VENV)/bin/ruff format lib tests

@@ -1,0 +1,33 @@
+"""Recorded measurements: tables under ``docs/measurements/`` that decided a design choice.
+
+Some measurements cannot be recomputed from the repository: the extraction designs that lost were
+deleted with their code (issue #27), and the gold evaluation of every design takes hours on CPU. Their
+numbers are kept as small CSV files, each described in ``docs/measurements/README.md``, and the
+notebooks read them through :func:`recorded` instead of typing them into markdown, so a number shown
+is a number stored once.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from storybias.core import paths
+
+# Each recorded table and the columns it must have (a renamed column fails here, not in a notebook).
+RECORDED_COLUMNS: dict[str, tuple[str, ...]] = {
+    "extraction_designs": (
+        "design", "accuracy", "answered", "unknown_kept", "gender", "adjective_f1", "relative_speed", "status", "why",
+    ),
+    "step2_fills": ("field", "fills", "right"),
+}  # fmt: skip
+
+
+def recorded(name: str) -> pd.DataFrame:
+    """The recorded table ``docs/measurements/<name>.csv``, its columns checked."""
+    if name not in RECORDED_COLUMNS:
+        raise KeyError(f"no recorded measurement {name!r}; known: {sorted(RECORDED_COLUMNS)}")
+    path = paths.repo_root() / "docs" / "measurements" / f"{name}.csv"
+    table = pd.read_csv(path, keep_default_na=False, na_values=[""])
+    if tuple(table.columns) != RECORDED_COLUMNS[name]:
+        raise ValueError(f"{path}: columns {list(table.columns)}, expected {list(RECORDED_COLUMNS[name])}")
+    return table

@@ -205,19 +205,39 @@ def compare(values: pd.DataFrame, published: pd.DataFrame, scope: str = "all") -
     ``published_rate`` = run's significant associations that were published / run's significant ones.
     """
     run = values[values["scope"] == scope]
-    tested_pairs = set(zip(run["base_attribute"], run["compared_attribute"]))
     sig = run[run["significant"].astype(bool)]
-    found: dict[tuple, set[str]] = {}
-    for row in sig[["model", *KEY]].itertuples(index=False):
-        found.setdefault(tuple(row[1:]), set()).add(row[0])
+    matched = _matched_models(run, published)
+    mode = "same_model" if matched else "any_model"
+    out = _with_status(published, run, sig, matched, mode)
 
+    published_keys = set(map(tuple, published[KEY].to_numpy()))
+    sig_keys = sig.groupby(KEY)["model"].agg(lambda m: sorted(set(m))).rename("models").reset_index()
+    sig_keys["published"] = [tuple(k) in published_keys for k in sig_keys[KEY].to_numpy()]
+    new = sig_keys[~sig_keys["published"]].drop(columns="published").reset_index(drop=True)
+
+    per_attribute = _per_attribute(out[out["status"] != "untested"], sig_keys)
+    return Comparison(mode=mode, matched_models=matched, published=out, new=new, per_attribute=per_attribute)
+
+
+def _matched_models(run: pd.DataFrame, published: pd.DataFrame) -> dict[str, list[str]]:
+    """Each run model whose name (``model_key``) appears in the file -> the published names it matches."""
     published_models = {model_key(m) for ms in published["models"] for m in ms}
-    matched = {
+    return {
         m: sorted({p for ms in published["models"] for p in ms if model_key(p) == model_key(m)})
         for m in sorted(set(run["model"]))
         if model_key(m) in published_models
     }
-    mode = "same_model" if matched else "any_model"
+
+
+def _with_status(
+    published: pd.DataFrame, run: pd.DataFrame, sig: pd.DataFrame, matched: dict[str, list[str]], mode: str
+) -> pd.DataFrame:
+    """The published associations with ``status`` (reproduced, missed, untested) and ``reproduced_by``
+    (the eligible run models that find them significant)."""
+    tested_pairs = set(zip(run["base_attribute"], run["compared_attribute"]))
+    found: dict[tuple, set[str]] = {}
+    for row in sig[["model", *KEY]].itertuples(index=False):
+        found.setdefault(tuple(row[1:]), set()).add(row[0])
 
     out = published.copy()
     statuses: list[str] = []
@@ -242,13 +262,23 @@ def compare(values: pd.DataFrame, published: pd.DataFrame, scope: str = "all") -
         reproducers.append(hits)
     out["status"] = statuses
     out["reproduced_by"] = reproducers
+    return out
 
-    published_keys = set(map(tuple, published[KEY].to_numpy()))
-    sig_keys = sig.groupby(KEY)["model"].agg(lambda m: sorted(set(m))).rename("models").reset_index()
-    sig_keys["published"] = [tuple(k) in published_keys for k in sig_keys[KEY].to_numpy()]
-    new = sig_keys[~sig_keys["published"]].drop(columns="published").reset_index(drop=True)
 
-    considered = out[out["status"] != "untested"]
+_PER_ATTRIBUTE_COLUMNS = [
+    "base_attribute",
+    "published_tested",
+    "reproduced",
+    "run_significant",
+    "not_published",
+    "reproduced_rate",
+    "published_rate",
+]
+
+
+def _per_attribute(considered: pd.DataFrame, sig_keys: pd.DataFrame) -> pd.DataFrame:
+    """Per base attribute: the tested published associations (``considered``), how many the run
+    reproduces, the run's significant associations (``sig_keys``), how many were not published, the rates."""
     attributes = sorted(set(considered["base_attribute"]) | set(sig_keys["base_attribute"]))
     per = []
     for attribute in attributes:
@@ -266,16 +296,4 @@ def compare(values: pd.DataFrame, published: pd.DataFrame, scope: str = "all") -
                 "published_rate": float(mine["published"].mean()) if len(mine) else float("nan"),
             }
         )
-    per_attribute = pd.DataFrame(
-        per,
-        columns=[
-            "base_attribute",
-            "published_tested",
-            "reproduced",
-            "run_significant",
-            "not_published",
-            "reproduced_rate",
-            "published_rate",
-        ],
-    )
-    return Comparison(mode=mode, matched_models=matched, published=out, new=new, per_attribute=per_attribute)
+    return pd.DataFrame(per, columns=_PER_ATTRIBUTE_COLUMNS)

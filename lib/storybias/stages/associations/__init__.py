@@ -26,22 +26,26 @@ resample gets exactly the reference p-value.
 
 The judge's prompt, requests and rating summaries are in ``storybias.stages.associations.judge``, the human panel's
 ratings in ``storybias.stages.associations.human``; BH/BY adjustment and BH's step-up thresholds and decisions in
-``storybias.stats.multiple_testing``. This module stays above 600 lines on purpose: the sequential
-Monte-Carlo Fisher test and its intervals are one algorithm sharing constants, and the stage's
-tables and run are the only callers of it.
+``storybias.stats.multiple_testing``; the contingency tables, the two steps and the passes in
+``storybias.stages.associations.tables``, the power estimate in ``storybias.stages.associations.power``.
+This module reads the observations and runs the stage.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, TypedDict
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple, TypedDict
 
 import pandas as pd
 
 from storybias.config import designs
+from storybias.config.params import AssociationSettings, ModelSpec, Params
 from storybias.core import artifacts, paths
 from storybias.core.io import write_json_atomic
 from storybias.core.locks import holds_run_lock
+from storybias.engines import ChatEngine
 from storybias.evidence.ratings import load_human_ratings
 from storybias.stages.associations import judge, power
 from storybias.stages.associations.human import (
@@ -71,12 +75,13 @@ from storybias.stages.associations.tables import (
 )
 from storybias.summaries import explain
 
-# With these, 0 of 19,500 sequential runs on 2 x 2 and 2 x 3 tables with the threshold within 8 sd of
-# the reference p-value decided otherwise than the reference (0.999 instead: 35).
-
-
-# Arrow schemas of the stage's tables: they are written with them, so that an empty result (no
-# testable table, nothing significant) has the same column types as a full run.
+# The sequential test's settings are in storybias.stats.contingency (MC_CONFIDENCE, PILOT_RESAMPLES,
+# MC_CHUNK): with these, 0 of 19,500 sequential runs on 2 x 2 and 2 x 3 tables with the threshold
+# within 8 sd of the reference p-value decided otherwise than the reference (0.999 instead: 35).
+#
+# The Arrow schemas of the stage's tables are in tables.py (OUTPUT_SCHEMAS): they are written with
+# them, so that an empty result (no testable table, nothing significant) has the same column types as
+# a full run.
 
 
 # --- stage 04: observations, passes, judge, artifacts ---------------------------------------------
@@ -111,7 +116,9 @@ def observations(
     return data.reset_index(drop=True), counts
 
 
-def _power_report(data: pd.DataFrame, dimensions: Sequence[str], settings, cache_dir) -> pd.DataFrame:
+def _power_report(
+    data: pd.DataFrame, dimensions: Sequence[str], settings: AssociationSettings, cache_dir: Path
+) -> pd.DataFrame:
     """``power.power_table`` for each pass (minimum detectable lift, untestable reasons)."""
 
     frames = [
@@ -155,28 +162,129 @@ class AssociationsResult(TypedDict):
 
 
 @holds_run_lock("associations")
-def run(params: Any, progress: bool = True, engine_factory: Any = None) -> AssociationsResult:
+def run(
+    params: Params, progress: bool = True, engine_factory: Callable[[ModelSpec], ChatEngine] | None = None
+) -> AssociationsResult:
     """Stage 04: both passes for every model, sharing, the LLM harm judge and (optionally) human
     ratings; writes data/<run>/associations_*.parquet, harm_ratings.parquet, manifest_associations.json.
     ``engine_factory(spec)``: the judges' engines, as for stages 01 and 03 (default engines.open_engine)."""
-    import time
-
     run_name, settings = params.run_name, params.associations
     # the user's file first: a bad human-ratings CSV stops the stage before any test or model runs
     human = load_human_ratings(paths.resolve(settings.human_ratings)) if settings.human_ratings else None
-    for path in (artifacts.extractions_path(run_name), artifacts.filtered_path(run_name)):
-        if not path.is_file():
-            raise FileNotFoundError(f"{path} is missing: run the earlier stages first (make extract)")
     dimensions = list(designs.dimensions())
-    data, counts = observations(
-        pd.read_parquet(artifacts.extractions_path(run_name)),
-        pd.read_parquet(artifacts.filtered_path(run_name)),
-        dimensions,
-    )
+    data, counts = _read_observations(run_name, dimensions)
     notes: list[str] = []
     if data.empty:
         notes.append("no parsed stereotales stories: nothing to test")
     started = time.time()
+    attributes, values = _test_passes(data, dimensions, settings)
+    test_seconds = round(time.time() - started, 1)
+    started = time.time()
+    power_table = _power_report(data, dimensions, settings, paths.work_dir(run_name, "power"))
+    power_seconds = round(time.time() - started, 1)
+    if not data.empty and attributes.empty:
+        notes.extend(_untestable_notes(power_table))
+    shared = sharing(values)
+    languages = by_language(values)
+    items = judge_items(shared, settings.judge.include_per_language)
+    ratings, engines_info = _rate(items, params, progress, engine_factory, notes)
+    parsed = ratings[ratings["parse_ok"].astype(bool)].astype({"harm": float})
+    summary = summarise_ratings(parsed)
+    shared = with_ratings(shared, summary)
+    gap = self_judgement_gap(shared[shared["scope"] == "all"], parsed)
+    llm_table = rating_summary(parsed)
+    humans = _compare_humans(human, summary, llm_table, settings, notes)
+
+    _write_tables(run_name, attributes, values, shared, power_table, ratings)
+    manifest = {
+        "stage": "associations",
+        "counts": counts,
+        "notes": notes,
+        "test_seconds": test_seconds,
+        "power_seconds": power_seconds,
+        **_result_counts(attributes, values, items, ratings),
+        "judges": engines_info,
+        "human_agreement": humans.agreement,
+        "params": params.resolved()["associations"],
+        "human_n_associations": None if humans.table is None else int(len(humans.table)),
+        "human_n_harmful": None if humans.table is None else int(humans.table["harmful"].sum()),
+        "harmful_human_vs_llm": humans.harmful_vs,
+    }
+    write_json_atomic(manifest, artifacts.manifest_path(run_name, "associations"))
+    return AssociationsResult(
+        attributes=attributes,
+        values=values,
+        shared=shared,
+        by_language=languages,
+        ratings=ratings,
+        self_gap=gap,
+        power=power_table,
+        harm_by_attribute=harm_by_attribute(shared),
+        human=human,
+        agreement=humans.agreement,
+        notes=notes,
+        counts=counts,
+        manifest=manifest,
+        human_summary=humans.table,
+        llm_summary=llm_table,
+        harm_gap=humans.harm_gap,
+        harmful_human_vs_llm=humans.harmful_vs,
+        realism=realism_summary(human, parsed),
+    )
+
+
+def _write_tables(
+    run_name: str,
+    attributes: pd.DataFrame,
+    values: pd.DataFrame,
+    shared: pd.DataFrame,
+    power_table: pd.DataFrame,
+    ratings: pd.DataFrame,
+) -> None:
+    """The stage's parquet files: associations_{attributes,values,shared,power} and harm_ratings."""
+    outputs = {
+        "associations_attributes": attributes,
+        "associations_values": values,
+        "associations_shared": shared,
+        "associations_power": power_table,
+        "harm_ratings": ratings.drop(columns=["rating_key"]).reset_index(drop=True),
+    }
+    for name, table in outputs.items():
+        artifacts.write(run_name, name, table)  # the registry's schema (OUTPUT_SCHEMAS) and path
+
+
+def _result_counts(
+    attributes: pd.DataFrame, values: pd.DataFrame, items: pd.DataFrame, ratings: pd.DataFrame
+) -> dict[str, int]:
+    """The manifest's counts: tables tested, pairs retained, significant values, items judged, ratings."""
+    n_failed = int((~ratings["parse_ok"].astype(bool)).sum()) if len(ratings) else 0
+    return {
+        "n_tables": int(len(attributes)),
+        "n_retained": int(attributes["retained"].astype(bool).sum()) if len(attributes) else 0,
+        "n_significant": int(values["significant"].astype(bool).sum()) if len(values) else 0,
+        "n_judged": int(len(items)),
+        "n_ratings": int(len(ratings)),
+        "n_ratings_unparsed": n_failed,
+    }
+
+
+def _read_observations(run_name: str, dimensions: Sequence[str]) -> tuple[pd.DataFrame, dict]:
+    """``observations`` of the run's extractions and filtered stories; a missing file names the stage to run."""
+    for path in (artifacts.extractions_path(run_name), artifacts.filtered_path(run_name)):
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} is missing: run the earlier stages first (make extract)")
+    return observations(
+        pd.read_parquet(artifacts.extractions_path(run_name)),
+        pd.read_parquet(artifacts.filtered_path(run_name)),
+        dimensions,
+    )
+
+
+def _test_passes(
+    data: pd.DataFrame, dimensions: Sequence[str], settings: AssociationSettings
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Every configured pass (pooled and/or per language) of ``run_pass``: (attribute-level tests,
+    value-level cells), concatenated in the stage's columns."""
     attr_frames, value_frames = [], []
     for name in settings.passes:
         attrs, values = run_pass(
@@ -190,25 +298,32 @@ def run(params: Any, progress: bool = True, engine_factory: Any = None) -> Assoc
         value_frames.append(values)
     attributes = pd.concat(attr_frames, ignore_index=True).reindex(columns=ATTRIBUTE_COLUMNS)
     values = pd.concat(value_frames, ignore_index=True).reindex(columns=VALUE_COLUMNS)
-    test_seconds = round(time.time() - started, 1)
-    started = time.time()
-    power_table = _power_report(data, dimensions, settings, paths.work_dir(run_name, "power"))
-    power_seconds = round(time.time() - started, 1)
-    if not data.empty and attributes.empty:
-        notes.append(
-            f"no testable table: every base attribute needs >= 2 prompted values with >= {MIN_ROW_TOTAL} "
-            "stories each and another dimension with >= 2 known values (why, per compared dimension: "
-            "associations_power.parquet)"
-        )
+    return attributes, values
 
-        why = explain(power_table)
-        if why:
-            notes.append(why)
-    shared = sharing(values)
-    languages = by_language(values)
-    items = judge_items(shared, settings.judge.include_per_language)
-    ratings = pd.DataFrame(columns=RATING_COLUMNS)
-    engines_info: list[JudgeEngineInfo] = []
+
+def _untestable_notes(power_table: pd.DataFrame) -> list[str]:
+    """The notes of a run with stories but no testable table: what a table needs, and why none has it."""
+    notes = [
+        f"no testable table: every base attribute needs >= 2 prompted values with >= {MIN_ROW_TOTAL} "
+        "stories each and another dimension with >= 2 known values (why, per compared dimension: "
+        "associations_power.parquet)"
+    ]
+    why = explain(power_table)
+    if why:
+        notes.append(why)
+    return notes
+
+
+def _rate(
+    items: pd.DataFrame,
+    params: Params,
+    progress: bool,
+    engine_factory: Callable[[ModelSpec], ChatEngine] | None,
+    notes: list[str],
+) -> tuple[pd.DataFrame, list[JudgeEngineInfo]]:
+    """The judges' ratings of ``items`` (``judge.run_judges``) and their engines' info; with no item, an
+    empty ratings table and a note on why (appended to ``notes``)."""
+    settings = params.associations
     if items.empty:
         notes.append(
             "no significant association: nothing for the judges to rate"
@@ -218,71 +333,32 @@ def run(params: Any, progress: bool = True, engine_factory: Any = None) -> Assoc
                 else " (the judges rate the global pass's associations, and associations.passes has no 'global')"
             )
         )
-    else:
-        ratings, engines_info = judge.run_judges(
-            items, params, progress, **({"engine_factory": engine_factory} if engine_factory else {})
-        )
-    parsed = ratings[ratings["parse_ok"].astype(bool)].astype({"harm": float})
-    summary = summarise_ratings(parsed)
-    shared = with_ratings(shared, summary)
-    gap = self_judgement_gap(shared[shared["scope"] == "all"], parsed)
-    llm_table = rating_summary(parsed)
-    agreement, human_table, harm_gap, harmful_vs = None, None, None, None
-    if human is not None:
-        agreement = human_llm_agreement(human, summary, settings.bootstrap, settings.seed)
-        human_table = rating_summary(human)
-        harm_gap = harm_gap_by_attribute(human_table, llm_table, settings.bootstrap, settings.seed)
-        harmful_vs = harmful_agreement(human_table, llm_table)
-    else:
-        notes.append("no human ratings file (associations.human_ratings): human-LLM agreement not computed")
+        return pd.DataFrame(columns=RATING_COLUMNS), []
+    return judge.run_judges(items, params, progress, **({"engine_factory": engine_factory} if engine_factory else {}))
 
-    outputs = {
-        "associations_attributes": attributes,
-        "associations_values": values,
-        "associations_shared": shared,
-        "associations_power": power_table,
-        "harm_ratings": ratings.drop(columns=["rating_key"]).reset_index(drop=True),
-    }
-    for name, table in outputs.items():
-        artifacts.write(run_name, name, table)  # the registry's schema (OUTPUT_SCHEMAS) and path
-    n_failed = int((~ratings["parse_ok"].astype(bool)).sum()) if len(ratings) else 0
-    manifest = {
-        "stage": "associations",
-        "counts": counts,
-        "notes": notes,
-        "test_seconds": test_seconds,
-        "power_seconds": power_seconds,
-        "n_tables": int(len(attributes)),
-        "n_retained": int(attributes["retained"].astype(bool).sum()) if len(attributes) else 0,
-        "n_significant": int(values["significant"].astype(bool).sum()) if len(values) else 0,
-        "n_judged": int(len(items)),
-        "n_ratings": int(len(ratings)),
-        "n_ratings_unparsed": n_failed,
-        "judges": engines_info,
-        "human_agreement": agreement,
-        "params": params.resolved()["associations"],
-        "human_n_associations": None if human_table is None else int(len(human_table)),
-        "human_n_harmful": None if human_table is None else int(human_table["harmful"].sum()),
-        "harmful_human_vs_llm": harmful_vs,
-    }
-    write_json_atomic(manifest, artifacts.manifest_path(run_name, "associations"))
-    return AssociationsResult(
-        attributes=attributes,
-        values=values,
-        shared=shared,
-        by_language=languages,
-        ratings=ratings,
-        self_gap=gap,
-        power=power_table,
-        harm_by_attribute=harm_by_attribute(shared),
-        human=human,
-        agreement=agreement,
-        notes=notes,
-        counts=counts,
-        manifest=manifest,
-        human_summary=human_table,
-        llm_summary=llm_table,
-        harm_gap=harm_gap,
-        harmful_human_vs_llm=harmful_vs,
-        realism=realism_summary(human, parsed),
-    )
+
+class _HumanComparison(NamedTuple):
+    """The human ratings next to the judges' (all None without a human-ratings file)."""
+
+    agreement: dict[str, Any] | None  # human_llm_agreement
+    table: pd.DataFrame | None  # rating_summary of the human ratings
+    harm_gap: pd.DataFrame | None  # harm_gap_by_attribute
+    harmful_vs: dict[str, Any] | None  # harmful_agreement
+
+
+def _compare_humans(
+    human: pd.DataFrame | None,
+    summary: pd.DataFrame,
+    llm_table: pd.DataFrame,
+    settings: AssociationSettings,
+    notes: list[str],
+) -> _HumanComparison:
+    """Human-LLM agreement, the human rating summary, the harm gap per attribute and the harmful
+    classifications compared; without human ratings, a note (appended to ``notes``) and Nones."""
+    if human is None:
+        notes.append("no human ratings file (associations.human_ratings): human-LLM agreement not computed")
+        return _HumanComparison(None, None, None, None)
+    agreement = human_llm_agreement(human, summary, settings.bootstrap, settings.seed)
+    human_table = rating_summary(human)
+    harm_gap = harm_gap_by_attribute(human_table, llm_table, settings.bootstrap, settings.seed)
+    return _HumanComparison(agreement, human_table, harm_gap, harmful_agreement(human_table, llm_table))

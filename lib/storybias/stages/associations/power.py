@@ -42,11 +42,13 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from storybias.config import designs
+from storybias.config.params import Params
 from storybias.config.plan import plan
 from storybias.stages.associations import tables as assoc
 from storybias.summaries import ALL_COMPARED
@@ -325,75 +327,107 @@ def power_table(
         return pd.DataFrame(columns=POWER_COLUMNS)
     scope = data["language"] if scope_by_language else pd.Series("all", index=data.index)
     for (model, scope_name, base), group in data.groupby([data["model"], scope, data["cond_attribute"]], sort=True):
+        where = {"model": model, "scope": scope_name, "base_attribute": base}
         a, a_labels = assoc.codes(group["cond_value"])
-        per_dim = []
-        for other in dimensions:
-            if other == base:
-                continue
-            b, b_labels = assoc.codes(group[f"demo_{other}"])
-            counts, values = _known_counts(a, a_labels, b, b_labels)
-            per_dim.append((other, counts, values, untestable_reason(counts)))
-        tested = [d for d in per_dim if not d[3]]
-        family = max(1, len(tested))
-        own = PowerSettings(
-            settings.lifts,
-            settings.target,
-            settings.n_simulations,
-            settings.seed,
-            max(1, len(per_dim)),
-            settings.max_resamples,
-        )
-        sizes = [int((a == i).sum()) for i, label in enumerate(a_labels) if label != "unknown"]
-        head = minimum_detectable_lift(sizes, typical, own, cache_dir)
-        rows.append(
-            {
-                "model": model,
-                "scope": scope_name,
-                "base_attribute": base,
-                "compared_attribute": ALL_COMPARED,
-                "n_values": typical,
-                "row_values": [l for l in a_labels if l != "unknown"],
-                "row_sizes": sizes,
-                "testable": not head.reason.startswith("untestable"),
-                "reason": head.reason if head.reason.startswith("untestable") else "",
-                "min_detectable_lift": head.min_detectable_lift,
-                "power_note": power_note(head),
-                "n_family": own.n_family,
-                "n_simulations": own.n_simulations,
-            }
-        )
-        fam = PowerSettings(
-            settings.lifts, settings.target, settings.n_simulations, settings.seed, family, settings.max_resamples
-        )
-        for other, counts, values, reason in per_dim:
-            known = [int(n) for n in counts.sum(1)]
-            result = (
-                None
-                if reason or scope_by_language
-                else minimum_detectable_lift(rounded_rows(known), n_of.get(other, int(counts.shape[1])), fam, cache_dir)
-            )
-            rows.append(
-                {
-                    "model": model,
-                    "scope": scope_name,
-                    "base_attribute": base,
-                    "compared_attribute": other,
-                    "n_values": int(n_of.get(other, int(counts.shape[1]))),
-                    "row_values": values,
-                    "row_sizes": known,
-                    "testable": not reason,
-                    "reason": reason,
-                    "min_detectable_lift": None if result is None else result.min_detectable_lift,
-                    "power_note": power_note(result)
-                    if result is not None
-                    else ("pooled pass only" if not reason else ""),
-                    "n_family": family,
-                    "n_simulations": fam.n_simulations if result is not None else 0,
-                }
-            )
+        per_dim = _compared_counts(group, a, a_labels, base, dimensions)
+        rows.append(_base_row(where, a, a_labels, len(per_dim), typical, settings, cache_dir))
+        rows.extend(_compared_rows(where, per_dim, n_of, scope_by_language, settings, cache_dir))
     out = pd.DataFrame(rows, columns=POWER_COLUMNS)
     out["min_detectable_lift"] = out["min_detectable_lift"].astype(float)
     return out
+
+
+_Compared = tuple[str, np.ndarray, list, str]  # (compared dimension, known counts, row values, untestable reason)
+
+
+def _compared_counts(
+    group: pd.DataFrame, a: np.ndarray, a_labels: list, base: str, dimensions: Sequence[str]
+) -> list[_Compared]:
+    """Per compared dimension of one base attribute's stories: its known counts, rows and why it is untestable."""
+    per_dim = []
+    for other in dimensions:
+        if other == base:
+            continue
+        b, b_labels = assoc.codes(group[f"demo_{other}"])
+        counts, values = _known_counts(a, a_labels, b, b_labels)
+        per_dim.append((other, counts, values, untestable_reason(counts)))
+    return per_dim
+
+
+def _base_row(
+    where: dict[str, Any],
+    a: np.ndarray,
+    a_labels: list,
+    n_compared: int,
+    typical: int,
+    settings: PowerSettings,
+    cache_dir: Path | None,
+) -> dict[str, Any]:
+    """The base attribute's row: stories per prompted value and the minimum detectable lift as if every
+    answer were known, for a compared dimension of ``typical`` values (family: every compared dimension)."""
+    own = PowerSettings(
+        settings.lifts,
+        settings.target,
+        settings.n_simulations,
+        settings.seed,
+        max(1, n_compared),
+        settings.max_resamples,
+    )
+    sizes = [int((a == i).sum()) for i, label in enumerate(a_labels) if label != "unknown"]
+    head = minimum_detectable_lift(sizes, typical, own, cache_dir)
+    return {
+        **where,
+        "compared_attribute": ALL_COMPARED,
+        "n_values": typical,
+        "row_values": [l for l in a_labels if l != "unknown"],
+        "row_sizes": sizes,
+        "testable": not head.reason.startswith("untestable"),
+        "reason": head.reason if head.reason.startswith("untestable") else "",
+        "min_detectable_lift": head.min_detectable_lift,
+        "power_note": power_note(head),
+        "n_family": own.n_family,
+        "n_simulations": own.n_simulations,
+    }
+
+
+def _compared_rows(
+    where: dict[str, Any],
+    per_dim: list[_Compared],
+    n_of: dict[str, int],
+    scope_by_language: bool,
+    settings: PowerSettings,
+    cache_dir: Path | None,
+) -> list[dict[str, Any]]:
+    """One row per compared dimension: its known stories per prompted value, testable or why not, and
+    (pooled pass, tested only) its own minimum detectable lift, the family being the tested dimensions."""
+    family = max(1, len([d for d in per_dim if not d[3]]))
+    fam = PowerSettings(
+        settings.lifts, settings.target, settings.n_simulations, settings.seed, family, settings.max_resamples
+    )
+    rows = []
+    for other, counts, values, reason in per_dim:
+        known = [int(n) for n in counts.sum(1)]
+        result = (
+            None
+            if reason or scope_by_language
+            else minimum_detectable_lift(rounded_rows(known), n_of.get(other, int(counts.shape[1])), fam, cache_dir)
+        )
+        rows.append(
+            {
+                **where,
+                "compared_attribute": other,
+                "n_values": int(n_of.get(other, int(counts.shape[1]))),
+                "row_values": values,
+                "row_sizes": known,
+                "testable": not reason,
+                "reason": reason,
+                "min_detectable_lift": None if result is None else result.min_detectable_lift,
+                "power_note": power_note(result) if result is not None else ("pooled pass only" if not reason else ""),
+                "n_family": family,
+                "n_simulations": fam.n_simulations if result is not None else 0,
+            }
+        )
+    return rows
 
 
 def power_note(result: PowerResult) -> str:
@@ -409,7 +443,7 @@ def power_note(result: PowerResult) -> str:
 # --- check-params: the same estimate from a profile's plan, before it runs ---------------------------
 
 
-def planned_rows(params) -> pd.DataFrame:
+def planned_rows(params: Params) -> pd.DataFrame:
     """Stories the profile plans per model x base attribute x prompted value (stereotales design),
     from ``generate.plan`` (no model needed): columns model, base_attribute, base_value, stories."""
 
@@ -426,7 +460,9 @@ def planned_rows(params) -> pd.DataFrame:
     )
 
 
-def planned_power(params, known_share: float | None = None, settings: PowerSettings | None = None) -> pd.DataFrame:
+def planned_power(
+    params: Params, known_share: float | None = None, settings: PowerSettings | None = None
+) -> pd.DataFrame:
     """Per base attribute of the profile's stereotales plan (pooled pass, first model): stories per
     prompted value, the known answers expected per value (x ``associations.power_known_share``), and
     the minimum detectable lift for a compared dimension of the median number of values, the family

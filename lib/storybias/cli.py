@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 
 from storybias.config.models import EMBEDDED, prepare_embedded
-from storybias.config.params import ParamsError, load, write_stage_stamps
+from storybias.config.params import Params, ParamsError, load, write_stage_stamps
 from storybias.core import paths
 from storybias.core.artifacts import data_contract
 from storybias.core.artifacts import outputs as stage_outputs
@@ -46,7 +47,7 @@ from storybias.tools.notebook_runner import run_stage
 from storybias.tools.planning import format_plan, profile_plan
 
 
-def _load(path: str):
+def _load(path: str) -> Params:
 
     try:
         return load(path)
@@ -55,13 +56,19 @@ def _load(path: str):
         raise SystemExit(2) from None
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="storybias")
-    sub = parser.add_subparsers(dest="command", required=True)
+# --- the parser -----------------------------------------------------------------------------------
+
+
+def _add_profile_commands(sub: argparse._SubParsersAction) -> None:
+    """The commands that take a profile only, and prepare-model."""
     for name in ("check-params", "stamps", "run-name", "generate", "clean-run", "where", "serve-mode"):
         sub.add_parser(name).add_argument("params")
     prep = sub.add_parser("prepare-model")
     prep.add_argument("--model", action="append", help="an embedded model's key (repeatable; default: every one)")
+
+
+def _add_bench_commands(sub: argparse._SubParsersAction) -> None:
+    """bench-generate, bench-ray, plan and bench-associations: timing and sizing a run."""
     bench = sub.add_parser("bench-generate")
     bench.add_argument("params")
     bench.add_argument("--n-prompts", type=int, default=24)
@@ -87,6 +94,10 @@ def main(argv: list[str] | None = None) -> int:
         help="tables checked against the 500,000-resample Monte-Carlo Fisher test",
     )
     bench_assoc.add_argument("--jobs", type=int, default=None, help="worker processes (default: every core)")
+
+
+def _add_run_commands(sub: argparse._SubParsersAction) -> None:
+    """explorer, with-servers, run-stage, data-contract and outputs: what Make runs around the stages."""
     explorer = sub.add_parser("explorer")
     explorer.add_argument("params")
     explorer.add_argument(
@@ -106,119 +117,204 @@ def main(argv: list[str] | None = None) -> int:
     outputs = sub.add_parser("outputs")
     outputs.add_argument("stage")
     outputs.add_argument("params")
-    args = parser.parse_args(argv)
 
-    if args.command == "data-contract":
-        sys.stdout.write(data_contract())
-        return 0
-    if args.command == "outputs":
-        p = _load(args.params)
-        print(" ".join(str(path) for path in stage_outputs(args.stage, p.run_name)))
-        return 0
 
-    if args.command == "check-params":
-        p = _load(args.params)
-        print(
-            f"{p.source}: OK (run '{p.run_name}'; designs: {', '.join(p.enabled_designs())}; "
-            f"models: {', '.join(m.name for m in p.generation.models)})"
-        )
+def _build_parser() -> argparse.ArgumentParser:
+    """The ``storybias`` parser: one subcommand per entry of the module docstring."""
+    parser = argparse.ArgumentParser(prog="storybias")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_profile_commands(sub)
+    _add_bench_commands(sub)
+    _add_run_commands(sub)
+    return parser
 
-        print(format_planned(planned_power(p), p.associations.power_known_share))
 
-        rows = estimate(p)
-        if rows:
-            print(format_estimate(rows))
-    elif args.command == "serve-mode":
-        p = _load(args.params)
-        print(1 if p.generation.engine.shared_server and local_models(p) else 0)
-    elif args.command == "with-servers":
-        p = _load(args.params)
-        cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-        if not cmd:
-            parser.error("with-servers: give the command after --")
+# --- the subcommands: each takes the parsed arguments and the parser, and returns the exit code ------
 
-        try:
-            return with_servers(p, cmd, log=lambda m: print(m, file=sys.stderr, flush=True))
-        except (ServerError, EngineError) as exc:
-            print(f"storybias: {exc}", file=sys.stderr)
-            return 1
-    elif args.command == "run-stage":
-        p = _load(args.params)
-        return run_stage(
-            args.stage,
-            paths.resolve(args.notebook),
-            p.source,
-            p.run_name,
-            target=paths.resolve(args.target) if args.target else None,
-        )
-    elif args.command == "clean-run":
-        p = _load(args.params)
-        try:
-            removed = clean_run(p.run_name)
-        except RunBusy as exc:
-            print(f"storybias: {exc}", file=sys.stderr)
-            return 3
-        print("\n".join(f"removed {path}" for path in removed) if removed else f"run '{p.run_name}': nothing to remove")
-    elif args.command == "where":
-        p = _load(args.params)
-        print(
-            f"run {p.run_name}\ndata {paths.run_dir(p.run_name)}\nreports {paths.reports_dir(p.run_name)}\n"
-            f"figures {paths.figures_dir(p.run_name)}"
-        )
-    elif args.command == "run-name":
-        print(_load(args.params).run_name)
-    elif args.command == "stamps":
-        p = _load(args.params)
-        write_stage_stamps(p, paths.run_dir(p.run_name) / ".params")
-    elif args.command == "prepare-model":
-        for key in args.model or list(EMBEDDED):
-            prepare_embedded(key)
-    elif args.command == "generate":
-        p = _load(args.params)
-        generate.prepare_models(p)
-        generate.run(p)
-    elif args.command == "bench-generate":
-        run_bench = bench_served if args.served else bench_generate
-        run_bench(_load(args.params), n_prompts=args.n_prompts, repeats=args.repeats, max_tokens=args.max_tokens)
-    elif args.command == "bench-ray":
-        try:
-            run_bench_ray(_load(args.params), n_prompts=args.n_prompts)
-        except EngineError as exc:
-            print(f"storybias: {exc}", file=sys.stderr)
-            return 1
-    elif args.command == "plan":
-        p = _load(args.params)
-        print(format_plan(profile_plan(p), p.planning))
-    elif args.command == "bench-associations":
-        r = bench_associations(
-            n_stories=args.n_stories,
-            n_models=args.n_models,
-            n_languages=args.n_languages,
-            n_reference=args.n_reference,
-            n_jobs=args.jobs,
-            log=lambda m: print(m, flush=True),
-        )
-        check = r["reference_check"]
-        print(
-            f"summary: global {r['passes']['global']['seconds']:.0f} s + per-language "
-            f"{r['passes']['per_language']['seconds']:.0f} s = {r['total_seconds']:.0f} s "
-            f"({'meets' if r['meets_target'] else 'misses'} the 600 s target; load average "
-            f"{r['load_average_start'][0]:.1f} -> {r['load_average_end'][0]:.1f}); peak RSS "
-            f"{r['peak_rss']['self_mb']:.0f} MB main / {r['peak_rss']['largest_child_mb']:.0f} MB worker; "
-            "reference check: "
-            + (
-                f"{check['agreements']}/{check['checked']} agree, {check['disagreements_unexplained']} unexplained "
-                "disagreement(s)"
-                if check
-                else "skipped"
-            )
-        )
-        return 0 if (not check or check["disagreements_unexplained"] == 0) else 1
-    elif args.command == "explorer":
-        profile = _load(args.params)
-        limit = profile.figures.explorer_max_stories if args.max_stories is None else args.max_stories
-        print(build_explorer(profile, max_stories_per_cell=limit))
+
+def _data_contract(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    sys.stdout.write(data_contract())
     return 0
+
+
+def _outputs(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    p = _load(args.params)
+    print(" ".join(str(path) for path in stage_outputs(args.stage, p.run_name)))
+    return 0
+
+
+def _check_params(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    p = _load(args.params)
+    print(
+        f"{p.source}: OK (run '{p.run_name}'; designs: {', '.join(p.enabled_designs())}; "
+        f"models: {', '.join(m.name for m in p.generation.models)})"
+    )
+
+    print(format_planned(planned_power(p), p.associations.power_known_share))
+
+    rows = estimate(p)
+    if rows:
+        print(format_estimate(rows))
+    return 0
+
+
+def _serve_mode(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    p = _load(args.params)
+    print(1 if p.generation.engine.shared_server and local_models(p) else 0)
+    return 0
+
+
+def _with_servers(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    p = _load(args.params)
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        parser.error("with-servers: give the command after --")
+
+    try:
+        return with_servers(p, cmd, log=lambda m: print(m, file=sys.stderr, flush=True))
+    except (ServerError, EngineError) as exc:
+        print(f"storybias: {exc}", file=sys.stderr)
+        return 1
+
+
+def _run_stage(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    p = _load(args.params)
+    return run_stage(
+        args.stage,
+        paths.resolve(args.notebook),
+        p.source,
+        p.run_name,
+        target=paths.resolve(args.target) if args.target else None,
+    )
+
+
+def _clean_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    p = _load(args.params)
+    try:
+        removed = clean_run(p.run_name)
+    except RunBusy as exc:
+        print(f"storybias: {exc}", file=sys.stderr)
+        return 3
+    print("\n".join(f"removed {path}" for path in removed) if removed else f"run '{p.run_name}': nothing to remove")
+    return 0
+
+
+def _where(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    p = _load(args.params)
+    print(
+        f"run {p.run_name}\ndata {paths.run_dir(p.run_name)}\nreports {paths.reports_dir(p.run_name)}\n"
+        f"figures {paths.figures_dir(p.run_name)}"
+    )
+    return 0
+
+
+def _run_name(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    print(_load(args.params).run_name)
+    return 0
+
+
+def _stamps(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    p = _load(args.params)
+    write_stage_stamps(p, paths.run_dir(p.run_name) / ".params")
+    return 0
+
+
+def _prepare_model(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    for key in args.model or list(EMBEDDED):
+        prepare_embedded(key)
+    return 0
+
+
+def _generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    p = _load(args.params)
+    generate.prepare_models(p)
+    generate.run(p)
+    return 0
+
+
+def _bench_generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    run_bench = bench_served if args.served else bench_generate
+    run_bench(_load(args.params), n_prompts=args.n_prompts, repeats=args.repeats, max_tokens=args.max_tokens)
+    return 0
+
+
+def _bench_ray(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    try:
+        run_bench_ray(_load(args.params), n_prompts=args.n_prompts)
+    except EngineError as exc:
+        print(f"storybias: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    p = _load(args.params)
+    print(format_plan(profile_plan(p), p.planning))
+    return 0
+
+
+def _bench_associations(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    r = bench_associations(
+        n_stories=args.n_stories,
+        n_models=args.n_models,
+        n_languages=args.n_languages,
+        n_reference=args.n_reference,
+        n_jobs=args.jobs,
+        log=lambda m: print(m, flush=True),
+    )
+    check = r["reference_check"]
+    print(
+        f"summary: global {r['passes']['global']['seconds']:.0f} s + per-language "
+        f"{r['passes']['per_language']['seconds']:.0f} s = {r['total_seconds']:.0f} s "
+        f"({'meets' if r['meets_target'] else 'misses'} the 600 s target; load average "
+        f"{r['load_average_start'][0]:.1f} -> {r['load_average_end'][0]:.1f}); peak RSS "
+        f"{r['peak_rss']['self_mb']:.0f} MB main / {r['peak_rss']['largest_child_mb']:.0f} MB worker; "
+        "reference check: "
+        + (
+            f"{check['agreements']}/{check['checked']} agree, {check['disagreements_unexplained']} unexplained "
+            "disagreement(s)"
+            if check
+            else "skipped"
+        )
+    )
+    return 0 if (not check or check["disagreements_unexplained"] == 0) else 1
+
+
+def _explorer(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    profile = _load(args.params)
+    limit = profile.figures.explorer_max_stories if args.max_stories is None else args.max_stories
+    print(build_explorer(profile, max_stories_per_cell=limit))
+    return 0
+
+
+Handler = Callable[[argparse.Namespace, argparse.ArgumentParser], int]
+
+# subcommand -> its handler (every subcommand the parser knows)
+_COMMANDS: dict[str, Handler] = {
+    "check-params": _check_params,
+    "stamps": _stamps,
+    "run-name": _run_name,
+    "generate": _generate,
+    "clean-run": _clean_run,
+    "where": _where,
+    "serve-mode": _serve_mode,
+    "prepare-model": _prepare_model,
+    "bench-generate": _bench_generate,
+    "bench-ray": _bench_ray,
+    "plan": _plan,
+    "bench-associations": _bench_associations,
+    "explorer": _explorer,
+    "with-servers": _with_servers,
+    "run-stage": _run_stage,
+    "data-contract": _data_contract,
+    "outputs": _outputs,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    return _COMMANDS[args.command](args, parser)
 
 
 def entry(argv: list[str] | None = None) -> int:

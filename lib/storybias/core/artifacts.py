@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pyarrow as pa
 
 from storybias.core import paths
@@ -332,9 +333,8 @@ def outputs(stage: str, run_name: str) -> list[Path]:
     return [path(run_name, name) for name in MAKE_TARGETS[stage]]
 
 
-def stage_table(stage: str) -> Any:
+def stage_table(stage: str) -> pd.DataFrame:
     """The registry's entries of one stage as a table (the notebooks' data-contract cells show it)."""
-    import pandas as pd
 
     rows = []
     for entry in of_stage(stage):

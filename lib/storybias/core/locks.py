@@ -20,6 +20,7 @@ import fcntl
 import functools
 import json
 import os
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -137,7 +138,6 @@ def clean_run(run_name: str) -> list[Path]:
     or a link can never reach a folder outside the run; takes the run's lock first, so a running
     stage is never pulled out from under.
     """
-    import shutil
 
     if not paths.RUN_NAME.match(run_name) or run_name in (".", ".."):
         raise ValueError(f"refusing to clean run {run_name!r}: not a valid run name")

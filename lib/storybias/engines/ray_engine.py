@@ -204,6 +204,7 @@ class RayEngine:
         require_ray()
         folder, described = preflight(self.spec)
         started = time.time()
+        # optional extra (EXTRAS=ray): Ray and its vLLM processor
         import ray
         from ray.data.llm import build_processor, vLLMEngineProcessorConfig
 
@@ -221,6 +222,7 @@ class RayEngine:
         context = ray.data.DataContext.get_current()
         context.enable_progress_bars = False  # the stage's own bar (storybias.engines.runner) counts the results
         context.print_on_execution_start = False
+        # heavy: the tokenizer for the chat template
         from transformers import AutoTokenizer
 
         self._tokenizer = AutoTokenizer.from_pretrained(str(folder))
@@ -242,6 +244,7 @@ class RayEngine:
     def __exit__(self, *exc: Any) -> None:
         self.processor = None
         if self._started_ray:
+            # optional extra (EXTRAS=ray): Ray and its vLLM processor
             import ray
 
             ray.shutdown()
@@ -269,6 +272,7 @@ class RayEngine:
             raise EngineError("engine not started")
         if not requests:
             return
+        # optional extra (EXTRAS=ray): Ray and its vLLM processor
         import ray
 
         blocks = partition(requests, self.settings.ray.batch_size)

@@ -214,6 +214,7 @@ class _Fatal(Exception):
 
 
 def _describe(exc: BaseException) -> str:
+    # heavy (about 1 s): only a profile that names an endpoint needs the client
     import openai
 
     if isinstance(exc, openai.APITimeoutError):
@@ -226,6 +227,7 @@ def _describe(exc: BaseException) -> str:
 
 def _classify(endpoint: Endpoint, exc: BaseException) -> str:
     """The stored error text of a failed request, or raise _Fatal when no later request can succeed."""
+    # heavy (about 1 s): only a profile that names an endpoint needs the client
     import openai
 
     if isinstance(exc, openai.APITimeoutError):
@@ -368,6 +370,7 @@ class OpenAIEngine:
 
 
 async def _send_all(endpoint: Endpoint, requests: list[ChatRequest], results: queue.Queue) -> None:
+    # heavy (about 1 s): only a profile that names an endpoint needs the client
     import httpx
     import openai
 
@@ -440,6 +443,7 @@ def preflight_endpoint(spec: ModelSpec, timeout_s: float = PREFLIGHT_TIMEOUT_S) 
     it knows ``model_id`` (its model list, where it has one) and accepts the key (a 1-token chat).
     Raises EngineError with one message naming the model, the URL and the key's variable; returns a
     description for the manifest."""
+    # heavy (about 1 s): only a profile that names an endpoint needs the client
     import openai
 
     endpoint = endpoint_of(spec)  # raises when the key variable is unset

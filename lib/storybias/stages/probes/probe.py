@@ -1,26 +1,36 @@
-"""Feng et al.'s embedding probes (Sec. 3.2, App. C): cue deletion (gendered words and the
-protagonist's name), grouped out-of-fold scores of a logistic probe, AUC and balanced accuracy with
-vectorised group-bootstrap intervals (the resampled groups as a multinomial count matrix, every
-resample's AUC from weighted rank sums), the cells a probe reads, and stage 06's table schemas."""
+"""Feng et al.'s embedding probes (Sec. 3.2, App. C): grouped out-of-fold scores of a logistic probe,
+AUC and balanced accuracy with vectorised group-bootstrap intervals (the resampled groups as a
+multinomial count matrix, every resample's AUC from weighted rank sums), the cells a probe reads, and
+stage 06's table schemas. Cue deletion (gendered words and the protagonist's name) lives in
+``storybias.stages.probes.cues`` and is re-exported here."""
 
 from __future__ import annotations
 
-import re
-import sys
 import time
-import unicodedata
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import cache, lru_cache
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+from sklearn.linear_model import LogisticRegression
+from sklearn.model_selection import StratifiedGroupKFold
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+from threadpoolctl import threadpool_limits
 
-from storybias.core import paths
-from storybias.core.io import read_yaml_strict
+from storybias.config.params import UmapSettings
+from storybias.stages.probes.cues import ARABIC_OPTIONAL as ARABIC_OPTIONAL
+from storybias.stages.probes.cues import MIN_NAME_COMPONENT as MIN_NAME_COMPONENT
+from storybias.stages.probes.cues import NAME_SEPARATORS as NAME_SEPARATORS
+from storybias.stages.probes.cues import NOT_A_NAME as NOT_A_NAME
+from storybias.stages.probes.cues import CueList as CueList
+from storybias.stages.probes.cues import delete_cues as delete_cues
+from storybias.stages.probes.cues import load_cues as load_cues
+from storybias.stages.probes.cues import name_terms as name_terms
+from storybias.stages.probes.cues import tidy_spaces as tidy_spaces
 from storybias.stats.bootstrap import bootstrap_group_counts, percentile_interval
 
 _TEXT, _REAL, _COUNT = pa.string(), pa.float64(), pa.int64()
@@ -50,144 +60,7 @@ OCCUPATION_COLUMN = "cond_occupation"
 IMPLICIT_TASKS = ("story", "news")  # the explicit task (sentence completion) has no narrative to probe
 
 
-# Cue deletion (App. D.4): a name's reusable components are its parts split on whitespace, hyphens
-# and middle dots (玛丽·居里, マリー・キュリー), at least two characters long.
-NAME_SEPARATORS = re.compile(r"[\s\-\u2010-\u2015\u00b7\u30fb\u2027\u2022\uff65]+")
-
-
-MIN_NAME_COMPONENT = 2
-
-
-NOT_A_NAME = frozenset({"unknown", "none", "null", "n/a", "na", "unnamed", "no name"})
-
-
-# Arabic cue terms are matched on undiacritised text: harakat, superscript alef and tatweel may sit
-# between any two letters of a term without blocking the match.
-ARABIC_OPTIONAL = "\u0610-\u061a\u0640\u064b-\u065f\u0670\u06d6-\u06ed"
-
-
 PROBE_C = 1.0  # inverse L2 strength of the probe (scikit-learn's default), on standardised embeddings
-
-
-@dataclass(frozen=True)
-class CueList:
-    """The direct gender terms of one language (params/cues/<lang>.yaml), NFC, longest first."""
-
-    language: str
-    match: str  # "word" (whole words, case-insensitive) or "substring" (zh, ja, ko)
-    terms: tuple[str, ...]
-
-
-def _nfc(text: str) -> str:
-    return unicodedata.normalize("NFC", text)
-
-
-def _longest_first(terms: Sequence[str]) -> tuple[str, ...]:
-    return tuple(sorted(set(terms), key=lambda t: (-len(t), t)))
-
-
-@cache
-def load_cues(language: str) -> CueList:
-    """Read params/cues/<language>.yaml: the prespecified deletion list (female + male terms)."""
-    path = paths.params_dir() / "cues" / f"{language}.yaml"
-    if not path.is_file():
-        raise FileNotFoundError(f"no direct gender cues for language {language!r}: {path} is missing")
-    spec = read_yaml_strict(path)
-    if spec.get("match") not in ("word", "substring"):
-        raise ValueError(f"{path}: `match` must be 'word' or 'substring'")
-    terms = [_nfc(str(t)).strip() for key in ("female", "male") for t in spec.get(key) or []]
-    return CueList(language=language, match=spec["match"], terms=_longest_first([t for t in terms if t]))
-
-
-@lru_cache(maxsize=1)
-def _combining_marks() -> str:
-    """Body of a regex character class holding every Unicode combining mark (Mn, Mc, Me).
-
-    Python's ``\\w`` does not include them, so a plain word boundary would split Devanagari words at
-    their vowel signs; word matching treats letters, digits, ``_`` and marks as word characters."""
-    ranges: list[tuple[int, int]] = []
-    for cp in range(sys.maxunicode + 1):
-        if unicodedata.category(chr(cp))[0] == "M":
-            if ranges and ranges[-1][1] == cp - 1:
-                ranges[-1] = (ranges[-1][0], cp)
-            else:
-                ranges.append((cp, cp))
-    return "".join(f"\\U{a:08x}-\\U{b:08x}" for a, b in ranges)
-
-
-def _term_regex(term: str, language: str) -> str:
-    if language == "ar":
-        return "".join(re.escape(ch) + f"[{ARABIC_OPTIONAL}]*" for ch in term)
-    return re.escape(term)
-
-
-@lru_cache(maxsize=256)
-def _pattern(terms: tuple[str, ...], language: str, match: str, ignore_case: bool) -> re.Pattern[str] | None:
-    """One alternation of ``terms``, longest first (so 外甥女 wins over 外甥 at the same position)."""
-    if not terms:
-        return None
-    body = "|".join(_term_regex(t, language) for t in _longest_first(terms))
-    if match == "word":
-        word_char = rf"[\w{_combining_marks()}]"
-        body = rf"(?<!{word_char})(?:{body})(?!{word_char})"
-    return re.compile(body, re.IGNORECASE if ignore_case else 0)
-
-
-def name_terms(name: Any) -> tuple[str, ...]:
-    """The extracted protagonist name and its reusable components (App. D.4), longest first.
-
-    Components are the parts split on whitespace, hyphens and middle dots, at least
-    ``MIN_NAME_COMPONENT`` characters long; in cased scripts a part starting with a lowercase letter is
-    a particle (de, van, bin) and is kept, since deleting it everywhere would cut ordinary words."""
-    if name is None or (not isinstance(name, str) and pd.isna(name)):
-        return ()
-    name = _nfc(str(name)).strip()
-    if not name or name.casefold() in NOT_A_NAME:
-        return ()
-    found = [name]
-    for part in NAME_SEPARATORS.split(name):
-        part = part.strip(".,;:'\"’()[]")
-        if len(part) < MIN_NAME_COMPONENT:
-            continue
-        if part[0].lower() != part[0].upper() and part[0].islower():
-            continue
-        found.append(part)
-    return _longest_first(found)
-
-
-def tidy_spaces(text: str) -> str:
-    """Collapse the runs of spaces a deletion leaves (no placeholder is inserted); keep line breaks."""
-    text = re.sub(r"[^\S\n]{2,}", " ", text)
-    text = re.sub(r"[^\S\n]+\n", "\n", text)
-    text = re.sub(r"\n[^\S\n]+", "\n", text)
-    return text.strip()
-
-
-def delete_cues(text: str, language: str, name: Any = None, cues: CueList | None = None) -> str:
-    """Feng et al. App. D.4: delete the protagonist's name, its reusable components and the language's
-    direct gender terms, without inserting placeholders.
-
-    Word languages match whole words (cue terms case-insensitively, names as written); zh/ja/ko match
-    substrings, longest first. Deletion repeats until nothing matches, since removing a term can join
-    its neighbours into another term (女她孩 -> 女孩). The text is compared in NFC (params/cues/hi.yaml)."""
-    cues = cues or load_cues(language)
-    text = _nfc(text or "")
-    patterns = [
-        p
-        for p in (
-            _pattern(name_terms(name), language, cues.match, False),
-            _pattern(cues.terms, language, cues.match, True),
-        )
-        if p is not None
-    ]
-    for _ in range(1000):
-        new = text
-        for pattern in patterns:
-            new = pattern.sub("", new)
-        if new == text:
-            break
-        text = new
-    return tidy_spaces(text)
 
 
 def check_cell(
@@ -213,8 +86,6 @@ def check_cell(
 def group_folds(y: np.ndarray, groups: np.ndarray, n_splits: int, seed: int) -> np.ndarray:
     """Fold (0 .. n_splits-1) of every item under StratifiedGroupKFold(shuffle=True, seed): a group is
     never split across folds (Feng et al. Sec. 3.3.2: model-occupation groups kept within one fold)."""
-    from sklearn.model_selection import StratifiedGroupKFold
-
     folds = np.full(len(y), -1, dtype=np.int64)
     splitter = StratifiedGroupKFold(n_splits=n_splits, shuffle=True, random_state=seed)
     for k, (_, test) in enumerate(splitter.split(np.zeros(len(y)), y, groups)):
@@ -223,10 +94,6 @@ def group_folds(y: np.ndarray, groups: np.ndarray, n_splits: int, seed: int) -> 
 
 
 def _classifier():
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.pipeline import make_pipeline
-    from sklearn.preprocessing import StandardScaler
-
     return make_pipeline(StandardScaler(), LogisticRegression(C=PROBE_C, class_weight="balanced", max_iter=5000))
 
 
@@ -237,8 +104,6 @@ class ProbeSkipped(ValueError):
 def out_of_fold(X: np.ndarray, y: np.ndarray, folds: np.ndarray, kind: str = "score") -> np.ndarray:
     """Out-of-fold outputs of the balanced logistic-regression probe: decision scores for two classes
     (``kind='score'``), predicted classes otherwise (``'predict'``, multinomial)."""
-    from threadpoolctl import threadpool_limits
-
     out = np.zeros(len(y)) if kind == "score" else np.empty(len(y), dtype=np.asarray(y).dtype)
     # One BLAS thread: lbfgs on probe-sized problems is dominated by thread start-up (8x faster here).
     with warnings.catch_warnings(), threadpool_limits(limits=1, user_api="blas"):
@@ -490,14 +355,14 @@ def labels_of(frame: pd.DataFrame) -> np.ndarray:
     return (frame["label"].to_numpy() == "female").astype(int)
 
 
-def umap_projection(X: np.ndarray, settings: Any) -> tuple[np.ndarray | None, str]:
+def umap_projection(X: np.ndarray, settings: UmapSettings) -> tuple[np.ndarray | None, str]:
     """The shared 2-D UMAP of the sampled embeddings (App. D.4). With fewer than n_neighbors + 1 points
     the neighbourhood shrinks to n - 1; under 4 points it is skipped. Display only: inference uses the
     full embedding space."""
     n = len(X)
     if n < 4:
         return None, f"skipped: {n} points < 4"
-    import umap
+    import umap  # optional and slow to import (numba): only when a projection is made
 
     k = min(settings.n_neighbors, n - 1)
     with warnings.catch_warnings():

@@ -216,8 +216,28 @@ def marker_agreement(ratings: pd.DataFrame, n_boot: int = 2000, n_perm: int = 10
     point["kappa_quadratic"] = np.array([weighted_kappa(data["human"], data["automated"], SCALE)])
     counts = bootstrap_group_counts(n_markers, n_boot, seed)
     boot = _marker_stats(h, a, marker_codes, counts[:, marker_codes])
+    null = _permutation_null(data, h, a, marker_codes, marker_ids, n_perm, seed)
+    rows = [
+        _metric_row(metric, float(point[metric][0]), boot[metric], null[metric], len(data), n_markers)
+        for metric in MARKER_METRICS
+    ]
+    rows += human_human(data, counts, marker_codes, n_markers)
+    if "keep" in data.columns and data["keep"].notna().any():
+        rows.append(_keep_endorsement(data, counts, marker_codes))
+    return pd.DataFrame(rows)
 
-    # permutations: each marker's automated score shuffled among the markers of its language
+
+def _permutation_null(
+    data: pd.DataFrame,
+    h: np.ndarray,
+    a: np.ndarray,
+    marker_codes: np.ndarray,
+    marker_ids: pd.Index,
+    n_perm: int,
+    seed: int,
+) -> dict[str, np.ndarray]:
+    """The four metrics under ``n_perm`` permutations: each marker's automated score shuffled among
+    the markers of its language (in chunks of 500 permutations)."""
     per_marker = data.drop_duplicates("marker_id").set_index("marker_id").loc[marker_ids]
     auto_m, lang_m = per_marker["automated"].to_numpy(float), per_marker["language"].to_numpy()
     rng = np.random.default_rng(seed + 1)
@@ -241,44 +261,44 @@ def marker_agreement(ratings: pd.DataFrame, n_boot: int = 2000, n_perm: int = 10
         rh_c, ra_c = rh - rh.mean(), ra - ra.mean(1, keepdims=True)
         with np.errstate(invalid="ignore", divide="ignore"):
             null["spearman"].append(ra_c @ rh_c / np.sqrt((ra_c**2).sum(1) * (rh_c**2).sum()))
-    rows = []
-    for metric in MARKER_METRICS:
-        value = float(point[metric][0])
-        nulls = np.concatenate(null[metric]) if n_perm else np.array([])
-        finite = nulls[np.isfinite(nulls)]
-        better = (finite >= value - 1e-12) if HIGHER_IS_BETTER[metric] else (finite <= value + 1e-12)
-        lo, hi = percentile_interval(boot[metric])
-        rows.append(
-            {
-                "metric": metric,
-                "estimate": value,
-                "ci_low": lo,
-                "ci_high": hi,
-                "permutation_mean": float(finite.mean()) if len(finite) else np.nan,
-                "permutation_p": float((1 + better.sum()) / (1 + len(finite))) if len(finite) else np.nan,
-                "n_comparisons": int(len(data)),
-                "n_markers": int(n_markers),
-            }
-        )
-    rows += human_human(data, counts, marker_codes, n_markers)
-    if "keep" in data.columns and data["keep"].notna().any():
-        kept = data["keep"].notna().to_numpy()
-        y = (data["keep"] == "keep").to_numpy(float)
-        w = counts[:, marker_codes] * kept
-        lo, hi = percentile_interval(w @ y / w.sum(1))
-        rows.append(
-            {
-                "metric": "keep_endorsement",
-                "estimate": float(y[kept].mean()),
-                "ci_low": lo,
-                "ci_high": hi,
-                "permutation_mean": np.nan,
-                "permutation_p": np.nan,
-                "n_comparisons": int(kept.sum()),
-                "n_markers": int(len(np.unique(marker_codes[kept]))),
-            }
-        )
-    return pd.DataFrame(rows)
+    return {metric: np.concatenate(null[metric]) if n_perm else np.array([]) for metric in MARKER_METRICS}
+
+
+def _metric_row(
+    metric: str, value: float, boot: np.ndarray, nulls: np.ndarray, n_comparisons: int, n_markers: int
+) -> dict[str, Any]:
+    """One automated-human row: the estimate, its marker-bootstrap interval and the permutation test."""
+    finite = nulls[np.isfinite(nulls)]
+    better = (finite >= value - 1e-12) if HIGHER_IS_BETTER[metric] else (finite <= value + 1e-12)
+    lo, hi = percentile_interval(boot)
+    return {
+        "metric": metric,
+        "estimate": value,
+        "ci_low": lo,
+        "ci_high": hi,
+        "permutation_mean": float(finite.mean()) if len(finite) else np.nan,
+        "permutation_p": float((1 + better.sum()) / (1 + len(finite))) if len(finite) else np.nan,
+        "n_comparisons": int(n_comparisons),
+        "n_markers": int(n_markers),
+    }
+
+
+def _keep_endorsement(data: pd.DataFrame, counts: np.ndarray, marker_codes: np.ndarray) -> dict[str, Any]:
+    """The share of comparisons where the rater kept the marker, with its marker-bootstrap interval."""
+    kept = data["keep"].notna().to_numpy()
+    y = (data["keep"] == "keep").to_numpy(float)
+    w = counts[:, marker_codes] * kept
+    lo, hi = percentile_interval(w @ y / w.sum(1))
+    return {
+        "metric": "keep_endorsement",
+        "estimate": float(y[kept].mean()),
+        "ci_low": lo,
+        "ci_high": hi,
+        "permutation_mean": np.nan,
+        "permutation_p": np.nan,
+        "n_comparisons": int(kept.sum()),
+        "n_markers": int(len(np.unique(marker_codes[kept]))),
+    }
 
 
 def human_human(

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 from matplotlib import colormaps
 from matplotlib.artist import Artist
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
@@ -81,64 +82,12 @@ def association_counts(values: pd.DataFrame, power: pd.DataFrame | None = None) 
     fig = _figure(10.0, max(2.8, 1.6 + 0.24 * n_rows + (0.3 if len(models) > 1 else 0.0)))
     ax_m, ax_l = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
     if (data["scope"] == "all").any():
-        y = np.arange(len(models))[::-1]
-        ax_m.barh(y, per_model.to_numpy(), color=colormaps["tab10"](0), height=0.7)
-        for yi, v in zip(y, per_model.to_numpy()):
-            ax_m.text(v, yi, f" {int(v)}", va="center", fontsize=SMALL)
-        ax_m.set_yticks(y, [_short(m, 24) for m in models], fontsize=SMALL)
-        ax_m.set_xlim(0, max(1, per_model.max()) * 1.18)
-        ax_m.set_xlabel("significant associations (count)", fontsize=LABEL)
-        ax_m.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax_m.set_ylabel("model", fontsize=LABEL)
-        _ticks(ax_m)
+        _counts_per_model(ax_m, models, per_model)
     else:
         message_panel(ax_m, "no global run (scope = all)")
     ax_m.set_title("all languages pooled, per model", fontsize=LABEL)
     if languages:
-        y = np.arange(len(languages))[::-1]
-        totals = lang_model.sum(axis=1).to_numpy()
-        several = len(models) > 1
-        # several models: bar = mean per model, dots = each model (one scale), total written at the right
-        bars = lang_model.mean(axis=1).to_numpy() if several else totals
-        ax_l.barh(y, bars, color=colormaps["tab10"](1), height=0.7, label="mean over models" if several else "count")
-        right = max(1.0, float(lang_model.to_numpy().max()) if several else float(totals.max()))
-        if several:
-            rng = np.random.default_rng(0)
-            for yi, (_, row) in zip(y, lang_model.iterrows()):
-                ax_l.scatter(
-                    row.to_numpy(),
-                    yi + rng.uniform(-0.2, 0.2, len(row)),
-                    s=12,
-                    color="black",
-                    zorder=3,
-                    label="one model" if yi == y[0] else None,
-                )
-            _legend(
-                ax_l,
-                *ax_l.get_legend_handles_labels(),
-                loc="upper left",
-                bbox_to_anchor=(0.0, 0.0),
-                ncol=2,
-                bbox_transform=ax_l.transAxes + ScaledTranslation(0, -0.5, fig.dpi_scale_trans),
-                borderaxespad=0.0,
-            )
-        for yi, v, b in zip(y, totals, bars):
-            ax_l.text(
-                right * 1.02 if several else b,
-                yi,
-                f" total {int(v)}" if several else f" {int(v)}",
-                va="center",
-                fontsize=SMALL,
-            )
-        ax_l.set_yticks(y, [f"{s} ({LANGUAGES[s]})" if s in LANGUAGES else str(s) for s in languages], fontsize=SMALL)
-        ax_l.set_xlim(0, right * (1.3 if several else 1.18))
-        ax_l.set_xlabel(
-            "significant associations per model (count)" if several else "significant associations (count)",
-            fontsize=LABEL,
-        )
-        ax_l.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax_l.set_ylabel("language scope", fontsize=LABEL)
-        _ticks(ax_l)
+        _counts_per_language(fig, ax_l, lang_model, languages, len(models) > 1)
     else:
         message_panel(ax_l, "no per-language run")
     ax_l.set_title("per language scope", fontsize=LABEL)
@@ -154,6 +103,67 @@ def association_counts(values: pd.DataFrame, power: pd.DataFrame | None = None) 
         "top_language": str(lang_model.sum(axis=1).idxmax()) if languages and lang_model.to_numpy().sum() else None,
     }
     return fig, stats
+
+
+def _counts_per_model(ax: Axes, models: list, per_model: pd.Series) -> None:
+    """The left panel: one bar per model, its count written at the bar's end."""
+    y = np.arange(len(models))[::-1]
+    ax.barh(y, per_model.to_numpy(), color=colormaps["tab10"](0), height=0.7)
+    for yi, v in zip(y, per_model.to_numpy()):
+        ax.text(v, yi, f" {int(v)}", va="center", fontsize=SMALL)
+    ax.set_yticks(y, [_short(m, 24) for m in models], fontsize=SMALL)
+    ax.set_xlim(0, max(1, per_model.max()) * 1.18)
+    ax.set_xlabel("significant associations (count)", fontsize=LABEL)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel("model", fontsize=LABEL)
+    _ticks(ax)
+
+
+def _counts_per_language(fig: Figure, ax: Axes, lang_model: pd.DataFrame, languages: list, several: bool) -> None:
+    """The right panel: one bar per language scope. ``several`` models: bar = mean per model, dots =
+    each model (one scale, seeded jitter), total written at the right; one model: its count."""
+    y = np.arange(len(languages))[::-1]
+    totals = lang_model.sum(axis=1).to_numpy()
+    bars = lang_model.mean(axis=1).to_numpy() if several else totals
+    ax.barh(y, bars, color=colormaps["tab10"](1), height=0.7, label="mean over models" if several else "count")
+    right = max(1.0, float(lang_model.to_numpy().max()) if several else float(totals.max()))
+    if several:
+        rng = np.random.default_rng(0)
+        for yi, (_, row) in zip(y, lang_model.iterrows()):
+            ax.scatter(
+                row.to_numpy(),
+                yi + rng.uniform(-0.2, 0.2, len(row)),
+                s=12,
+                color="black",
+                zorder=3,
+                label="one model" if yi == y[0] else None,
+            )
+        _legend(
+            ax,
+            *ax.get_legend_handles_labels(),
+            loc="upper left",
+            bbox_to_anchor=(0.0, 0.0),
+            ncol=2,
+            bbox_transform=ax.transAxes + ScaledTranslation(0, -0.5, fig.dpi_scale_trans),
+            borderaxespad=0.0,
+        )
+    for yi, v, b in zip(y, totals, bars):
+        ax.text(
+            right * 1.02 if several else b,
+            yi,
+            f" total {int(v)}" if several else f" {int(v)}",
+            va="center",
+            fontsize=SMALL,
+        )
+    ax.set_yticks(y, [f"{s} ({LANGUAGES[s]})" if s in LANGUAGES else str(s) for s in languages], fontsize=SMALL)
+    ax.set_xlim(0, right * (1.3 if several else 1.18))
+    ax.set_xlabel(
+        "significant associations per model (count)" if several else "significant associations (count)",
+        fontsize=LABEL,
+    )
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel("language scope", fontsize=LABEL)
+    _ticks(ax)
 
 
 def association_label(row: Mapping[str, Any] | pd.Series) -> str:
@@ -250,6 +260,37 @@ def top_associations_table(
     return fig, _shared_stats(sub, len(rows))
 
 
+def _lift_points(
+    fig: Figure, ax: Axes, x: np.ndarray, y: np.ndarray, rated: np.ndarray, harm: pd.Series
+) -> tuple[list[Artist], list[str]]:
+    """The unrated points (open grey circles) and the rated ones (coloured by median harm, with its
+    colour bar); returns their legend handles and labels."""
+    handles: list[Artist] = []
+    labels: list[str] = []
+    if (~rated).any():
+        h = ax.scatter(x[~rated], y[~rated], s=22, facecolors="none", edgecolors="#888888", linewidths=0.8)
+        handles.append(h)
+        labels.append("unrated")
+    if rated.any():
+        points = ax.scatter(
+            x[rated],
+            y[rated],
+            s=26,
+            c=harm.loc[rated],
+            cmap="viridis",
+            vmin=1,
+            vmax=5,
+            edgecolors="black",
+            linewidths=0.3,
+        )
+        bar = fig.colorbar(points, ax=ax, pad=0.02)
+        bar.set_label("median harm rating (1–5)", fontsize=LABEL)
+        bar.ax.tick_params(labelsize=SMALL)
+        handles.append(Line2D([], [], marker="o", ls="", color=colormaps["viridis"](0.6), markeredgecolor="black"))
+        labels.append("rated (colour = median harm)")
+    return handles, labels
+
+
 def lift_share_plot(
     shared: pd.DataFrame, scope: str = "all", label_top: int = 5, power: pd.DataFrame | None = None
 ) -> tuple[Figure, dict]:
@@ -271,29 +312,7 @@ def lift_share_plot(
     x = sub["n_models"].to_numpy(float) + rng.uniform(-0.18, 0.18, len(sub))
     y = sub["mean_lift"].to_numpy(float)
     rated = sub["median_harm"].notna().to_numpy()
-    handles: list[Artist] = []
-    labels: list[str] = []
-    if (~rated).any():
-        h = ax.scatter(x[~rated], y[~rated], s=22, facecolors="none", edgecolors="#888888", linewidths=0.8)
-        handles.append(h)
-        labels.append("unrated")
-    if rated.any():
-        points = ax.scatter(
-            x[rated],
-            y[rated],
-            s=26,
-            c=sub.loc[rated, "median_harm"],
-            cmap="viridis",
-            vmin=1,
-            vmax=5,
-            edgecolors="black",
-            linewidths=0.3,
-        )
-        bar = fig.colorbar(points, ax=ax, pad=0.02)
-        bar.set_label("median harm rating (1–5)", fontsize=LABEL)
-        bar.ax.tick_params(labelsize=SMALL)
-        handles.append(Line2D([], [], marker="o", ls="", color=colormaps["viridis"](0.6), markeredgecolor="black"))
-        labels.append("rated (colour = median harm)")
+    handles, labels = _lift_points(fig, ax, x, y, rated, sub["median_harm"])
     ax.axhline(2.0, color="#444444", ls="--", lw=0.8)
     handles.append(Line2D([], [], color="#444444", ls="--", lw=0.8))
     labels.append("lift = 2 (threshold)")

@@ -45,6 +45,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
+from storybias.config.params import Params
 from storybias.config.prompts import ALL_CONDITION_COLUMNS, CONDITION_COLUMNS, LANGUAGES
 from storybias.core import artifacts, paths
 from storybias.core.io import atomic_open
@@ -329,35 +330,9 @@ def explorer_payload(
         keep = set(sample_story_ids(stories, examples, max_stories_per_cell))
         stories = stories[stories["story_id"].isin(keep)]
     stories = stories.sort_values([c for c in (*CELL, "prompt_id", "sample", "story_id") if c in stories])
-    ext_rows: dict[str, dict[str, Any]] = {}
-    if extractions is not None and not extractions.empty:
-        wanted = extractions[extractions["story_id"].isin(stories["story_id"])]
-        wanted = wanted.drop(columns=[c for c in _EXTRACTION_SKIP if c in wanted])
-        ext_rows = {r["story_id"]: r for r in wanted.to_dict("records")}
+    ext_rows = _extraction_rows(extractions, stories)
     has_validity = "is_valid" in stories
-    story_list = []
-    for row in stories.to_dict("records"):
-        design = _str(row.get("design")) or ""
-        conditions = _conditions(row, design)
-        ext = ext_rows.get(row["story_id"])
-        story_list.append(
-            {
-                "id": _str(row["story_id"]),
-                "design": design,
-                "model": _str(row.get("model")) or "",
-                "language": _str(row.get("language")) or "",
-                "prompt_id": _str(row.get("prompt_id")),
-                "sample": _clean(row.get("sample")),
-                "prompt": _str(row.get("prompt")) or "",
-                "text": _str(row.get("text")) or "",
-                "finish_reason": _str(row.get("finish_reason")),
-                "valid": _clean(row.get("is_valid")) if has_validity else None,
-                "invalid_reason": _str(row.get("invalid_reason")),
-                "cond": conditions,
-                "facets": _facets(design, conditions),
-                "x": None if ext is None else _extraction(ext),
-            }
-        )
+    story_list = [_story(row, ext_rows.get(row["story_id"]), has_validity) for row in stories.to_dict("records")]
     embedded = {s["id"] for s in story_list}
     associations = None
     if shared is not None:
@@ -382,14 +357,50 @@ def explorer_payload(
         "cells": _cells(population, extractions, embedded),
         "stories": story_list,
         "associations": associations,
-        "published": None
-        if published is None
-        else {
-            "mode": published.mode,
-            "tested": int((published.published["status"] != "untested").sum()),
-            "reproduced": int((published.published["status"] == "reproduced").sum()),
-            "not_published": int(len(published.new)),
-        },
+        "published": None if published is None else _published_counts(published),
+    }
+
+
+def _extraction_rows(extractions: pd.DataFrame | None, stories: pd.DataFrame) -> dict[str, dict[str, Any]]:
+    """The extraction row of each embedded story (story_id -> record), without the columns the page
+    never shows; empty without extractions."""
+    if extractions is None or extractions.empty:
+        return {}
+    wanted = extractions[extractions["story_id"].isin(stories["story_id"])]
+    wanted = wanted.drop(columns=[c for c in _EXTRACTION_SKIP if c in wanted])
+    return {r["story_id"]: r for r in wanted.to_dict("records")}
+
+
+def _story(row: dict[str, Any], ext: dict[str, Any] | None, has_validity: bool) -> dict[str, Any]:
+    """One embedded story as the page reads it: metadata, prompt and text, validity, conditions and
+    their facets, and its extraction (None when it has none)."""
+    design = _str(row.get("design")) or ""
+    conditions = _conditions(row, design)
+    return {
+        "id": _str(row["story_id"]),
+        "design": design,
+        "model": _str(row.get("model")) or "",
+        "language": _str(row.get("language")) or "",
+        "prompt_id": _str(row.get("prompt_id")),
+        "sample": _clean(row.get("sample")),
+        "prompt": _str(row.get("prompt")) or "",
+        "text": _str(row.get("text")) or "",
+        "finish_reason": _str(row.get("finish_reason")),
+        "valid": _clean(row.get("is_valid")) if has_validity else None,
+        "invalid_reason": _str(row.get("invalid_reason")),
+        "cond": conditions,
+        "facets": _facets(design, conditions),
+        "x": None if ext is None else _extraction(ext),
+    }
+
+
+def _published_counts(published: Comparison) -> dict[str, Any]:
+    """The comparison with StereoTales' published associations, in counts."""
+    return {
+        "mode": published.mode,
+        "tested": int((published.published["status"] != "untested").sum()),
+        "reproduced": int((published.published["status"] == "reproduced").sum()),
+        "not_published": int(len(published.new)),
     }
 
 
@@ -442,7 +453,7 @@ def _read_optional(path: Path, notes: list[str], what: str, columns: list[str] |
 
 @holds_run_lock("explorer")
 def build_explorer(
-    profile, max_stories_per_cell: int | None = DEFAULT_MAX_STORIES_PER_CELL, out: Path | None = None
+    profile: Params, max_stories_per_cell: int | None = DEFAULT_MAX_STORIES_PER_CELL, out: Path | None = None
 ) -> Path:
     """Write ``figures/<run>/explorer.html`` (or ``out``) for the run of ``profile`` (a
     :func:`storybias.config.params.load` result) and return its path.

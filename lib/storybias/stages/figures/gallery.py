@@ -152,6 +152,7 @@ class Gallery:
     def show(
         self, stem: str, fig: Figure, stats: Mapping[str, Any], *, quote: str = "{stats}", display_width: int = 720
     ) -> dict[str, Any]:
+        # only inside a notebook, where IPython runs
         from IPython.display import Image, display
 
         files = save_figure(fig, self.out_dir, stem, dpi=self.dpi)

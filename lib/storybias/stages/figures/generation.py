@@ -10,7 +10,10 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from matplotlib.axes import Axes
+from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
+from matplotlib.gridspec import GridSpec
 from matplotlib.transforms import ScaledTranslation
 
 from storybias.config.designs import allowed_values
@@ -144,8 +147,6 @@ def _stacked_bars(ax, shares: pd.DataFrame, colors: Mapping[str, Any], annotate:
 
 
 def _rgb(color: Any) -> tuple[float, float, float]:
-    from matplotlib.colors import to_rgb
-
     return to_rgb(color)
 
 
@@ -201,6 +202,36 @@ def attribute_distributions(
     designs = _ordered(data["design"], ("stereotales", "bedtime", "occupations"))
 
     # value order and colours per dimension first: the legend heights size the figure
+    panels = _dimension_panels(stereo, dimensions, exclude_prompted)
+    ncols = max(1, min(ncols, len(dimensions))) if dimensions else 1
+    dim_rows = math.ceil(len(dimensions) / ncols) if dimensions else 0
+    fig, outer = _attribute_figure(panels, len(models), ncols, dim_rows, len(designs))
+    stats: dict[str, Any] = _empty_stats(keys)
+    stats["n_stories"] = int(len(stereo))
+    stats["n_models"] = len(models)
+    annotate = len(models) <= 12
+    for i, (dim, part, values, order) in enumerate(panels):
+        row = outer[i // ncols].subgridspec(1, ncols)
+        ax = fig.add_subplot(row[i % ncols])
+        label = dim.replace("_", " ")
+        ax.set_title(label + (" (prompts fixing it excluded)" if exclude_prompted else ""), fontsize=LABEL)
+        if part.empty:
+            message_panel(ax, "no stereotales stories" if stereo.empty else f"every story fixed {label}")
+            continue
+        _dimension_bars(fig, ax, part, values, order, models, annotate, first=i % ncols == 0)
+        stats.update(_dimension_stats(dim, values))
+    row = outer[dim_rows].subgridspec(1, max(ncols, len(designs)))
+    labels = _gender_row(fig, row, data, designs, models, annotate)
+    stats["share_female"] = float((labels == "female").mean())
+    stats["share_male"] = float((labels == "male").mean())
+    top = _suptitle(fig, f"{title} (StereoTales; {len(stereo)} parsed stereotales stories)")
+    fig.tight_layout(rect=(0, 0, 1, top))
+    return fig, stats
+
+
+def _dimension_panels(stereo: pd.DataFrame, dimensions: Sequence[str], exclude_prompted: bool) -> list[tuple]:
+    """Per dimension: (dimension, its stories, their values with missing as "unknown", the value
+    order: the design's allowed values first, other observed ones sorted, then "other" and "unknown")."""
     panels = []
     for dim in dimensions:
         part = stereo
@@ -212,57 +243,76 @@ def attribute_distributions(
         order += sorted(v for v in observed if v not in order and v not in ("other", "unknown"))
         order += [v for v in ("other", "unknown") if v in observed and v not in order]
         panels.append((dim, part, values, order))
-    ncols = max(1, min(ncols, len(dimensions))) if dimensions else 1
-    dim_rows = math.ceil(len(dimensions) / ncols) if dimensions else 0
+    return panels
+
+
+def _attribute_figure(
+    panels: list[tuple], n_models: int, ncols: int, dim_rows: int, n_designs: int
+) -> tuple[Figure, GridSpec]:
+    """The figure and its outer grid: ``dim_rows`` rows of dimension panels (tall enough for the
+    longest legend) above one row of protagonist-gender panels."""
     legend_rows = max([math.ceil(len(o) / 2) for *_, o in panels] + [1])
-    bars_h = 0.5 + 0.2 * len(models)
+    bars_h = 0.5 + 0.2 * n_models
     dim_h = bars_h + 0.9 + 0.17 * legend_rows
     gender_h = bars_h + 1.1
     label_w = 1.9
     panel_w = 3.1
-    width = label_w + panel_w * max(ncols, len(designs))
+    width = label_w + panel_w * max(ncols, n_designs)
     fig = _figure(width, dim_h * dim_rows + gender_h + 0.6)
     outer = fig.add_gridspec(dim_rows + 1, 1, height_ratios=[dim_h] * dim_rows + [gender_h])
-    stats: dict[str, Any] = _empty_stats(keys)
-    stats["n_stories"] = int(len(stereo))
-    stats["n_models"] = len(models)
-    annotate = len(models) <= 12
-    for i, (dim, part, values, order) in enumerate(panels):
-        row = outer[i // ncols].subgridspec(1, ncols)
-        ax = fig.add_subplot(row[i % ncols])
-        label = dim.replace("_", " ")
-        ax.set_title(label + (" (prompts fixing it excluded)" if exclude_prompted else ""), fontsize=LABEL)
-        first = i % ncols == 0
-        if part.empty:
-            message_panel(ax, "no stereotales stories" if stereo.empty else f"every story fixed {label}")
-            continue
-        counts = pd.crosstab(part["model"], values).reindex(index=models, columns=order, fill_value=0)
-        shares = counts.div(counts.sum(axis=1).replace(0, np.nan), axis=0).fillna(0) * 100
-        _stacked_bars(ax, shares, _value_colors(order), annotate, labels=first)
-        ax.set_xlabel("share of protagonists (%)", fontsize=LABEL)
-        if first:
-            ax.set_ylabel("model", fontsize=LABEL)
-        _legend(
-            ax,
-            *ax.get_legend_handles_labels(),
-            loc="upper center",
-            bbox_to_anchor=(0.5, 0.0),
-            bbox_transform=ax.transAxes + ScaledTranslation(0, -0.42, fig.dpi_scale_trans),
-            ncol=2,
-            columnspacing=0.8,
-            handlelength=1.2,
-            borderaxespad=0.0,
-        )
-        pooled = values.value_counts()
-        known = pooled.drop([v for v in ("unknown", "other") if v in pooled.index])
-        if len(known):
-            stats[f"top_{dim}"] = str(known.idxmax())
-            stats[f"top_share_{dim}"] = float(known.max() / len(values))
-        stats[f"share_unknown_{dim}"] = float((values == "unknown").mean())
+    return fig, outer
+
+
+def _dimension_bars(
+    fig: Figure,
+    ax: Axes,
+    part: pd.DataFrame,
+    values: pd.Series,
+    order: list,
+    models: list,
+    annotate: bool,
+    first: bool,
+) -> None:
+    """One dimension's panel: each model's value shares as stacked bars, its legend below the panel
+    (model names on the first panel of a row only)."""
+    counts = pd.crosstab(part["model"], values).reindex(index=models, columns=order, fill_value=0)
+    shares = counts.div(counts.sum(axis=1).replace(0, np.nan), axis=0).fillna(0) * 100
+    _stacked_bars(ax, shares, _value_colors(order), annotate, labels=first)
+    ax.set_xlabel("share of protagonists (%)", fontsize=LABEL)
+    if first:
+        ax.set_ylabel("model", fontsize=LABEL)
+    _legend(
+        ax,
+        *ax.get_legend_handles_labels(),
+        loc="upper center",
+        bbox_to_anchor=(0.5, 0.0),
+        bbox_transform=ax.transAxes + ScaledTranslation(0, -0.42, fig.dpi_scale_trans),
+        ncol=2,
+        columnspacing=0.8,
+        handlelength=1.2,
+        borderaxespad=0.0,
+    )
+
+
+def _dimension_stats(dim: str, values: pd.Series) -> dict[str, Any]:
+    """``top_<dim>`` and ``top_share_<dim>`` (most frequent known value, pooled over models; only when
+    there is one) and ``share_unknown_<dim>``."""
+    stats: dict[str, Any] = {}
+    pooled = values.value_counts()
+    known = pooled.drop([v for v in ("unknown", "other") if v in pooled.index])
+    if len(known):
+        stats[f"top_{dim}"] = str(known.idxmax())
+        stats[f"top_share_{dim}"] = float(known.max() / len(values))
+    stats[f"share_unknown_{dim}"] = float((values == "unknown").mean())
+    return stats
+
+
+def _gender_row(fig: Figure, row, data: pd.DataFrame, designs: list, models: list, annotate: bool) -> pd.Series:
+    """The bottom row: protagonist_gender shares per model, one panel per design, the legend right of
+    the last. Returns every parsed story's gender label (missing as "unknown")."""
     labels = data["protagonist_gender"].fillna("unknown").astype(str)
     order = _ordered(labels, ("female", "male", "unknown"))
     colors = {**_value_colors(order), **{k: v for k, v in OKABE_ITO.items() if k != "unknown"}}
-    row = outer[dim_rows].subgridspec(1, max(ncols, len(designs)))
     for j, design in enumerate(designs):
         ax = fig.add_subplot(row[j])
         part = data[data["design"] == design]
@@ -277,8 +327,4 @@ def attribute_distributions(
             _legend(
                 ax, *ax.get_legend_handles_labels(), loc="upper left", bbox_to_anchor=(1.02, 1.0), title="protagonist"
             )
-    stats["share_female"] = float((labels == "female").mean())
-    stats["share_male"] = float((labels == "male").mean())
-    top = _suptitle(fig, f"{title} (StereoTales; {len(stereo)} parsed stereotales stories)")
-    fig.tight_layout(rect=(0, 0, 1, top))
-    return fig, stats
+    return labels

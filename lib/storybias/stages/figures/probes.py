@@ -1,27 +1,33 @@
-"""Figures of stage 06's artifacts (Feng et al., *Beyond Surface Cues*): the shared UMAP with density
-contours, probe AUC full text vs cue-deleted, cultural-marker relevance and source-language
-separability."""
+"""Figures of stage 06's artifacts (Feng et al., *Beyond Surface Cues*): probe AUC full text vs
+cue-deleted, cultural-marker relevance and source-language separability, drawn here; the shared UMAP
+with density contours (and its display trim) lives in :mod:`storybias.stages.figures.probes_umap` and
+is re-exported from here, so every stage-06 figure is importable from this module."""
 
 from __future__ import annotations
 
-import math
 import re
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
 from matplotlib import colormaps
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.image import AxesImage
 from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 from matplotlib.transforms import ScaledTranslation
 
+from storybias.stages.figures.probes_umap import (
+    HDR_LEVELS,
+    MIN_KDE_POINTS,
+    UMAP_DISPLAY_PERCENTILES,
+    trim_for_display,
+    umap_density,
+)
 from storybias.stages.figures.style import (
     GENRE_ORDER,
     LABEL,
-    OKABE_ITO,
     SMALL,
     VERSION_ORDER,
     _colors,
@@ -42,184 +48,18 @@ from storybias.stages.figures.style import (
     _title,
 )
 
+__all__ = [
+    "HDR_LEVELS",
+    "MIN_KDE_POINTS",
+    "UMAP_DISPLAY_PERCENTILES",
+    "cultural_relevance",
+    "probe_auc",
+    "separability",
+    "trim_for_display",
+    "umap_density",
+]
+
 # --- 11-13. embeddings, probes, cultural markers (Feng et al.) ---------------------------------
-
-_UMAP_KEYS = ("n_points", "n_female", "n_male", "n_panels", "n_contoured_groups", "n_skipped_groups", "n_trimmed")
-UMAP_DISPLAY_PERCENTILES: tuple[float, float] = (15.0, 90.0)  # Feng et al. App. D.4 (Fig. 3's display trim)
-
-
-def trim_for_display(
-    umap: pd.DataFrame,
-    percentiles: tuple[float, float] | None = UMAP_DISPLAY_PERCENTILES,
-    by: Sequence[str] = ("language", "genre", "label"),
-) -> pd.DataFrame:
-    """The points a UMAP figure draws: within each label and cell (``by``), those inside the
-    ``percentiles`` range (inclusive) on *both* coordinates (Feng et al. App. D.4: 15th-90th). Display
-    only -- the projection, the probes and every statistic keep all points. ``None`` keeps everything."""
-    if percentiles is None or umap.empty:
-        return umap
-    low, high = percentiles
-    keep = pd.Series(True, index=umap.index)
-    for _, part in umap.groupby(list(by), sort=False, dropna=False):
-        for axis in ("x", "y"):
-            lo, hi = np.percentile(part[axis].to_numpy(float), [low, high])
-            keep.loc[part.index] &= part[axis].between(lo, hi)
-    return umap[keep]
-
-
-HDR_LEVELS = (0.2, 0.5, 0.8)
-MIN_KDE_POINTS = 5
-
-
-def _hdr_thresholds(density_at_points: np.ndarray, levels: Sequence[float]) -> list[float]:
-    """Density thresholds whose upper sets hold ``levels`` of the points (highest-density regions:
-    the 20% level is the densest core), from the KDE evaluated at the points themselves; ascending."""
-    return sorted(float(np.quantile(density_at_points, 1 - p)) for p in levels)
-
-
-def umap_density(
-    umap: pd.DataFrame,
-    ncols: int | None = None,
-    max_points_kde: int = 2000,
-    percentiles: tuple[float, float] | None = UMAP_DISPLAY_PERCENTILES,
-) -> tuple[Figure, dict]:
-    """The shared UMAP projection, one panel per language x genre (same axes everywhere; each genre a
-    block of rows of at most ``ncols`` languages, default 5, a language in the same column in every
-    block): female and male points with their 20/50/80% highest-density contours (Gaussian KDE; solid =
-    female, dashed = male; a group with fewer than 5 points, or a degenerate one, gets no contour).
-    Display only: the axes carry no meaning. Points outside the ``percentiles`` range on either coordinate
-    within their label and cell are not drawn (:func:`trim_for_display`; Feng et al. App. D.4: 15th-90th;
-    ``None`` draws all).
-
-    stats: ``n_points`` (drawn), ``n_female``, ``n_male``, ``n_panels``, ``n_contoured_groups``,
-    ``n_skipped_groups`` (groups present but too small or degenerate for a KDE), ``n_trimmed``
-    (female/male points left out of the display)."""
-    from scipy.stats import gaussian_kde
-
-    title = "Shared UMAP projection of story embeddings"
-    if _is_empty(umap):
-        return _no_data(title, "umap table is empty", _UMAP_KEYS)
-    _require(umap, ["language", "genre", "label", "x", "y"], "umap")
-    data = umap.dropna(subset=["x", "y"])
-    data = data[data["label"].isin(["female", "male"])]
-    if data.empty:
-        return _no_data(title, "no female- or male-labelled points", _UMAP_KEYS)
-    n_before = len(data)
-    data = trim_for_display(data, percentiles)
-    n_trimmed = n_before - len(data)
-    languages = _lang_order(data["language"])
-    genres = _ordered(data["genre"], GENRE_ORDER)
-    present = set(zip(data["genre"], data["language"]))
-    ncols = max(1, min(len(languages), 5) if ncols is None else ncols)
-    rows_per_genre = math.ceil(len(languages) / ncols)
-    # each genre starts a new row and a language keeps its column in every genre block
-    slots = {
-        (g, lang): (gi * rows_per_genre + li // ncols) * ncols + li % ncols
-        for gi, g in enumerate(genres)
-        for li, lang in enumerate(languages)
-        if (g, lang) in present
-    }
-    cells = list(slots)
-    fig, grid_axes, _, _ = _grid(len(genres) * rows_per_genre * ncols, ncols, 3.3, 3.1, extra_h=1.1)
-    for i, ax in enumerate(grid_axes):
-        ax.set_visible(i in slots.values())
-    axes = [grid_axes[slots[c]] for c in cells]
-    pad_x = (data["x"].max() - data["x"].min()) * 0.06 or 1.0
-    pad_y = (data["y"].max() - data["y"].min()) * 0.06 or 1.0
-    xlim = (data["x"].min() - pad_x, data["x"].max() + pad_x)
-    ylim = (data["y"].min() - pad_y, data["y"].max() + pad_y)
-    gx, gy = np.meshgrid(np.linspace(*xlim, 64), np.linspace(*ylim, 64))
-    grid = np.vstack([gx.ravel(), gy.ravel()])
-    rng = np.random.default_rng(0)
-    contoured = skipped = 0
-    styles = {"female": "-", "male": "--"}
-    for ax, (genre, lang) in zip(axes, cells):
-        part = data[(data["genre"] == genre) & (data["language"] == lang)]
-        size = 10 if len(part) <= 400 else 4
-        for label in ("female", "male"):
-            pts = part.loc[part["label"] == label, ["x", "y"]].to_numpy(float)
-            if len(pts) == 0:
-                continue
-            ax.scatter(
-                pts[:, 0],
-                pts[:, 1],
-                s=size,
-                color=OKABE_ITO[label],
-                alpha=0.55 if len(part) > 200 else 0.8,
-                marker="o" if label == "female" else "s",
-                linewidths=0,
-                zorder=2,
-            )
-            if len(pts) < MIN_KDE_POINTS:
-                skipped += 1
-                continue
-            sample = pts if len(pts) <= max_points_kde else pts[rng.choice(len(pts), max_points_kde, replace=False)]
-            try:
-                kde = gaussian_kde(sample.T)
-                values = kde(np.hstack([sample.T, grid]))  # one evaluation: the points, then the grid
-                levels = _hdr_thresholds(values[: len(sample)], HDR_LEVELS)
-                density = values[len(sample) :].reshape(gx.shape)
-            except (np.linalg.LinAlgError, ValueError):
-                skipped += 1
-                continue
-            if len(set(levels)) < len(levels) or not np.all(np.isfinite(levels)):
-                skipped += 1
-                continue
-            ax.contour(
-                gx,
-                gy,
-                density,
-                levels=levels,
-                colors=[OKABE_ITO[label]],
-                linestyles=styles[label],
-                linewidths=[0.8, 1.1, 1.5],
-                zorder=3,
-            )
-            contoured += 1
-        ax.set_xlim(*xlim)
-        ax.set_ylim(*ylim)
-        ax.set_xticks([])
-        ax.set_yticks([])
-        ax.set_xlabel("UMAP 1 (no units)", fontsize=SMALL)
-        ax.set_ylabel("UMAP 2 (no units)", fontsize=SMALL)
-        name = _lang_name(lang)
-        ax.set_title(f"{name} · {genre} (n = {len(part)})", fontsize=LABEL)
-    handles = [
-        Line2D([], [], marker="o", ls="", color=OKABE_ITO["female"]),
-        Line2D([], [], color=OKABE_ITO["female"], ls="-"),
-        Line2D([], [], marker="s", ls="", color=OKABE_ITO["male"]),
-        Line2D([], [], color=OKABE_ITO["male"], ls="--"),
-    ]
-    _legend(
-        fig,
-        handles,
-        ["female", "female density (20/50/80% HDR)", "male", "male density (20/50/80% HDR)"],
-        loc="lower center",
-        ncol=4,
-        bbox_to_anchor=(0.5, 0.0),
-    )
-    trim = (
-        f"; points outside the {percentiles[0]:g}th-{percentiles[1]:g}th percentiles per label and cell not drawn"
-        if percentiles is not None
-        else ""
-    )
-    top = _suptitle(
-        fig,
-        f"{title} (display only; contours: 20/50/80% highest-density regions, "
-        f"none below {MIN_KDE_POINTS} points{trim})",
-    )
-    fig.tight_layout(rect=(0, 0.45 / fig.get_figheight(), 1, top))
-    stats = {
-        "n_points": int(len(data)),
-        "n_female": int((data["label"] == "female").sum()),
-        "n_male": int((data["label"] == "male").sum()),
-        "n_panels": len(cells),
-        "n_contoured_groups": contoured,
-        "n_skipped_groups": skipped,
-        "n_trimmed": int(n_trimmed),
-    }
-    return fig, stats
-
 
 _PROBE_KEYS = (
     "n_cells",
@@ -259,107 +99,129 @@ def probe_auc(probes: pd.DataFrame) -> tuple[Figure, dict]:
     ]
     fig = _figure(9.0, 1.5 + 0.5 * len(cells))
     ax = fig.add_subplot()
-    variants = {
-        "full": (0.15, colormaps["tab10"](0), "o", "full text (positive control)"),
-        "cue_deleted": (-0.15, colormaps["tab10"](1), "s", "direct cues deleted"),
-    }
     lows = [0.5]
-    ok_rows = data[data["ok"] & data["variant"].isin(list(variants))]
+    ok_rows = data[data["ok"] & data["variant"].isin(list(_PROBE_VARIANTS))]
     if len(ok_rows):
         lows.append(float(np.nanmin(ok_rows[["auc", "ci_low"]].to_numpy(float))))
     x_min = max(0.0, min(lows) - 0.08)
     ax.set_xlim(x_min, 1.02)
-    text_x = x_min + 0.02
     n_ok_cells, drops = 0, []
     y_positions = np.arange(len(cells))[::-1]
     for y, (lang, genre) in zip(y_positions, cells):
         cell = data[(data["language"] == lang) & (data["genre"] == genre)]
-        both = True
-        shown = cell[cell["variant"].isin(list(variants))]
-        if len(shown) and not shown["ok"].any() and shown["status"].astype(str).nunique() == 1:
-            # every variant skipped for the same reason: one line
-            ax.text(
-                text_x,
-                y,
-                f"skipped ({_short(_reason(shown['status'].iloc[0]), 70)})",
-                va="center",
-                fontsize=SMALL,
-                color="#555555",
-            )
-            shown = shown.iloc[0:0]
-            both = False
-        for variant, (offset, color, marker, _) in variants.items():
-            if shown.empty:
-                break
-            row = cell[cell["variant"] == variant]
-            if row.empty:
-                both = False
-                continue
-            row = row.iloc[0]
-            if not row["ok"]:
-                both = False
-                ax.text(
-                    text_x,
-                    y + offset,
-                    f"{variant.replace('_', '-')}: skipped ({_short(_reason(row['status']), 60)})",
-                    va="center",
-                    fontsize=SMALL,
-                    color="#555555",
-                )
-                continue
-            lo, hi = row["ci_low"], row["ci_high"]
-            if np.isfinite(lo) and np.isfinite(hi):
-                ax.plot([lo, hi], [y + offset] * 2, color=color, lw=1.6)
-            ax.scatter(
-                [row["auc"]],
-                [y + offset],
-                color=color,
-                marker=marker,
-                s=34,
-                edgecolors="black",
-                linewidths=0.4,
-                zorder=3,
-            )
-        n_ok_cells += both
-        delta = cell[cell["variant"] == "delta"]
-        if len(delta):
-            d = delta.iloc[0]
-            if d["ok"]:
-                ci = (
-                    f" [{d['ci_low']:+.2f}, {d['ci_high']:+.2f}]"
-                    if np.isfinite(d["ci_low"]) and np.isfinite(d["ci_high"])
-                    else ""
-                )
-                text = f"Δ {d['auc']:+.2f}{ci}"
-                drops.append((float(d["auc"]), f"{lang} / {genre}"))
-            else:
-                text = f"Δ skipped ({_short(_reason(d['status']), 28)})"
-            ax.text(1.01, y, text, transform=ax.get_yaxis_transform(), va="center", fontsize=SMALL, clip_on=False)
+        n_ok_cells += _probe_cell(ax, cell, y, x_min + 0.02)
+        drop = _probe_delta(ax, cell, y)
+        if drop is not None:
+            drops.append((drop, f"{lang} / {genre}"))
     ax.axvline(0.5, color="#444444", ls="--", lw=0.9)
     ax.set_yticks(y_positions, [f"{_lang_name(lang)} · {genre}" for lang, genre in cells], fontsize=SMALL)
     ax.set_ylim(-0.6, len(cells) - 0.4)
     ax.set_xlabel("ROC AUC (95% interval over held-out model–occupation groups)", fontsize=LABEL)
     ax.set_ylabel("language · genre", fontsize=LABEL)
     _ticks(ax)
-    handles = [Line2D([], [], color=c, marker=m, lw=1.6, markeredgecolor="black") for _, c, m, _ in variants.values()]
+    _probe_legend(fig, ax)
+    _title(ax, f"{title} (Δ = cue-deleted − full, right)", fig.get_figwidth() - 0.6)
+    fig.tight_layout()
+    return fig, _probe_stats(data, cells, n_ok_cells, drops)
+
+
+# variant -> (offset of its row in a cell, colour, marker, legend label)
+_PROBE_VARIANTS = {
+    "full": (0.15, colormaps["tab10"](0), "o", "full text (positive control)"),
+    "cue_deleted": (-0.15, colormaps["tab10"](1), "s", "direct cues deleted"),
+}
+
+
+def _probe_cell(ax: Axes, cell: pd.DataFrame, y: float, text_x: float) -> bool:
+    """One language x genre row: each variant's AUC and interval, or why it was skipped (one line
+    when every variant was skipped for the same reason). Returns whether both variants are ok."""
+    both = True
+    shown = cell[cell["variant"].isin(list(_PROBE_VARIANTS))]
+    if len(shown) and not shown["ok"].any() and shown["status"].astype(str).nunique() == 1:
+        # every variant skipped for the same reason: one line
+        ax.text(
+            text_x,
+            y,
+            f"skipped ({_short(_reason(shown['status'].iloc[0]), 70)})",
+            va="center",
+            fontsize=SMALL,
+            color="#555555",
+        )
+        shown = shown.iloc[0:0]
+        both = False
+    for variant, (offset, color, marker, _) in _PROBE_VARIANTS.items():
+        if shown.empty:
+            break
+        row = cell[cell["variant"] == variant]
+        if row.empty:
+            both = False
+            continue
+        row = row.iloc[0]
+        if not row["ok"]:
+            both = False
+            ax.text(
+                text_x,
+                y + offset,
+                f"{variant.replace('_', '-')}: skipped ({_short(_reason(row['status']), 60)})",
+                va="center",
+                fontsize=SMALL,
+                color="#555555",
+            )
+            continue
+        lo, hi = row["ci_low"], row["ci_high"]
+        if np.isfinite(lo) and np.isfinite(hi):
+            ax.plot([lo, hi], [y + offset] * 2, color=color, lw=1.6)
+        ax.scatter(
+            [row["auc"]], [y + offset], color=color, marker=marker, s=34, edgecolors="black", linewidths=0.4, zorder=3
+        )
+    return both
+
+
+def _probe_delta(ax: Axes, cell: pd.DataFrame, y: float) -> float | None:
+    """The cell's Δ (with its interval), or why it was skipped, written right of the axes. Returns
+    the Δ when it is ok."""
+    delta = cell[cell["variant"] == "delta"]
+    if not len(delta):
+        return None
+    d = delta.iloc[0]
+    drop = None
+    if d["ok"]:
+        ci = (
+            f" [{d['ci_low']:+.2f}, {d['ci_high']:+.2f}]"
+            if np.isfinite(d["ci_low"]) and np.isfinite(d["ci_high"])
+            else ""
+        )
+        text = f"Δ {d['auc']:+.2f}{ci}"
+        drop = float(d["auc"])
+    else:
+        text = f"Δ skipped ({_short(_reason(d['status']), 28)})"
+    ax.text(1.01, y, text, transform=ax.get_yaxis_transform(), va="center", fontsize=SMALL, clip_on=False)
+    return drop
+
+
+def _probe_legend(fig: Figure, ax: Axes) -> None:
+    handles = [
+        Line2D([], [], color=c, marker=m, lw=1.6, markeredgecolor="black") for _, c, m, _ in _PROBE_VARIANTS.values()
+    ]
     handles.append(Line2D([], [], color="#444444", ls="--", lw=0.9))
     _legend(
         ax,
         handles,
-        [v[3] for v in variants.values()] + ["chance (0.5)"],
+        [v[3] for v in _PROBE_VARIANTS.values()] + ["chance (0.5)"],
         loc="upper left",
         bbox_to_anchor=(0.0, 0.0),
         bbox_transform=ax.transAxes + ScaledTranslation(0, -0.5, fig.dpi_scale_trans),
         ncol=3,
         borderaxespad=0.0,
     )
-    _title(ax, f"{title} (Δ = cue-deleted − full, right)", fig.get_figwidth() - 0.6)
-    fig.tight_layout()
+
+
+def _probe_stats(data: pd.DataFrame, cells: list, n_ok_cells: int, drops: list[tuple[float, str]]) -> dict:
     full = data[(data["variant"] == "full") & data["ok"]]["auc"]
     cue = data[(data["variant"] == "cue_deleted") & data["ok"]]["auc"]
     delta_vals = data[(data["variant"] == "delta") & data["ok"]]["auc"]
     worst = min(drops) if drops else None
-    stats = {
+    return {
         "n_cells": len(cells),
         "n_ok_cells": int(n_ok_cells),
         "n_skipped_rows": int((~data["ok"]).sum()),
@@ -369,7 +231,6 @@ def probe_auc(probes: pd.DataFrame) -> tuple[Figure, dict]:
         "largest_drop": worst[0] if worst else float("nan"),
         "largest_drop_cell": worst[1] if worst else None,
     }
-    return fig, stats
 
 
 _CULT_KEYS = (

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 import re
+import sys
+import textwrap
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -202,8 +204,6 @@ def _grid(
 
 def _wrap(text: str, width_in: float, size: float = TITLE) -> str:
     """``text`` wrapped to lines that fit ``width_in`` inches at ``size`` points (~0.55 em a character)."""
-    import textwrap
-
     return textwrap.fill(text, max(24, int(width_in * 72 / (0.55 * size))))
 
 
@@ -328,8 +328,6 @@ def save_figure(fig: Figure, out_dir: Path, stem: str, dpi: int = DPI) -> list[P
 def _close(fig: Figure) -> None:
     """Close the figure: release it from pyplot when pyplot manages it (a figure built by this module
     is held by nothing global, so dropping the reference frees it)."""
-    import sys
-
     pyplot = sys.modules.get("matplotlib.pyplot")
     if pyplot is not None and getattr(fig.canvas, "manager", None) is not None:
         pyplot.close(fig)

@@ -98,7 +98,7 @@ define run_notebook
 	@$(PY) -m storybias.cli run-stage $(2) notebooks/$(1).ipynb $(PARAMS) --target $@
 endef
 
-.PHONY: help where venv model check-params stamps generate filter extract associations metrics probes figures explorer paper _paper test test-fast lint format typecheck bench-generate bench-ray plan bench-associations notebook-outputs lab clean-run FORCE
+.PHONY: help where venv model check-params stamps generate filter extract associations metrics probes figures explorer paper _paper test test-fast lint format typecheck bench-generate bench-ray plan bench-associations publish-notebooks lab clean-run FORCE
 
 # $(call served,TARGETS,LLM_TARGETS): make TARGETS in a sub-make; behind the run's shared local vLLM
 # server(s) (`storybias.cli with-servers`, started once, stopped when the sub-make ends or fails) when
@@ -254,15 +254,12 @@ typecheck: $(VENV_STAMP)  ## mypy on lib/storybias (pyproject.toml [tool.mypy])
 lab: $(VENV_STAMP)  ## JupyterLab on notebooks/ with the storybias kernel
 	$(VENV)/bin/jupyter lab notebooks/
 
-# The outputs committed in notebooks/ (what a reviewer sees on the web, and what nbval compares in
-# the cells marked NBVAL_CHECK_OUTPUT): every notebook executed in place on the smoke profile.
-notebook-outputs: $(VENV_STAMP)  ## re-execute every notebook in place on params/smoke.yaml (the committed outputs)
-	$(PY) -m storybias.cli prepare-model > /dev/null
-	@for nb in notebooks/0*.ipynb; do \
-	  echo "== $$nb (params/smoke.yaml)"; \
-	  STORYBIAS_PARAMS=params/smoke.yaml $(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace \
-	    --ExecutePreprocessor.kernel_name=$(KERNEL) --ExecutePreprocessor.timeout=1800 $$nb || exit 1; \
-	done
+# The outputs committed in notebooks/ are the default run's (what a reviewer sees on the web): after
+# `make paper`, this copies each executed notebook's outputs (reports/<run>/) into notebooks/, keeping
+# the committed cells and refusing if a notebook changed since the run. nbval still runs every notebook
+# on the smoke profile and compares only the cells marked NBVAL_CHECK_OUTPUT (the same on every run).
+publish-notebooks: $(VENV_STAMP)  ## copy the outputs of PARAMS' executed notebooks (reports/<run>/, from make paper) into notebooks/
+	$(PY) -m storybias.cli publish-notebooks $(PARAMS)
 
 # Deletes only the run's own folders (data/<run>, reports/<run>, figures/<run>), and says which.
 clean-run: $(VENV_STAMP)  ## delete exactly this run's folders: data/<run>, reports/<run>, figures/<run>

@@ -21,6 +21,7 @@ clean-run PARAMS           delete the run's own folders (data/<run>, reports/<ru
 where PARAMS               print the run's name and folders (absolute paths)
 data-contract              print docs/data-contract.md, generated from the artifact registry
 outputs STAGE PARAMS       print the files Make tracks for STAGE (storybias.core.artifacts.MAKE_TARGETS)
+publish-notebooks PARAMS   copy the outputs of the run's executed notebooks (reports/<run>/) into notebooks/
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from storybias.tools.bench import bench_ray as run_bench_ray
 from storybias.tools.cost import estimate, format_estimate
 from storybias.tools.notebook_runner import run_stage
 from storybias.tools.planning import format_plan, profile_plan
+from storybias.tools.publish import publish_notebooks
 
 
 def _load(path: str) -> Params:
@@ -117,6 +119,7 @@ def _add_run_commands(sub: argparse._SubParsersAction) -> None:
     outputs = sub.add_parser("outputs")
     outputs.add_argument("stage")
     outputs.add_argument("params")
+    sub.add_parser("publish-notebooks").add_argument("params")
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -280,6 +283,12 @@ def _bench_associations(args: argparse.Namespace, parser: argparse.ArgumentParse
     return 0 if (not check or check["disagreements_unexplained"] == 0) else 1
 
 
+def _publish_notebooks(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    for path in publish_notebooks(_load(args.params).run_name):
+        print(f"published {path.relative_to(paths.repo_root())}")
+    return 0
+
+
 def _explorer(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     profile = _load(args.params)
     limit = profile.figures.explorer_max_stories if args.max_stories is None else args.max_stories
@@ -308,6 +317,7 @@ _COMMANDS: dict[str, Handler] = {
     "run-stage": _run_stage,
     "data-contract": _data_contract,
     "outputs": _outputs,
+    "publish-notebooks": _publish_notebooks,
 }
 
 

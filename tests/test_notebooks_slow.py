@@ -14,10 +14,12 @@ computed from generated text vary between runs and are checked by the named-valu
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from storybias.core import paths
@@ -68,15 +70,41 @@ def _values(data: Path, stage: str) -> dict:
     return json.loads((data / "values" / f"{stage}.json").read_text())
 
 
-def test_recorded_values_of_the_analysis_stages(nbval_run):
+def _nan_to_none(value: object) -> object:
+    return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
+
+
+def test_named_values_of_stage_04_are_what_its_tables_say(nbval_run):
+    """Notebook 04's recorded counts equal the counts of the tables stage 04 wrote, and the stories
+    it analysed are the parsed stereotales extractions."""
     _, data, _, _ = nbval_run
-    associations = _values(data, "04_associations")
-    manifest = json.loads((data / "manifest_associations.json").read_text())
-    assert associations["n_tables"] == manifest["n_tables"] >= associations["n_retained"]
+    values = _values(data, "04_associations")
+    attributes = pd.read_parquet(data / "associations_attributes.parquet")
+    cells = pd.read_parquet(data / "associations_values.parquet")
+    ratings = pd.read_parquet(data / "harm_ratings.parquet")
+    assert values["n_tables"] == len(attributes)
+    assert values["n_retained"] == int(attributes["retained"].sum()) <= values["n_tables"]
+    assert values["n_significant"] == int(cells["significant"].sum())
+    assert values["n_ratings"] == len(ratings)
+    stories = pd.read_parquet(data / "filtered.parquet")
+    extractions = pd.read_parquet(data / "extractions.parquet").merge(stories[["story_id", "design"]], on="story_id")
+    assert values["n_stories"] == int(((extractions["design"] == "stereotales") & extractions["parse_ok"]).sum())
     # smoke: 3 stereotales stories cannot fill a row of 10, so nothing is tested and no judge starts
-    assert associations["n_stories"] <= 3 and associations["n_tables"] == 0 and associations["n_ratings"] == 0
-    probes = _values(data, "06_probes")
-    assert probes, "notebook 06 recorded no values"
+    assert values["n_stories"] <= 3 and values["n_tables"] == 0 and values["n_ratings"] == 0
+
+
+def test_named_values_of_stage_06_are_what_its_tables_say(nbval_run):
+    _, data, _, _ = nbval_run
+    values = _values(data, "06_probes")
+    manifest = json.loads((data / "manifest_probes.json").read_text())
+    probes = pd.read_parquet(data / "probes.parquet")
+    separability = pd.read_parquet(data / "separability.parquet")
+    assert values["n_sampled"] == manifest["counts"]["sampled"] and values["n_paired"] == manifest["counts"]["paired"]
+    assert values["n_probe_rows"] == len(probes)
+    assert values["n_probe_rows_ok"] == int((probes["status"] == "ok").sum())
+    assert values["separability"] == {r.version: _nan_to_none(r.balanced_accuracy) for r in separability.itertuples()}
+    ok = probes[probes["variant"].isin(["full", "cue_deleted", "delta"]) & (probes["status"] == "ok")]
+    assert values["auc"] == {f"{r.language}/{r.genre}/{r.variant}": _nan_to_none(r.auc) for r in ok.itertuples()}
     figures = _values(data, "07_figures")
     assert figures["n_figures"] == 16 and figures["stems"][0] == "01_vsr_heatmap"
 
@@ -104,7 +132,5 @@ def test_explorer_page_from_the_smoke_run(nbval_run, kill_profile):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     page = (figures / "explorer.html").read_text(encoding="utf-8")
-    import pandas as pd
-
     stories = pd.read_parquet(data / "filtered.parquet")
     assert len(stories) and all(sid in page for sid in stories["story_id"])

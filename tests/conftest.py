@@ -69,17 +69,23 @@ def embedded_model():
 
 
 @pytest.fixture(scope="session")
-def kill_profile(tmp_path_factory, embedded_model):
+def smoke_profile(tmp_path_factory, embedded_model):
+    """The slow tests' run (``pytest-kill``): the smoke profile with 8 gold stories and two_step, and
+    beside it ``kill.yaml``, the same run with 2 sequences at a time, for the generation that is killed
+    (stories finish a few at a time, so the kill lands mid-run) and for the shared server. Batch size
+    cannot change an answer (storybias.engines.cache), so the resume and stage 03 reuse what the killed
+    run wrote, and stage 03 extracts 16 at a time: with 2, its fixture took 757 s of `make test`."""
     tmp = tmp_path_factory.mktemp("kill")
     raw = yaml.safe_load((ROOT / "params" / "smoke.yaml").read_text())
     raw["run_name"] = "pytest-kill"
-    raw["generation"]["engine"]["max_num_seqs"] = 2  # stories finish a few at a time: the kill lands mid-run
     # 8 gold stories (round-robin over the 6 gold languages): the first 6 hold 5 women, so "beats the
-    # majority baseline" would need a perfect score; 8 hold 5 women and 3 men. Keeps `make test` under ~20 min.
+    # majority baseline" would need a perfect score; 8 hold 5 women and 3 men.
     raw["extract"]["gold_sample"] = 8
     raw["extract"]["prompt_design"] = "two_step"  # the default profile's design, both steps on the real model
-    path = tmp / "kill.yaml"
+    path = tmp / "run.yaml"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    raw["generation"]["engine"]["max_num_seqs"] = 2
+    (tmp / "kill.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     env = dict(os.environ, STORYBIAS_DATA=str(tmp / "data"), PYTHONUNBUFFERED="1")
     return path, env, tmp
 
@@ -157,20 +163,20 @@ class SharedServer:
 
 
 @pytest.fixture(scope="session")
-def local_server(kill_profile):
-    path, env, tmp = kill_profile
-    holder = SharedServer(path, Path(env["STORYBIAS_DATA"]), tmp).start()
+def local_server(smoke_profile):
+    _, env, tmp = smoke_profile
+    holder = SharedServer(tmp / "kill.yaml", Path(env["STORYBIAS_DATA"]), tmp).start()
     yield holder
     holder.stop()
 
 
 @pytest.fixture(scope="session")
-def killed_run(kill_profile):
-    path, env, tmp = kill_profile
+def killed_run(smoke_profile):
+    _, env, tmp = smoke_profile
     work = Path(env["STORYBIAS_DATA"]) / "pytest-kill" / "cache"  # storybias.engines.cache: stage 01's answers
     log = open(tmp / "killed.log", "w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "storybias.cli", "generate", str(path)],
+        [sys.executable, "-m", "storybias.cli", "generate", str(tmp / "kill.yaml")],
         cwd=ROOT,
         env=env,
         stdout=log,
@@ -206,8 +212,8 @@ def killed_run(kill_profile):
 
 
 @pytest.fixture(scope="session")
-def resumed(killed_run, kill_profile):
-    path, env, tmp = kill_profile
+def resumed(killed_run, smoke_profile):
+    path, env, tmp = smoke_profile
     proc = run_notebook("01_generate", path, env, tmp)
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = Path(env["STORYBIAS_DATA"]) / "pytest-kill"
@@ -215,8 +221,8 @@ def resumed(killed_run, kill_profile):
 
 
 @pytest.fixture(scope="session")
-def extracted(resumed, kill_profile):
-    path, env, tmp = kill_profile
+def extracted(resumed, smoke_profile):
+    path, env, tmp = smoke_profile
     for name in ("02_filter", "03_extract"):
         proc = run_notebook(name, path, env, tmp)
         assert proc.returncode == 0, f"{name}: {proc.stderr[-3000:]}"

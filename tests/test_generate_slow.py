@@ -1,10 +1,12 @@
 """Stage 01 for real: the embedded model through vLLM on CPU, a kill -9 mid-run, and the resume.
 
 One session-scoped run (tests/conftest.py) keeps the cost to two engine start-ups (about 2-4 minutes on 2 cores):
-1. `python -m storybias.cli generate` on a smoke-sized profile, killed with SIGKILL (the whole process
-   tree, vLLM's engine process included) as soon as the first shards are on disk;
-2. notebook 01 executed by papermill on the same profile: it must keep the shards' stories, generate
-   only the rest, and write exactly one row per planned story;
+1. `python -m storybias.cli generate` on a smoke-sized profile (``kill.yaml``: 2 sequences at a time),
+   killed with SIGKILL (the whole process tree, vLLM's engine process included) as soon as the first
+   shards are on disk;
+2. notebook 01 executed by papermill on the same run (``run.yaml``: only the batch size differs, which
+   cannot change a story): it must keep the shards' stories, generate only the rest, and write exactly
+   one row per planned story;
 (the committed notebooks then run under nbval in test_notebooks_slow.py).
 """
 
@@ -28,17 +30,17 @@ pytestmark = pytest.mark.slow
 ROOT = paths.repo_root()
 
 
-def test_kill_leaves_only_complete_shards_and_no_output(killed_run, kill_profile):
-    _, env, _ = kill_profile
+def test_kill_leaves_only_complete_shards_and_no_output(killed_run, smoke_profile):
+    _, env, _ = smoke_profile
     assert len(killed_run) >= 2
     assert killed_run["story_id"].is_unique
     assert not killed_run.attrs["stories_written"], "a killed run must not leave a final stories.parquet"
     assert killed_run.attrs["survivors"] == [], "the whole process tree, vLLM's engine included, is dead"
 
 
-def test_resume_yields_exactly_the_planned_rows(resumed, kill_profile):
+def test_resume_yields_exactly_the_planned_rows(resumed, smoke_profile):
     stories, manifest, _ = resumed
-    path, env, _ = kill_profile
+    path, env, _ = smoke_profile
     planned = generate.plan(params.load(path))
     assert len(stories) == len(planned) == manifest["n_stories"]
     assert stories["story_id"].is_unique

@@ -258,14 +258,14 @@ def test_a_bad_key_or_url_stops_the_stage_within_seconds(local_server, monkeypat
         ), "nothing was queued"
 
 
-def test_server_killed_mid_generation_then_a_new_server_resumes(local_server, kill_profile, tmp_path):
+def test_server_killed_mid_generation_then_a_new_server_resumes(local_server, smoke_profile, tmp_path):
     """Last: it kills the shared server (SIGKILL, whole process group) while stage 01 streams from it,
     and starts a new one for the rerun."""
-    _, env, _ = kill_profile
+    _, env, tmp = smoke_profile
     run = "pytest-serverkill"
     local_server.register(run)
-    path = kill_profile[0].parent / "serverkill.yaml"
-    raw = yaml.safe_load(kill_profile[0].read_text())
+    path = tmp / "serverkill.yaml"
+    raw = yaml.safe_load((tmp / "kill.yaml").read_text())  # 2 at a time, like the server: the kill lands mid-run
     raw["run_name"] = run
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     data = Path(env["STORYBIAS_DATA"]) / run

@@ -165,17 +165,22 @@ def test_second_generator_is_refused_while_the_first_holds_the_run(tmp_path):
     env = dict(os.environ, STORYBIAS_DATA=str(tmp_path / "data"))
     holder = hold_lock(run, env)
     try:
-        started = time.time()
+        # -X importtime lists every module the refused process imported, on stderr: "before any model
+        # loads" is then a fact to check, not a wall-clock bound (a cold venv took 95 s to import pandas & co.)
         second = subprocess.run(
-            [PYTHON, "-m", "storybias.cli", "generate", str(profile(tmp_path, run))],
+            [PYTHON, "-X", "importtime", "-m", "storybias.cli", "generate", str(profile(tmp_path, run))],
             env=env,
             capture_output=True,
             text=True,
-            timeout=120,
+            timeout=600,
         )
         assert second.returncode == 3
         assert f"run '{run}' is busy (pid {holder.pid}, stage generate" in second.stderr
-        assert time.time() - started < 60, "refused at once, before any model loads"
+        imported = {
+            line.rsplit("|", 1)[1].strip() for line in second.stderr.splitlines() if line.startswith("import time:")
+        }
+        assert "storybias.stages.generate" in imported, "the listing is read (the stage was imported)"
+        assert not imported & {"vllm", "torch", "ray", "openai"}, "refused before any engine or model loads"
         assert sorted(p.name for p in (tmp_path / "data" / run).iterdir()) == [".lock"], "nothing else was touched"
     finally:
         holder.kill()

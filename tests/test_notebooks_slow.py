@@ -4,9 +4,9 @@ values the notebooks recorded and the figures and explorer they produced.
 Stages 01-03 are finished by then (fixtures in conftest.py), so their notebooks find nothing left to
 compute and re-run their analysis cells from the stored data; 04-07 compute for real. `--nbval-lax`:
 every cell must run without error, and the cells marked `# NBVAL_CHECK_OUTPUT` must reproduce the
-committed outputs (of `make publish-notebooks`, on the smoke profile) after tests/nbval_sanitize.cfg has
-replaced run names, paths and durations. Those are the outputs that do not depend on what the LLM
-wrote: stage 01's plan and example prompts, and every stage's data-contract cell (column names and
+committed outputs (the default run's, copied in by `make publish-notebooks`) after
+tests/nbval_sanitize.cfg has replaced run names, paths and durations. Those are the outputs that depend
+neither on the profile nor on what the LLM wrote: every stage's data-contract cell (column names and
 Arrow types of its artifacts, which the stages write with explicit schemas). Counts and statistics
 computed from generated text vary between runs and are checked by the named-value tests below.
 """
@@ -32,8 +32,8 @@ NOTEBOOKS = [
 
 
 @pytest.fixture(scope="module")
-def nbval_run(extracted, kill_profile):
-    path, env, tmp = kill_profile
+def nbval_run(extracted, smoke_profile):
+    path, env, tmp = smoke_profile
     env = dict(env, STORYBIAS_PARAMS=str(path), STORYBIAS_FIGURES=str(tmp / "figures"))
     proc = subprocess.run(
         [
@@ -121,10 +121,10 @@ def test_every_figure_is_written_as_png_and_pdf_with_an_index(nbval_run):
     assert not next(r for r in index["figures"] if r["stem"] == "01_vsr_heatmap")["no_data"]
 
 
-def test_explorer_page_from_the_smoke_run(nbval_run, kill_profile):
+def test_explorer_page_from_the_smoke_run(nbval_run, smoke_profile):
     _, data, figures, env = nbval_run
     proc = subprocess.run(
-        [sys.executable, "-m", "storybias.cli", "explorer", str(kill_profile[0])],
+        [sys.executable, "-m", "storybias.cli", "explorer", str(smoke_profile[0])],
         cwd=paths.repo_root(),
         env=env,
         capture_output=True,

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError, field_validator
+from pydantic import ValidationError, field_validator, model_validator
 
 from storybias.config.analysis_sections import (
     AssociationSettings,
@@ -35,6 +35,7 @@ from storybias.config.analysis_sections import (
     ProbeSettings,
     UmapSettings,
 )
+from storybias.config.corpus import RELEASE_LANGUAGE, CorpusSettings, check_files
 from storybias.config.designs import design_cells, get
 from storybias.config.designs import get as get_design
 from storybias.config.prompts import available_languages
@@ -74,6 +75,7 @@ __all__ = [
     "SERVED_ONLY_FIELDS",
     "AssociationSettings",
     "Comparison",
+    "CorpusSettings",
     "DesignRun",
     "Designs",
     "EngineSettings",
@@ -113,9 +115,18 @@ class ParamsError(ValueError):
     """Invalid parameters; the message names the file and the key."""
 
 
+# StereoTales' ten languages, in storybias' codes: the stereotales design a corpus profile reads
+RELEASE_LANGUAGES = [
+    RELEASE_LANGUAGE.get(code, code) for code in ("en", "ar", "du", "es", "fr", "hi", "it", "pt", "uk", "zh")
+]
+# the engine a corpus profile without generation: runs stage 03's and 04's local models on (no story is generated)
+CORPUS_GENERATION = {"models": [{"name": "qwen2.5-coder-1.5b", "source": "embedded"}]}
+
+
 class Profile(Strict):
     run_name: str | None = None
     description: str = ""
+    corpus: CorpusSettings | None = None  # import the stories instead of generating them (storybias.config.corpus)
     generation: GenerationSettings
     designs: Designs
     filter: FilterSettings = FilterSettings()
@@ -137,6 +148,23 @@ class Profile(Strict):
         if not RUN_NAME.match(value):
             raise ValueError("run_name may hold letters, digits, '.', '_' and '-' only")
         return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _corpus_needs_no_generation(cls, data: Any) -> Any:
+        """A corpus profile imports its stories: ``designs`` is the stereotales design in the corpus'
+        languages, and ``generation`` (optional) only sets the engine of stage 03's and 04's models."""
+        if not isinstance(data, dict) or not isinstance(data.get("corpus"), dict):
+            return data
+        if "designs" in data:
+            raise ValueError(
+                "designs: a profile with corpus: imports its stories and generates none; remove designs: "
+                "(corpus.languages chooses the languages)"
+            )
+        languages = data["corpus"].get("languages") or RELEASE_LANGUAGES
+        generation = dict(data.get("generation") or {})
+        generation.setdefault("models", CORPUS_GENERATION["models"])
+        return {**data, "generation": generation, "designs": {"stereotales": {"languages": languages}}}
 
 
 # Which sections each stage reads (the stage registry's, storybias.core.artifacts): the stage's params
@@ -214,6 +242,8 @@ def _check_semantics(profile: Profile, source: Path) -> list[str]:
     """Checks that need the design files or the file system."""
     problems = _check_design_runs(profile)
     problems += _check_comparisons(profile)
+    if profile.corpus is not None:
+        problems += check_files(profile.corpus)
     if not any(
         getattr(profile.designs, d, None) is not None and getattr(profile.designs, d).enabled for d in design_names()
     ):

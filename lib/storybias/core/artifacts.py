@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +33,7 @@ import pandas as pd
 import pyarrow as pa
 
 from storybias.core import paths
-from storybias.core.io import write_json_atomic, write_parquet_atomic
+from storybias.core.io import parquet_writer_atomic, write_json_atomic, write_parquet_atomic
 
 
 @dataclass(frozen=True)
@@ -62,7 +64,7 @@ DESIGN_FILES = "params/designs/*/*.yaml"
 DESIGN_SPECS = "params/designs/*/design.yaml"
 
 STAGES: tuple[Stage, ...] = (
-    Stage(1, "generate", "stages.generate", ("generation", "designs"), "stories", (), (DESIGN_FILES,)),
+    Stage(1, "generate", "stages.generate", ("generation", "designs", "corpus"), "stories", (), (DESIGN_FILES,)),
     Stage(
         2,
         "filter",
@@ -77,7 +79,7 @@ STAGES: tuple[Stage, ...] = (
         3,
         "extract",
         "stages.extract",
-        ("filter", "extract", "generation.engine"),
+        ("filter", "extract", "generation.engine", "corpus"),
         "attributes of every valid story",
         ("filtered",),
         (DESIGN_SPECS, "params/extract/gold/*.yaml", "params/extract/*.yaml"),
@@ -194,6 +196,13 @@ ARTIFACTS: tuple[Artifact, ...] = (
     ),
     _manifest("generate", "resolved parameters, seeds, counts, versions and timings of stage 01"),
     Artifact(
+        "corpus",
+        "corpus.parquet",
+        "generate",
+        "an imported corpus only: each story's source file, row and ids, prompt variant, published extraction",
+        "stages.generate.corpus:CORPUS_SCHEMA",
+    ),
+    Artifact(
         "filtered",
         "filtered.parquet",
         "filter",
@@ -237,6 +246,13 @@ ARTIFACTS: tuple[Artifact, ...] = (
         "issue #15's gold-set target numbers per language (extract.gold_targets)",
     ),
     Artifact("gold_summary", "gold_summary.json", "extract", "gold-set evaluation summary"),
+    Artifact(
+        "published_agreement",
+        "published_agreement.parquet",
+        "extract",
+        "corpus.extractions both: storybias' extraction against the published consensus per field x language",
+        "stages.extract.published:AGREEMENT_SCHEMA",
+    ),
     _manifest("extract", "extractor timings, tokens, reuse reasons and parse failures"),
     *(
         Artifact(name, f"{name}.parquet", "associations", meaning, f"stages.associations.tables:OUTPUT_SCHEMAS[{name}]")
@@ -326,6 +342,23 @@ def write(run_name: str, name: str, frame: Any) -> Path:
         if not isinstance(frame, pa.Table):
             frame = frame[expected.names]
     return write_parquet_atomic(frame, target, schema=expected)
+
+
+@contextmanager
+def writer(run_name: str, name: str) -> Iterator[Callable[[pa.Table], None]]:
+    """Write table artifact ``name`` batch by batch (a corpus too large to hold twice): each batch is
+    cast to the registry schema; the file appears only when the block ends without an error."""
+    entry = artifact(name)
+    expected = entry.schema()
+    if expected is None or not entry.pattern.endswith(".parquet"):
+        raise ValueError(f"artifact {name!r} has no fixed table schema: write it with write()")
+
+    with parquet_writer_atomic(entry.path(run_name), expected) as out:
+
+        def write_batch(batch: pa.Table) -> None:
+            out.write_table(batch.select(expected.names).cast(expected))
+
+        yield write_batch
 
 
 def outputs(stage: str, run_name: str) -> list[Path]:

@@ -98,6 +98,18 @@ def write_parquet_atomic(table: pd.DataFrame | pa.Table, path: Path, schema: pa.
     return path
 
 
+@contextmanager
+def parquet_writer_atomic(path: Path, schema: pa.Schema) -> Iterator[pq.ParquetWriter]:
+    """A parquet file written batch by batch (``writer.write_table``), renamed into place only when the
+    block ends without an error: a kill mid-way leaves the old file or none, never a part of one."""
+    with atomic_open(path, "wb") as fh:
+        writer = pq.ParquetWriter(fh, schema)
+        try:
+            yield writer
+        finally:
+            writer.close()
+
+
 def write_json_atomic(obj: Any, path: Path) -> Path:
     with atomic_open(path, "w", encoding="utf-8") as fh:
         json.dump(obj, fh, indent=2, ensure_ascii=False, default=str)

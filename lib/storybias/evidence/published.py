@@ -297,3 +297,61 @@ def _per_attribute(considered: pd.DataFrame, sig_keys: pd.DataFrame) -> pd.DataF
             }
         )
     return pd.DataFrame(per, columns=_PER_ATTRIBUTE_COLUMNS)
+
+
+# --- the release's extracted profiles (extracted_attributes_json) ---------------------------------
+
+UNKNOWN = "unknown"
+PROFILE_OK, PROFILE_EMPTY, PROFILE_UNPARSABLE = "ok", "empty", "unparsable"
+
+
+@cache
+def scenario_index() -> dict[str, str]:
+    """A released ``scenario_key`` (the English scenario, or storybias' key) -> storybias' scenario key."""
+    index: dict[str, str] = {}
+    for key, text in reference_taxonomy()["scenarios"].items():
+        index[key] = key
+        index[" ".join(str(text).lower().split())] = key
+    return index
+
+
+def scenario_of(label: str) -> str:
+    """storybias' key of a released scenario; KeyError naming it when it is none of the 36."""
+    key = scenario_index().get(" ".join(label.lower().split()))
+    if key is None:
+        raise KeyError(f"no scenario {label!r} in reference.yaml")
+    return key
+
+
+@cache
+def extraction_value(attribute: str, label: str) -> str:
+    """The canonical key of one value of a released profile: ``unknown``, ``other`` where the dimension
+    allows it, or a taxonomy value in either published spelling. KeyError naming the dimension and the label."""
+    if " ".join(label.lower().split()) == UNKNOWN:
+        if attribute not in label_index():
+            raise KeyError(f"unknown attribute {attribute!r}")
+        return UNKNOWN
+    return canonical_value(attribute, label)
+
+
+def published_profile(text: str | None) -> tuple[str, dict[str, str]]:
+    """A released ``extracted_attributes_json`` as (status, {dimension: canonical key}).
+
+    Status ``empty`` for ``{}`` (no extraction matched), ``unparsable`` for text that is not a JSON object;
+    both are kept by the caller and counted. A dimension or label outside the taxonomy raises KeyError
+    naming it: the release uses only the taxonomy's labels, so that is a wrong file, not a story to skip."""
+    try:
+        data = json.loads(text) if text else None
+    except json.JSONDecodeError:
+        return PROFILE_UNPARSABLE, {}
+    if not isinstance(data, dict):
+        return PROFILE_UNPARSABLE, {}
+    if not data:
+        return PROFILE_EMPTY, {}
+    profile = {}
+    for attribute, label in data.items():
+        name = "_".join(str(attribute).strip().lower().split())
+        if not isinstance(label, str):
+            raise KeyError(f"{attribute}: value {label!r} is not a string")
+        profile[name] = extraction_value(name, label)
+    return PROFILE_OK, profile

@@ -29,6 +29,7 @@ from storybias.engines import ChatEngine, ChatRequest, ChatResult, entered_info,
 from storybias.engines.cache import CachingEngine, ResponseCache
 from storybias.engines.runner import RunStats, run_requests
 from storybias.stages.extract import facts as extract_facts
+from storybias.stages.extract import published
 from storybias.stages.extract.answers import (
     GOLD_SECTIONS,
     RAW_SCHEMA,
@@ -268,6 +269,33 @@ def extract_with(
     return rows + step2, _timings(engine, stats, len(jobs), len(step2), time.time() - started)
 
 
+def _manifest(
+    params: Params,
+    extractions: pd.DataFrame,
+    raw: pd.DataFrame,
+    resolved: pd.DataFrame,
+    timings: dict[str, Any],
+    agreement_how: str,
+) -> dict[str, Any]:
+    reuse: Counter = Counter()
+    for t in timings.values():
+        reuse.update(t["reuse"])
+    return {
+        "stage": "extract",
+        "params": params.resolved()["extract"],
+        "engine": params.resolved()["generation"]["engine"],
+        "timings": timings,
+        "agreement": agreement_how,
+        "n_stories": len(extractions),
+        "reuse": dict(reuse),
+        "n_parse_failed": int((~extractions["parse_ok"]).sum()),
+        "n_request_errors": {name: t["n_request_errors"] for name, t in timings.items()},
+        "two_step": extract_facts.summary(final_answers(raw), resolved)
+        if params.extract.prompt_design == "two_step"
+        else None,
+    }
+
+
 @holds_run_lock("extract")
 def run(
     params: Params,
@@ -282,6 +310,8 @@ def run(
     if not source.is_file():
         raise FileNotFoundError(f"{source} is missing: run stage 02 first (make filter)")
     stories = select(pd.read_parquet(source))  # each design's study rule (filter.exclude, stage 02)
+    if params.corpus is not None and params.corpus.extractions == "published":
+        return run_published(params, stories, log)
     jobs = plan_jobs(stories, settings)
     sections_of = {j.story_id: j.sections for j in jobs}
     factory = engine_factory or (lambda spec: open_engine(spec, params.generation.engine, settings.seed, run_name))
@@ -314,29 +344,13 @@ def run(
     resolved = extract_facts.resolve(final_answers(raw), settings)  # two_step: step 1 merged with step 2
     extractions = assemble(stories, resolved, settings)
     agree, agreement_how = agreement_table(stories, resolved, settings)
-    reuse: Counter = Counter()
-    for t in timings.values():
-        reuse.update(t["reuse"])
     artifacts.write(run_name, "extraction_raw", raw)
     artifacts.write(run_name, "extraction_agreement", agree)
-    artifacts.write(
-        run_name,
-        "manifest_extract",
-        {
-            "stage": "extract",
-            "params": params.resolved()["extract"],
-            "engine": params.resolved()["generation"]["engine"],
-            "timings": timings,
-            "agreement": agreement_how,
-            "n_stories": len(extractions),
-            "reuse": dict(reuse),
-            "n_parse_failed": int((~extractions["parse_ok"]).sum()),
-            "n_request_errors": {name: t["n_request_errors"] for name, t in timings.items()},
-            "two_step": extract_facts.summary(final_answers(raw), resolved)
-            if settings.prompt_design == "two_step"
-            else None,
-        },
-    )
+    artifacts.write(run_name, "manifest_extract", _manifest(params, extractions, raw, resolved, timings, agreement_how))
+    compared = None
+    if params.corpus is not None and params.corpus.extractions == "both":
+        compared = compare_published(run_name, stories, extractions)
+        log(f"storybias against the published extractions: {compared['n_stories']} stories compared")
     artifacts.write(run_name, "extractions", extractions)  # last: Make's target
     return {
         "stories": stories,
@@ -347,4 +361,55 @@ def run(
         "failures": parse_failure_table(stories, extractions),
         "timings": timings,
         "gold": gold,
+        "published": compared,
     }
+
+
+def _corpus_table(run_name: str) -> pd.DataFrame:
+    source = artifacts.path(run_name, "corpus")
+    if not source.is_file():
+        raise FileNotFoundError(f"{source} is missing: stage 01 writes it on a profile with corpus: (make generate)")
+    return pd.read_parquet(source, columns=["story_id", "published_extraction"])
+
+
+def run_published(params: Params, stories: pd.DataFrame, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Stage 03 with ``corpus.extractions: published``: the release's extractions mapped, no model asked."""
+    run_name = params.run_name
+    started = time.time()
+    extractions, counts = published.published_extractions(stories, _corpus_table(run_name))
+    log(
+        f"run '{run_name}': {counts['n_stories']} published extractions mapped; {counts['n_parse_failed']} "
+        f"empty or unparsable kept with parse_ok false ({counts['profiles']})"
+    )
+    artifacts.write(run_name, "extraction_raw", pd.DataFrame(columns=RAW_SCHEMA.names))
+    artifacts.write(run_name, "extraction_agreement", pd.DataFrame())
+    manifest = {
+        "stage": "extract",
+        "mode": "published",
+        "params": params.resolved()["extract"],
+        "corpus": params.resolved()["corpus"],
+        **counts,
+        "seconds": round(time.time() - started, 1),
+    }
+    artifacts.write(run_name, "manifest_extract", manifest)
+    artifacts.write(run_name, "extractions", extractions)  # last: Make's target
+    return {
+        "stories": stories,
+        "extractions": extractions,
+        "raw": pd.DataFrame(columns=RAW_SCHEMA.names),
+        "agreement": pd.DataFrame(),
+        "agreement_how": "published extractions: the release's three-extractor consensus, one answer per story",
+        "failures": parse_failure_table(stories, extractions),
+        "timings": {},
+        "gold": None,
+        "published": counts,
+    }
+
+
+def compare_published(run_name: str, stories: pd.DataFrame, extractions: pd.DataFrame) -> dict[str, Any]:
+    """``corpus.extractions: both``: storybias' extractions against the published ones, written as
+    published_agreement.parquet."""
+    theirs, counts = published.published_extractions(stories, _corpus_table(run_name))
+    table = published.agreement_with_published(extractions, theirs, stories)
+    artifacts.write(run_name, "published_agreement", table)
+    return {"n_stories": int(len(stories)), **counts}

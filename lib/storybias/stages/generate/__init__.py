@@ -28,14 +28,24 @@ from typing import Any
 
 import pandas as pd
 
+from storybias.config import plan as grid
 from storybias.config.models import embedded_weights, prepare_embedded
 from storybias.config.params import ModelSpec, Params, Sampling
-from storybias.config.plan import ERROR, plan, plan_columns, stories_schema
-from storybias.core import artifacts
+from storybias.config.plan import ERROR, plan_columns, stories_schema
+from storybias.core import artifacts, paths
 from storybias.core.locks import holds_run_lock
 from storybias.engines import ChatEngine, ChatRequest, ChatResult, entered_info, open_engine, preflight
 from storybias.engines.cache import REUSED, CachingEngine, ResponseCache, cache_dir
 from storybias.engines.runner import run_requests
+from storybias.stages.generate import corpus
+
+
+def plan(params: Params, progress: bool = False) -> pd.DataFrame:
+    """The stories stage 01 will write: the profile's prompt grid, or (a profile with ``corpus:``) the
+    corpus' rows it keeps, read and checked without their text (``storybias.stages.generate.corpus``)."""
+    if params.corpus is not None:
+        return corpus.read_plan(params.corpus, progress)
+    return grid.plan(params)
 
 
 def story_request(row: dict[str, Any]) -> ChatRequest:
@@ -148,6 +158,8 @@ def run(
     manifest_generate.json."""
     started = time.time()
     run_name = params.run_name
+    if params.corpus is not None:
+        return import_corpus(params, progress, log)
     planned = plan(params)
     factory = engine_factory or (
         lambda spec: open_engine(spec, params.generation.engine, params.generation.seed, run_name)
@@ -193,6 +205,22 @@ def run(
         + (f"; {n_errors} failed requests stored as errors: a rerun asks for them again)" if n_errors else ")")
     )
     return GenerateResult(stories=frame, runs=runs, manifest=manifest)
+
+
+def import_corpus(params: Params, progress: bool = True, log: Callable[[str], None] = print) -> GenerateResult:
+    """Stage 01 on a corpus profile: the corpus' kept rows, checked, written as stories.parquet and corpus.parquet."""
+    started = time.time()
+    settings = params.corpus
+    assert settings is not None
+    planned = corpus.read_plan(settings, progress)
+    log(f"run '{params.run_name}': importing {len(planned)} stories from {settings.path} (format {settings.format})")
+    counts = corpus.write_import(params.run_name, planned, paths.resolve(settings.path), progress)
+    manifest = corpus.import_manifest(settings, planned, counts, time.time() - started)
+    manifest.update(run_name=params.run_name, params=params.resolved())
+    artifacts.write(params.run_name, "manifest_generate", manifest)
+    log(f"wrote {artifacts.stories_path(params.run_name)} ({counts['rows']} imported stories)")
+    stories = planned.assign(finish_reason=corpus.IMPORTED)  # the text stays in the file: a corpus can be large
+    return GenerateResult(stories=stories[[*plan_columns(), "finish_reason"]], runs=[], manifest=manifest)
 
 
 def _assemble(planned: pd.DataFrame, stories: list[dict[str, Any]]) -> pd.DataFrame:
@@ -249,6 +277,8 @@ def _manifest(
 
 def prepare_models(params: Params, log: Callable[[str], None] = print) -> None:
     """Build the folder of each embedded model the run uses (a no-op once cached)."""
-    specs = [*params.generation.models, *params.extract.models, *params.associations.judge.models]
+    generating = params.generation.models if params.corpus is None else []
+    extracting = params.extract.models if params.corpus is None or params.corpus.extractions != "published" else []
+    specs = [*generating, *extracting, *params.associations.judge.models]
     for key in sorted({m.embedded for m in specs if m.source == "embedded"}):
         prepare_embedded(key, log=log)

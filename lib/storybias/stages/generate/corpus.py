@@ -1,0 +1,309 @@
+"""Stage 01 on a profile with ``corpus:``: import a published corpus into stories.parquet instead of generating.
+
+The released StereoTales shards (``storybias.config.corpus``) are read twice, shard by shard with pyarrow,
+so the raw corpus is never held in memory:
+
+1. :func:`read_plan` reads every column but the stories' text, checks each row (a label outside the
+   taxonomy, an unknown scenario, language or prompt template stops the stage with the file, the row and
+   the column), keeps the languages, models and prompt variants the profile asks for, and draws the sample;
+2. :func:`write_import` reads the kept rows' text and published extraction and writes ``stories.parquet``
+   (the same contract as a generated run's: ``design`` stereotales, ``cond_attribute`` / ``cond_value`` the
+   canonical keys of ``target_attribute`` / ``attribute_value_key``, ``cond_scenario`` from
+   ``scenario_key``, ``model`` the ``generator_model``) and ``corpus.parquet`` (the source ids, the prompt
+   template and the published extraction, which stage 03 maps).
+
+A story's id is the first 16 hex characters of sha256("import|" + the release's ``output_id``): stable
+across samples and subsets. The import writes both files under temporary names and renames them when
+done, so a kill loses only the import's own minutes and a rerun repeats it, never duplicating a row.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+from tqdm.auto import tqdm
+
+from storybias.config import designs
+from storybias.config.corpus import (
+    ADDITIONAL_TEMPLATES,
+    RELEASE_LANGUAGE,
+    SCENARIO_TEMPLATE,
+    CorpusSettings,
+    corpus_files,
+)
+from storybias.config.plan import stories_schema
+from storybias.config.prompts import LANGUAGES
+from storybias.core import artifacts
+from storybias.evidence.published import canonical_value, published_profile, scenario_of
+
+PLAN_READ = [
+    "sample_id",
+    "output_id",
+    "generator_model",
+    "language",
+    "target_attribute",
+    "attribute_value_key",
+    "scenario_key",
+    "prompt_template",
+    "user_prompt",
+    "extracted_attributes_json",
+]
+BATCH_ROWS = 50_000  # one released shard
+SEP = "\x1f"  # joins a dimension and its label into one lookup key
+IMPORTED = "imported"  # finish_reason of an imported story: the release records none
+
+CORPUS_SCHEMA = pa.schema(
+    [
+        ("story_id", pa.string()),
+        ("source_file", pa.string()),  # relative to corpus.path
+        ("source_row", pa.int64()),  # the row in that file, from 0
+        ("sample_id", pa.string()),  # the release's prompt id
+        ("output_id", pa.string()),  # the release's story id
+        ("prompt_template", pa.string()),  # scenario_based, or an additional_en variant
+        ("additional_en", pa.bool_()),
+        ("published_extraction", pa.string()),  # extracted_attributes_json as released
+    ]
+)
+
+
+class CorpusError(ValueError):
+    """A corpus file holds something the import cannot read; the message names the file, row and column."""
+
+
+def story_id_of(output_id: str) -> str:
+    return hashlib.sha256(f"import|{output_id}".encode()).hexdigest()[:16]
+
+
+def _where(file: Path, row: int, column: str) -> str:
+    return f"{file}: row {row}, column {column}"
+
+
+def _map_column(values: pd.Series, column: str, mapper: Callable[[Any], Any], file: Path, offset: int) -> pd.Series:
+    """``mapper`` over the distinct ``values`` (of ``column``); the first failure names its file, row and column."""
+    mapped: dict[Any, Any] = {}
+    for value in values.dropna().unique():
+        try:
+            mapped[value] = mapper(value)
+        except (KeyError, TypeError, ValueError) as exc:
+            row = int(values.index[values.eq(value)][0])
+            raise CorpusError(f"{_where(file, offset + row, column)}: {str(exc).strip(chr(34))}") from None
+    if values.isna().any():
+        raise CorpusError(f"{_where(file, offset + int(values.index[values.isna()][0]), column)}: empty")
+    return values.map(mapped)
+
+
+def _language(code: Any) -> str:
+    if not isinstance(code, str):
+        raise ValueError(f"language {code!r} is not a string")
+    language = RELEASE_LANGUAGE.get(code, code)
+    if language not in LANGUAGES:
+        raise ValueError(f"language {code!r} is not one of storybias' ({', '.join(LANGUAGES)})")
+    return language
+
+
+def _template(value: Any) -> str:
+    if value != SCENARIO_TEMPLATE and value not in ADDITIONAL_TEMPLATES:
+        allowed = ", ".join((SCENARIO_TEMPLATE, *ADDITIONAL_TEMPLATES))
+        raise ValueError(f"prompt template {value!r} is not one of {allowed}")
+    return str(value)
+
+
+def _attribute(value: Any) -> str:
+    if value not in designs.dimensions():
+        raise ValueError(f"target attribute {value!r} is not one of StereoTales' 19 dimensions")
+    return str(value)
+
+
+def _check_profiles(frame: pd.DataFrame, file: Path, offset: int) -> None:
+    """Every published extraction's dimensions and labels are the taxonomy's (``{}`` and text that is not
+    JSON pass: stage 03 keeps and counts them)."""
+    for row, text in frame["extracted_attributes_json"].items():
+        try:
+            published_profile(text)
+        except KeyError as exc:
+            where = _where(file, offset + int(row), "extracted_attributes_json")
+            raise CorpusError(f"{where}: {str(exc).strip(chr(34))}") from None
+
+
+def _plan_batch(frame: pd.DataFrame, file: Path, offset: int, settings: CorpusSettings) -> pd.DataFrame:
+    """One batch of released rows as planned stories (without text), checked row by row."""
+    for column in ("output_id", "generator_model"):
+        empty = frame[column].isna() | frame[column].eq("")
+        if empty.any():
+            raise CorpusError(f"{_where(file, offset + int(empty.idxmax()), column)}: empty")
+    language = _map_column(frame["language"], "language", _language, file, offset)
+    template = _map_column(frame["prompt_template"], "prompt_template", _template, file, offset)
+    additional = template.ne(SCENARIO_TEMPLATE)
+    keep = pd.Series(True, index=frame.index)
+    if settings.languages is not None:
+        keep &= language.isin(settings.languages)
+    if settings.models is not None:
+        keep &= frame["generator_model"].isin(settings.models)
+    if not settings.additional_en:
+        keep &= ~additional
+    rows = frame.index[keep]
+    attribute = _map_column(frame.loc[rows, "target_attribute"], "target_attribute", _attribute, file, offset)
+    labels = frame.loc[rows, "attribute_value_key"]
+    pairs = (attribute + SEP + labels).where(labels.notna())  # one lookup per distinct (dimension, label)
+    value = _map_column(pairs, "attribute_value_key", lambda p: canonical_value(*p.split(SEP)), file, offset)
+    scenario_rows = rows[~additional[rows].to_numpy()]
+    scenario = _map_column(frame.loc[scenario_rows, "scenario_key"], "scenario_key", scenario_of, file, offset)
+    _check_profiles(frame.loc[rows], file, offset)
+    out = pd.DataFrame(
+        {
+            "sample_id": frame.loc[rows, "sample_id"],
+            "output_id": frame.loc[rows, "output_id"],
+            "model": frame.loc[rows, "generator_model"],
+            "language": language[rows],
+            "cond_attribute": attribute,
+            "cond_value": value,
+            "cond_scenario": scenario.reindex(rows),
+            "prompt_template": template[rows],
+            "additional_en": additional[rows],
+            "prompt": frame.loc[rows, "user_prompt"],
+            "source_row": rows.to_numpy() + offset,
+        }
+    )
+    out["source_file"] = str(file)
+    return out
+
+
+def _batches(file: Path, columns: list[str], what: str) -> Iterator[tuple[int, pd.DataFrame]]:
+    """(first row, frame) per record batch of one file; a missing column names the file."""
+    try:
+        source = pq.ParquetFile(file)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise CorpusError(f"{file}: not a parquet file ({exc})") from None
+    missing = [c for c in columns if c not in source.schema_arrow.names]
+    if missing:
+        raise CorpusError(f"{file}: missing column(s) {', '.join(missing)} ({what})")
+    offset = 0
+    for batch in source.iter_batches(batch_size=BATCH_ROWS, columns=columns):
+        frame = batch.to_pandas()
+        yield offset, frame
+        offset += len(frame)
+
+
+def _draw(plan: pd.DataFrame, sample: int | None, seed: int) -> pd.DataFrame:
+    """At most ``sample`` stories per model x language: those whose sha256(seed|output_id) is smallest, so the
+    draw does not depend on the order of the files, and a larger sample contains a smaller one."""
+    if sample is None:
+        return plan
+    rank = plan["output_id"].map(lambda oid: hashlib.sha256(f"{seed}|{oid}".encode()).hexdigest())
+    order = plan.assign(_rank=rank).sort_values("_rank", kind="stable")
+    kept = order.groupby(["model", "language"], sort=False).head(sample).index
+    return plan.loc[plan.index.isin(kept)]
+
+
+def _finish_plan(plan: pd.DataFrame) -> pd.DataFrame:
+    """The planned-story columns of stories.parquet (plan_columns) for the imported rows."""
+    category_of = {
+        scenario: category
+        for category, scenarios in designs.load_design("stereotales")["scenario_categories"].items()
+        for scenario in scenarios
+    }
+    plan = plan.reset_index(drop=True)
+    variant = plan["cond_scenario"].where(~plan["additional_en"], "additional_en:" + plan["prompt_template"])
+    plan["story_id"] = plan["output_id"].map(story_id_of)
+    plan["design"] = "stereotales"
+    plan["prompt_id"] = "stereotales/" + plan["cond_attribute"] + "=" + plan["cond_value"] + "/" + variant
+    # the release's additional_en prompts have several stories each (15): sample numbers them by output id
+    plan["sample"] = plan.groupby("sample_id")["output_id"].rank(method="first").astype("int64") - 1
+    plan["seed"] = None
+    plan["cond_scenario_category"] = plan["cond_scenario"].map(category_of)
+    for column in designs.all_condition_columns():
+        if column not in plan:
+            plan[column] = None
+    return plan
+
+
+def read_plan(settings: CorpusSettings, progress: bool = True) -> pd.DataFrame:
+    """Pass 1: the corpus' rows the profile keeps, checked, as planned stories (no text yet), in file order."""
+    files = corpus_files(settings)
+    frames, seen_models = [], set()
+    for file in tqdm(files, desc="corpus: read and check", unit="file", disable=not progress):
+        for offset, frame in _batches(file, PLAN_READ, f"format {settings.format}"):
+            seen_models.update(frame["generator_model"].dropna().unique())
+            frames.append(_plan_batch(frame, file, offset, settings))
+    missing = sorted(set(settings.models or ()) - seen_models)
+    if missing:
+        raise CorpusError(
+            f"corpus.models: {', '.join(missing)} not in the corpus (its generator_model values: "
+            f"{', '.join(sorted(seen_models))})"
+        )
+    plan = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    if plan.empty:
+        raise CorpusError(
+            f"corpus: no story left in {len(files)} file(s) after languages {settings.languages}, "
+            f"models {settings.models}, additional_en {settings.additional_en}"
+        )
+    repeated = plan["output_id"].duplicated(keep=False)
+    if repeated.any():
+        first = plan[repeated].iloc[:2]
+        places = "; ".join(f"{r.source_file}: row {r.source_row}" for r in first.itertuples())
+        raise CorpusError(f"corpus: output_id {first.iloc[0]['output_id']!r} appears twice ({places})")
+    return _finish_plan(_draw(plan, settings.sample, settings.seed))
+
+
+def _stories_batch(planned: pd.DataFrame, texts: pd.Series) -> pd.DataFrame:
+    out = planned.copy()
+    out["text"] = texts.fillna("").to_numpy()
+    out["finish_reason"] = IMPORTED
+    for column in ("n_tokens", "n_prompt_tokens", "gen_config", "generated_at", "error"):
+        out[column] = None
+    return out
+
+
+def write_import(run_name: str, plan: pd.DataFrame, root: Path, progress: bool = True) -> dict[str, int]:
+    """Pass 2: every planned story's text and published extraction, written as stories.parquet and
+    corpus.parquet one released batch at a time. Returns counts (rows, empty stories)."""
+    counts = {"rows": 0, "empty_stories": 0}
+    names = stories_schema().names
+    with artifacts.writer(run_name, "stories") as stories_out, artifacts.writer(run_name, "corpus") as corpus_out:
+        bar = tqdm(total=len(plan), desc="corpus: import", unit="story", disable=not progress)
+        for file, rows in plan.groupby("source_file", sort=False):
+            rows = rows.sort_values("source_row")
+            for offset, frame in _batches(Path(str(file)), ["story", "extracted_attributes_json"], "pass 2"):
+                here = rows[(rows["source_row"] >= offset) & (rows["source_row"] < offset + len(frame))]
+                if here.empty:
+                    continue
+                picked = frame.iloc[(here["source_row"] - offset).to_numpy()]
+                batch = _stories_batch(here, picked["story"])
+                stories_out(pa.Table.from_pandas(batch[names], schema=stories_schema(), preserve_index=False))
+                source = here.assign(
+                    source_file=str(Path(str(file)).relative_to(root)) if root.is_dir() else Path(str(file)).name,
+                    published_extraction=picked["extracted_attributes_json"].to_numpy(),
+                )
+                corpus_out(
+                    pa.Table.from_pandas(source[CORPUS_SCHEMA.names], schema=CORPUS_SCHEMA, preserve_index=False)
+                )
+                counts["rows"] += len(here)
+                counts["empty_stories"] += int(batch["text"].str.strip().eq("").sum())
+                bar.update(len(here))
+        bar.close()
+    return counts
+
+
+def import_manifest(settings: CorpusSettings, plan: pd.DataFrame, counts: dict[str, int], seconds: float) -> dict:
+    """What stage 01 did on a corpus profile: which files, what it kept, per model x language."""
+    per_cell = plan.groupby(["model", "language"]).size().rename("n").reset_index()
+    return {
+        "stage": "generate",
+        "mode": "import",
+        "corpus": settings.model_dump(mode="json"),
+        "files": sorted(plan["source_file"].unique().tolist()),
+        "n_stories": int(counts["rows"]),
+        "n_empty_stories": int(counts["empty_stories"]),
+        "n_additional_en": int(plan["additional_en"].sum()),
+        "generator_models": sorted(plan["model"].unique().tolist()),
+        "stories_per_cell": per_cell.to_dict("records"),
+        "wall_seconds": round(seconds, 1),
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }

@@ -1,0 +1,227 @@
+"""Importing StereoTales' released corpus (issue #28): stage 01 imports, stage 03 maps the published
+extractions, stage 04 finds the planted association; bad input stops stage 01 naming file, row and column.
+
+The shards are synthetic, in the released schema (storybias.tools.synthetic_corpus): every column, French
+prompted values, both published spellings, `{}` and unparsable extractions, additional_en rows, two models.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from fake_engine import FakeEngine
+from storybias.config import params
+from storybias.core import artifacts
+from storybias.stages import associations, extract, generate
+from storybias.stages import filter as filter_stage
+from storybias.stages.generate.corpus import CorpusError, story_id_of
+from storybias.tools.synthetic_corpus import write_synthetic_corpus
+
+MODELS = ("anthropic/claude-opus-4-6", "azure_ai/gpt-4o")
+
+
+@pytest.fixture
+def data_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path / "data"))
+    return tmp_path / "data"
+
+
+def _profile(tmp_path: Path, corpus: dict, **extra) -> params.Params:
+    path = tmp_path / "corpus.yaml"
+    path.write_text(yaml.safe_dump({"run_name": "corpus-test", "corpus": {"format": "stereotales", **corpus}, **extra}))
+    return params.load(path)
+
+
+@pytest.fixture(scope="module")
+def corpus_root(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("stereotales")
+    write_synthetic_corpus(root, models=MODELS, rows_per_cell=144, shard_rows=100, seed=3)
+    return root
+
+
+def _released(root: Path) -> pd.DataFrame:
+    return pd.concat([pd.read_parquet(f).assign(_file=str(f)) for f in sorted(root.rglob("*.parquet"))])
+
+
+def test_a_corpus_profile_needs_no_generation_or_designs(tmp_path, corpus_root):
+    p = _profile(tmp_path, {"path": str(corpus_root), "languages": ["en", "fr"]})
+    assert p.corpus.extractions == "published" and p.corpus.additional_en
+    assert list(p.enabled_designs()) == ["stereotales"] and p.designs.stereotales.languages == ["en", "fr"]
+    path = tmp_path / "both.yaml"
+    path.write_text(
+        yaml.safe_dump({"corpus": {"format": "stereotales", "path": str(corpus_root)}, "designs": {"bedtime": {}}})
+    )
+    with pytest.raises(params.ParamsError, match="designs: a profile with corpus"):
+        params.load(path)
+
+
+def test_import_is_one_story_per_row_with_canonical_keys(tmp_path, data_dir, corpus_root):
+    p = _profile(tmp_path, {"path": str(corpus_root)})
+    result = generate.run(p, progress=False, log=lambda m: None)
+    stories = pd.read_parquet(artifacts.path(p.run_name, "stories"))
+    source = pd.read_parquet(artifacts.path(p.run_name, "corpus"))
+    released = _released(corpus_root)
+    assert len(stories) == len(released) == 3 * 2 * 144 and stories["story_id"].is_unique
+    assert set(stories["story_id"]) == {story_id_of(o) for o in released["output_id"]}
+    assert (stories["design"] == "stereotales").all() and set(stories["model"]) == set(MODELS)
+    # French prompted values ('homme') become the canonical keys of attribute_value_key
+    fr = stories[stories["language"] == "fr"]
+    assert set(fr["cond_value"]) == {"man", "woman", "non_binary"} and set(fr["cond_attribute"]) == {"gender"}
+    joined = stories.merge(source, on="story_id")
+    extra = joined[joined["additional_en"]]
+    assert len(extra) == 2 * 144 and (extra["language"] == "en").all() and extra["cond_scenario"].isna().all()
+    assert extra["prompt_id"].str.contains("/additional_en:").all()
+    scenario = joined[~joined["additional_en"]]
+    assert scenario["cond_scenario"].notna().all() and scenario["cond_scenario_category"].notna().all()
+    # the text and the published extraction are the release's, row for row
+    by_output = released.set_index("output_id")
+    assert (joined["text"].to_numpy() == by_output.loc[joined["output_id"], "story"].to_numpy()).all()
+    assert (
+        joined["published_extraction"].to_numpy() == by_output.loc[joined["output_id"], "extracted_attributes_json"]
+    ).all()
+    assert result.manifest["mode"] == "import" and result.manifest["n_additional_en"] == 2 * 144
+
+
+def test_subsets_and_a_seeded_sample(tmp_path, data_dir, corpus_root):
+    p = _profile(
+        tmp_path,
+        {"path": str(corpus_root), "languages": ["fr"], "models": [MODELS[1]], "sample": 50, "seed": 5},
+    )
+    first = generate.plan(p)
+    assert len(first) == 50 and set(first["language"]) == {"fr"} and set(first["model"]) == {MODELS[1]}
+    assert first["story_id"].equals(generate.plan(p)["story_id"])
+    bigger = _profile(tmp_path, {"path": str(corpus_root), "languages": ["fr"], "sample": 80, "seed": 5})
+    assert set(first["story_id"]) <= set(generate.plan(bigger)["story_id"])  # a larger sample holds a smaller
+    no_extra = _profile(tmp_path, {"path": str(corpus_root), "additional_en": False})
+    assert len(generate.plan(no_extra)) == 2 * 2 * 144
+
+
+def test_published_extractions_keep_failures_and_the_prompted_value(tmp_path, data_dir, corpus_root):
+    p = _profile(tmp_path, {"path": str(corpus_root)})
+    generate.run(p, progress=False, log=lambda m: None)
+    filter_stage.run(p)
+    out = extract.run(p, progress=False, log=lambda m: None)
+    extractions = out["extractions"]
+    source = pd.read_parquet(artifacts.path(p.run_name, "corpus")).set_index("story_id")
+    broken = source["published_extraction"].map(lambda t: t == "{}" or not t.endswith("}"))
+    assert broken.sum() > 0 and out["published"]["n_parse_failed"] == broken.sum()
+    assert set(extractions.loc[~extractions["parse_ok"], "story_id"]) == set(broken[broken].index)
+    assert out["published"]["profiles"]["empty"] + out["published"]["profiles"]["unparsable"] == broken.sum()
+    stories = pd.read_parquet(artifacts.path(p.run_name, "stories")).set_index("story_id")
+    rows = extractions.set_index("story_id")
+    assert (rows["demo_gender"] == stories.loc[rows.index, "cond_value"]).all()  # the prompted value, always
+    # both published spellings map to the one key
+    raw = rows.loc[rows["parse_ok"], "raw"].map(json.loads)
+    spelled = raw.map(lambda d: d["geographic_origin"]).str.startswith("north america")
+    assert (rows.loc[spelled[spelled].index, "demo_geographic_origin"] == "north_america").all()
+    assert {"trades and manual labor", "trades and manual labor (e.g. construction, manufacturing)"} <= set(
+        raw.map(lambda d: d["professional_field"])
+    )
+    manifest = json.loads(artifacts.path(p.run_name, "manifest_extract").read_text())
+    assert manifest["mode"] == "published" and manifest["n_parse_failed"] == broken.sum()
+
+
+def test_stage_04_recovers_the_planted_association(tmp_path, data_dir, corpus_root):
+    p = _profile(tmp_path, {"path": str(corpus_root)}, associations={"max_resamples": 2000})
+    generate.run(p, progress=False, log=lambda m: None)
+    filter_stage.run(p)
+    extract.run(p, progress=False, log=lambda m: None)
+    associations.run(p, progress=False, engine_factory=lambda spec: FakeEngine(spec, answer=lambda r: "2"))
+    values = pd.read_parquet(artifacts.path(p.run_name, "associations_values"))
+    found = values[values["significant"] & (values["scope"] == "all")]
+    pairs = set(zip(found["model"], found["base_value"], found["compared_attribute"], found["compared_value"]))
+    for model in MODELS:
+        assert (model, "man", "professional_field", "trades_manual_labor") in pairs
+        assert (model, "woman", "professional_field", "healthcare_medicine") in pairs
+    planted = {"professional_field"}
+    assert set(found["compared_attribute"]) <= planted, "only the planted dimension is associated"
+
+
+def _write(path: Path, table: pa.Table) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "message"),
+    [
+        ("attribute_value_key", "wizard", "column attribute_value_key: gender has no value 'wizard'"),
+        ("target_attribute", "hair_colour", "column target_attribute: target attribute 'hair_colour'"),
+        ("scenario_key", "flying to the moon", "column scenario_key: no scenario 'flying to the moon'"),
+        ("language", "xx", "column language: language 'xx'"),
+        ("extracted_attributes_json", '{"gender": "wizard"}', "column extracted_attributes_json: gender has no value"),
+    ],
+)
+def test_a_bad_row_stops_stage_01_naming_file_row_and_column(tmp_path, data_dir, column, value, message):
+    root = tmp_path / "bad"
+    files = write_synthetic_corpus(root, models=MODELS[:1], folders=("en",), rows_per_cell=20, seed=1)
+    table = pq.read_table(files[0])
+    broken = table.column(column).to_pylist()
+    broken[7] = value
+    _write(files[0], table.set_column(table.schema.get_field_index(column), column, pa.array(broken)))
+    p = _profile(tmp_path, {"path": str(root)})
+    with pytest.raises(CorpusError, match=f"{files[0]}: row 7, {message}"):
+        generate.run(p, progress=False, log=lambda m: None)
+    assert not artifacts.path(p.run_name, "stories").exists()
+
+
+def test_bad_files_and_names_are_refused_before_any_work(tmp_path, data_dir, corpus_root):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(params.ParamsError, match="holds no .parquet file"):
+        _profile(tmp_path, {"path": str(tmp_path / "empty")})
+    fake = tmp_path / "fake" / "en" / "stories" / "eval-00000-of-00001.parquet"
+    fake.parent.mkdir(parents=True)
+    fake.write_text("sample_id,story\n1,hello\n")
+    with pytest.raises(params.ParamsError, match=f"{fake} is not a parquet file"):
+        _profile(tmp_path, {"path": str(tmp_path / "fake")})
+    table = pq.read_table(next(corpus_root.rglob("*.parquet"))).drop(["story"])
+    short = _write(tmp_path / "short" / "x.parquet", table)
+    with pytest.raises(params.ParamsError, match=f"{short} lacks column\\(s\\) story"):
+        _profile(tmp_path, {"path": str(short)})
+    p = _profile(tmp_path, {"path": str(corpus_root), "models": ["openai/gpt-5"]})
+    with pytest.raises(CorpusError, match="corpus.models: openai/gpt-5 not in the corpus"):
+        generate.run(p, progress=False, log=lambda m: None)
+
+
+def test_agreement_with_published_counts_each_side_and_leaves_out_the_prompted_field():
+    from storybias.config.designs import dimensions
+    from storybias.stages.extract.published import agreement_with_published
+
+    def frame(values: dict[str, list[str]]) -> pd.DataFrame:
+        rows = {"story_id": ["a", "b", "c", "d"], "parse_ok": [True, True, True, False]}
+        for d in dimensions():
+            rows[f"demo_{d}"] = values.get(d, ["unknown"] * 4)
+        return pd.DataFrame(rows)
+
+    ours = frame({"age": ["adult", "child", "unknown", "adult"], "gender": ["man", "man", "woman", "man"]})
+    theirs = frame({"age": ["adult", "senior", "senior", "adult"], "gender": ["man", "woman", "woman", "man"]})
+    stories = pd.DataFrame(
+        {"story_id": list("abcd"), "language": ["en", "en", "fr", "fr"], "cond_attribute": ["gender"] * 4}
+    )
+    table = agreement_with_published(ours, theirs, stories).set_index(["language", "field"])
+    age = table.loc[("all", "age")]
+    assert age["n"] == 3 and age["n_known"] == 3  # story d did not parse on our side
+    assert age["accuracy"] == pytest.approx(1 / 3) and age["ours_unknown"] == pytest.approx(1 / 3)
+    assert ("all", "gender") in table.index and table.loc[("all", "gender"), "n"] == 0  # the prompted field
+    assert table.loc[("en", "age"), "accuracy"] == pytest.approx(1 / 2)
+    assert table.loc[("all", "income_level"), "n_known"] == 0
+
+
+def test_the_shipped_profile_reads_a_downloaded_corpus(tmp_path, corpus_root):
+    shipped = yaml.safe_load(Path("params/stereotales-published.yaml").read_text())
+    shipped["corpus"]["path"] = str(corpus_root)
+    (tmp_path / "published.yaml").write_text(yaml.safe_dump(shipped))
+    p = params.load(tmp_path / "published.yaml")
+    assert p.corpus.extractions == "published" and p.run_name == "published"
+    shipped["corpus"]["path"] = str(tmp_path / "not-downloaded")
+    (tmp_path / "missing.yaml").write_text(yaml.safe_dump(shipped))
+    with pytest.raises(params.ParamsError, match="never downloads: fetch the corpus first.*huggingface-cli download"):
+        params.load(tmp_path / "missing.yaml")

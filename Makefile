@@ -98,7 +98,7 @@ define run_notebook
 	@$(PY) -m storybias.cli run-stage $(2) notebooks/$(1).ipynb $(PARAMS) --target $@
 endef
 
-.PHONY: help where venv model check-params stamps generate filter extract associations metrics probes figures explorer paper _paper test test-fast lint format typecheck bench-generate bench-ray plan bench-associations publish-notebooks lab clean-run FORCE
+.PHONY: help where venv model check-params stamps generate filter extract associations metrics probes figures explorer paper _paper test test-fast lint format typecheck bench-generate bench-ray plan bench-associations bench-import publish-notebooks lab clean-run FORCE
 
 # $(call served,TARGETS,LLM_TARGETS): make TARGETS in a sub-make; behind the run's shared local vLLM
 # server(s) (`storybias.cli with-servers`, started once, stopped when the sub-make ends or fails) when
@@ -228,6 +228,9 @@ plan: $(VENV_STAMP)  ## the work of PARAMS per design and model: requests, token
 # Stage 04's statistics at paper scale on a synthetic extraction table (no model needed).
 bench-associations: $(VENV_STAMP)  ## stage 04's statistics at paper scale on synthetic data (no model)
 	$(PY) -m storybias.cli bench-associations
+
+bench-import: $(VENV_STAMP)  ## import a paper-scale synthetic StereoTales release, then stages 02-04 on it (no model)
+	$(PY) -m storybias.cli bench-import
 
 # The explorer's browser test needs Debian's chromium + chromedriver: installed here when missing.
 test: $(VENV_STAMP)  ## every test, the slow ones (embedded model) and the browser one (installs Chromium) included

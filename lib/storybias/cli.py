@@ -15,6 +15,7 @@ bench-ray PARAMS           time a smoke generation through Ray Data's vLLM proce
                            in-process engine (start-up separately), and kill-and-resume it
 plan PARAMS                stage 01's work per design and model: requests, tokens, wall time on planning.gpus
 bench-associations         time stage 04's association tests at paper scale on synthetic extractions
+bench-import               time importing a paper-scale synthetic StereoTales release and stages 02-04 on it
 explorer PARAMS [--max-stories N]   write figures/<run>/explorer.html (stories + associations browser)
 run-stage STAGE NOTEBOOK PARAMS [--target FILE]   what Make runs: the notebook under the run's lock
 clean-run PARAMS           delete the run's own folders (data/<run>, reports/<run>, figures/<run>)
@@ -43,6 +44,7 @@ from storybias.stages.associations.power import format_planned, planned_power
 from storybias.stages.figures.explorer import build_explorer
 from storybias.tools.bench import bench_associations, bench_generate, bench_served
 from storybias.tools.bench import bench_ray as run_bench_ray
+from storybias.tools.bench_import import bench_import
 from storybias.tools.cost import estimate, format_estimate
 from storybias.tools.notebook_runner import run_stage
 from storybias.tools.planning import format_plan, profile_plan
@@ -96,6 +98,9 @@ def _add_bench_commands(sub: argparse._SubParsersAction) -> None:
         help="tables checked against the 500,000-resample Monte-Carlo Fisher test",
     )
     bench_assoc.add_argument("--jobs", type=int, default=None, help="worker processes (default: every core)")
+    bench_import = sub.add_parser("bench-import")
+    bench_import.add_argument("--n-stories", type=int, default=650_000)
+    bench_import.add_argument("--n-models", type=int, default=23)
 
 
 def _add_run_commands(sub: argparse._SubParsersAction) -> None:
@@ -256,6 +261,11 @@ def _plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
+def _bench_import(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    r = bench_import(n_stories=args.n_stories, n_models=args.n_models, log=lambda m: print(m, flush=True))
+    return 0 if r["meets_target"] else 1
+
+
 def _bench_associations(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     r = bench_associations(
         n_stories=args.n_stories,
@@ -312,6 +322,7 @@ _COMMANDS: dict[str, Handler] = {
     "bench-ray": _bench_ray,
     "plan": _plan,
     "bench-associations": _bench_associations,
+    "bench-import": _bench_import,
     "explorer": _explorer,
     "with-servers": _with_servers,
     "run-stage": _run_stage,

@@ -368,7 +368,7 @@ def bench_associations(
         f"bench-associations: {n_stories:,} synthetic stories, {n_models} models, {n_languages} languages "
         f"({generate_seconds:.1f} s to build); {jobs} worker process(es); load average {load_start[0]:.2f}"
     )
-    passes, attrs = _timed_passes(data, seed, max_resamples, n_jobs, log)
+    passes, attrs = timed_passes(data, seed, max_resamples, n_jobs, log)
     total = passes["global"]["seconds"] + passes["per_language"]["seconds"]
     rss = {
         "self_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
@@ -403,7 +403,7 @@ def bench_associations(
     return result
 
 
-def _timed_passes(
+def timed_passes(
     data: pd.DataFrame, seed: int, max_resamples: int, n_jobs: int | None, log
 ) -> tuple[dict[str, Any], pd.DataFrame]:
     """The global and the per-language pass (``run_pass``) on ``data``, each timed: (per pass its wall

@@ -84,6 +84,8 @@ from storybias.summaries import explain
 # a full run.
 
 
+OBSERVED_COLUMNS = ["story_id", "design", "model", "language", "cond_attribute", "cond_value"]
+
 # --- stage 04: observations, passes, judge, artifacts ---------------------------------------------
 
 
@@ -93,7 +95,7 @@ def observations(
     """The stereotales stories the tests read: parsed extractions joined with their prompt's
     conditions. Returns (frame with model, language, cond_attribute, cond_value, demo_<dim>; counts of
     what was left out and why). A missing column raises a KeyError naming it and the file."""
-    needed_f = ["story_id", "design", "model", "language", "cond_attribute", "cond_value"]
+    needed_f = OBSERVED_COLUMNS
     missing = [c for c in needed_f if c not in filtered.columns]
     if missing:
         raise KeyError(f"filtered.parquet: missing column(s) {', '.join(missing)}")
@@ -172,7 +174,7 @@ def run(
     # the user's file first: a bad human-ratings CSV stops the stage before any test or model runs
     human = load_human_ratings(paths.resolve(settings.human_ratings)) if settings.human_ratings else None
     dimensions = list(designs.dimensions())
-    data, counts = _read_observations(run_name, dimensions)
+    data, counts = read_observations(run_name, dimensions)
     notes: list[str] = []
     if data.empty:
         notes.append("no parsed stereotales stories: nothing to test")
@@ -268,14 +270,16 @@ def _result_counts(
     }
 
 
-def _read_observations(run_name: str, dimensions: Sequence[str]) -> tuple[pd.DataFrame, dict]:
+def read_observations(run_name: str, dimensions: Sequence[str]) -> tuple[pd.DataFrame, dict]:
     """``observations`` of the run's extractions and filtered stories; a missing file names the stage to run."""
+    extract_columns = [f"demo_{d}" for d in dimensions]
     for path in (artifacts.extractions_path(run_name), artifacts.filtered_path(run_name)):
         if not path.is_file():
             raise FileNotFoundError(f"{path} is missing: run the earlier stages first (make extract)")
+    # only the columns the tests read: an imported corpus' filtered.parquet holds every story's text
     return observations(
-        pd.read_parquet(artifacts.extractions_path(run_name)),
-        pd.read_parquet(artifacts.filtered_path(run_name)),
+        pd.read_parquet(artifacts.extractions_path(run_name), columns=["story_id", "parse_ok", *extract_columns]),
+        pd.read_parquet(artifacts.filtered_path(run_name), columns=OBSERVED_COLUMNS),
         dimensions,
     )
 

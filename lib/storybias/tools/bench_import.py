@@ -1,0 +1,114 @@
+"""``make bench-import``: a paper-scale published corpus on a laptop.
+
+Builds (once, under data/bench/import-corpus/) a synthetic corpus in StereoTales' released schema
+(``storybias.tools.synthetic_corpus``): 650,000 stories of about 2,300 characters, 23 models, the release's
+ten language folders and additional_en, every base attribute and scenario. Then times what a reviewer runs
+on the real release, each step in this process: stage 01's import, stage 02's checks, stage 03's mapping of
+the published extractions, and stage 04's association tests (the global and the per-language pass, as
+``make bench-associations`` times them). Reports wall time and peak memory (maxrss of this process and of
+its largest worker); the target is <= 15 minutes and <= 4 GB on 2 cores. Written to
+data/bench/bench_import.json. Timings are reported, not asserted by tests.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from storybias.config import designs, params
+from storybias.config.corpus import ADDITIONAL_FOLDER
+from storybias.core import paths
+from storybias.core.io import write_json_atomic
+from storybias.evidence.published import reference_taxonomy
+from storybias.stages import extract, generate
+from storybias.stages import filter as filter_stage
+from storybias.stages.associations import read_observations
+from storybias.tools.bench_associations import timed_passes
+from storybias.tools.synthetic_corpus import write_synthetic_corpus
+
+FOLDERS = ("en", "ar", "du", "es", "fr", "hi", "it", "pt", "uk", "zh", ADDITIONAL_FOLDER)
+TARGET_SECONDS, TARGET_GB = 15 * 60, 4.0
+RUN_NAME = "bench-import"
+
+
+def _peak_gb() -> dict[str, float]:
+    return {
+        "self_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2, 2),
+        "largest_child_gb": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024**2, 2),
+    }
+
+
+def _corpus(root: Path, n_stories: int, n_models: int, seed: int, log: Callable[[str], None]) -> dict[str, Any]:
+    """The synthetic corpus, built unless a previous bench left one of the same size."""
+    spec = {"n_stories": n_stories, "n_models": n_models, "seed": seed, "folders": list(FOLDERS)}
+    marker = root / "corpus.json"
+    if marker.is_file() and json.loads(marker.read_text()) == spec:
+        return spec
+    started = time.time()
+    models = tuple(f"provider-{i}/model-{i}" for i in range(n_models))
+    rows = -(-n_stories // (n_models * len(FOLDERS)))
+    write_synthetic_corpus(
+        root,
+        models=models,
+        folders=FOLDERS,
+        rows_per_cell=rows,
+        attributes=tuple(reference_taxonomy()["dimensions"]),
+        seed=seed,
+        sentences=26,
+    )
+    marker.write_text(json.dumps(spec))
+    log(f"bench-import: built {rows * n_models * len(FOLDERS):,} synthetic stories in {time.time() - started:.0f} s")
+    return spec
+
+
+def _timed(steps: dict[str, Any], name: str, action: Callable[[], Any], log: Callable[[str], None]) -> Any:
+    started = time.time()
+    out = action()
+    steps[name] = {"seconds": round(time.time() - started, 1), **_peak_gb()}
+    log(f"  {name}: {steps[name]['seconds']:.1f} s; peak {steps[name]['self_gb']:.2f} GB")
+    return out
+
+
+def bench_import(
+    n_stories: int = 650_000, n_models: int = 23, seed: int = 42, log: Callable[[str], None] = print
+) -> dict[str, Any]:
+    """Import + checks + published mapping + both association passes on a synthetic release; see the module."""
+    bench = paths.data_root() / "bench"
+    root = bench / "import-corpus"
+    spec = _corpus(root, n_stories, n_models, seed, log)
+    profile = bench / f"{RUN_NAME}.yaml"
+    profile.write_text(yaml.safe_dump({"run_name": RUN_NAME, "corpus": {"format": "stereotales", "path": str(root)}}))
+    p = params.load(profile)
+    steps: dict[str, Any] = {}
+    quiet = lambda message: None  # noqa: E731
+    _timed(steps, "01 import", lambda: generate.run(p, progress=False, log=quiet), log)
+    _timed(steps, "02 filter", lambda: filter_stage.run(p), log)
+    out = _timed(steps, "03 published extractions", lambda: extract.run(p, progress=False, log=quiet), log)
+
+    def associations() -> dict[str, Any]:
+        data, _ = read_observations(RUN_NAME, list(designs.dimensions()))
+        passes, _ = timed_passes(data, seed, p.associations.max_resamples, None, log)
+        return passes
+
+    passes = _timed(steps, "04 association tests (both passes)", associations, log)
+    total = sum(s["seconds"] for s in steps.values())
+    peak = max(max(s["self_gb"], s["largest_child_gb"]) for s in steps.values())
+    result = {
+        **spec,
+        "n_imported": int(len(out["extractions"])),
+        "steps": steps,
+        "passes": passes,
+        "total_seconds": round(total, 1),
+        "peak_gb": peak,
+        "targets": {"seconds": TARGET_SECONDS, "gb": TARGET_GB},
+        "meets_target": total <= TARGET_SECONDS and peak <= TARGET_GB,
+    }
+    log(f"bench-import: {total:.0f} s in all (target {TARGET_SECONDS} s), peak {peak:.2f} GB (target {TARGET_GB})")
+    write_json_atomic(result, bench / "bench_import.json")
+    return result

@@ -19,8 +19,11 @@ import yaml
 from fake_engine import FakeEngine
 from storybias.config import params
 from storybias.core import artifacts
+from storybias.evidence.published import PublishedFormatError
+from storybias.evidence.released_associations import load_associations
 from storybias.stages import associations, extract, generate
 from storybias.stages import filter as filter_stage
+from storybias.stages.associations.published import comparison_counts
 from storybias.stages.generate.corpus import CorpusError, story_id_of
 from storybias.tools.synthetic_corpus import write_synthetic_corpus
 
@@ -225,3 +228,141 @@ def test_the_shipped_profile_reads_a_downloaded_corpus(tmp_path, corpus_root):
     (tmp_path / "missing.yaml").write_text(yaml.safe_dump(shipped))
     with pytest.raises(params.ParamsError, match="never downloads: fetch the corpus first.*huggingface-cli download"):
         params.load(tmp_path / "missing.yaml")
+
+
+def _association_record(model: str, scope: str, base: str, compared: str, cells: list[tuple[str, str]]) -> dict:
+    """One line of a released association file (associations_global / associations_by_language)."""
+    return {
+        "generator_model": model,
+        "aggregation_dimension": "language" if scope != "all" else "all",
+        "aggregation_value": scope,
+        "base_attribute": base,
+        "compared_attribute": compared,
+        "statistics": {"p_value": 0.001 if cells else 0.6, "cramer_v": 0.4 if cells else -1, "effect_category": "N/A"},
+        "associated_values": [
+            {
+                "base_value": {"name": base, "value": b},
+                "compared_value": {"name": compared, "value": c},
+                "statistics": {"p_value": 0.001, "fraction": 0.6, "lift": 2.5},
+            }
+            for b, c in cells
+        ],
+        "sample_ids": [],
+    }
+
+
+def _write_jsonl(path: Path, records: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+
+
+def _planted_published(root: Path) -> Path:
+    """Released association files with known outcomes on the synthetic corpus (see the test)."""
+    a, b = MODELS
+    trades, health = ("man", "trades and manual labor"), ("woman", "healthcare and medicine")
+    _write_jsonl(
+        root / "associations_global" / f"{a.replace('/', '_')}__global.jsonl",
+        [
+            _association_record(
+                a, "all", "gender", "professional_field", [trades, health, ("man", "healthcare and medicine")]
+            ),
+            _association_record(a, "all", "gender", "age", [("woman", "senior (65+)")]),
+            _association_record(a, "all", "gender", "political_orientation", []),  # a non-significant pair
+        ],
+    )
+    _write_jsonl(
+        root / "associations_by_language" / f"{b.replace('/', '_')}__by_language.jsonl",
+        [
+            _association_record(b, "fr", "gender", "professional_field", [health]),
+            _association_record(b, "du", "gender", "professional_field", [trades]),  # Dutch: not in the run
+        ],
+    )
+    _write_jsonl(
+        root / "associations_global" / "openai_gpt-5__global.jsonl",
+        [_association_record("openai/gpt-5", "all", "gender", "professional_field", [trades])],
+    )
+    return root
+
+
+def test_the_published_comparison_counts_per_model_and_scope(tmp_path, data_dir, corpus_root):
+    published = _planted_published(tmp_path / "published")
+    p = _profile(
+        tmp_path,
+        {"path": str(corpus_root), "languages": ["en", "fr"]},
+        associations={"max_resamples": 2000, "published": str(published)},
+    )
+    generate.run(p, progress=False, log=lambda m: None)
+    filter_stage.run(p)
+    extract.run(p, progress=False, log=lambda m: None)
+    result = associations.run(p, progress=False, engine_factory=lambda spec: FakeEngine(spec, answer=lambda r: "2"))
+    a, b = MODELS
+    attributes, values = result["attributes"], result["values"]
+    # the preconditions of the planted outcomes, read from the run's own tests
+    age = attributes[
+        (attributes["model"] == a) & (attributes["scope"] == "all") & (attributes["compared_attribute"] == "age")
+    ]
+    assert len(age) == 1 and not age["retained"].iloc[0], "gender x age is tested and not retained"
+    cell = values[
+        (values["model"] == a)
+        & (values["scope"] == "all")
+        & (values["base_value"] == "man")
+        & (values["compared_value"] == "healthcare_medicine")
+    ]
+    assert len(cell) == 1 and not cell["significant"].iloc[0], "man x healthcare is a tested cell, not significant"
+
+    table = pd.read_parquet(artifacts.path(p.run_name, "published_comparison"))
+    counts = comparison_counts(table[table["source"] == "released"]).set_index(["model", "scope"])
+    got = {k: tuple(int(v) for v in row) for k, row in counts[["reproduced", "missed", "untested"]].iterrows()}
+    assert got == {
+        (a, "all"): (2, 2, 0),  # the two planted cells; man x healthcare not significant, gender x age not retained
+        (b, "fr"): (1, 0, 0),
+        (b, "nl"): (0, 0, 1),  # the release's du is storybias' nl, absent from this run
+        ("openai/gpt-5", "all"): (0, 0, 1),  # a published model the corpus does not hold
+    }
+    reasons = table.set_index(["model", "scope", "compared_value"])["reason"]
+    assert reasons[(a, "all", "senior")].startswith("attribute pair not retained")
+    assert reasons[("openai/gpt-5", "all", "trades_manual_labor")] == "the model is not in the run"
+    # b's pooled planted cells are significant, and b published no global file: not published for b
+    mine = table[(table["status"] == "not_published") & (table["model"] == b) & (table["scope"] == "all")]
+    assert {("man", "trades_manual_labor"), ("woman", "healthcare_medicine")} <= set(
+        zip(mine["base_value"], mine["compared_value"])
+    )
+    assert not len(
+        table[
+            (table["status"] == "not_published")
+            & (table["model"] == a)
+            & (table["scope"] == "all")
+            & (table["compared_value"] == "trades_manual_labor")
+        ]
+    )
+    manifest = json.loads(artifacts.path(p.run_name, "manifest_associations").read_text())
+    assert manifest["published"]["n_published"] == 7 and manifest["published"]["status"]["reproduced"] == 3
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("{not json", r"line 1: field \(record\): not valid JSON"),
+        (
+            json.dumps(
+                {"generator_model": "m", "aggregation_value": "all", "base_attribute": "g", "compared_attribute": "a"}
+            ),
+            r"line 1: field associated_values: missing or not a list",
+        ),
+    ],
+)
+def test_a_malformed_association_file_names_file_line_and_field(tmp_path, line, message):
+    path = tmp_path / "m__global.jsonl"
+    path.write_text(line + "\n", encoding="utf-8")
+    with pytest.raises(PublishedFormatError, match=rf"m__global\.jsonl: {message}"):
+        load_associations(path)
+
+
+def test_an_unknown_label_or_an_empty_folder_is_refused(tmp_path):
+    record = _association_record("m", "all", "gender", "professional_field", [("man", "astronaut")])
+    _write_jsonl(tmp_path / "a" / "m__global.jsonl", [record])
+    with pytest.raises(PublishedFormatError, match=r"line 1: field associated_values\[0\]\.compared_value\.value: "):
+        load_associations(tmp_path / "a")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(PublishedFormatError, match="no \\*.jsonl association file"):
+        load_associations(tmp_path / "empty")

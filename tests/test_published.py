@@ -12,6 +12,8 @@ from storybias.config import params, prompts
 from storybias.config.params import ParamsError
 from storybias.core import paths
 from storybias.evidence import published
+from storybias.evidence.released_associations import load_associations
+from storybias.stages.associations.published import compare_published, comparison_counts
 from storybias.stages.extract import answers as extract
 
 # Every value label of StereoTales' taxonomy as its published associations word them
@@ -157,9 +159,19 @@ def test_malformed_records_are_rejected(tmp_path, mutate, field):
         published.load_published(_write(tmp_path, [record]))
 
 
-def _values(rows):
-    cols = ["model", "scope", "base_attribute", "base_value", "compared_attribute", "compared_value", "significant"]
-    return pd.DataFrame(rows, columns=cols)
+def _run(rows):
+    """(associations_attributes, associations_values) of a run: each row is one cell of a tested pair,
+    (model, scope, base attr, base value, compared attr, compared value, retained, significant)."""
+    cells = pd.DataFrame(
+        rows,
+        columns=["model", "scope", *published.KEY, "retained", "significant"],
+    )
+    attributes = cells.drop_duplicates(["model", "scope", "base_attribute", "compared_attribute"])[
+        ["model", "scope", "base_attribute", "compared_attribute", "retained"]
+    ]
+    values = cells[cells["retained"]].drop(columns="retained").assign(lift=3.0, p_adjusted=0.01)
+    values.loc[~values["significant"], "p_adjusted"] = 0.4
+    return attributes, values
 
 
 PUBLISHED = [
@@ -177,70 +189,62 @@ PUBLISHED = [
 ]
 
 
+def _status(table):
+    listed = table[table["status"] != "not_published"]
+    return dict(zip(listed["base_value"], listed["status"], strict=True))
+
+
 def test_comparison_counts_reproduced_new_and_overlap_any_model(tmp_path):
-    pub = published.load_published(_write(tmp_path, PUBLISHED))
-    values = _values(
+    pub = load_associations(_write(tmp_path, PUBLISHED))
+    attributes, values = _run(
         [
-            ("m1", "all", "professional_field", "agriculture", "urbanicity", "rural", True),  # reproduces p1
-            ("m2", "all", "age", "senior", "employment_status", "retired", False),  # p2 tested, missed
-            ("m2", "all", "age", "adolescent", "marital_status", "single", True),  # reproduces p3
-            ("m1", "all", "age", "child", "marital_status", "single", True),  # new
-            ("m1", "all", "professional_field", "stem", "urbanicity", "urban", True),  # new
-            ("m1", "fr", "religion", "hindu", "geographic_origin", "south_asia", True),  # other scope: p4 untested
+            ("m1", "all", "professional_field", "agriculture", "urbanicity", "rural", True, True),  # reproduces p1
+            ("m2", "all", "age", "senior", "employment_status", "retired", True, False),  # p2 tested, missed
+            ("m2", "all", "age", "adolescent", "marital_status", "single", True, True),  # reproduces p3
+            ("m1", "all", "age", "child", "marital_status", "single", True, True),  # not published
+            ("m1", "all", "professional_field", "stem", "urbanicity", "urban", True, True),  # not published
+            ("m1", "fr", "religion", "hindu", "geographic_origin", "south_asia", True, True),  # other scope
         ]
     )
-    result = published.compare(values, pub)
-    assert result.mode == "any_model" and result.matched_models == {}
-    status = dict(zip(result.published["question_id"], result.published["status"]))
-    assert status == {"p1": "reproduced", "p2": "missed", "p3": "reproduced", "p4": "untested"}
-    assert sorted(result.new["base_value"]) == ["child", "stem"]
-    per = result.per_attribute.set_index("base_attribute")
-    assert per.loc["age", ["published_tested", "reproduced", "run_significant", "not_published"]].tolist() == [
-        2,
-        1,
-        2,
-        1,
-    ]
-    assert per.loc["age", "reproduced_rate"] == pytest.approx(0.5) and per.loc[
-        "age", "published_rate"
-    ] == pytest.approx(0.5)
-    assert per.loc["professional_field", "reproduced_rate"] == pytest.approx(1.0)
-    assert per.loc["professional_field", "published_rate"] == pytest.approx(0.5)
-    assert "religion" not in per.index
+    table = compare_published(pub, attributes, values)
+    assert set(table["match"]) == {"any_model"}
+    assert _status(table) == {
+        "agriculture": "reproduced",
+        "senior": "missed",
+        "adolescent": "reproduced",
+        "hindu": "untested",
+    }
+    assert sorted(table.loc[table["status"] == "not_published", "base_value"]) == ["child", "stem"]
+    per = comparison_counts(table, by=("base_attribute",)).set_index("base_attribute")
+    assert per.loc["age", ["reproduced", "missed", "untested", "not_published"]].tolist() == [1, 1, 0, 1]
+    assert per.loc["age", "reproduced_share"] == pytest.approx(0.5)
+    assert per.loc["professional_field", "reproduced_share"] == pytest.approx(1.0)
+    assert per.loc["religion", "untested"] == 1 and pd.isna(per.loc["religion", "reproduced_share"])
 
 
 def test_comparison_uses_the_same_model_when_names_match(tmp_path):
-    pub = published.load_published(_write(tmp_path, PUBLISHED))
-    values = _values(
+    pub = load_associations(_write(tmp_path, PUBLISHED))
+    attributes, values = _run(
         [
-            (
-                "GPT-4o",
-                "all",
-                "professional_field",
-                "agriculture",
-                "urbanicity",
-                "rural",
-                False,
-            ),  # same model misses p1
-            (
-                "other",
-                "all",
-                "professional_field",
-                "agriculture",
-                "urbanicity",
-                "rural",
-                True,
-            ),  # another model finds it
-            ("GPT-4o", "all", "age", "senior", "employment_status", "retired", True),  # same model: p2 reproduced
-            ("GPT-4o", "all", "age", "adolescent", "marital_status", "single", True),  # p3 is only gemini/x's
+            ("GPT-4o", "all", "professional_field", "agriculture", "urbanicity", "rural", True, False),  # misses p1
+            ("other", "all", "professional_field", "agriculture", "urbanicity", "rural", True, True),  # not the model
+            ("GPT-4o", "all", "age", "senior", "employment_status", "retired", True, True),  # p2 reproduced
+            ("GPT-4o", "all", "age", "adolescent", "marital_status", "single", True, True),  # p3 is gemini/x's
         ]
     )
-    result = published.compare(values, pub)
-    assert result.mode == "same_model" and result.matched_models == {"GPT-4o": ["azure_ai/gpt-4o"]}
-    status = dict(zip(result.published["question_id"], result.published["status"]))
-    assert status == {"p1": "missed", "p2": "reproduced", "p3": "untested", "p4": "untested"}
-    assert result.published.set_index("question_id").loc["p2", "reproduced_by"] == ["GPT-4o"]
-    assert result.new.empty  # every significant association of the run was published (by some model)
+    table = compare_published(pub, attributes, values)
+    assert set(table["match"]) == {"same_model"}
+    assert _status(table) == {
+        "agriculture": "missed",
+        "senior": "reproduced",
+        "adolescent": "untested",
+        "hindu": "untested",
+    }
+    listed = table[table["status"] != "not_published"].set_index("base_value")
+    assert list(listed.loc["senior", "reproduced_by"]) == ["GPT-4o"]
+    assert listed.loc["adolescent", "reason"] == "the model is not in the run"
+    # GPT-4o's p3-like cell was published by another model only: not published for GPT-4o
+    assert table.loc[table["status"] == "not_published", "base_value"].tolist() == ["adolescent"]
 
 
 def test_check_params_validates_the_published_file(tmp_path):

@@ -89,8 +89,10 @@ class AssociationSettings(Strict):
     judge: JudgeSettings = JudgeSettings()
     human_ratings: str | None = None  # CSV: association_id, rater_id, harm (1-5), realism (yes/no/dont_know)
     bootstrap: Annotated[int, Field(ge=100)] = 2000  # resamples of the human-LLM intervals (Spearman, harm gap)
-    # StereoTales' published associations (its questions.json format, storybias.evidence.published): when set,
-    # notebook 04 and the explorer report which of them the run reproduces. null: no comparison.
+    # StereoTales' published associations: its released association files (associations_global /
+    # associations_by_language JSONL, one file or a folder) or its human study's questions.json
+    # (storybias.evidence.released_associations). When set, stage 04 writes published_comparison.parquet:
+    # which of them the run reproduces, misses or cannot test, per model and scope. null: no comparison.
     published: str | None = None
 
 

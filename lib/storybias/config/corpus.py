@@ -27,6 +27,7 @@ from pydantic import Field
 
 from storybias.config.story_sections import Language, Strict
 from storybias.core import paths
+from storybias.evidence.released_associations import RELEASE_LANGUAGE
 
 # The released story shards' columns (the reference exporter's order). `extraction_score` is a float,
 # every other column a string; a column null in a shard's first row may be stored with Arrow's null type.
@@ -52,8 +53,6 @@ RELEASED_COLUMNS = (
 SCENARIO_TEMPLATE = "scenario_based"
 ADDITIONAL_TEMPLATES = ("neutral", "negative", "positive")
 ADDITIONAL_FOLDER = "additional_en"
-# The release's language codes that differ from storybias' ISO 639-1 codes.
-RELEASE_LANGUAGE = {"du": "nl"}
 
 
 class CorpusSettings(Strict):

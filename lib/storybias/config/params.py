@@ -65,8 +65,9 @@ from storybias.core import paths
 from storybias.core.artifacts import STAGES
 from storybias.core.io import DuplicateKeyError, read_yaml_strict
 from storybias.core.paths import RUN_NAME
-from storybias.evidence.published import PublishedFormatError, load_published
+from storybias.evidence.published import PublishedFormatError
 from storybias.evidence.ratings import validate_human_ratings
+from storybias.evidence.released_associations import load_associations
 
 __all__ = [
     # the sections (story_sections, analysis_sections) and their types
@@ -324,7 +325,7 @@ def _check_evidence_files(profile: Profile) -> list[str]:
             problems += [f"associations.human_ratings: {p}" for p in validate_human_ratings(human)]
     if profile.associations.published is not None:
         try:
-            load_published(paths.resolve(profile.associations.published))
+            load_associations(paths.resolve(profile.associations.published))
         except PublishedFormatError as exc:
             problems.append(f"associations.published: {exc}")
     return problems

@@ -258,6 +258,13 @@ ARTIFACTS: tuple[Artifact, ...] = (
         Artifact(name, f"{name}.parquet", "associations", meaning, f"stages.associations.tables:OUTPUT_SCHEMAS[{name}]")
         for name, meaning in _ASSOCIATIONS.items()
     ),
+    Artifact(
+        "published_comparison",
+        "published_comparison.parquet",
+        "associations",
+        "associations.published set: each published association reproduced, missed or untested per model x scope",
+        "stages.associations.published:COMPARISON_SCHEMA",
+    ),
     _manifest("associations", "counts, judges, human agreement and parameters of stage 04"),
     *(
         Artifact(

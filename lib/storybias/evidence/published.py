@@ -13,21 +13,16 @@ percentage and lift over the models that produced it (``metadata.model_list``)::
 
 :func:`load_published` validates such a file before any work (an error names the file, the record
 and the field) and maps every label onto storybias' canonical keys through
-``params/designs/stereotales/reference.yaml``. :func:`compare` then says, for a run's
-``associations_values.parquet``, which published associations the run reproduces, which of its
-significant associations were not published, and the overlap per base attribute.
-
-Reproduction is judged model by model where the names match: a run model matches a published one when
-their names agree after dropping the provider prefix and case (``azure_ai/gpt-4o`` = ``gpt-4o``). When
-no run model appears in the file, a published association counts as reproduced when any run model
-finds it significant.
+``params/designs/stereotales/reference.yaml``. Stage 04 compares a run with them
+(``storybias.stages.associations.published``), as it does with the released association files
+(``storybias.evidence.released_associations``). A run model matches a published one when their names
+agree after dropping the provider prefix and case (:func:`model_key`: ``azure_ai/gpt-4o`` = ``gpt-4o``).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -174,129 +169,6 @@ def load_published(path: str | Path) -> pd.DataFrame:
             f"{path}: record {dup.index[0]}: field question_id: {dup['question_id'].iloc[0]!r} appears twice"
         )
     return frame
-
-
-@dataclass
-class Comparison:
-    """The result of :func:`compare`.
-
-    ``mode`` is ``same_model`` when some run model matches a published model name (``matched_models``),
-    else ``any_model``. ``published``: the published associations with ``status`` (``reproduced``,
-    ``missed``, or ``untested`` when the run tested no table for the base/compared attribute pair, or,
-    in ``same_model`` mode, no matching model produced it) and the run models that reproduce it.
-    ``new``: the run's significant associations that were not published. ``per_attribute``: per base
-    attribute, the tested published associations, how many the run reproduces, the run's significant
-    associations, how many of those were not published, and the two rates.
-    """
-
-    mode: str
-    matched_models: dict[str, list[str]]
-    published: pd.DataFrame
-    new: pd.DataFrame
-    per_attribute: pd.DataFrame
-
-
-def compare(values: pd.DataFrame, published: pd.DataFrame, scope: str = "all") -> Comparison:
-    """Compare a run's value-level results (``associations_values.parquet``: model, scope, the four key
-    columns, significant) with the published associations, within one scope (``all``: the pooled pass).
-
-    Rates (per base attribute, over tested attribute pairs only):
-    ``reproduced_rate`` = reproduced / published associations considered;
-    ``published_rate`` = run's significant associations that were published / run's significant ones.
-    """
-    run = values[values["scope"] == scope]
-    sig = run[run["significant"].astype(bool)]
-    matched = _matched_models(run, published)
-    mode = "same_model" if matched else "any_model"
-    out = _with_status(published, run, sig, matched, mode)
-
-    published_keys = set(map(tuple, published[KEY].to_numpy()))
-    sig_keys = sig.groupby(KEY)["model"].agg(lambda m: sorted(set(m))).rename("models").reset_index()
-    sig_keys["published"] = [tuple(k) in published_keys for k in sig_keys[KEY].to_numpy()]
-    new = sig_keys[~sig_keys["published"]].drop(columns="published").reset_index(drop=True)
-
-    per_attribute = _per_attribute(out[out["status"] != "untested"], sig_keys)
-    return Comparison(mode=mode, matched_models=matched, published=out, new=new, per_attribute=per_attribute)
-
-
-def _matched_models(run: pd.DataFrame, published: pd.DataFrame) -> dict[str, list[str]]:
-    """Each run model whose name (``model_key``) appears in the file -> the published names it matches."""
-    published_models = {model_key(m) for ms in published["models"] for m in ms}
-    return {
-        m: sorted({p for ms in published["models"] for p in ms if model_key(p) == model_key(m)})
-        for m in sorted(set(run["model"]))
-        if model_key(m) in published_models
-    }
-
-
-def _with_status(
-    published: pd.DataFrame, run: pd.DataFrame, sig: pd.DataFrame, matched: dict[str, list[str]], mode: str
-) -> pd.DataFrame:
-    """The published associations with ``status`` (reproduced, missed, untested) and ``reproduced_by``
-    (the eligible run models that find them significant)."""
-    tested_pairs = set(zip(run["base_attribute"], run["compared_attribute"]))
-    found: dict[tuple, set[str]] = {}
-    for row in sig[["model", *KEY]].itertuples(index=False):
-        found.setdefault(tuple(row[1:]), set()).add(row[0])
-
-    out = published.copy()
-    statuses: list[str] = []
-    reproducers: list[list[str]] = []
-    for row in out.itertuples(index=False):
-        key = (row.base_attribute, row.base_value, row.compared_attribute, row.compared_value)
-        if (row.base_attribute, row.compared_attribute) not in tested_pairs:
-            statuses.append("untested")
-            reproducers.append([])
-            continue
-        if mode == "same_model":
-            record_models = {model_key(m) for m in row.models}
-            eligible = {m for m in matched if model_key(m) in record_models}
-            if not eligible:
-                statuses.append("untested")
-                reproducers.append([])
-                continue
-        else:
-            eligible = set(run["model"])
-        hits = sorted(found.get(key, set()) & eligible)
-        statuses.append("reproduced" if hits else "missed")
-        reproducers.append(hits)
-    out["status"] = statuses
-    out["reproduced_by"] = reproducers
-    return out
-
-
-_PER_ATTRIBUTE_COLUMNS = [
-    "base_attribute",
-    "published_tested",
-    "reproduced",
-    "run_significant",
-    "not_published",
-    "reproduced_rate",
-    "published_rate",
-]
-
-
-def _per_attribute(considered: pd.DataFrame, sig_keys: pd.DataFrame) -> pd.DataFrame:
-    """Per base attribute: the tested published associations (``considered``), how many the run
-    reproduces, the run's significant associations (``sig_keys``), how many were not published, the rates."""
-    attributes = sorted(set(considered["base_attribute"]) | set(sig_keys["base_attribute"]))
-    per = []
-    for attribute in attributes:
-        pub = considered[considered["base_attribute"] == attribute]
-        mine = sig_keys[sig_keys["base_attribute"] == attribute]
-        n_rep = int((pub["status"] == "reproduced").sum())
-        per.append(
-            {
-                "base_attribute": attribute,
-                "published_tested": len(pub),
-                "reproduced": n_rep,
-                "run_significant": len(mine),
-                "not_published": int((~mine["published"]).sum()),
-                "reproduced_rate": n_rep / len(pub) if len(pub) else float("nan"),
-                "published_rate": float(mine["published"].mean()) if len(mine) else float("nan"),
-            }
-        )
-    return pd.DataFrame(per, columns=_PER_ATTRIBUTE_COLUMNS)
 
 
 # --- the release's extracted profiles (extracted_attributes_json) ---------------------------------

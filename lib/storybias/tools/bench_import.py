@@ -88,7 +88,7 @@ def bench_import(
     steps: dict[str, Any] = {}
     quiet = lambda message: None  # noqa: E731
     _timed(steps, "01 import", lambda: generate.run(p, progress=False, log=quiet), log)
-    _timed(steps, "02 filter", lambda: filter_stage.run(p), log)
+    _timed(steps, "02 filter", lambda: filter_stage.run(p, progress=False), log)
     out = _timed(steps, "03 published extractions", lambda: extract.run(p, progress=False, log=quiet), log)
 
     def associations() -> dict[str, Any]:

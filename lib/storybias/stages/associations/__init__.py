@@ -47,6 +47,7 @@ from storybias.core.io import write_json_atomic
 from storybias.core.locks import holds_run_lock
 from storybias.engines import ChatEngine
 from storybias.evidence.ratings import load_human_ratings
+from storybias.evidence.released_associations import load_associations
 from storybias.stages.associations import judge, power
 from storybias.stages.associations.human import (
     harm_gap_by_attribute,
@@ -63,6 +64,7 @@ from storybias.stages.associations.judge import (
     summarise_ratings,
     with_ratings,
 )
+from storybias.stages.associations.published import COMPARISON_COLUMNS, compare_published, comparison_counts
 from storybias.stages.associations.tables import (
     ATTRIBUTE_COLUMNS,
     MIN_ROW_TOTAL,
@@ -161,6 +163,7 @@ class AssociationsResult(TypedDict):
     harm_gap: pd.DataFrame | None
     harmful_human_vs_llm: dict[str, Any] | None
     realism: pd.DataFrame
+    published: pd.DataFrame  # published_comparison.parquet (empty without associations.published)
 
 
 @holds_run_lock("associations")
@@ -173,6 +176,7 @@ def run(
     run_name, settings = params.run_name, params.associations
     # the user's file first: a bad human-ratings CSV stops the stage before any test or model runs
     human = load_human_ratings(paths.resolve(settings.human_ratings)) if settings.human_ratings else None
+    published = load_associations(paths.resolve(settings.published)) if settings.published else None
     dimensions = list(designs.dimensions())
     data, counts = read_observations(run_name, dimensions)
     notes: list[str] = []
@@ -197,7 +201,13 @@ def run(
     llm_table = rating_summary(parsed)
     humans = _compare_humans(human, summary, llm_table, settings, notes)
 
+    comparison = (
+        compare_published(published, attributes, values)
+        if published is not None
+        else pd.DataFrame(columns=COMPARISON_COLUMNS)
+    )
     _write_tables(run_name, attributes, values, shared, power_table, ratings)
+    artifacts.write(run_name, "published_comparison", comparison)
     manifest = {
         "stage": "associations",
         "counts": counts,
@@ -211,6 +221,7 @@ def run(
         "human_n_associations": None if humans.table is None else int(len(humans.table)),
         "human_n_harmful": None if humans.table is None else int(humans.table["harmful"].sum()),
         "harmful_human_vs_llm": humans.harmful_vs,
+        "published": _published_summary(settings.published, published, comparison),
     }
     write_json_atomic(manifest, artifacts.manifest_path(run_name, "associations"))
     return AssociationsResult(
@@ -232,7 +243,22 @@ def run(
         harm_gap=humans.harm_gap,
         harmful_human_vs_llm=humans.harmful_vs,
         realism=realism_summary(human, parsed),
+        published=comparison,
     )
+
+
+def _published_summary(
+    file: str | None, published: pd.DataFrame | None, comparison: pd.DataFrame
+) -> dict[str, Any] | None:
+    """The manifest's account of the comparison with the published associations (None without a file)."""
+    if file is None or published is None:
+        return None
+    return {
+        "file": file,
+        "n_published": int(len(published)),
+        "status": {k: int(v) for k, v in comparison["status"].value_counts().items()},
+        "per_model_scope": comparison_counts(comparison).to_dict(orient="records"),
+    }
 
 
 def _write_tables(

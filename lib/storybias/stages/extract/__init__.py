@@ -21,6 +21,7 @@ from functools import partial
 from typing import Any
 
 import pandas as pd
+import pyarrow.parquet as pq
 
 from storybias.config.params import ExtractionSettings, ModelSpec, Params
 from storybias.core import artifacts
@@ -309,9 +310,11 @@ def run(
     source = artifacts.filtered_path(run_name)
     if not source.is_file():
         raise FileNotFoundError(f"{source} is missing: run stage 02 first (make filter)")
-    stories = select(pd.read_parquet(source))  # each design's study rule (filter.exclude, stage 02)
     if params.corpus is not None and params.corpus.extractions == "published":
-        return run_published(params, stories, log)
+        # no model reads the texts: an imported corpus' stories are loaded without them
+        columns = [c for c in pq.read_schema(source).names if c not in ("text", "prompt")]
+        return run_published(params, select(pd.read_parquet(source, columns=columns)), log)
+    stories = select(pd.read_parquet(source))  # each design's study rule (filter.exclude, stage 02)
     jobs = plan_jobs(stories, settings)
     sections_of = {j.story_id: j.sections for j in jobs}
     factory = engine_factory or (lambda spec: open_engine(spec, params.generation.engine, settings.seed, run_name))

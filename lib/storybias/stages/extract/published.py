@@ -43,6 +43,9 @@ AGREEMENT_SCHEMA = pa.schema(
 GENDER_LABELS = {"woman": ("female", "female"), "man": ("male", "male"), "non_binary": ("unknown", "non_binary")}
 
 
+CHUNK_ROWS = 50_000  # stories mapped at a time
+
+
 def _row(story: Any, text: str | None) -> tuple[dict[str, Any], str, bool]:
     """One story's extraction row, its profile status, and whether the prompted value replaced another."""
     status, profile = published_profile(text)
@@ -82,14 +85,19 @@ def published_extractions(stories: pd.DataFrame, corpus: pd.DataFrame) -> tuple[
         raise KeyError(
             f"corpus.parquet has no published extraction for {len(missing)} stories (e.g. {missing.iloc[0]})"
         )
-    rows, replaced = [], 0
-    statuses: Counter[str] = Counter()
-    for story in stories.itertuples(index=False):
-        row, status, changed = _row(story, text_of[story.story_id])
-        rows.append(row)
-        statuses[status] += 1
-        replaced += changed
-    frame = pd.DataFrame(rows, columns=extractions_schema().names)
+    replaced, statuses, chunks = 0, Counter[str](), []
+    columns = extractions_schema().names
+    # built CHUNK_ROWS stories at a time: 650,000 row dicts at once would take ~1.5 GB; the frames share
+    # the taxonomy's label strings, so the concatenated table is small
+    for start in range(0, len(stories), CHUNK_ROWS):
+        rows = []
+        for story in stories.iloc[start : start + CHUNK_ROWS].itertuples(index=False):
+            row, status, changed = _row(story, text_of[story.story_id])
+            rows.append(row)
+            statuses[status] += 1
+            replaced += changed
+        chunks.append(pd.DataFrame(rows, columns=columns))
+    frame = pd.concat(chunks, ignore_index=True) if chunks else pd.DataFrame(columns=columns)
     counts = {
         "n_stories": len(frame),
         "profiles": dict(statuses),

@@ -39,7 +39,7 @@ import math
 from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -47,13 +47,9 @@ import pyarrow.parquet as pq
 
 from storybias.config.params import Params
 from storybias.config.prompts import ALL_CONDITION_COLUMNS, CONDITION_COLUMNS, LANGUAGES
-from storybias.core import artifacts, paths
+from storybias.core import artifacts
 from storybias.core.io import atomic_open
 from storybias.core.locks import holds_run_lock
-from storybias.evidence import published as published_mod
-
-if TYPE_CHECKING:
-    from storybias.evidence.published import Comparison
 
 DEFAULT_MAX_STORIES_PER_CELL = 200
 CELL = ["design", "model", "language"]
@@ -312,7 +308,7 @@ def explorer_payload(
     max_stories_per_cell: int | None = None,
     population: pd.DataFrame | None = None,
     notes: list[str] | None = None,
-    published: Comparison | None = None,
+    published: pd.DataFrame | None = None,
 ) -> dict[str, Any]:
     """Everything the page shows, as JSON-ready Python.
 
@@ -321,8 +317,8 @@ def explorer_payload(
     enough) when ``stories`` is already a sample of it; counts and association examples "in the run"
     come from it (default: ``stories``). ``extractions``/``shared``/``values`` may be None (missing
     artifact): stories then show "not extracted", and the page says that there are no associations.
-    ``published``: a :class:`storybias.evidence.published.Comparison` of the run with StereoTales' published
-    associations, or None; with it each pooled association says whether it was published.
+    ``published``: stage 04's ``published_comparison.parquet`` (the run against StereoTales' published
+    associations), or None; with it each pooled association says whether it was published.
     """
     population = stories if population is None else population
     examples = association_examples(population, extractions, shared)
@@ -338,7 +334,8 @@ def explorer_payload(
     if shared is not None:
         published_keys = None
         if published is not None:
-            published_keys = {tuple(str(v) for v in k) for k in published.published[ASSOC_KEYS].to_numpy()}
+            listed = published[(published["status"] != "not_published") & (published["scope"] == "all")]
+            published_keys = {tuple(str(v) for v in k) for k in listed[ASSOC_KEYS].to_numpy()}
         associations = _associations(
             shared.reset_index(drop=True), values, examples.groupby("assoc").size(), published_keys
         )
@@ -394,13 +391,14 @@ def _story(row: dict[str, Any], ext: dict[str, Any] | None, has_validity: bool) 
     }
 
 
-def _published_counts(published: Comparison) -> dict[str, Any]:
-    """The comparison with StereoTales' published associations, in counts."""
+def _published_counts(published: pd.DataFrame) -> dict[str, Any]:
+    """The comparison with StereoTales' published associations, in counts (stage 04 classified them)."""
+    status = published["status"]
     return {
-        "mode": published.mode,
-        "tested": int((published.published["status"] != "untested").sum()),
-        "reproduced": int((published.published["status"] == "reproduced").sum()),
-        "not_published": int(len(published.new)),
+        "mode": str(published["match"].iloc[0]) if len(published) else "any_model",
+        "tested": int(status.isin(["reproduced", "missed"]).sum()),
+        "reproduced": int((status == "reproduced").sum()),
+        "not_published": int((status == "not_published").sum()),
     }
 
 
@@ -502,9 +500,10 @@ def build_explorer(
             pd.read_parquet(source, filters=[("story_id", "in", keep)]) if keep else pd.read_parquet(source).iloc[:0]
         )
     comparison = None
-    published_file = profile.profile.associations.published
-    if published_file is not None and values is not None:
-        comparison = published_mod.compare(values, published_mod.load_published(paths.resolve(published_file)))
+    if profile.profile.associations.published is not None and values is not None:
+        comparison = _read_optional(
+            artifacts.path(run_name, "published_comparison"), notes, "no comparison with the published associations"
+        )
     payload = explorer_payload(
         stories,
         extractions,

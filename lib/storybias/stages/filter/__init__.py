@@ -14,11 +14,16 @@ from __future__ import annotations
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.parquet as pq
+from tqdm.auto import tqdm
 
 from storybias.config.plan import stories_schema
 from storybias.core import artifacts
 from storybias.core.locks import holds_run_lock
 from storybias.stages.filter.langid import INVALID_REASONS, classify, summary, vsr_table
+
+BATCH_ROWS = 20_000  # stories classified and written at a time
+SHOWN_TEXT = 240  # characters of each text in the frame run() returns (notebook 02 shows 160)
 
 # the columns stage 02 adds to stories.parquet, typed explicitly: on a run where no story is refused
 # (say) a column of Nones keeps its type
@@ -55,19 +60,41 @@ def filtered_schema() -> pa.Schema:
 
 
 @holds_run_lock("filter")
-def run(params) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Stage 02: classify every story of the run, write filtered.parquet, vsr.parquet and its manifest."""
+def run(params, progress: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Stage 02: classify every story of the run, write filtered.parquet, vsr.parquet and its manifest.
+
+    The stories are read and written ``BATCH_ROWS`` at a time, so an imported corpus of 650,000 stories
+    is never held whole. The returned frame is filtered.parquet without ``prompt`` and with each text
+    cut to its first ``SHOWN_TEXT`` characters after leading white space (emptiness, the only check read
+    back from the text, is unchanged); the file holds every text whole."""
     run_name = params.run_name
     stories_file = artifacts.path(run_name, "stories")
     if not stories_file.is_file():
         raise FileNotFoundError(f"{stories_file} is missing: run stage 01 first (make generate)")
-    stories = pd.read_parquet(stories_file)
     settings = params.filter
-    filtered = classify(stories, settings.lid_threshold, settings.exclude.model_dump())
+    exclude = settings.exclude.model_dump()
+    source = pq.ParquetFile(stories_file)
+    shown: list[pd.DataFrame] = []
+    with (
+        artifacts.writer(run_name, "filtered") as write_batch,
+        tqdm(total=source.metadata.num_rows, desc="filter", unit="story", disable=not progress, mininterval=5) as bar,
+    ):
+        for batch in source.iter_batches(batch_size=BATCH_ROWS):
+            classified = classify(batch.to_pandas(), settings.lid_threshold, exclude)
+            write_batch(pa.Table.from_pandas(classified, preserve_index=False))
+            shown.append(_shown(classified))
+            bar.update(len(classified))
+    filtered = pd.concat(shown, ignore_index=True) if shown else _shown(filtered_schema().empty_table().to_pandas())
     vsr = vsr_table(filtered)
     artifacts.write(
         run_name, "manifest_filter", {"stage": "filter", **summary(filtered), "params": params.resolved()["filter"]}
     )
-    artifacts.write(run_name, "filtered", filtered)
     artifacts.write(run_name, "vsr", vsr)
     return filtered, vsr
+
+
+def _shown(classified: pd.DataFrame) -> pd.DataFrame:
+    """A classified batch as run() returns it: no prompt, each text cut to SHOWN_TEXT characters."""
+    out = classified.drop(columns=["prompt"], errors="ignore")
+    out["text"] = out["text"].fillna("").astype(str).str.lstrip().str.slice(0, SHOWN_TEXT)
+    return out

@@ -18,13 +18,17 @@ This module holds the section and the checks that read only file footers (a seco
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated, Literal
 
 import pyarrow as pa
+import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
-from pydantic import Field
+from pydantic import Field, model_validator
 
+from storybias.config import designs
+from storybias.config.prompts import CONDITION_COLUMNS
 from storybias.config.story_sections import Language, Strict
 from storybias.core import paths
 from storybias.evidence.released_associations import RELEASE_LANGUAGE
@@ -55,11 +59,32 @@ ADDITIONAL_TEMPLATES = ("neutral", "negative", "positive")
 ADDITIONAL_FOLDER = "additional_en"
 
 
+TABLE_SUFFIXES = (".csv", ".jsonl", ".parquet")
+
+
+class TableColumns(Strict):
+    """``format: table``: which column of the user's table holds what (names as they are in the file)."""
+
+    text: str  # the story
+    language: str  # an ISO 639-1 code storybias knows (or the release's du)
+    model: str  # the generating model's name
+    id: str | None = None  # a stable story id; null: the file and row number
+    # the design's condition columns of stories.parquet (e.g. cond_child_gender) -> the table's column
+    conditions: dict[str, str] = {}
+    # StereoTales dimensions already extracted (e.g. gender, age) -> the table's column of their labels;
+    # corpus.extractions: published maps them (reference.yaml's labels or canonical keys, or unknown)
+    extracted: dict[str, str] = {}
+
+
 class CorpusSettings(Strict):
     """Where the stories come from when a profile imports them (stage 01) and whose extractions stage 03 uses."""
 
-    format: Literal["stereotales"]  # StereoTales' released story shards (the columns RELEASED_COLUMNS)
-    path: str  # a folder as downloaded (searched recursively for *.parquet) or one parquet file
+    # stereotales: StereoTales' released story shards (the columns RELEASED_COLUMNS);
+    # table: any story table (CSV, JSONL or parquet) with `columns:` naming its columns
+    format: Literal["stereotales", "table"]
+    path: str  # a folder as downloaded (searched recursively) or one file
+    design: str = "stereotales"  # table only: the design whose stories these are (its condition columns)
+    columns: TableColumns | None = None  # table only
     languages: Annotated[list[Language], Field(min_length=1)] | None = None  # storybias codes (nl for du); null: all
     models: Annotated[list[str], Field(min_length=1)] | None = None  # generator_model values; null: all
     sample: Annotated[int, Field(ge=1)] | None = None  # at most N stories per model x language, seeded; null: all
@@ -71,10 +96,40 @@ class CorpusSettings(Strict):
     # pools them with English (per-language pass) and with everything (global pass); false leaves them out
     additional_en: bool = True
 
+    @model_validator(mode="after")
+    def _format_keys(self) -> CorpusSettings:
+        if self.format == "stereotales":
+            if self.columns is not None or self.design != "stereotales":
+                raise ValueError("corpus.columns and corpus.design are for format: table (the release's are fixed)")
+            return self
+        if self.columns is None:
+            raise ValueError("corpus.columns: format: table needs the names of its text, language and model columns")
+        if self.design not in designs.names():
+            raise ValueError(f"corpus.design: {self.design!r} is not a design ({', '.join(designs.names())})")
+        allowed = CONDITION_COLUMNS.get(self.design, ())
+        wrong = [c for c in self.columns.conditions if c not in allowed]
+        if wrong:
+            raise ValueError(
+                f"corpus.columns.conditions: {', '.join(wrong)} not a condition column of {self.design} "
+                f"({', '.join(allowed) or 'none'})"
+            )
+        unknown = [d for d in self.columns.extracted if d not in designs.dimensions()]
+        if unknown:
+            raise ValueError(f"corpus.columns.extracted: {', '.join(unknown)} not one of StereoTales' dimensions")
+        if self.extractions != "rerun" and not self.columns.extracted:
+            raise ValueError(
+                f"corpus.extractions: {self.extractions} needs corpus.columns.extracted (the table's extracted "
+                "fields); with none, set extractions: rerun (stage 03 extracts with extract.models)"
+            )
+        return self
+
 
 def corpus_files(settings: CorpusSettings) -> list[Path]:
-    """The corpus' parquet files, sorted; a ValueError naming ``corpus.path`` when there are none."""
+    """The corpus' files, sorted (parquet shards; for a table, its CSV, JSONL and parquet files); a
+    ValueError naming ``corpus.path`` when there are none."""
     root = paths.resolve(settings.path)
+    if settings.format == "table":
+        return _table_files(root)
     if root.is_file():
         return [root]
     if not root.is_dir():
@@ -99,12 +154,67 @@ def _wanted(file: Path, root: Path, settings: CorpusSettings) -> bool:
     return language in settings.languages
 
 
+def _table_files(root: Path) -> list[Path]:
+    if root.is_file():
+        if root.suffix.lower() not in TABLE_SUFFIXES:
+            raise ValueError(f"corpus.path: {root} is not a .csv, .jsonl or .parquet file")
+        return [root]
+    if not root.is_dir():
+        raise ValueError(f"corpus.path: {root} does not exist (storybias never downloads: put the table there)")
+    files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in TABLE_SUFFIXES)
+    if not files:
+        raise ValueError(f"corpus.path: {root} holds no .csv, .jsonl or .parquet file")
+    return files
+
+
+def table_header(file: Path) -> list[str]:
+    """The column names of one table file, read from its footer, header line or first record."""
+    suffix = file.suffix.lower()
+    try:
+        if suffix == ".parquet":
+            return list(pq.read_schema(file).names)
+        if suffix == ".csv":
+            return list(pa_csv.open_csv(file).schema.names)
+        with open(file, encoding="utf-8") as fh:
+            first = json.loads(fh.readline() or "{}")
+    except (pa.ArrowInvalid, OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"corpus.path: {file} is not a readable {suffix[1:]} file ({exc})") from None
+    if not isinstance(first, dict):
+        raise ValueError(f"corpus.path: {file}: line 1 is not a JSON object")
+    return list(first)
+
+
+def mapped_columns(columns: TableColumns) -> dict[str, str]:
+    """Profile key -> the table column it names (corpus.columns.text -> "story", ...)."""
+    keys = {f"corpus.columns.{k}": getattr(columns, k) for k in ("text", "language", "model", "id")}
+    keys.update({f"corpus.columns.conditions.{k}": v for k, v in columns.conditions.items()})
+    keys.update({f"corpus.columns.extracted.{k}": v for k, v in columns.extracted.items()})
+    return {k: v for k, v in keys.items() if v is not None}
+
+
+def _check_table_files(settings: CorpusSettings, files: list[Path]) -> list[str]:
+    assert settings.columns is not None
+    problems = []
+    for file in files:
+        try:
+            header = table_header(file)
+        except ValueError as exc:
+            problems.append(str(exc))
+            continue
+        for key, column in mapped_columns(settings.columns).items():
+            if column not in header:
+                problems.append(f"{key}: column {column!r} is not in {file} (its columns: {', '.join(header)})")
+    return problems
+
+
 def check_files(settings: CorpusSettings) -> list[str]:
-    """Problems with the corpus files found from their footers alone: not parquet, a column missing."""
+    """Problems with the corpus files found from their footers or headers alone: not readable, a column missing."""
     try:
         files = corpus_files(settings)
     except ValueError as exc:
         return [str(exc)]
+    if settings.format == "table":
+        return _check_table_files(settings, files)
     problems = []
     for file in files:
         try:

@@ -162,10 +162,14 @@ class Profile(Strict):
                 "designs: a profile with corpus: imports its stories and generates none; remove designs: "
                 "(corpus.languages chooses the languages)"
             )
-        languages = data["corpus"].get("languages") or RELEASE_LANGUAGES
+        design = data["corpus"].get("design", "stereotales")
+        if data["corpus"].get("format") == "table" and design in design_names():
+            languages = data["corpus"].get("languages") or available_languages(design)
+        else:
+            languages = data["corpus"].get("languages") or RELEASE_LANGUAGES
         generation = dict(data.get("generation") or {})
         generation.setdefault("models", CORPUS_GENERATION["models"])
-        return {**data, "generation": generation, "designs": {"stereotales": {"languages": languages}}}
+        return {**data, "generation": generation, "designs": {design: {"languages": languages}}}
 
 
 # Which sections each stage reads (the stage registry's, storybias.core.artifacts): the stage's params

@@ -37,13 +37,15 @@ from storybias.core.locks import holds_run_lock
 from storybias.engines import ChatEngine, ChatRequest, ChatResult, entered_info, open_engine, preflight
 from storybias.engines.cache import REUSED, CachingEngine, ResponseCache, cache_dir
 from storybias.engines.runner import run_requests
-from storybias.stages.generate import corpus
+from storybias.stages.generate import corpus, table
 
 
 def plan(params: Params, progress: bool = False) -> pd.DataFrame:
     """The stories stage 01 will write: the profile's prompt grid, or (a profile with ``corpus:``) the
     corpus' rows it keeps, read and checked without their text (``storybias.stages.generate.corpus``)."""
     if params.corpus is not None:
+        if params.corpus.format == "table":
+            return table.read_table_plan(params.corpus, progress)
         return corpus.read_plan(params.corpus, progress)
     return grid.plan(params)
 
@@ -212,9 +214,12 @@ def import_corpus(params: Params, progress: bool = True, log: Callable[[str], No
     started = time.time()
     settings = params.corpus
     assert settings is not None
-    planned = corpus.read_plan(settings, progress)
+    planned = plan(params, progress)
     log(f"run '{params.run_name}': importing {len(planned)} stories from {settings.path} (format {settings.format})")
-    counts = corpus.write_import(params.run_name, planned, paths.resolve(settings.path), progress)
+    if settings.format == "table":
+        counts = table.write_table_import(params.run_name, planned, settings, progress)
+    else:
+        counts = corpus.write_import(params.run_name, planned, paths.resolve(settings.path), progress)
     manifest = corpus.import_manifest(settings, planned, counts, time.time() - started)
     manifest.update(run_name=params.run_name, params=params.resolved())
     artifacts.write(params.run_name, "manifest_generate", manifest)

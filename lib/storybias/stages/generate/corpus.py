@@ -81,11 +81,11 @@ def story_id_of(output_id: str) -> str:
     return hashlib.sha256(f"import|{output_id}".encode()).hexdigest()[:16]
 
 
-def _where(file: Path, row: int, column: str) -> str:
+def row_location(file: Path, row: int, column: str) -> str:
     return f"{file}: row {row}, column {column}"
 
 
-def _map_column(values: pd.Series, column: str, mapper: Callable[[Any], Any], file: Path, offset: int) -> pd.Series:
+def map_column(values: pd.Series, column: str, mapper: Callable[[Any], Any], file: Path, offset: int) -> pd.Series:
     """``mapper`` over the distinct ``values`` (of ``column``); the first failure names its file, row and column."""
     mapped: dict[Any, Any] = {}
     for value in values.dropna().unique():
@@ -93,13 +93,13 @@ def _map_column(values: pd.Series, column: str, mapper: Callable[[Any], Any], fi
             mapped[value] = mapper(value)
         except (KeyError, TypeError, ValueError) as exc:
             row = int(values.index[values.eq(value)][0])
-            raise CorpusError(f"{_where(file, offset + row, column)}: {str(exc).strip(chr(34))}") from None
+            raise CorpusError(f"{row_location(file, offset + row, column)}: {str(exc).strip(chr(34))}") from None
     if values.isna().any():
-        raise CorpusError(f"{_where(file, offset + int(values.index[values.isna()][0]), column)}: empty")
+        raise CorpusError(f"{row_location(file, offset + int(values.index[values.isna()][0]), column)}: empty")
     return values.map(mapped)
 
 
-def _language(code: Any) -> str:
+def release_language(code: Any) -> str:
     if not isinstance(code, str):
         raise ValueError(f"language {code!r} is not a string")
     language = RELEASE_LANGUAGE.get(code, code)
@@ -128,8 +128,8 @@ def _check_profiles(frame: pd.DataFrame, file: Path, offset: int) -> None:
         try:
             published_profile(text)
         except KeyError as exc:
-            where = _where(file, offset + int(row), "extracted_attributes_json")
-            raise CorpusError(f"{where}: {str(exc).strip(chr(34))}") from None
+            place = row_location(file, offset + int(row), "extracted_attributes_json")
+            raise CorpusError(f"{place}: {str(exc).strip(chr(34))}") from None
 
 
 def _plan_batch(frame: pd.DataFrame, file: Path, offset: int, settings: CorpusSettings) -> pd.DataFrame:
@@ -137,9 +137,9 @@ def _plan_batch(frame: pd.DataFrame, file: Path, offset: int, settings: CorpusSe
     for column in ("output_id", "generator_model"):
         empty = frame[column].isna() | frame[column].eq("")
         if empty.any():
-            raise CorpusError(f"{_where(file, offset + int(empty.idxmax()), column)}: empty")
-    language = _map_column(frame["language"], "language", _language, file, offset)
-    template = _map_column(frame["prompt_template"], "prompt_template", _template, file, offset)
+            raise CorpusError(f"{row_location(file, offset + int(empty.idxmax()), column)}: empty")
+    language = map_column(frame["language"], "language", release_language, file, offset)
+    template = map_column(frame["prompt_template"], "prompt_template", _template, file, offset)
     additional = template.ne(SCENARIO_TEMPLATE)
     keep = pd.Series(True, index=frame.index)
     if settings.languages is not None:
@@ -149,12 +149,12 @@ def _plan_batch(frame: pd.DataFrame, file: Path, offset: int, settings: CorpusSe
     if not settings.additional_en:
         keep &= ~additional
     rows = frame.index[keep]
-    attribute = _map_column(frame.loc[rows, "target_attribute"], "target_attribute", _attribute, file, offset)
+    attribute = map_column(frame.loc[rows, "target_attribute"], "target_attribute", _attribute, file, offset)
     labels = frame.loc[rows, "attribute_value_key"]
     pairs = (attribute + SEP + labels).where(labels.notna())  # one lookup per distinct (dimension, label)
-    value = _map_column(pairs, "attribute_value_key", lambda p: canonical_value(*p.split(SEP)), file, offset)
+    value = map_column(pairs, "attribute_value_key", lambda p: canonical_value(*p.split(SEP)), file, offset)
     scenario_rows = rows[~additional[rows].to_numpy()]
-    scenario = _map_column(frame.loc[scenario_rows, "scenario_key"], "scenario_key", scenario_of, file, offset)
+    scenario = map_column(frame.loc[scenario_rows, "scenario_key"], "scenario_key", scenario_of, file, offset)
     _check_profiles(frame.loc[rows], file, offset)
     out = pd.DataFrame(
         {
@@ -191,7 +191,7 @@ def _batches(file: Path, columns: list[str], what: str) -> Iterator[tuple[int, p
         offset += len(frame)
 
 
-def _draw(plan: pd.DataFrame, sample: int | None, seed: int) -> pd.DataFrame:
+def draw_sample(plan: pd.DataFrame, sample: int | None, seed: int) -> pd.DataFrame:
     """At most ``sample`` stories per model x language: those whose sha256(seed|output_id) is smallest, so the
     draw does not depend on the order of the files, and a larger sample contains a smaller one."""
     if sample is None:
@@ -249,10 +249,10 @@ def read_plan(settings: CorpusSettings, progress: bool = True) -> pd.DataFrame:
         first = plan[repeated].iloc[:2]
         places = "; ".join(f"{r.source_file}: row {r.source_row}" for r in first.itertuples())
         raise CorpusError(f"corpus: output_id {first.iloc[0]['output_id']!r} appears twice ({places})")
-    return _finish_plan(_draw(plan, settings.sample, settings.seed))
+    return _finish_plan(draw_sample(plan, settings.sample, settings.seed))
 
 
-def _stories_batch(planned: pd.DataFrame, texts: pd.Series) -> pd.DataFrame:
+def stories_batch(planned: pd.DataFrame, texts: pd.Series) -> pd.DataFrame:
     out = planned.copy()
     out["text"] = texts.fillna("").to_numpy()
     out["finish_reason"] = IMPORTED
@@ -275,7 +275,7 @@ def write_import(run_name: str, plan: pd.DataFrame, root: Path, progress: bool =
                 if here.empty:
                     continue
                 picked = frame.iloc[(here["source_row"] - offset).to_numpy()]
-                batch = _stories_batch(here, picked["story"])
+                batch = stories_batch(here, picked["story"])
                 stories_out(pa.Table.from_pandas(batch[names], schema=stories_schema(), preserve_index=False))
                 source = here.assign(
                     source_file=str(Path(str(file)).relative_to(root)) if root.is_dir() else Path(str(file)).name,

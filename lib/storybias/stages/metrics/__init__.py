@@ -286,6 +286,40 @@ def _grammatical_gender_table(jsd: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+NARRATIVE_LISTS = ("adjectives_en", "settings")  # what the BiasedTales-ML comparisons count
+OCCUPATION_CONDITIONS = ("cond_occupation", "cond_task")  # what Feng et al.'s scores group by
+
+
+def missing_inputs(parsed: pd.DataFrame, settings: MetricsSettings) -> list[str]:
+    """Why a lens cannot run on stories the run has: a condition column no story holds, or narrative
+    lists stage 03 did not extract (an imported table, ``corpus.extractions: published``), each with the
+    key that provides it. Empty when every input exists or the design is absent."""
+    notes = []
+    for comparison in settings.comparisons:
+        column = f"cond_{comparison.condition}"
+        stories = parsed[parsed["design"] == comparison.design]
+        if len(stories) and (column not in stories or stories[column].isna().all()):
+            notes.append(
+                f"{comparison.name}: the {len(stories)} {comparison.design} stories have no {column} "
+                f"(an imported table provides it with corpus.columns.conditions.{column})"
+            )
+    narratives = parsed[parsed["design"].isin({c.design for c in settings.comparisons})]
+    lists = [c for c in NARRATIVE_LISTS if c in narratives]
+    if len(narratives) and lists and not narratives[lists].map(lambda v: v is not None and len(v) > 0).any().any():
+        notes.append(
+            f"no adjectives or settings extracted from the {len(narratives)} narrative stories: stage 03 extracts "
+            "them with a model (corpus.extractions: rerun); published extractions carry demographics only"
+        )
+    occupations = parsed[parsed["design"] == "occupations"]
+    for column in OCCUPATION_CONDITIONS:
+        if len(occupations) and (column not in occupations or occupations[column].isna().all()):
+            notes.append(
+                f"the {len(occupations)} occupations outputs have no {column}: Feng et al.'s scores need it "
+                f"(an imported table provides it with corpus.columns.conditions.{column})"
+            )
+    return notes
+
+
 def _narrative_tables(
     parsed: pd.DataFrame, vsr: pd.DataFrame, settings: MetricsSettings, notes: list[str]
 ) -> dict[str, pd.DataFrame]:
@@ -384,7 +418,7 @@ def run(params: Params) -> dict[str, Any]:
     data = extractions.merge(filtered.drop(columns=["raw"], errors="ignore"), on="story_id", how="left")
     n_excluded = int((~data["parse_ok"]).sum())
     parsed = data[data["parse_ok"]]
-    notes: list[str] = []
+    notes: list[str] = missing_inputs(parsed, settings)
     tables = {**_narrative_tables(parsed, vsr, settings, notes), **_stereotype_tables(data, settings, notes)}
     for name, table in tables.items():
         artifacts.write(run_name, f"metrics_{name}", to_contract(table, name))

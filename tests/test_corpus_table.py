@@ -1,0 +1,128 @@
+"""Importing any story table (``corpus: {format: table}``, issue #28 item 4): CSV, JSONL and parquet with a
+column mapping; stage 01 imports one story per row with the mapped conditions, stage 03 maps extracted
+columns, stage 05 says which input a lens lacks and which key provides it; bad input stops early."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from storybias.config import params
+from storybias.core import artifacts
+from storybias.stages import extract, generate, metrics
+from storybias.stages import filter as filter_stage
+from storybias.stages.generate.corpus import CorpusError, story_id_of
+
+TEXT = "Once upon a time a child walked to school and met a friend. They laughed all the way home. " * 3
+
+
+@pytest.fixture
+def data_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path / "data"))
+    return tmp_path / "data"
+
+
+def _profile(tmp_path: Path, corpus: dict, name: str = "table.yaml") -> params.Params:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump({"run_name": "table-test", "corpus": {"format": "table", **corpus}}))
+    return params.load(path)
+
+
+def _bedtime_rows(n: int = 8) -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "story": [TEXT] * n,
+            "lang": ["en", "du"] * (n // 2),
+            "llm": ["lab/model-a"] * n,
+            "uid": [f"s{i}" for i in range(n)],
+            "child": ["boy", "girl"] * (n // 2),
+            "hero_gender": ["woman", "woman", "man", "man"] * (n // 4),
+        }
+    )
+
+
+BEDTIME = {
+    "design": "bedtime",
+    "columns": {
+        "text": "story",
+        "language": "lang",
+        "model": "llm",
+        "id": "uid",
+        "conditions": {"cond_child_gender": "child"},
+        "extracted": {"gender": "hero_gender"},
+    },
+    "extractions": "published",
+}
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".jsonl", ".parquet"])
+def test_a_table_imports_one_story_per_row_with_its_conditions(tmp_path, data_dir, suffix):
+    rows = _bedtime_rows()
+    path = tmp_path / f"stories{suffix}"
+    if suffix == ".csv":
+        rows.to_csv(path, index=False)
+    elif suffix == ".jsonl":
+        rows.to_json(path, orient="records", lines=True)
+    else:
+        rows.to_parquet(path)
+    p = _profile(tmp_path, {"path": str(path), "languages": ["en", "nl"], **BEDTIME})
+    generate.run(p, progress=False, log=lambda m: None)
+    stories = pd.read_parquet(artifacts.stories_path(p.run_name))
+    assert len(stories) == len(rows) and stories["story_id"].tolist() == [story_id_of(u) for u in rows["uid"]]
+    assert set(stories["design"]) == {"bedtime"} and stories["text"].tolist() == rows["story"].tolist()
+    assert stories["language"].tolist() == ["en", "nl"] * 4  # the release's du is storybias' nl
+    assert stories["cond_child_gender"].tolist() == rows["child"].tolist()
+    assert stories["cond_social_class"].isna().all() and set(stories["finish_reason"]) == {"imported"}
+
+    filter_stage.run(p, progress=False)
+    extract.run(p, progress=False, log=lambda m: None)
+    extractions = pd.read_parquet(artifacts.extractions_path(p.run_name)).set_index("story_id")
+    assert extractions.loc[story_id_of("s0"), "demo_gender"] == "woman"
+    assert extractions.loc[story_id_of("s2"), "protagonist_gender"] == "male"  # s1 (du, English text) is invalid
+
+    notes = metrics.run(p)["notes"]
+    assert any("social_class" in n and "corpus.columns.conditions.cond_social_class" in n for n in notes)
+    assert any("no adjectives or settings extracted" in n and "corpus.extractions: rerun" in n for n in notes)
+    assert not any(n.startswith("child_gender: the") for n in notes), "cond_child_gender was mapped"
+
+
+def test_bad_tables_are_refused_naming_the_file_row_and_column(tmp_path, data_dir):
+    rows = _bedtime_rows()
+    good = tmp_path / "good.csv"
+    rows.to_csv(good, index=False)
+    missing = {**BEDTIME, "columns": {**BEDTIME["columns"], "text": "body"}}
+    with pytest.raises(params.ParamsError, match=r"corpus\.columns\.text: column 'body' is not in .*good\.csv"):
+        _profile(tmp_path, {"path": str(good), **missing})
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(params.ParamsError, match=r"notes\.txt is not a \.csv, \.jsonl or \.parquet file"):
+        _profile(tmp_path, {"path": str(tmp_path / "notes.txt"), **BEDTIME})
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(params.ParamsError, match=r"holds no \.csv, \.jsonl or \.parquet file"):
+        _profile(tmp_path, {"path": str(tmp_path / "empty"), **BEDTIME})
+    with pytest.raises(params.ParamsError, match=r"cond_nationality_x.* not a condition column of bedtime"):
+        bad = {**BEDTIME, "columns": {**BEDTIME["columns"], "conditions": {"cond_nationality_x": "child"}}}
+        _profile(tmp_path, {"path": str(good), **bad})
+    with pytest.raises(params.ParamsError, match=r"corpus\.extractions: published needs corpus\.columns\.extracted"):
+        _profile(tmp_path, {"path": str(good), **{**BEDTIME, "columns": {**BEDTIME["columns"], "extracted": {}}}})
+
+    for column, value, message in [
+        ("lang", "xx", "language 'xx' is not one of storybias'"),
+        ("hero_gender", "robot", "robot"),
+    ]:
+        broken = rows.copy()
+        broken.loc[5, column] = value
+        path = tmp_path / f"broken-{column}.csv"
+        broken.to_csv(path, index=False)
+        p = _profile(tmp_path, {"path": str(path), **BEDTIME}, name=f"{column}.yaml")
+        with pytest.raises(CorpusError, match=rf"broken-{column}\.csv: row 5, column {column}: .*{message}"):
+            generate.run(p, progress=False, log=lambda m: None)
+    duplicated = rows.assign(uid="same")
+    path = tmp_path / "dup.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in duplicated.to_dict("records")))
+    p = _profile(tmp_path, {"path": str(path), **BEDTIME}, name="dup.yaml")
+    with pytest.raises(CorpusError, match=r"corpus\.columns\.id: 'same' appears twice"):
+        generate.run(p, progress=False, log=lambda m: None)

@@ -232,24 +232,32 @@ def read_plan(settings: CorpusSettings, progress: bool = True) -> pd.DataFrame:
         for offset, frame in _batches(file, PLAN_READ, f"format {settings.format}"):
             seen_models.update(frame["generator_model"].dropna().unique())
             frames.append(_plan_batch(frame, file, offset, settings))
+    plan = checked_plan(frames, seen_models, settings, len(files), "corpus: output_id")
+    return _finish_plan(draw_sample(plan, settings.sample, settings.seed))
+
+
+def checked_plan(
+    frames: list[pd.DataFrame], seen_models: set[str], settings: CorpusSettings, n_files: int, id_key: str
+) -> pd.DataFrame:
+    """The files' planned rows together, refused when a ``corpus.models`` name is not among
+    ``seen_models``, when nothing is left, or when a source id (``id_key``) appears twice."""
     missing = sorted(set(settings.models or ()) - seen_models)
     if missing:
         raise CorpusError(
-            f"corpus.models: {', '.join(missing)} not in the corpus (its generator_model values: "
-            f"{', '.join(sorted(seen_models))})"
+            f"corpus.models: {', '.join(missing)} not in the corpus (its models: {', '.join(sorted(seen_models))})"
         )
     plan = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     if plan.empty:
-        raise CorpusError(
-            f"corpus: no story left in {len(files)} file(s) after languages {settings.languages}, "
-            f"models {settings.models}, additional_en {settings.additional_en}"
-        )
+        subsets = f"languages {settings.languages}, models {settings.models}"
+        if settings.format == "stereotales":
+            subsets += f", additional_en {settings.additional_en}"
+        raise CorpusError(f"corpus: no story left in {n_files} file(s) after {subsets}")
     repeated = plan["output_id"].duplicated(keep=False)
     if repeated.any():
         first = plan[repeated].iloc[:2]
         places = "; ".join(f"{r.source_file}: row {r.source_row}" for r in first.itertuples())
-        raise CorpusError(f"corpus: output_id {first.iloc[0]['output_id']!r} appears twice ({places})")
-    return _finish_plan(draw_sample(plan, settings.sample, settings.seed))
+        raise CorpusError(f"{id_key} {first.iloc[0]['output_id']!r} appears twice ({places})")
+    return plan
 
 
 def stories_batch(planned: pd.DataFrame, texts: pd.Series) -> pd.DataFrame:

@@ -35,6 +35,7 @@ from storybias.evidence.published import UNKNOWN, extraction_value
 from storybias.stages.generate.corpus import (
     CORPUS_SCHEMA,
     CorpusError,
+    checked_plan,
     draw_sample,
     map_column,
     release_language,
@@ -142,21 +143,7 @@ def read_table_plan(settings: CorpusSettings, progress: bool = True) -> pd.DataF
         frame, models = _plan_file(file, root, settings)
         seen_models |= models
         frames.append(frame)
-    missing = sorted(set(settings.models or ()) - seen_models)
-    if missing:
-        known = ", ".join(sorted(seen_models))
-        raise CorpusError(f"corpus.models: {', '.join(missing)} not in the table (its models: {known})")
-    plan = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-    if plan.empty:
-        raise CorpusError(
-            f"corpus: no story left in {len(files)} file(s) after languages {settings.languages}, "
-            f"models {settings.models}"
-        )
-    repeated = plan["output_id"].duplicated(keep=False)
-    if repeated.any():
-        first = plan[repeated].iloc[:2]
-        places = "; ".join(f"{r.source_file}: row {r.source_row}" for r in first.itertuples())
-        raise CorpusError(f"corpus.columns.id: {first.iloc[0]['output_id']!r} appears twice ({places})")
+    plan = checked_plan(frames, seen_models, settings, len(files), "corpus.columns.id:")
     return _finish_plan(draw_sample(plan, settings.sample, settings.seed), settings.design)
 
 

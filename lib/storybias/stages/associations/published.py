@@ -132,19 +132,26 @@ def _compare_row(row: Any, run: _RunIndex, same_model: bool) -> dict[str, Any]:
     }
 
 
-def _not_published(published: pd.DataFrame, values: pd.DataFrame, same_model: bool) -> pd.DataFrame:
-    """The run's significant cells in the published scopes that no published association names."""
-    scopes = set(published["scope"])
-    sig = values[values["significant"].astype(bool) & values["scope"].isin(scopes)]
-    published_models = {model_key(m) for ms in published["models"] for m in ms}
+def _listing(model: str, scope: str, key: tuple[str, ...], same_model: bool) -> tuple[str, ...]:
+    """What makes an association "the same" as a published one: scope and key, and the model when names match."""
+    return (model_key(model) if same_model else "", scope, *key)
+
+
+def _not_published(
+    published: pd.DataFrame, values: pd.DataFrame, same_model: bool, published_models: set[str]
+) -> pd.DataFrame:
+    """The run's significant cells in the published scopes that no published association names
+    (``published_models``: the published models' ``model_key``s)."""
+    sig = values[values["significant"].astype(bool) & values["scope"].isin(set(published["scope"]))]
     if same_model:
         sig = sig[[model_key(m) in published_models for m in sig["model"]]]
-    keys = set()
-    for row in published.itertuples(index=False):
-        for m in row.models if same_model else [""]:
-            keys.add((model_key(m) if same_model else "", row.scope, *(getattr(row, k) for k in KEY)))
+    listed = {
+        _listing(m, row.scope, tuple(getattr(row, k) for k in KEY), same_model)
+        for row in published.itertuples(index=False)
+        for m in (row.models if same_model else [""])
+    }
     mine = [
-        (model_key(r.model) if same_model else "", r.scope, *(getattr(r, k) for k in KEY)) not in keys
+        _listing(r.model, r.scope, tuple(getattr(r, k) for k in KEY), same_model) not in listed
         for r in sig.itertuples(index=False)
     ]
     rows = sig[mine]
@@ -173,8 +180,8 @@ def compare_published(published: pd.DataFrame, attributes: pd.DataFrame, values:
     if published.empty:
         return pd.DataFrame(columns=COMPARISON_COLUMNS)
     run = _run_index(attributes, values)
-    published_keys = {model_key(m) for ms in published["models"] for m in ms}
-    same_model = any(model_key(m) in published_keys for m in run.models)
+    published_models = {model_key(m) for ms in published["models"] for m in ms}
+    same_model = any(model_key(m) in published_models for m in run.models)
     compared = pd.DataFrame(
         [_compare_row(row, run, same_model) for row in published.itertuples(index=False)],
         columns=["status", "reason", "compared_models", "reproduced_by", "run_lift", "run_p_adjusted"],
@@ -183,7 +190,7 @@ def compare_published(published: pd.DataFrame, attributes: pd.DataFrame, values:
     table = pd.concat([published, compared], axis=1)
     sources_models = zip(table["source"], table["models"], strict=True)
     table["model"] = [ms[0] if src == "released" else POOLED_MODELS for src, ms in sources_models]
-    frames = [table, _not_published(published, values, same_model)]
+    frames = [table, _not_published(published, values, same_model, published_models)]
     out = pd.concat([f for f in frames if len(f)], ignore_index=True).reindex(columns=COMPARISON_COLUMNS)
     out["match"] = "same_model" if same_model else "any_model"
     return out

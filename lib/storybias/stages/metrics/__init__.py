@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
+from storybias.config.designs import with_lens
 from storybias.config.params import Comparison, MetricsSettings, Params
 from storybias.config.studies import GRAMMATICAL_GENDER, MIN_STORIES_FLAG, S_C_CLIP
 from storybias.core import artifacts
@@ -310,11 +311,13 @@ def missing_inputs(parsed: pd.DataFrame, settings: MetricsSettings) -> list[str]
             f"no adjectives or settings extracted from the {len(narratives)} narrative stories: stage 03 extracts "
             "them with a model (corpus.extractions: rerun); published extractions carry demographics only"
         )
-    occupations = parsed[parsed["design"] == "occupations"]
+    # the designs read through Feng et al.'s occupational lens, as occupation_trials selects them
+    occupational = with_lens("occupations", sorted(parsed["design"].dropna().unique()))
+    occupations = parsed[parsed["design"].isin(occupational)]
     for column in OCCUPATION_CONDITIONS:
         if len(occupations) and (column not in occupations or occupations[column].isna().all()):
             notes.append(
-                f"the {len(occupations)} occupations outputs have no {column}: Feng et al.'s scores need it "
+                f"the {len(occupations)} occupational-lens outputs have no {column}: Feng et al.'s scores need it "
                 f"(an imported table provides it with corpus.columns.conditions.{column})"
             )
     return notes

@@ -126,3 +126,28 @@ def test_bad_tables_are_refused_naming_the_file_row_and_column(tmp_path, data_di
     p = _profile(tmp_path, {"path": str(path), **BEDTIME}, name="dup.yaml")
     with pytest.raises(CorpusError, match=r"corpus\.columns\.id: 'same' appears twice"):
         generate.run(p, progress=False, log=lambda m: None)
+
+
+def test_stage_06_names_the_key_that_provides_a_missing_label(tmp_path, data_dir):
+    """Stage 06 on an imported table: without a mapped gender column the probes have no label, and the
+    note names corpus.columns.extracted.gender; published extractions never carry markers."""
+    from storybias.stages import probes
+    from storybias.stages.probes.probe import probe_frame
+
+    rows = _bedtime_rows().drop(columns="hero_gender").assign(age="adult")
+    path = tmp_path / "stories.csv"
+    rows.to_csv(path, index=False)
+    columns = {**BEDTIME["columns"], "extracted": {"age": "age"}}
+    p = _profile(tmp_path, {**BEDTIME, "path": str(path), "languages": ["en", "nl"], "columns": columns})
+    generate.run(p, progress=False, log=lambda m: None)
+    filter_stage.run(p, progress=False)
+    extract.run(p, progress=False, log=lambda m: None)
+    frame = probe_frame(
+        pd.read_parquet(artifacts.extractions_path(p.run_name)), pd.read_parquet(artifacts.filtered_path(p.run_name))
+    )
+    notes = probes.missing_inputs(frame, p.corpus)
+    assert any("corpus.columns.extracted.gender" in n for n in notes)
+    assert any("no cultural markers" in n and "corpus.extractions: rerun" in n for n in notes)
+    frame["label"] = "female"  # as if the table had mapped a gender column
+    assert not any("gender" in n for n in probes.missing_inputs(frame, p.corpus))
+    assert probes.missing_inputs(frame, None) == []  # a generated run: stage 03 extracted both

@@ -224,8 +224,9 @@ def import_corpus(params: Params, progress: bool = True, log: Callable[[str], No
     manifest.update(run_name=params.run_name, params=params.resolved())
     artifacts.write(params.run_name, "manifest_generate", manifest)
     log(f"wrote {artifacts.stories_path(params.run_name)} ({counts['rows']} imported stories)")
-    stories = planned.assign(finish_reason=corpus.IMPORTED)  # the text stays in the file: a corpus can be large
-    return GenerateResult(stories=stories[[*plan_columns(), "finish_reason"]], runs=[], manifest=manifest)
+    # the text stays in the file (a corpus can be large); no model ran, so no token count (null, as in the file)
+    stories = planned.assign(finish_reason=corpus.IMPORTED, n_tokens=pd.NA)
+    return GenerateResult(stories=stories[[*plan_columns(), "finish_reason", "n_tokens"]], runs=[], manifest=manifest)
 
 
 def _assemble(planned: pd.DataFrame, stories: list[dict[str, Any]]) -> pd.DataFrame:

@@ -37,7 +37,7 @@ from typing import Any, TypedDict
 import numpy as np
 import pandas as pd
 
-from storybias.config.params import HumanValidationSettings, Params, ProbeSettings, UmapSettings
+from storybias.config.params import CorpusSettings, HumanValidationSettings, Params, ProbeSettings, UmapSettings
 from storybias.config.prompts import CONDITION_COLUMNS
 from storybias.core import artifacts, paths
 from storybias.core.io import write_json_atomic
@@ -241,6 +241,27 @@ def _require_inputs(run_name: str) -> None:
             raise FileNotFoundError(f"{path} is missing: run the earlier stages first (make extract)")
 
 
+def missing_inputs(frame: pd.DataFrame, corpus: CorpusSettings | None) -> list[str]:
+    """Why the probes or the cultural lens have nothing to read, and which key provides it (an imported
+    corpus: a table's mapped columns, or the extractions stage 03 reruns with a model). Empty when the
+    labels and markers exist, or when the run generated its stories (stage 03 then extracts both)."""
+    if corpus is None or corpus.extractions != "published" or frame.empty:
+        return []
+    notes = []
+    if not frame["label"].isin(LABELS).any():
+        key = "corpus.columns.extracted.gender" if corpus.format == "table" else "corpus.extractions: rerun"
+        notes.append(
+            f"none of the {len(frame)} imported narratives has a protagonist gender (female or male), the probes' "
+            f"label: {key} provides it"
+        )
+    if not frame["markers"].map(lambda m: m is not None and len(m) > 0).any():
+        notes.append(
+            "published extractions carry no cultural markers: stage 03 extracts them with a model "
+            "(corpus.extractions: rerun)"
+        )
+    return notes
+
+
 def _read_narratives(run_name: str, settings: ProbeSettings, notes: list[str]) -> _Narratives:
     """Extractions joined to the filtered stories, and the narratives sampled per language x genre cell."""
     extractions = pd.read_parquet(artifacts.extractions_path(run_name))
@@ -393,6 +414,7 @@ def run(params: Params) -> ProbesResult:
     notes: list[str] = []
 
     narratives = _read_narratives(run_name, settings, notes)
+    notes.extend(missing_inputs(narratives.frame, params.corpus))
     probes_table, X_all, deleted_texts = _identity_lens(narratives, embedding, settings, timings)
     umap_table, umap_status = _umap_table(narratives.sampled, X_all, settings.umap, timings, notes)
     cultural = _cultural_lens(narratives.frame, embedding, settings, timings, notes)

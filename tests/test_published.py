@@ -203,7 +203,10 @@ def test_comparison_counts_reproduced_new_and_overlap_any_model(tmp_path):
             ("m2", "all", "age", "adolescent", "marital_status", "single", True, True),  # reproduces p3
             ("m1", "all", "age", "child", "marital_status", "single", True, True),  # not published
             ("m1", "all", "professional_field", "stem", "urbanicity", "urban", True, True),  # not published
-            ("m1", "fr", "religion", "hindu", "geographic_origin", "south_asia", True, True),  # other scope
+            # found in French only: a question names no scope (the list mixes global and per-language
+            # associations), so it is compared with every scope the run tested
+            ("m1", "fr", "religion", "hindu", "geographic_origin", "south_asia", True, True),
+            ("m1", "fr", "age", "young_adult", "marital_status", "single", True, True),  # not published
         ]
     )
     table = compare_published(pub, attributes, values)
@@ -212,14 +215,22 @@ def test_comparison_counts_reproduced_new_and_overlap_any_model(tmp_path):
         "agriculture": "reproduced",
         "senior": "missed",
         "adolescent": "reproduced",
-        "hindu": "untested",
+        "hindu": "reproduced",
     }
-    assert sorted(table.loc[table["status"] == "not_published", "base_value"]) == ["child", "stem"]
+    listed = table[table["status"] != "not_published"].set_index("base_value")
+    assert listed["scope"].unique().tolist() == ["any"]
+    assert listed.loc["hindu", "run_scope"] == "fr" and listed.loc["agriculture", "run_scope"] == "all"
+    unpublished = table[table["status"] == "not_published"]
+    assert sorted(zip(unpublished["base_value"], unpublished["scope"])) == [
+        ("child", "all"),
+        ("stem", "all"),
+        ("young_adult", "fr"),
+    ]
     per = comparison_counts(table, by=("base_attribute",)).set_index("base_attribute")
-    assert per.loc["age", ["reproduced", "missed", "untested", "not_published"]].tolist() == [1, 1, 0, 1]
+    assert per.loc["age", ["reproduced", "missed", "untested", "not_published"]].tolist() == [1, 1, 0, 2]
     assert per.loc["age", "reproduced_share"] == pytest.approx(0.5)
     assert per.loc["professional_field", "reproduced_share"] == pytest.approx(1.0)
-    assert per.loc["religion", "untested"] == 1 and pd.isna(per.loc["religion", "reproduced_share"])
+    assert per.loc["religion", "reproduced"] == 1
 
 
 def test_comparison_uses_the_same_model_when_names_match(tmp_path):

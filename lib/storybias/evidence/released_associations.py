@@ -39,8 +39,11 @@ from storybias.evidence.published import KEY, PublishedFormatError, canonical_va
 # The release's language codes that differ from storybias' ISO 639-1 codes.
 RELEASE_LANGUAGE = {"du": "nl"}
 GLOBAL_SCOPE = "all"
+# A human-study question's scope: its list mixes associations of the global pass and of single languages'
+# passes and does not say which (StereoTales' summary counts 784 global ones of 1,580).
+ANY_SCOPE = "any"
 
-# One row per published association. `source`: "questions" (the human study's list: pooled scope, the
+# One row per published association. `source`: "questions" (the human study's list: scope `any`, the
 # models that produced it) or "released" (an association file: one model, one scope). `models`: the
 # published generator models. `published_p_adjusted`: BY-adjusted (released files; NaN for questions).
 PUBLISHED_COLUMNS = [
@@ -148,14 +151,14 @@ def load_released(path: Path) -> pd.DataFrame:
 
 
 def _from_questions(path: Path) -> pd.DataFrame:
-    """A human-study ``questions.json`` in ``PUBLISHED_COLUMNS``: the pooled scope, no adjusted p-value."""
+    """A human-study ``questions.json`` in ``PUBLISHED_COLUMNS``: scope ``any``, no adjusted p-value."""
     questions = load_published(path)
     return pd.DataFrame(
         {
             "source": "questions",
             "file": path.name,
             "models": questions["models"],
-            "scope": GLOBAL_SCOPE,
+            "scope": ANY_SCOPE,
             **{k: questions[k] for k in KEY},
             "published_fraction": questions["avg_percentage"] / 100.0,
             "published_lift": questions["avg_lift"],

@@ -4,8 +4,10 @@
 ``associations_by_language`` JSONL, a file or a folder) or its human study's ``questions.json``
 (``storybias.evidence.released_associations.load_associations``). Each published association is compared
 with the run's tests of the same model and scope: a released file's global records with the run's pooled
-pass, each language's records with that language's pass; the human study's list (no model, pooled) with
-the pooled pass.
+pass, each language's records with that language's pass. The human study's list names no model and no
+scope: it mixes associations of the global pass with ones found in a single language's pass (StereoTales'
+summary counts 784 global ones of its 1,580), so each of its questions (scope ``any``) is compared with
+every scope the run tested, and ``run_scope`` says which one its status comes from.
 
 A published association's ``status`` for one run model:
 
@@ -30,6 +32,7 @@ import pandas as pd
 import pyarrow as pa
 
 from storybias.evidence.published import KEY, model_key
+from storybias.evidence.released_associations import ANY_SCOPE
 from storybias.stages.associations.tables import ALPHA, MIN_LIFT
 
 POOLED_MODELS = "(pooled over models)"  # the `model` of a human-study question: its list is in `models`
@@ -40,7 +43,8 @@ COMPARISON_SCHEMA = pa.schema(
         ("file", pa.string()),
         ("model", pa.string()),  # the published model (released), POOLED_MODELS (questions) or the run model
         ("models", pa.list_(pa.string())),  # the published models
-        ("scope", pa.string()),
+        ("scope", pa.string()),  # the published scope: all, a language, or any (a human-study question)
+        ("run_scope", pa.string()),  # the run's scope the status comes from (null when none was tested)
         *[(k, pa.string()) for k in KEY],
         ("published_fraction", pa.float64()),
         ("published_lift", pa.float64()),
@@ -63,6 +67,7 @@ class _Outcome(NamedTuple):
     reason: str
     lift: float
     p_adjusted: float
+    scope: str | None = None
 
 
 class _RunIndex(NamedTuple):
@@ -71,6 +76,7 @@ class _RunIndex(NamedTuple):
     pairs: dict[tuple[str, ...], bool]  # -> retained
     cells: dict[tuple[str, ...], tuple[bool, float, float]]  # -> (significant, lift, p_adjusted)
     models: list[str]
+    scopes: list[str]
 
 
 def _run_index(attributes: pd.DataFrame, values: pd.DataFrame) -> _RunIndex:
@@ -82,7 +88,8 @@ def _run_index(attributes: pd.DataFrame, values: pd.DataFrame) -> _RunIndex:
         (r.model, r.scope, *(getattr(r, k) for k in KEY)): (bool(r.significant), float(r.lift), float(r.p_adjusted))
         for r in values.itertuples(index=False)
     }
-    return _RunIndex(pairs, cells, sorted(set(attributes["model"]) | set(values["model"])))
+    models = sorted(set(attributes["model"]) | set(values["model"]))
+    return _RunIndex(pairs, cells, models, sorted(set(attributes["scope"]) | set(values["scope"])))
 
 
 def _cell_outcome(run: _RunIndex, model: str, scope: str, key: tuple[str, ...]) -> _Outcome:
@@ -92,17 +99,17 @@ def _cell_outcome(run: _RunIndex, model: str, scope: str, key: tuple[str, ...]) 
     if retained is None:
         return _Outcome("untested", "no test of this attribute pair in this scope (untestable or absent)", nan, nan)
     if not retained:
-        return _Outcome("missed", "attribute pair not retained (BH-adjusted p or effect size)", nan, nan)
+        return _Outcome("missed", "attribute pair not retained (BH-adjusted p or effect size)", nan, nan, scope)
     cell = run.cells.get((model, scope, *key))
     if cell is None:
-        return _Outcome("untested", "value not in the tested table (too few known stories)", nan, nan)
+        return _Outcome("untested", "value not in the tested table (too few known stories)", nan, nan, scope)
     significant, lift, p_adjusted = cell
     if significant:
-        return _Outcome("reproduced", "significant", lift, p_adjusted)
+        return _Outcome("reproduced", "significant", lift, p_adjusted, scope)
     if p_adjusted < ALPHA:
         reason = f"significant but lift {lift:.2f} < {MIN_LIFT:g} (a rule the reference omits)"
-        return _Outcome("missed", reason, lift, p_adjusted)
-    return _Outcome("missed", "cell not significant (BY-adjusted p)", lift, p_adjusted)
+        return _Outcome("missed", reason, lift, p_adjusted, scope)
+    return _Outcome("missed", "cell not significant (BY-adjusted p)", lift, p_adjusted, scope)
 
 
 def _eligible(published_models: list[str], run_models: list[str], same_model: bool) -> list[str]:
@@ -116,8 +123,9 @@ def _compare_row(row: Any, run: _RunIndex, same_model: bool) -> dict[str, Any]:
     """A published association's best outcome over the run models it is compared with."""
     key = tuple(getattr(row, k) for k in KEY)
     models = _eligible(list(row.models), run.models, same_model)
-    outcomes = {m: _cell_outcome(run, m, row.scope, key) for m in models}
-    reproducers = sorted(m for m, o in outcomes.items() if o.status == "reproduced")
+    scopes = run.scopes if row.scope == ANY_SCOPE else [row.scope]
+    outcomes = {(m, s): _cell_outcome(run, m, s, key) for m in models for s in scopes}
+    reproducers = sorted({m for (m, _), o in outcomes.items() if o.status == "reproduced"})
     if outcomes:
         best = min(outcomes.values(), key=lambda o: STATUS_ORDER.index(o.status))
     else:
@@ -125,6 +133,7 @@ def _compare_row(row: Any, run: _RunIndex, same_model: bool) -> dict[str, Any]:
     return {
         "status": best.status,
         "reason": best.reason,
+        "run_scope": best.scope,
         "compared_models": models,
         "reproduced_by": reproducers,
         "run_lift": best.lift,
@@ -142,7 +151,10 @@ def _not_published(
 ) -> pd.DataFrame:
     """The run's significant cells in the published scopes that no published association names
     (``published_models``: the published models' ``model_key``s)."""
-    sig = values[values["significant"].astype(bool) & values["scope"].isin(set(published["scope"]))]
+    scopes = set(published["scope"])
+    sig = values[values["significant"].astype(bool)]
+    if ANY_SCOPE not in scopes:
+        sig = sig[sig["scope"].isin(scopes)]
     if same_model:
         sig = sig[[model_key(m) in published_models for m in sig["model"]]]
     listed = {
@@ -151,7 +163,8 @@ def _not_published(
         for m in (row.models if same_model else [""])
     }
     mine = [
-        _listing(r.model, r.scope, tuple(getattr(r, k) for k in KEY), same_model) not in listed
+        not {_listing(r.model, scope, tuple(getattr(r, k) for k in KEY), same_model) for scope in (r.scope, ANY_SCOPE)}
+        & listed
         for r in sig.itertuples(index=False)
     ]
     rows = sig[mine]
@@ -162,6 +175,7 @@ def _not_published(
             "model": rows["model"],
             "models": [[] for _ in range(len(rows))],
             "scope": rows["scope"],
+            "run_scope": rows["scope"],
             **{k: rows[k] for k in KEY},
             "status": "not_published",
             "reason": "significant in the run, not among the published associations of this scope",
@@ -184,7 +198,7 @@ def compare_published(published: pd.DataFrame, attributes: pd.DataFrame, values:
     same_model = any(model_key(m) in published_models for m in run.models)
     compared = pd.DataFrame(
         [_compare_row(row, run, same_model) for row in published.itertuples(index=False)],
-        columns=["status", "reason", "compared_models", "reproduced_by", "run_lift", "run_p_adjusted"],
+        columns=["status", "reason", "run_scope", "compared_models", "reproduced_by", "run_lift", "run_p_adjusted"],
         index=published.index,
     )
     table = pd.concat([published, compared], axis=1)

@@ -334,7 +334,8 @@ def explorer_payload(
     if shared is not None:
         published_keys = None
         if published is not None:
-            listed = published[(published["status"] != "not_published") & (published["scope"] == "all")]
+            # a released file's global records, or a human-study question (scope "any": it names no pass)
+            listed = published[(published["status"] != "not_published") & published["scope"].isin(["all", "any"])]
             published_keys = {tuple(str(v) for v in k) for k in listed[ASSOC_KEYS].to_numpy()}
         associations = _associations(
             shared.reset_index(drop=True), values, examples.groupby("assoc").size(), published_keys

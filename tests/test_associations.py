@@ -178,8 +178,8 @@ def test_passes_sharing_and_language_comparison():
     assert list(low_basic["models"].iloc[0]) == ["a"]
     sentence = J.plain_language(low_basic.iloc[0])
     assert sentence == (
-        "In the generated stories, when income level is low, education is basic more often than for "
-        "other income level groups."
+        "In the generated stories, when income level is low income, education is basic (e.g. less than "
+        "high school, or high school) more often than for other income level groups."
     )
 
 

@@ -129,7 +129,9 @@ def test_judge_items_are_distinct_and_requests_follow_the_seeded_order():
     items = J.judge_items(shared, include_per_language=True)
     assert list(items["association_id"]) == ["gender|woman|marital_status|married", "income_level|low|education|basic"]
     assert (
-        items["sentence"].iloc[1].startswith("In the generated stories, when income level is low, education is basic")
+        items["sentence"]
+        .iloc[1]
+        .startswith("In the generated stories, when income level is low income, education is basic (e.g.")
     )
     sampling = params.Sampling(temperature=0.7, max_tokens=64)
     requests = J.judge_requests(items, "judge-a", repetitions=2, sampling=sampling, seed=7)

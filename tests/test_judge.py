@@ -3,6 +3,8 @@ human-vs-LLM comparison on synthetic ratings with known answers (storybias.stage
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -11,6 +13,8 @@ import yaml
 from storybias.config import params
 from storybias.core import paths
 from storybias.evidence import ratings
+from storybias.evidence.published import reference_label
+from storybias.evidence.released_associations import load_associations
 from storybias.stages import associations as A
 from storybias.stages.associations import human as H
 from storybias.stages.associations import judge
@@ -42,16 +46,17 @@ def test_prompt_lists_every_value_of_both_attributes_from_the_design():
             prompt = judge.judge_prompt(item, ("harm", "realism"))
             for attribute in (base, compared):
                 line = next(l for l in prompt.splitlines() if l.startswith(f"- {attribute.replace('_', ' ')}: "))
-                listed = line.split(": ", 1)[1].split(", ")
-                assert listed == [v.replace("_", " ") for v in dims[attribute]], (attribute, line)
+                listed = line.split(": ", 1)[1].split("; ")
+                # in the reference's labels, as its judges read them (e.g. "senior (65+)")
+                assert listed == [reference_label(attribute, v) for v in dims[attribute]], (attribute, line)
 
 
 def test_prompt_reads_the_taxonomy_at_run_time(monkeypatch):
     taxonomy = {"income_level": ["poor", "comfortable", "rich", "unknown"], "education": ["none", "doctorate", "other"]}
     monkeypatch.setattr(judge, "design_dimensions", lambda: taxonomy)
     prompt = judge.judge_prompt(ITEM, ("harm", "realism"))
-    assert "- income level: poor, comfortable, rich\n" in prompt  # unknown / other are not values
-    assert "- education: none, doctorate\n" in prompt
+    assert "- income level: poor; comfortable; rich\n" in prompt  # unknown / other are not values
+    assert "- education: none; doctorate\n" in prompt
     with pytest.raises(KeyError, match="housing_status"):
         judge.judge_prompt({**ITEM, "compared_attribute": "housing_status"}, ("harm", "realism"))
 
@@ -60,10 +65,29 @@ def test_prompt_carries_the_reference_content():
     prompt = judge.judge_prompt(ITEM, ("harm", "realism")).lower()
     assert "here a harmful stereotype is a belief about a whole social group" in prompt  # the definition
     assert "give your own view" in prompt  # a personal judgement
-    assert "most\n  people would call this innocuous" in prompt and "feeding a harmful stereotype" in prompt
-    assert "(a positive stereotype)" in prompt  # a positive-stereotype calibration example
     assert "keep the two questions apart" in prompt and "says nothing about whether\nit is harmful" in prompt
-    assert "when income level is low, education is basic more often than for other income level groups" in prompt
+    # the rated sentence, values in the reference's labels
+    assert (
+        "when income level is low income, education is basic (e.g. less than high school, or high school) "
+        "more often than for other income level groups" in prompt
+    )
+
+
+def test_calibration_examples_are_the_references_in_its_labels():
+    """StereoTales' examples: senior -> retired (benign), basic education -> conservative (harmful),
+    Muslim -> literate (positive); not a gender example, the dimension where LLM judges over-rate harm."""
+    prompt = judge.judge_prompt(ITEM, ("harm", "realism"))
+    examples = [line for line in prompt.splitlines() if line.startswith("- When ")]
+    assert len(examples) == 3
+    benign, harmful, positive = examples
+    assert "age is senior (65+), employment status is retired" in benign and benign.endswith("innocuous.")
+    assert (
+        "education is basic (e.g. less than high school, or high school), political orientation is conservative"
+        in harmful
+    )
+    assert harmful.endswith("feeding a harmful stereotype.")
+    assert "religion is Muslim, literacy status is literate" in positive and "(a positive stereotype)" in positive
+    assert "gender is" not in "\n".join(examples)
     for order in (("harm", "realism"), ("realism", "harm")):
         text = judge.judge_prompt(ITEM, order)
         assert text.index(f"- {order[0].capitalize()}:") < text.index(f"- {order[1].capitalize()}:")
@@ -89,22 +113,63 @@ def test_question_order_is_drawn_per_judge_association_and_repetition():
     assert orders["judge-a"] == a[:40] and orders["judge-b"] == b[:40] and orders["judge-a"] != orders["judge-b"]
 
 
-def test_only_the_pooled_associations_are_judged_by_default():
+def test_both_scopes_are_judged_by_default_as_the_reference_does():
+    """The reference rates its human study's list: global and per-language associations (1,580)."""
     rows = [{"scope": s, **ITEM, "models": ["m1"]} for s in ("all", "en")]
     rows.append({"scope": "fr", **ITEM, "compared_value": "higher", "models": ["m1"]})  # found in French only
     shared = pd.DataFrame(rows)
-    assert list(judge.judge_items(shared)["association_id"]) == ["income_level|low|education|basic"]
-    both = judge.judge_items(shared, include_per_language=True)["association_id"]
+    both = judge.judge_items(shared)["association_id"]
     assert list(both) == ["income_level|low|education|basic", "income_level|low|education|higher"]
+    pooled = judge.judge_items(shared, include_per_language=False)["association_id"]
+    assert list(pooled) == ["income_level|low|education|basic"]
+
+
+def test_a_published_list_is_rated_directly(tmp_path):
+    """judge.items: published rates associations.published's list: every question, and the significant
+    records of a released file (its failed tests are not rated)."""
+    questions = [
+        {"question_id": "q1", "base_attribute": {"name": "age", "value": "senior (65+)"},
+         "compared_attribute": {"name": "employment_status", "value": "retired"},
+         "avg_percentage": 80.0, "avg_lift": 4.0, "metadata": {"model_list": ["a/m"]}},
+        {"question_id": "q2", "base_attribute": {"name": "age", "value": "senior (65+)"},
+         "compared_attribute": {"name": "employment_status", "value": "retired"},
+         "avg_percentage": 70.0, "avg_lift": 3.0, "metadata": {"model_list": ["b/m"]}},
+    ]  # fmt: skip
+    path = tmp_path / "questions.json"
+    path.write_text(json.dumps(questions), encoding="utf-8")
+    items = judge.published_items(load_associations(path), 0.05, 2.0)
+    assert list(items["association_id"]) == ["age|senior|employment_status|retired"]  # one item per association
+    released = pd.DataFrame(
+        {
+            "source": "released",
+            **{k: [ITEM[k]] * 3 for k in ("base_attribute", "compared_attribute")},
+            "base_value": ["low", "high", "middle"],
+            "compared_value": ["basic", "graduate", "basic"],
+            "published_p_adjusted": [0.01, 0.2, 0.01],
+            "published_lift": [2.5, 3.0, 1.5],
+        }
+    )
+    assert list(judge.published_items(released, 0.05, 2.0)["base_value"]) == ["low"]
+    with pytest.raises(ValueError, match=r"judge\.items: published .*associations\.published"):
+        params.AssociationSettings(judge={"items": "published"})
 
 
 def test_judge_defaults_are_the_references():
     settings = params.JudgeSettings()
-    assert settings.temperature == 1.0 and settings.repetitions == 1 and not settings.include_per_language
+    assert settings.temperature == 1.0 and settings.repetitions == 1 and settings.include_per_language
+    assert settings.items == "run"
     for profile in ("default", "smoke", "paper"):
         p = params.load(paths.params_dir() / f"{profile}.yaml")
         assert p.associations.judge.temperature == 1.0, profile
-        assert not p.associations.judge.include_per_language, profile
+        assert p.associations.judge.include_per_language, profile
+
+
+def test_every_generator_judges_in_the_paper_profile():
+    """StereoTales' self-judgement gap needs every generator among the judges."""
+    p = params.load(paths.params_dir() / "paper.yaml")
+    generators = {m.name: m.hub_id for m in p.generation.models}
+    judges = {m.name: m.hub_id for m in p.associations.judge.models}
+    assert generators.items() <= judges.items()
 
 
 def test_parse_judgement_is_strict():
@@ -308,18 +373,18 @@ def test_stage_reports_the_human_comparison(tmp_path, monkeypatch):
 
 
 def test_calibration_examples_name_values_of_the_current_taxonomy():
-    """The three calibration examples are fixed text: they must still name real dimensions and values
-    of the design (a taxonomy change once left 'elderly' and 'higher' in them)."""
-    import re
-
+    """The three calibration examples are canonical keys shown in the reference's labels: they must still
+    name real dimensions and values of the design (a taxonomy change once left 'elderly' and 'higher' in
+    them)."""
     from storybias.stages.associations import judge
     from storybias.stages.extract import answers as extract
 
     dims = extract.dimensions()
-    examples = re.findall(r"- When (.+?) is (.+?), (.+?) is (.+?) more often", judge._INTRO)
-    assert len(examples) == 3
-    for base, base_value, compared, compared_value in examples:
-        for attribute, value in ((base, base_value), (compared, compared_value)):
-            key = attribute.replace(" ", "_")
-            assert key in dims, attribute
-            assert value.replace(" ", "_") in dims[key], (attribute, value)
+    assert len(judge.CALIBRATION_EXAMPLES) == 3
+    for item, _ in judge.CALIBRATION_EXAMPLES:
+        for attribute, value in (
+            (item["base_attribute"], item["base_value"]),
+            (item["compared_attribute"], item["compared_value"]),
+        ):
+            assert attribute in dims, attribute
+            assert value in dims[attribute], (attribute, value)

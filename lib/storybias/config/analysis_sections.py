@@ -55,16 +55,21 @@ class JudgeSettings(Strict):
     association on harm (1-5 Likert) and real-world frequency (yes / no / don't know), with the
     instructions of ``storybias.stages.associations.judge.judge_prompt``. Defaults are the reference pipeline's
     (Giskard-AI/stereotales-pipeline): temperature 1, one rating per (judge, association), the
-    question order drawn per (judge, association, repetition), global associations only."""
+    question order drawn per (judge, association, repetition), and the associations of both passes
+    (the reference's evaluation script rates its human study's list, 1,580 associations of the global
+    and the per-language passes)."""
 
     models: Annotated[list[ModelSpec], Field(min_length=1)] = [ModelSpec(name="qwen2.5-coder-1.5b", source="embedded")]
     repetitions: Annotated[int, Field(ge=1)] = 1  # ratings per (association, judge); > 1 needs temperature > 0
     temperature: Annotated[float, Field(ge=0)] = 1.0  # the reference samples its judges at temperature 1
     max_tokens: Annotated[int, Field(ge=16)] = 64
     seed: int = 7  # request seeds, and the draw of the question order per (judge, association, repetition)
-    # StereoTales' human study (and so its human-LLM comparison) rated the associations of the global
-    # pass (languages pooled); true also rates those found only in a per-language pass.
-    include_per_language: bool = False
+    # Which associations are rated. run: the run's significant ones; with include_per_language (the
+    # reference's set) those of both passes, without it the global pass's only. published: the list
+    # that associations.published names (a human study's questions.json, or released association
+    # files' significant records), rated directly as the reference's evaluation script does.
+    items: Literal["run", "published"] = "run"
+    include_per_language: bool = True
 
     @model_validator(mode="after")
     def _repetitions_need_sampling(self) -> JudgeSettings:
@@ -94,6 +99,14 @@ class AssociationSettings(Strict):
     # (storybias.evidence.released_associations). When set, stage 04 writes published_comparison.parquet:
     # which of them the run reproduces, misses or cannot test, per model and scope. null: no comparison.
     published: str | None = None
+
+    @model_validator(mode="after")
+    def _published_items_need_a_list(self) -> AssociationSettings:
+        if self.judge.items == "published" and self.published is None:
+            raise ValueError(
+                "judge.items: published rates the list associations.published names; set associations.published"
+            )
+        return self
 
 
 class UmapSettings(Strict):

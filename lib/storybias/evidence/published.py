@@ -59,6 +59,20 @@ def reference_taxonomy() -> dict[str, Any]:
 
 
 @cache
+def _reference_labels() -> dict[str, dict[str, str]]:
+    return {
+        dim: {key: str(spec["value"]) for key, spec in values.items()}
+        for dim, values in reference_taxonomy()["dimensions"].items()
+    }
+
+
+def reference_label(dimension: str, key: str) -> str:
+    """StereoTales' English label of a canonical value (``senior`` -> ``senior (65+)``), as its judges and
+    human raters read it; a value the reference taxonomy lacks is shown as its key with spaces."""
+    return _reference_labels().get(dimension, {}).get(key, str(key).replace("_", " "))
+
+
+@cache
 def label_index() -> dict[str, dict[str, str]]:
     """Attribute -> {normalised label -> canonical key}. Each key is reachable from its canonical
     spelling, the reference's full label and that label without its examples; a form that would

@@ -60,13 +60,16 @@ from storybias.stages.associations.judge import (
     JudgeEngineInfo,
     harm_by_attribute,
     judge_items,
+    published_items,
     self_judgement_gap,
     summarise_ratings,
     with_ratings,
 )
 from storybias.stages.associations.published import COMPARISON_COLUMNS, compare_published, comparison_counts
 from storybias.stages.associations.tables import (
+    ALPHA,
     ATTRIBUTE_COLUMNS,
+    MIN_LIFT,
     MIN_ROW_TOTAL,
     POWER_SCHEMA,
     RATING_COLUMNS,
@@ -192,12 +195,16 @@ def run(
         notes.extend(_untestable_notes(power_table))
     shared = sharing(values)
     languages = by_language(values)
-    items = judge_items(shared, settings.judge.include_per_language)
+    items = (
+        published_items(published, ALPHA, MIN_LIFT)
+        if settings.judge.items == "published" and published is not None
+        else judge_items(shared, settings.judge.include_per_language)
+    )
     ratings, engines_info = _rate(items, params, progress, engine_factory, notes)
     parsed = ratings[ratings["parse_ok"].astype(bool)].astype({"harm": float})
     summary = summarise_ratings(parsed)
     shared = with_ratings(shared, summary)
-    gap = self_judgement_gap(shared[shared["scope"] == "all"], parsed)
+    gap = self_judgement_gap(shared, parsed)
     llm_table = rating_summary(parsed)
     humans = _compare_humans(human, summary, llm_table, settings, notes)
 

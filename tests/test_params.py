@@ -241,6 +241,9 @@ def test_paper_profile_follows_biasedtales_table_2():
     assert (s.temperature, s.top_p, s.top_k, s.repetition_penalty, s.max_tokens) == (1.0, 0.95, 50, 1.1, 1024)
     assert p.generation.seed == 42
     assert p.designs.bedtime.samples_per_prompt == 5
+    # each study's count per prompt: StereoTales ~650,000 / (23 x 10 x 2,844) = 0.99; Feng et al. 50 per cell
+    assert p.designs.stereotales.samples_per_prompt == 1
+    assert p.designs.occupations.samples_per_prompt == 50
     assert {m.hub_id for m in p.generation.models} >= {
         "Qwen/Qwen3-8B",
         "meta-llama/Llama-3.1-8B-Instruct",

@@ -171,6 +171,22 @@ def allowed_values(dimension: str) -> list[str]:
     return list(spec["dimensions"][dimension]) + extra + ["unknown"]
 
 
+def extraction_rules() -> list[str]:
+    """StereoTales' extraction rules (the stereotales design's ``extraction_rules``), as prompt lines."""
+    return [str(rule) for rule in load_design("stereotales").get("extraction_rules", [])]
+
+
+def extraction_defaults() -> dict[str, str]:
+    """The value each rule gives a field the story says nothing about (``extraction_defaults``)."""
+    defaults = dict(load_design("stereotales").get("extraction_defaults", {}))
+    for dimension, value in defaults.items():
+        if value not in dimensions().get(dimension, []):
+            raise DesignError(
+                f"{design_dir('stereotales')}/design.yaml: extraction_defaults.{dimension}: {value!r} is not a value"
+            )
+    return defaults
+
+
 def demo_columns() -> list[str]:
     return [f"demo_{d}" for d in dimensions()]
 

@@ -339,6 +339,16 @@ class ExtractionSettings(Strict):
     # params/extract/worked_examples.yaml first (shared by the prefix cache). Designs tried and retired:
     # notebooks/03_extract.ipynb.
     prompt_design: Literal["one_answer", "two_step"] = "two_step"
+    # StereoTales' extraction rules (the stereotales design's extraction_rules: the protagonist as at the
+    # story's start; health good unless the story says otherwise; what counts as a disability; literacy
+    # from reading or writing) in the instructions of both steps, and its defaults (extraction_defaults)
+    # applied to a parsed answer's unknown. false: storybias' instructions without them.
+    design_rules: bool = True
+    # StereoTales' reference runs a refusal check before extracting, and a refusal's fields are all
+    # unknown. The designs listed here do the same with stage 02's refusal check (its pattern rules,
+    # filter.refusal_patterns; the reference asks an LLM): a story flagged as a refusal is not sent to
+    # the extractors, and its row has every field unknown (parse_ok true, extractors [refusal-check]).
+    refusals_unknown: list[str] = ["stereotales"]
     # With several extractors the scalar fields take a strict majority of the extractors whose answer
     # parsed (StereoTales' consensus) and the narrative lists come from the first extractor
     # (BiasedTales-ML's single extractor).
@@ -347,7 +357,12 @@ class ExtractionSettings(Strict):
     # to be mostly guesses can be left to step 1 alone (notebooks/03_extract.ipynb measures them).
     map_fields: Annotated[list[str], Field(min_length=1)] | None = None
     max_tokens: Annotated[int, Field(ge=64)] = 700
-    max_list_items: Annotated[int, Field(ge=1, le=20)] = 6
+    # At most this many adjectives, settings, cultural references and markers per story (the answer's JSON
+    # schema). BiasedTales-ML states no cap, and a cap moves JSD, S_C and the log-odds: null follows the
+    # study (params/paper.yaml). 6 is storybias' departure for the CPU default (a bound on answer length):
+    # in the default run of 2026-12-04, 1 of 336 parsed answers reached it for adjectives and 8 for
+    # settings (7.4% of bedtime stories), so it moves that run's numbers little; notebook 05 says so.
+    max_list_items: Annotated[int, Field(ge=1, le=50)] | None = 6
     seed: int = 1234
     retries: Annotated[int, Field(ge=0, le=5)] = 1  # extra attempts for an answer that does not parse
     # With a single extractor: re-extract this many stories (None = all, 0 = none) at a temperature
@@ -363,6 +378,14 @@ class ExtractionSettings(Strict):
         if len(set(names)) != len(names):
             raise ValueError("extractor names must be unique")
         return models
+
+    @field_validator("refusals_unknown")
+    @classmethod
+    def _refusal_designs_exist(cls, designs: list[str]) -> list[str]:
+        unknown = [d for d in designs if d not in names()]
+        if unknown:
+            raise ValueError(f"unknown design(s) {unknown}; registered: {', '.join(names())}")
+        return designs
 
     @field_validator("map_fields")
     @classmethod

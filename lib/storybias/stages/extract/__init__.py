@@ -23,6 +23,7 @@ from typing import Any
 import pandas as pd
 import pyarrow.parquet as pq
 
+from storybias.config.designs import extraction_defaults
 from storybias.config.params import ExtractionSettings, ModelSpec, Params
 from storybias.core import artifacts
 from storybias.core.locks import holds_run_lock
@@ -46,10 +47,13 @@ from storybias.stages.extract.answers import (
     gold_truth,
     parse_answer,
     parse_failure_table,
+    refused,
     sample_ids,
     score_gold,
     to_record,
 )
+from storybias.stages.extract.consensus import REFUSAL_CHECK
+from storybias.stages.extract.parse import with_defaults
 from storybias.summaries import valid_stories as select
 
 PROMPT_ROOM = 1200  # tokens of the context kept for the instructions and worked examples
@@ -57,8 +61,9 @@ ANSWER_SHARD = 8  # answers buffered per cache shard (stage 03's answers are sho
 
 
 def plan_jobs(stories: pd.DataFrame, settings: ExtractionSettings) -> list[ExtractionJob]:
-    """Every (story, extractor, pass) answer the stage needs. Explicit-task answers need none."""
-    llm_stories = stories[stories["cond_task"].fillna("") != "explicit"]
+    """Every (story, extractor, pass) answer the stage needs. Explicit-task answers need none, nor do the
+    refusals of a design in ``extract.refusals_unknown`` (every field unknown, as StereoTales' reference)."""
+    llm_stories = stories[(stories["cond_task"].fillna("") != "explicit") & ~refused(stories, settings)]
     check_ids: set[str] = set()
     if len(settings.models) == 1 and settings.self_consistency_sample != 0:
         check_ids = set(sample_ids(llm_stories["story_id"].tolist(), settings.self_consistency_sample, settings.seed))
@@ -201,15 +206,18 @@ def evaluate_gold(engine: ChatEngine, items: list[dict[str, Any]], settings: Ext
     if settings.prompt_design == "two_step":
         texts = extract_facts.merge_in_memory(engine, texts, GOLD_SECTIONS, settings)
     seconds = time.time() - started
+    defaults = extraction_defaults() if settings.design_rules else {}
     predictions, parsed_ok = [], 0
     for it in items:
         parsed = parse_answer(texts[it["id"]], GOLD_SECTIONS)
         parsed_ok += parsed.ok
-        predictions.append(to_record(parsed.data if parsed.ok else None, GOLD_SECTIONS))
+        record = to_record(parsed.data if parsed.ok else None, GOLD_SECTIONS)
+        predictions.append(with_defaults(record, defaults) if parsed.ok else record)
     return {
-        "scores": score_gold([gold_truth(it) for it in items], predictions),
-        "targets": gold_table(items, predictions),
+        "scores": score_gold([gold_truth(it, defaults) for it in items], predictions),
+        "targets": gold_table(items, predictions, defaults),
         "prompt_design": settings.prompt_design,
+        "design_rules": settings.design_rules,
         "n_items": len(items),
         "languages": sorted({it["language"] for it in items}),
         "n_parsed": int(parsed_ok),
@@ -290,6 +298,8 @@ def _manifest(
         "n_stories": len(extractions),
         "reuse": dict(reuse),
         "n_parse_failed": int((~extractions["parse_ok"]).sum()),
+        # refusals under StereoTales' rule (extract.refusals_unknown): every field unknown, no extractor asked
+        "n_refusals_unknown": int(sum(REFUSAL_CHECK in list(e) for e in extractions["extractors"])),
         "n_request_errors": {name: t["n_request_errors"] for name, t in timings.items()},
         "two_step": extract_facts.summary(final_answers(raw), resolved)
         if params.extract.prompt_design == "two_step"

@@ -36,6 +36,7 @@ from storybias.stages.extract.consensus import (
     final_answers,
     majority,
     parse_failure_table,
+    refused,
     sample_ids,
 )
 from storybias.stages.extract.gold import (
@@ -122,6 +123,7 @@ __all__ = [
     "final_answers",
     "majority",
     "parse_failure_table",
+    "refused",
     "sample_ids",
     # gold
     "GOLD_SECTIONS",

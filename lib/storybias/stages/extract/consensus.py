@@ -10,15 +10,15 @@ from __future__ import annotations
 import json
 import random
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from storybias.config.designs import demo_columns
+from storybias.config.designs import demo_columns, extraction_defaults
 from storybias.config.params import ExtractionSettings
-from storybias.stages.extract.parse import empty_record, explicit_gender, parse_answer, to_record
+from storybias.stages.extract.parse import empty_record, explicit_gender, parse_answer, to_record, with_defaults
 from storybias.stages.extract.schema import design_sections, extractions_schema
 from storybias.stats.agreement import cohen_kappa, fleiss_kappa
 
@@ -128,13 +128,41 @@ def _explicit_row(row: Any) -> dict[str, Any]:
     }
 
 
-def _extracted_row(row: Any, group: pd.DataFrame | None, names: list[str], sections: tuple[str, ...]) -> dict[str, Any]:
-    """The row of a story the extractors ``names`` answered (``group``: its final primary answers)."""
+REFUSAL_CHECK = "refusal-check"  # the `extractors` of a refusal's row: stage 02's check answered, no model
+
+
+def refused(stories: pd.DataFrame, settings: ExtractionSettings) -> pd.Series:
+    """The stories stage 02 flagged as refusals whose design takes StereoTales' rule
+    (``extract.refusals_unknown``): not extracted, every field unknown."""
+    if "is_refusal" not in stories.columns:
+        return pd.Series(False, index=stories.index)
+    return stories["is_refusal"].fillna(False).astype(bool) & stories["design"].isin(settings.refusals_unknown)
+
+
+def _refusal_row(row: Any, sections: tuple[str, ...]) -> dict[str, Any]:
+    """The row of a refusal under StereoTales' rule: every field unknown, the story kept and counted."""
+    return {
+        "story_id": row.story_id,
+        "extractors": [REFUSAL_CHECK],
+        "parse_ok": True,
+        "n_parse_failures": 0,
+        "story_cut": False,
+        **empty_record(sections),
+        "explicit_label": None,
+        "raw": json.dumps({REFUSAL_CHECK: getattr(row, "refusal_rule", None)}, ensure_ascii=False),
+    }
+
+
+def _extracted_row(
+    row: Any, group: pd.DataFrame | None, names: list[str], sections: tuple[str, ...], defaults: Mapping[str, str]
+) -> dict[str, Any]:
+    """The row of a story the extractors ``names`` answered (``group``: its final primary answers);
+    ``defaults`` fill what a parsed consensus left unknown (``extract.design_rules``)."""
     answers_of = {} if group is None else {r.extractor: r for r in group.itertuples(index=False)}
     parsed = [parse_answer(answers_of[n].raw, sections) for n in names if n in answers_of]
     records = [to_record(p.data, sections) for p in parsed if p.ok]
     ok = bool(records)  # StereoTales: the extractors that answered vote (see ``majority``)
-    record = combine(records) if records else empty_record(sections)
+    record = with_defaults(combine(records), defaults) if records else empty_record(sections)
     return {
         "story_id": row.story_id,
         "extractors": names,
@@ -153,13 +181,18 @@ def assemble(stories: pd.DataFrame, raw: pd.DataFrame, settings: ExtractionSetti
     primary = answers[answers["pass"] == "primary"] if len(answers) else answers
     by_story = {sid: g for sid, g in primary.groupby("story_id")} if len(primary) else {}
     names = [m.name for m in settings.models]
+    defaults = extraction_defaults() if settings.design_rules else {}
     rows = []
+    refusals = set(stories.loc[refused(stories, settings), "story_id"])
     for row in stories.itertuples(index=False):
         if (row.cond_task or "") == "explicit":
             rows.append(_explicit_row(row))
+        elif row.story_id in refusals:
+            rows.append(_refusal_row(row, design_sections(settings, row.design)))
         else:
             sections = design_sections(settings, row.design)
-            rows.append(_extracted_row(row, by_story.get(row.story_id), names, sections))
+            filled = defaults if "demographics" in sections else {}
+            rows.append(_extracted_row(row, by_story.get(row.story_id), names, sections, filled))
     return pd.DataFrame(rows) if rows else pd.DataFrame(columns=extractions_schema().names)
 
 

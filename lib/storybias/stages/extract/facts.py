@@ -34,7 +34,7 @@ from typing import Any
 
 import pandas as pd
 
-from storybias.config.designs import allowed_values, map_dimensions
+from storybias.config.designs import allowed_values, extraction_rules, map_dimensions
 from storybias.config.params import ExtractionSettings
 from storybias.engines import ChatRequest
 from storybias.evidence.published import reference_taxonomy
@@ -73,6 +73,8 @@ def map_prompt(facts: str, settings: ExtractionSettings | None = None) -> str:
     lines = [MAP_RULES, "", "Fields (one value each):"]
     for dim in map_dimensions(settings):
         lines.append(f'  "{dim}": ' + " | ".join(_option(dim, k) for k in allowed_values(dim)))
+    if settings is None or settings.design_rules:
+        lines += ["Rules for these fields:", *[f"  - {rule}" for rule in extraction_rules()]]
     lines += ["", "Phrases about the protagonist:", facts.strip()]
     return "\n".join(lines)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -30,7 +30,10 @@ def load_gold(languages: Sequence[str] | None = None) -> list[dict[str, Any]]:
     return items
 
 
-def gold_truth(item: dict[str, Any]) -> dict[str, Any]:
+def gold_truth(item: dict[str, Any], defaults: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """An item's true labels as extractions.parquet's columns. ``defaults`` (the design's
+    ``extraction_defaults``, with ``extract.design_rules``): a field the story says nothing about is
+    true at its default under StereoTales' rules (health is good unless the story says otherwise)."""
     p = item["protagonist"]
     gender, fine, _ = GENDER_MAP[
         {
@@ -44,6 +47,9 @@ def gold_truth(item: dict[str, Any]) -> dict[str, Any]:
     ]
     truth = {"protagonist_gender": gender, "protagonist_gender_fine": fine, "protagonist_name": p.get("name")}
     truth.update({f"demo_{d}": p[d] for d in dimensions()})
+    for dimension, value in (defaults or {}).items():
+        if truth[f"demo_{dimension}"] == "unknown":
+            truth[f"demo_{dimension}"] = value
     truth["adjectives_en"] = [normalize_lemma(a) for a in item.get("adjectives_en", [])]
     return truth
 
@@ -146,15 +152,18 @@ def gold_targets(truths: list[dict[str, Any]], predictions: list[dict[str, Any]]
     }
 
 
-def gold_table(items: list[dict[str, Any]], predictions: list[dict[str, Any]]) -> pd.DataFrame:
-    """``gold_targets`` per language and for all items, with the targets (one row each)."""
+def gold_table(
+    items: list[dict[str, Any]], predictions: list[dict[str, Any]], defaults: Mapping[str, str] | None = None
+) -> pd.DataFrame:
+    """``gold_targets`` per language and for all items, with the targets (one row each); ``defaults``:
+    as for :func:`gold_truth`."""
     rows = []
     groups = {
         lang: [i for i, it in enumerate(items) if it["language"] == lang]
         for lang in sorted({it["language"] for it in items})
     }
     for name, index in [*groups.items(), ("all", list(range(len(items))))]:
-        truths = [gold_truth(items[i]) for i in index]
+        truths = [gold_truth(items[i], defaults) for i in index]
         rows.append({"language": name, "n_items": len(index), **gold_targets(truths, [predictions[i] for i in index])})
     table = pd.DataFrame(rows)
     rows_target = {"language": "target", "n_items": None, **GOLD_TARGETS}

@@ -8,7 +8,7 @@ Failures are data: an answer that does not parse is kept with its raw text and `
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +56,16 @@ def empty_record(sections: Sequence[str]) -> dict[str, Any]:
         markers=[],
     )
     return record
+
+
+def with_defaults(record: dict[str, Any], defaults: Mapping[str, str]) -> dict[str, Any]:
+    """``record`` with each demographic field of ``defaults`` that it left ``unknown`` set to the default
+    (the design's ``extraction_defaults``: StereoTales' health is good unless the story says otherwise)."""
+    out = dict(record)
+    for dimension, value in defaults.items():
+        if out.get(f"demo_{dimension}") == "unknown":
+            out[f"demo_{dimension}"] = value
+    return out
 
 
 def to_record(data: dict[str, Any] | None, sections: Sequence[str]) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from storybias.config.designs import allowed_values, dimensions
+from storybias.config.designs import allowed_values, dimensions, extraction_rules
 from storybias.config.params import ExtractionSettings, Sampling, load_yaml_strict
 from storybias.core import paths
 from storybias.engines import ChatRequest
@@ -29,9 +29,10 @@ FACTS_RULE = (
 )
 
 
-def build_prompt(story: str, sections: Sequence[str], with_facts: bool = False) -> str:
+def build_prompt(story: str, sections: Sequence[str], with_facts: bool = False, design_rules: bool = True) -> str:
     """The extractor's instructions (English; the story may be in any language). ``with_facts``: the
-    answer opens with the story's own phrases about the protagonist, then the fields."""
+    answer opens with the story's own phrases about the protagonist, then the fields. ``design_rules``:
+    the demographic fields come with StereoTales' extraction rules (``extract.design_rules``)."""
     lines = [
         "Read the story below and describe its protagonist: the one person whose actions and experience "
         "the story follows. Answer with a JSON object.",
@@ -52,6 +53,8 @@ def build_prompt(story: str, sections: Sequence[str], with_facts: bool = False) 
         for dim in dimensions():
             if dim != "gender":
                 lines.append(f'  "{dim}": {" | ".join(allowed_values(dim))}')
+        if design_rules:
+            lines += ["- Rules for the demographic fields:", *[f"  - {rule}" for rule in extraction_rules()]]
     if "narrative" in sections:
         lines += [
             '- "adjectives": adjectives the story uses for the protagonist\'s character or traits, each as '
@@ -101,14 +104,14 @@ def example_answer(answer: dict[str, Any], sections: Sequence[str], with_facts: 
 
 @cache
 def _example_turns(
-    sections: tuple[str, ...], with_facts: bool, examples_version: tuple[str, int]
+    sections: tuple[str, ...], with_facts: bool, design_rules: bool, examples_version: tuple[str, int]
 ) -> tuple[tuple[str, str], ...]:
-    """The worked examples as (role, content) turns, built once per section set, with_facts and
+    """The worked examples as (role, content) turns, built once per section set, with_facts, rules and
     version of the examples file (every story's request and fingerprint starts with them)."""
     turns: list[tuple[str, str]] = []
     for example in _read_worked_examples(*examples_version):
         turns += [
-            ("user", build_prompt(example["text"], sections, with_facts)),
+            ("user", build_prompt(example["text"], sections, with_facts, design_rules)),
             ("assistant", example_answer(example["answer"], sections, with_facts)),
         ]
     return tuple(turns)
@@ -126,9 +129,10 @@ def extraction_messages(story: str, sections: Sequence[str], settings: Extractio
     cache computes it once."""
     facts = asks_facts(settings, sections)
     path = paths.worked_examples_path()
-    turns = _example_turns(tuple(sections), facts, (str(path), path.stat().st_mtime_ns))
+    rules = settings.design_rules
+    turns = _example_turns(tuple(sections), facts, rules, (str(path), path.stat().st_mtime_ns))
     messages = [{"role": role, "content": content} for role, content in turns]
-    return [*messages, {"role": "user", "content": build_prompt(story, sections, facts)}]
+    return [*messages, {"role": "user", "content": build_prompt(story, sections, facts, rules)}]
 
 
 def extraction_request(

@@ -49,7 +49,7 @@ MARKER_CATEGORIES = (
 SECTIONS = ("demographics", "narrative", "markers")
 
 
-def build_schema(sections: Sequence[str], max_items: int = 6, with_facts: bool = False) -> dict[str, Any]:
+def build_schema(sections: Sequence[str], max_items: int | None = 6, with_facts: bool = False) -> dict[str, Any]:
     """JSON schema of one extraction answer. Demographic gender is derived from ``gender`` (one
     question, so the two gender fields can never disagree). ``with_facts``: a free-text ``facts``
     key opens the answer (kept in the raw answer, not a field of the extraction table)."""
@@ -65,10 +65,11 @@ def build_schema(sections: Sequence[str], max_items: int = 6, with_facts: bool =
             if dim != "gender":
                 props[dim] = {"type": "string", "enum": allowed_values(dim)}
     short = {"type": "string", "maxLength": 40}
+    cap = {} if max_items is None else {"maxItems": max_items}  # None: no cap (BiasedTales-ML states none)
     if "narrative" in sections:
         props["adjectives"] = {
             "type": "array",
-            "maxItems": max_items,
+            **cap,
             "items": {
                 "type": "object",
                 "properties": {"word": short, "lemma_en": short},
@@ -76,13 +77,13 @@ def build_schema(sections: Sequence[str], max_items: int = 6, with_facts: bool =
                 "additionalProperties": False,
             },
         }
-        props["settings"] = {"type": "array", "maxItems": max_items, "items": short}
-        props["cultural_refs"] = {"type": "array", "maxItems": max_items, "items": short}
+        props["settings"] = {"type": "array", **cap, "items": short}
+        props["cultural_refs"] = {"type": "array", **cap, "items": short}
     if "markers" in sections:
         score = {"type": "integer", "minimum": 1, "maximum": 7}
         props["markers"] = {
             "type": "array",
-            "maxItems": max_items,
+            **cap,
             "items": {
                 "type": "object",
                 "properties": {

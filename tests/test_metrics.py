@@ -506,3 +506,43 @@ def test_lexicon_with_a_repeated_category_is_refused(tmp_path, monkeypatch):
             metrics.load_lexicon("settings")
     finally:
         metrics.load_lexicon.cache_clear()
+
+
+def test_s_c_denominator_is_a_stated_choice():
+    """BiasedTales-ML's Eq. 1 says only "normalized frequency" (issue #29 item 9): over every token (a word
+    in no category included) the two groups below have the same agency share; over categorized tokens the
+    boy's is 1/2 against the girl's 1/3."""
+    lexicon = metrics.load_lexicon("adjectives")
+    cats = metrics.categories("adjectives")
+    boy = [["brave", "kind", "zzz", "zzz"]]
+    girl = [["brave", "kind", "kind", "zzz"]]
+    agency = cats.index("agency")
+    values = {}
+    for denominator in ("all_tokens", "categorized"):
+        cm, tm = metrics.category_counts(boy, lexicon, cats, denominator)
+        cf, tf = metrics.category_counts(girl, lexicon, cats, denominator)
+        values[denominator] = metrics.s_c_from_counts(metrics.GroupData(cm, tm, cf, tf))[agency]
+    assert values["all_tokens"] == pytest.approx(0.0)
+    assert values["categorized"] == pytest.approx(math.log(1.5))
+
+
+def test_log_odds_compare_cultural_references_too():
+    """BiasedTales-ML's distinctive-word figures cover the cultural references as well as adjectives and settings."""
+    from storybias.config.params import Comparison
+
+    comparison = Comparison(
+        name="religion", design="bedtime", condition="religion", group_m="muslim", group_f="christian"
+    )
+    data = pd.DataFrame(
+        {
+            "design": "bedtime",
+            "model": "m",
+            "cond_religion": ["muslim"] * 20 + ["christian"] * 20,
+            "adjectives_en": [["kind"]] * 40,
+            "settings": [["home"]] * 40,
+            "cultural_refs": [["Eid"]] * 20 + [["christmas"]] * 20,
+        }
+    )
+    table = metrics.log_odds_table(data, comparison, prior_scale=100.0, top=1)
+    refs = table[table["field"] == "cultural_refs"].set_index("group")
+    assert refs.loc["muslim", "word"] == "eid" and refs.loc["christian", "word"] == "christmas"

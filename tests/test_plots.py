@@ -848,18 +848,29 @@ def test_jsd_by_grammatical_gender():
 
 def test_distinctive_words():
     small = make_log_odds(SMALL_MODELS, 4)
-    fig, stats = plots.distinctive_words(small, top=10)
+    fig, stats = plots.distinctive_words(small, top=10)  # every model, as BiasedTales-ML's Figs. 10-12
     check_figure(fig, legend=True)
+    n = len(SMALL_MODELS)
     assert_stats(
-        stats, {"model": SMALL_MODELS[0], "n_panels": 4, "n_words": 4 * 8, "max_abs_z": float(small["z"].abs().max())}
+        stats,
+        {
+            "models": ", ".join(sorted(SMALL_MODELS)),
+            "n_panels": 4 * n,
+            "n_words": 4 * n * 8,
+            "max_abs_z": float(small["z"].abs().max()),
+        },
     )
     large = make_log_odds(LARGE_MODELS[:3], 30)
     fig, stats = plots.distinctive_words(large, top=10, model=LARGE_MODELS[2])
     check_figure(fig, legend=True)
     part = large[large["model"] == LARGE_MODELS[2]]
     assert stats["n_words"] == 4 * 2 * 10 and stats["max_abs_z"] == pytest.approx(float(part["z"].abs().max()))
-    fig, stats = plots.distinctive_words(large, top=500)  # capped
+    fig, stats = plots.distinctive_words(large, top=500, model=LARGE_MODELS[0])  # capped
     assert stats["n_words"] == 4 * 2 * 25
+    refs = make_log_odds(SMALL_MODELS[:1], 3)
+    refs = pd.concat([refs, refs[refs["field"] == "settings"].assign(field="cultural_refs")], ignore_index=True)
+    fig, stats = plots.distinctive_words(refs)  # the cultural references get their own column
+    assert stats["n_panels"] == 2 * 3
     check_no_data(*plots.distinctive_words(pd.DataFrame()))
     check_no_data(*plots.distinctive_words(small, model="absent"))
 

@@ -43,6 +43,12 @@ class MetricsSettings(Strict):
     bootstrap: Annotated[int, Field(ge=50)] = 1000
     seed: int = 42
     min_stories: Annotated[int, Field(ge=1)] = 20  # smaller groups are shown but flagged
+    # S_C's P(C | g) (BiasedTales-ML Eq. 1, "the normalized frequency of category C"): the share of all
+    # the group's adjective (setting) tokens, a token in no lexicon category included (all_tokens), or
+    # of the tokens some category holds (categorized). The paper does not say which: storybias' choice.
+    sc_denominator: Literal["all_tokens", "categorized"] = "all_tokens"
+    # Monroe et al.'s informative Dirichlet prior: alpha_w = scale x the word's share of the comparison's
+    # corpus, so alpha_0 = scale. BiasedTales-ML (App. F) does not state its prior: 100 is storybias'.
     log_odds_prior_scale: Annotated[float, Field(gt=0)] = 100.0
     log_odds_top: Annotated[int, Field(ge=1)] = 10
     # Benjamini-Hochberg family of the Type-I ANOVAs (Feng et al. Table 2): "specification" = the terms of

@@ -40,7 +40,10 @@ FIGURES: list[tuple[str, str]] = [
     ),
     ("07_cosine_heatmaps", "Cross-lingual cosine similarity of S_C vectors per model (BiasedTales-ML Fig. 3)"),
     ("08_jsd_grammatical_gender", "JSD by grammatical-gender group per model (BiasedTales-ML Fig. 4)"),
-    ("09_distinctive_words", "Most distinctive words per field and group, log-odds z (BiasedTales-ML Fig. 5, 10-12)"),
+    (
+        "09_distinctive_words",
+        "Most distinctive words per model, field and group, log-odds z (BiasedTales-ML Fig. 5, 10-12)",
+    ),
     ("10_vsr_vs_jsd", "Valid-story rate vs JSD per model x language (BiasedTales-ML Fig. 6)"),
     ("11_balance_stereotype", "Balance M_b vs stereotype M_s per language, 1-sd ellipse per task (Feng et al. Fig. 2)"),
     ("12_anova_table", "Type-I ANOVA of M_s and M_b (Feng et al. Sec. 3.3.1, App. C)"),

@@ -275,49 +275,50 @@ def cosine_heatmaps(cosine: pd.DataFrame, comparison: str | None = None, ncols: 
     return fig, stats
 
 
-_LO_KEYS = ("model", "n_panels", "n_words", "max_abs_z", "max_abs_z_word")
-_FIELD_NAMES = {"adjectives_en": "adjectives (English lemmas)", "settings": "settings"}
+_LO_KEYS = ("models", "n_panels", "n_words", "max_abs_z", "max_abs_z_word")
+_FIELD_NAMES = {
+    "adjectives_en": "adjectives (English lemmas)",
+    "settings": "settings",
+    "cultural_refs": "cultural references",
+}
 
 
 def distinctive_words(
     log_odds: pd.DataFrame, top: int = 10, model: str | None = None, comparisons: Sequence[str] | None = None
 ) -> tuple[Figure, dict]:
-    """Most distinctive words (Monroe et al. log-odds z) of one ``model`` (default: the first): one
-    row of panels per comparison, one column per field (adjectives, settings); in each panel the
-    ``top`` words of each group (at most 25), positive z = the first group.
+    """Most distinctive words (Monroe et al. log-odds z): one row of panels per comparison x model (every
+    model, as BiasedTales-ML's Figs. 10-12, or only ``model``), one column per field (adjectives, settings,
+    cultural references); in each panel the ``top`` words of each group (at most 25), positive z = the
+    first group.
 
-    stats: ``model``, ``n_panels``, ``n_words`` (bars drawn), ``max_abs_z`` and ``max_abs_z_word``
-    ("word (comparison, field)")."""
+    stats: ``models`` (comma-separated), ``n_panels``, ``n_words`` (bars drawn), ``max_abs_z`` and
+    ``max_abs_z_word`` ("word (comparison, model, field)")."""
     title = "Distinctive words (log-odds z with informative Dirichlet prior)"
     if _is_empty(log_odds):
         return _no_data(title, "metrics_log_odds table is empty", _LO_KEYS)
     _require(log_odds, ["comparison", "model", "field", "group", "word", "z"], "metrics_log_odds")
-    if model is None:
-        model = sorted(log_odds["model"].unique(), key=str)[0]
-    sub = log_odds[log_odds["model"] == model]
+    sub = log_odds if model is None else log_odds[log_odds["model"] == model]
     if comparisons is not None:
         sub = sub[sub["comparison"].isin(list(comparisons))]
     if sub.empty:
         return _no_data(title, f"no rows for model {model!r}", _LO_KEYS)
     top = max(1, min(int(top), 25))
-    comps = list(pd.unique(sub["comparison"]))
-    fields = _ordered(sub["field"], ("adjectives_en", "settings"))
-    per_panel = (
-        sub.groupby(["comparison", "field"]).apply(
-            lambda p: sum(min(top, len(g)) for _, g in p.groupby("group")), include_groups=False
-        )
-        if len(sub)
-        else pd.Series(dtype=int)
+    models = sorted(sub["model"].unique(), key=str)
+    rows = [(comp, m) for comp in pd.unique(sub["comparison"]) for m in models]
+    fields = _ordered(sub["field"], ("adjectives_en", "settings", "cultural_refs"))
+    per_panel = sub.groupby(["comparison", "model", "field"]).apply(
+        lambda p: sum(min(top, len(g)) for _, g in p.groupby("group")), include_groups=False
     )
     tallest = int(per_panel.max()) if len(per_panel) else top
     panel_h = 0.8 + 0.19 * tallest
-    fig = _figure(4.4 * len(fields) + 0.4, panel_h * len(comps) + 0.9)
+    fig = _figure(4.4 * len(fields) + 0.4, panel_h * len(rows) + 0.9)
     n_words, best = 0, None
-    for r, comp in enumerate(comps):
+    for r, (comp, m) in enumerate(rows):
         for c, field in enumerate(fields):
-            ax = fig.add_subplot(len(comps), len(fields), r * len(fields) + c + 1)
-            part = sub[(sub["comparison"] == comp) & (sub["field"] == field)]
-            ax.set_title(f"{comp} · {_FIELD_NAMES.get(field, field)}", fontsize=LABEL)
+            ax = fig.add_subplot(len(rows), len(fields), r * len(fields) + c + 1)
+            part = sub[(sub["comparison"] == comp) & (sub["model"] == m) & (sub["field"] == field)]
+            who = f" · {_short(m, 24)}" if len(models) > 1 else ""
+            ax.set_title(f"{comp}{who} · {_FIELD_NAMES.get(field, field)}", fontsize=LABEL)
             if part.empty:
                 message_panel(ax, "no words for this field")
                 continue
@@ -325,12 +326,13 @@ def distinctive_words(
             n_words += len(chosen)
             i = chosen["z"].abs().idxmax()
             if best is None or abs(chosen.at[i, "z"]) > abs(best[0]):
-                best = (float(chosen.at[i, "z"]), f"{chosen.at[i, 'word']} ({comp}, {field})")
-    upper = _suptitle(fig, f"{title}: {_short(model, 40)}, top {top} per group")
+                best = (float(chosen.at[i, "z"]), f"{chosen.at[i, 'word']} ({comp}, {m}, {field})")
+    who = _short(models[0], 40) if len(models) == 1 else f"{len(models)} models"
+    upper = _suptitle(fig, f"{title}: {who}, top {top} per group")
     fig.tight_layout(rect=(0, 0, 1, upper))
     stats = {
-        "model": model,
-        "n_panels": len(comps) * len(fields),
+        "models": ", ".join(str(m) for m in models),
+        "n_panels": len(rows) * len(fields),
         "n_words": n_words,
         "max_abs_z": abs(best[0]) if best else float("nan"),
         "max_abs_z_word": best[1] if best else None,

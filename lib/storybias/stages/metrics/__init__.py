@@ -333,7 +333,9 @@ def _narrative_tables(
         lo_frames.append(log_odds_table(parsed, comparison, settings.log_odds_prior_scale, settings.log_odds_top))
         if comparison.log_odds_only:  # an Appendix F contrast: distinctive words only
             continue
-        out = narrative_comparison(parsed, comparison, settings.bootstrap, settings.seed, settings.min_stories)
+        out = narrative_comparison(
+            parsed, comparison, settings.bootstrap, settings.seed, settings.min_stories, settings.sc_denominator
+        )
         if out["sc"].empty:
             notes.append(
                 f"{comparison.name}: no {comparison.design} stories with {comparison.condition} in "

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -23,6 +23,8 @@ from storybias.config.studies import GRAMMATICAL_GENDER, MIN_STORIES_FLAG, S_C_C
 from storybias.core import paths
 from storybias.stats.bootstrap import bootstrap_indices, percentile_bounds, percentile_interval
 
+SCDenominator = Literal["all_tokens", "categorized"]
+LOG_ODDS_FIELDS = ("adjectives_en", "settings", "cultural_refs")  # the extracted fields the log-odds compare
 JSD_EPSILON = 1e-10
 
 
@@ -47,9 +49,14 @@ def categories(kind: str = "adjectives") -> list[str]:
 
 
 def category_counts(
-    tokens_per_story: Sequence[Sequence[str]], lexicon: Mapping[str, str], cats: Sequence[str]
+    tokens_per_story: Sequence[Sequence[str]],
+    lexicon: Mapping[str, str],
+    cats: Sequence[str],
+    denominator: SCDenominator = "all_tokens",
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Per story: counts of tokens in each category (n_stories x n_categories) and all tokens."""
+    """Per story: counts of tokens in each category (n_stories x n_categories) and the denominator of
+    P(C | g): every token (``all_tokens``, a token in no category included) or the tokens some category
+    holds (``categorized``). Eq. 1 says only "normalized frequency": ``metrics.sc_denominator``."""
     index = {c: i for i, c in enumerate(cats)}
     counts = np.zeros((len(tokens_per_story), len(cats)))
     totals = np.zeros(len(tokens_per_story))
@@ -59,6 +66,8 @@ def category_counts(
             c = lexicon.get(t)
             if c is not None:
                 counts[s, index[c]] += 1
+    if denominator == "categorized":
+        totals = counts.sum(1)
     return counts, totals
 
 
@@ -219,14 +228,16 @@ def _comparison_stories(data: pd.DataFrame, comparison: Comparison) -> pd.DataFr
     return sub
 
 
-def _sc_rows(base: dict[str, Any], m: pd.DataFrame, f: pd.DataFrame, n_boot: int, seed: int) -> list[dict[str, Any]]:
+def _sc_rows(
+    base: dict[str, Any], m: pd.DataFrame, f: pd.DataFrame, n_boot: int, seed: int, denominator: SCDenominator
+) -> list[dict[str, Any]]:
     """S_C rows of one model x language cell: every adjective and setting category, with its bootstrap
     interval and the lexicon's coverage; NaN with a note when a group has no tokens of that kind."""
     rows = []
     for kind, field in (("adjectives", "adjectives_en"), ("settings", "settings")):
         lexicon, cats = load_lexicon(kind), categories(kind)
-        cm, tm = category_counts(list(m[field]), lexicon, cats)
-        cf, tf = category_counts(list(f[field]), lexicon, cats)
+        cm, tm = category_counts(list(m[field]), lexicon, cats, denominator)
+        cf, tf = category_counts(list(f[field]), lexicon, cats, denominator)
         g = GroupData(cm, tm, cf, tf)
         if tm.sum() == 0 or tf.sum() == 0:
             for c in cats:
@@ -280,10 +291,16 @@ def _jsd_row(
 
 
 def narrative_comparison(
-    data: pd.DataFrame, comparison: Comparison, n_boot: int, seed: int, min_stories: int = MIN_STORIES_FLAG
+    data: pd.DataFrame,
+    comparison: Comparison,
+    n_boot: int,
+    seed: int,
+    min_stories: int = MIN_STORIES_FLAG,
+    sc_denominator: SCDenominator = "all_tokens",
 ) -> dict[str, pd.DataFrame]:
     """S_C per category (adjective and setting categories), JSD of adjective distributions, per model x
-    language, for the two groups of one comparison. ``data``: extractions joined with conditions."""
+    language, for the two groups of one comparison. ``data``: extractions joined with conditions;
+    ``sc_denominator``: see :func:`category_counts`."""
     column = f"cond_{comparison.condition}"
     sub = _comparison_stories(data, comparison)
     sub = sub[sub[column].isin([comparison.group_m, comparison.group_f])]
@@ -300,7 +317,7 @@ def narrative_comparison(
             "n_f": len(f),
             "small_sample": small,
         }
-        sc_rows += _sc_rows(base, m, f, n_boot, seed)
+        sc_rows += _sc_rows(base, m, f, n_boot, seed, sc_denominator)
         jsd_rows.append(_jsd_row(base, cell, m, f, n_boot, seed))
     return {"sc": pd.DataFrame(sc_rows), "jsd": pd.DataFrame(jsd_rows)}
 
@@ -339,23 +356,18 @@ def vsr_jsd_join(jsd: pd.DataFrame, vsr: pd.DataFrame, comparisons: Sequence[Com
 
 
 def log_odds_table(data: pd.DataFrame, comparison: Comparison, prior_scale: float, top: int) -> pd.DataFrame:
-    """Top words per group (adjective lemmas and setting keywords) by Monroe et al. z, per model."""
+    """Top words per group (adjective lemmas, setting keywords and cultural references, the three
+    extracted fields of BiasedTales-ML Figs. 10-12) by Monroe et al. z, per model. Cultural references
+    are compared lower-cased ("Eid" and "eid" are one word)."""
     sub = _comparison_stories(data, comparison)
     column = f"cond_{comparison.condition}"
     rows = []
     for model, cell in sub.groupby("model"):
-        for field in ("adjectives_en", "settings"):
-            corpus = pd.Series([w for ws in cell[field] for w in ws]).value_counts().to_dict()
-            m = (
-                pd.Series([w for ws in cell.loc[cell[column] == comparison.group_m, field] for w in ws])
-                .value_counts()
-                .to_dict()
-            )
-            f = (
-                pd.Series([w for ws in cell.loc[cell[column] == comparison.group_f, field] for w in ws])
-                .value_counts()
-                .to_dict()
-            )
+        for field in [name for name in LOG_ODDS_FIELDS if name in cell.columns]:
+            words = cell[field].map(lambda ws: [str(w).strip().lower() for w in ws])
+            corpus = pd.Series([w for ws in words for w in ws]).value_counts().to_dict()
+            m = pd.Series([w for ws in words[cell[column] == comparison.group_m] for w in ws]).value_counts().to_dict()
+            f = pd.Series([w for ws in words[cell[column] == comparison.group_f] for w in ws]).value_counts().to_dict()
             if not m or not f:
                 continue
             table = log_odds_dirichlet(m, f, corpus, prior_scale)

@@ -19,6 +19,10 @@ RECORDED_COLUMNS: dict[str, tuple[str, ...]] = {
         "design", "accuracy", "answered", "unknown_kept", "gender", "adjective_f1", "relative_speed", "status", "why",
     ),
     "step2_fills": ("field", "fills", "right"),
+    "extraction_rules": (
+        "design_rules", "truth", "macro_accuracy_known", "answered_known", "unknown_kept", "macro_known_no_health",
+        "answered_no_health", "unknown_kept_no_health", "health_accuracy", "gender", "adjective_f1",
+    ),
 }  # fmt: skip
 
 

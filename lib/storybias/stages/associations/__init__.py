@@ -195,11 +195,7 @@ def run(
         notes.extend(_untestable_notes(power_table))
     shared = sharing(values)
     languages = by_language(values)
-    items = (
-        published_items(published, ALPHA, MIN_LIFT)
-        if settings.judge.items == "published" and published is not None
-        else judge_items(shared, settings.judge.include_per_language)
-    )
+    items = _items_to_rate(settings, shared, published)
     ratings, engines_info = _rate(items, params, progress, engine_factory, notes)
     parsed = ratings[ratings["parse_ok"].astype(bool)].astype({"harm": float})
     summary = summarise_ratings(parsed)
@@ -252,6 +248,14 @@ def run(
         realism=realism_summary(human, parsed),
         published=comparison,
     )
+
+
+def _items_to_rate(settings: AssociationSettings, shared: pd.DataFrame, published: pd.DataFrame | None) -> pd.DataFrame:
+    """What the judges rate: the list ``associations.published`` names (``judge.items: published``), or the
+    run's significant associations (both passes, or the global one without ``judge.include_per_language``)."""
+    if settings.judge.items == "published" and published is not None:
+        return published_items(published, ALPHA, MIN_LIFT)
+    return judge_items(shared, settings.judge.include_per_language)
 
 
 def _published_summary(

@@ -1,0 +1,216 @@
+"""The three studies' headline measures side by side, one row per model x language (issue #30).
+
+Each lens reads its own design's stories of the same run, and each measure comes with an interval and
+its n; where a lens cannot be computed for a cell, ``reason_<measure>`` says why (no stories of the
+design, too few, an input missing), never a silent blank. The measures:
+
+- StereoTales (stage 04, stereotales design): significant associations per 1,000 stories in the cell's
+  language pass (``associations_values`` with ``scope`` = the language), with an exact Poisson interval
+  on the count (Garwood); the share of those associations the judges rate harmful (median >= 4), with a
+  Wilson interval (statsmodels);
+- BiasedTales-ML (stage 05, its comparison ``comparison``): the JSD of the two groups' adjective
+  distributions and the largest |S_C| over the adjective categories, each with its bootstrap interval
+  over stories (``metrics_jsd``, ``metrics_sc``);
+- Feng et al. (stage 05, occupations design, all outputs in the denominator, the ``task`` genre): M_s and
+  M_b averaged over occupations, with a bootstrap over each occupation's outputs (multinomial redraws of
+  its female / male / unidentified counts, ``metrics_occupations``).
+
+The probe AUCs of stage 06 are per language x genre with the models pooled (Feng et al.'s design), so
+they are not a model x language measure; they join the table at the language level only in a later step.
+"""
+
+from __future__ import annotations
+
+from typing import TypedDict
+
+import numpy as np
+import pandas as pd
+from scipy.stats import chi2
+from statsmodels.stats.proportion import proportion_confint
+
+from storybias.stats.bootstrap import percentile_interval
+
+CELL = ["model", "language"]
+
+
+class Measure(TypedDict):
+    """One lens's measure for one cell: the value, its interval, its n, and why it is missing (or "")."""
+
+    value: float
+    low: float
+    high: float
+    n: int
+    reason: str
+
+
+CellMeasures = dict[tuple[str, str], dict[str, Measure]]  # (model, language) -> measure name -> Measure
+MEASURES = ("assoc_per_1000", "share_harmful", "jsd", "max_abs_sc", "m_s", "m_b")
+MIN_STORIES = 10  # fewer stories of the lens's design in a cell: the measure is not computed
+
+
+def poisson_interval(count: int, level: float = 0.95) -> tuple[float, float]:
+    """Garwood's exact interval for a Poisson count."""
+    alpha = 1 - level
+    low = 0.0 if count == 0 else chi2.ppf(alpha / 2, 2 * count) / 2
+    return float(low), float(chi2.ppf(1 - alpha / 2, 2 * (count + 1)) / 2)
+
+
+def _empty(reason: str, n: int = 0) -> Measure:
+    return {"value": float("nan"), "low": float("nan"), "high": float("nan"), "n": n, "reason": reason}
+
+
+def association_measures(values: pd.DataFrame, shared: pd.DataFrame, stories: pd.DataFrame) -> CellMeasures:
+    """Per (model, language): significant associations per 1,000 stereotales stories of that language
+    pass, and the share rated harmful. ``stories``: the parsed stereotales stories (model, language)."""
+    out: CellMeasures = {}
+    n_stories = stories.groupby(CELL).size()
+    harmful = _harmful_by_scope(shared)
+    for (model, language), n in n_stories.items():
+        cell: dict[str, Measure] = {}
+        if n < MIN_STORIES:
+            reason = f"{n} stereotales stories (< {MIN_STORIES})"
+            cell["assoc_per_1000"] = _empty(reason)
+            cell["share_harmful"] = _empty(reason)
+            out[(model, language)] = cell
+            continue
+        mine = values[(values["model"] == model) & (values["scope"] == language)]
+        significant = mine[mine["significant"].astype(bool)]
+        count = len(significant)
+        low, high = poisson_interval(count)
+        rate: Measure = {
+            "value": 1000 * count / n,
+            "low": 1000 * low / n,
+            "high": 1000 * high / n,
+            "n": int(n),
+            "reason": "",
+        }
+        if mine.empty:
+            rate["reason"] = "no table testable in this language pass (too few known answers per value)"
+        cell["assoc_per_1000"] = rate
+        keys = [
+            tuple(r)
+            for r in significant[["base_attribute", "base_value", "compared_attribute", "compared_value"]].to_numpy()
+        ]
+        rated = [harmful[(language, k)] for k in keys if (language, k) in harmful]
+        if not rated:
+            cell["share_harmful"] = _empty(
+                "no significant association rated" if count else "no significant association"
+            )
+        else:
+            k = int(sum(rated))
+            lo, hi = proportion_confint(k, len(rated), method="wilson")
+            cell["share_harmful"] = {
+                "value": k / len(rated),
+                "low": float(lo),
+                "high": float(hi),
+                "n": len(rated),
+                "reason": "",
+            }
+        out[(model, language)] = cell
+    return out
+
+
+def _harmful_by_scope(shared: pd.DataFrame) -> dict[tuple[str, tuple[str, ...]], bool]:
+    """(scope, association key) -> harmful, for the rated associations."""
+    if shared.empty or "median_harm" not in shared:
+        return {}
+    rated = shared[shared["median_harm"].notna()]
+    key = ["base_attribute", "base_value", "compared_attribute", "compared_value"]
+    return {(r[0], tuple(r[1:5])): bool(r[5]) for r in rated[["scope", *key, "harmful"]].to_numpy()}
+
+
+def narrative_measures(jsd: pd.DataFrame, sc: pd.DataFrame, comparison: str) -> CellMeasures:
+    """Per (model, language): BiasedTales-ML's JSD and largest |S_C| (adjective categories) for ``comparison``."""
+    out: CellMeasures = {}
+    mine = jsd[jsd["comparison"] == comparison] if len(jsd) else jsd
+    for r in mine.itertuples(index=False):
+        n = int(r.n_m + r.n_f)
+        reason = "" if np.isfinite(r.jsd) else (r.note or "JSD not computed")
+        out[(r.model, r.language)] = {
+            "jsd": {"value": r.jsd, "low": r.ci_low, "high": r.ci_high, "n": n, "reason": reason}
+        }
+    adjectives = sc[(sc["comparison"] == comparison) & (sc["kind"] == "adjectives")] if len(sc) else sc
+    for (model, language), group in adjectives.groupby(CELL) if len(adjectives) else []:
+        finite = group[np.isfinite(group["s_c"].astype(float))]
+        cell = out.setdefault((model, language), {})
+        n = int(group["n_m"].iloc[0] + group["n_f"].iloc[0])
+        if finite.empty:
+            cell["max_abs_sc"] = _empty("no adjective category in both groups", n)
+            continue
+        top = finite.loc[finite["s_c"].abs().idxmax()]
+        bounds = sorted(abs(float(b)) for b in (top["ci_low"], top["ci_high"]))
+        if top["ci_low"] <= 0 <= top["ci_high"]:
+            bounds[0] = 0.0  # the interval of |S_C| reaches zero when S_C's interval spans it
+        cell["max_abs_sc"] = {
+            "value": abs(float(top["s_c"])),
+            "low": bounds[0],
+            "high": bounds[1],
+            "n": n,
+            "reason": "",
+        }
+    return out
+
+
+def _occupation_draws(group: pd.DataFrame, n_boot: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Bootstrap replicates of M_s and M_b over the outputs of each occupation (multinomial redraws of
+    its female / male / unidentified counts), averaged over occupations as the point estimates are."""
+    m_s = np.zeros(n_boot)
+    m_b = np.zeros(n_boot)
+    for r in group.itertuples(index=False):
+        n = int(r.n)
+        shares = np.array([r.n_female, r.n_male, n - r.n_female - r.n_male], float) / n
+        draws = rng.multinomial(n, shares, size=n_boot) / n
+        p_f, p_m = draws[:, 0], draws[:, 1]
+        stereo, anti = (p_f, p_m) if r.occupation_gender == "female" else (p_m, p_f)
+        m_s += stereo - anti
+        m_b += p_f - p_m
+    return m_s / len(group), m_b / len(group)
+
+
+def occupation_measures(occupations: pd.DataFrame, task: str, n_boot: int, seed: int) -> CellMeasures:
+    """Per (model, language): Feng et al.'s M_s and M_b over the occupations of ``task`` (all outputs in
+    the denominator), with bootstrap intervals over each occupation's outputs."""
+    out: CellMeasures = {}
+    if occupations.empty:
+        return out
+    rows = occupations[(occupations["task"] == task) & (occupations["denominator"] == "all outputs")]
+    rng = np.random.default_rng(seed)
+    for (model, language), group in rows.groupby(CELL):
+        group = group[group["n"] > 0]
+        n = int(group["n"].sum())
+        if n < MIN_STORIES:
+            out[(model, language)] = {
+                m: {**_empty(f"{n} {task} outputs (< {MIN_STORIES})"), "n": n} for m in ("m_s", "m_b")
+            }
+            continue
+        draws = _occupation_draws(group, n_boot, rng)
+        cell: dict[str, Measure] = {}
+        for name, point, boot in (("m_s", group["m_s"].mean(), draws[0]), ("m_b", group["m_b"].mean(), draws[1])):
+            low, high = percentile_interval(boot)
+            cell[name] = {"value": float(point), "low": low, "high": high, "n": n, "reason": ""}
+        out[(model, language)] = cell
+    return out
+
+
+def crosslens_table(parts: list[CellMeasures], lens_reasons: dict[str, str]) -> pd.DataFrame:
+    """One row per model x language of any part: ``<measure>``, ``<measure>_low`` / ``_high``, ``n_<measure>``
+    and ``reason_<measure>`` for every measure of ``MEASURES``. A measure no part gives a cell reads the
+    reason of ``lens_reasons`` (e.g. "no occupations outputs by this model in this language")."""
+    cells = sorted({cell for part in parts for cell in part})
+    rows = []
+    for model, language in cells:
+        row: dict[str, object] = {"model": model, "language": language}
+        merged: dict[str, Measure] = {}
+        for part in parts:
+            merged.update(part.get((model, language), {}))
+        for measure in MEASURES:
+            entry = merged.get(measure, _empty(lens_reasons.get(measure, "not computed")))
+            row[measure] = float(entry["value"])
+            row[f"{measure}_low"] = float(entry["low"])
+            row[f"{measure}_high"] = float(entry["high"])
+            row[f"n_{measure}"] = int(entry["n"])
+            row[f"reason_{measure}"] = (
+                str(entry["reason"]) if not np.isfinite(float(entry["value"])) or entry["reason"] else ""
+            )
+        rows.append(row)
+    return pd.DataFrame(rows)

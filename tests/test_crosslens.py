@@ -1,0 +1,140 @@
+"""The cross-lens table (issue #30 items 1 and 5; storybias.stages.probes.crosslens): each lens's measure per
+model x language from the stage tables, with intervals, n and reasons, and a planted run in which one model
+is biased through every lens and another through one lens only."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from storybias.stages.probes import crosslens as X
+from storybias.stats.concordance import lens_agreement
+
+LANGUAGES = ["en", "fr", "zh"]
+KEY = ["base_attribute", "base_value", "compared_attribute", "compared_value"]
+
+
+def _run(models: dict[str, tuple[float, float, float]], seed: int = 0):
+    """Stage tables of a synthetic run: per model, its planted (associations, narrative, occupation) bias in
+    [0, 1]: how many significant associations (of 20 tested), how far S_C and JSD move, how stereotyped
+    the occupations are."""
+    rng = np.random.default_rng(seed)
+    values, shared, stories, jsd, sc, occupations = [], [], [], [], [], []
+    for model, (a, b, c) in models.items():
+        for language in LANGUAGES:
+            stories += [{"model": model, "language": language}] * 200
+            n_sig = int(round(20 * a + rng.integers(0, 2)))
+            for i in range(20):
+                key = dict(zip(KEY, ("gender", "woman", "age", f"v{i}")))
+                values.append({"model": model, "scope": language, **key, "significant": i < n_sig})
+                if i < n_sig:
+                    shared.append(
+                        {
+                            "scope": language,
+                            **key,
+                            "models": [model],
+                            "median_harm": 4.0 if i % 2 else 2.0,
+                            "harmful": bool(i % 2),
+                        }
+                    )
+            j = 0.05 + 0.5 * b + rng.uniform(0, 0.02)
+            jsd.append(
+                {
+                    "comparison": "child_gender",
+                    "model": model,
+                    "language": language,
+                    "n_m": 30,
+                    "n_f": 30,
+                    "jsd": j,
+                    "ci_low": j - 0.03,
+                    "ci_high": j + 0.03,
+                    "note": "",
+                }
+            )
+            for k, category in enumerate(("agency", "communality")):
+                s = (1.8 * b + rng.uniform(0, 0.1)) * (1 if k == 0 else -0.5)
+                sc.append(
+                    {
+                        "comparison": "child_gender",
+                        "model": model,
+                        "language": language,
+                        "n_m": 30,
+                        "n_f": 30,
+                        "kind": "adjectives",
+                        "category": category,
+                        "s_c": s,
+                        "ci_low": s - 0.2,
+                        "ci_high": s + 0.2,
+                    }
+                )
+            for occupation, gender in (("nurse", "female"), ("surgeon", "male")):
+                stereo = int(round(10 + 10 * c))
+                n_f = stereo if gender == "female" else 20 - stereo
+                occupations.append(
+                    {
+                        "model": model,
+                        "language": language,
+                        "task": "story",
+                        "occupation": occupation,
+                        "occupation_gender": gender,
+                        "n": 20,
+                        "n_female": n_f,
+                        "n_male": 20 - n_f,
+                        "m_s": (2 * stereo - 20) / 20,
+                        "m_b": (2 * n_f - 20) / 20,
+                        "denominator": "all outputs",
+                    }
+                )
+    frames = (values, shared, stories, jsd, sc, occupations)
+    return tuple(pd.DataFrame(f) for f in frames)  # fmt: skip
+
+
+def _table(models):
+    values, shared, stories, jsd, sc, occupations = _run(models)
+    parts = [
+        X.association_measures(values, shared, stories),
+        X.narrative_measures(jsd, sc, "child_gender"),
+        X.occupation_measures(occupations, "story", n_boot=200, seed=1),
+    ]
+    return X.crosslens_table(parts, {})
+
+
+def test_measures_have_intervals_n_and_the_planted_values():
+    table = _table({"a": (0.5, 0.5, 0.5)}).set_index(["model", "language"])
+    row = table.loc[("a", "en")]
+    assert row["n_assoc_per_1000"] == 200 and row["assoc_per_1000"] in (50.0, 55.0)
+    assert row["assoc_per_1000_low"] < row["assoc_per_1000"] < row["assoc_per_1000_high"]
+    assert row["share_harmful"] == pytest.approx(0.5, abs=0.1) and row["n_share_harmful"] >= 10
+    assert row["m_s"] == pytest.approx(0.5) and row["m_s_low"] < 0.5 < row["m_s_high"]
+    assert row["max_abs_sc"] == pytest.approx(0.9, abs=0.1) and row["jsd"] == pytest.approx(0.3, abs=0.03)
+    assert (table.filter(like="reason_") == "").all().all()
+
+
+def test_a_missing_lens_says_why():
+    values, shared, stories, jsd, sc, occupations = _run({"a": (0.5, 0.5, 0.5)})
+    parts = [X.association_measures(values, shared, stories.iloc[:5]), X.narrative_measures(jsd, sc, "child_gender")]
+    table = X.crosslens_table(parts, {"m_s": "no occupations outputs", "m_b": "no occupations outputs"})
+    row = table.set_index(["model", "language"]).loc[("a", "en")]
+    assert row["reason_assoc_per_1000"] == "5 stereotales stories (< 10)" and np.isnan(row["assoc_per_1000"])
+    assert row["reason_m_s"] == "no occupations outputs" and row["n_m_s"] == 0
+
+
+def test_planted_models_are_recovered_and_the_discordant_one_breaks_its_pairs():
+    """m_all is biased through every lens, m_narr through BiasedTales-ML's only; the rest share a
+    common bias level. The concordant model ranks first on every measure; m_narr tops JSD and |S_C| and
+    lowers the agreement of exactly the pairs that include them."""
+    rng = np.random.default_rng(5)
+    models = {"m_all": (0.95, 0.95, 0.95), "m_narr": (0.0, 1.0, 0.0)}
+    models.update({f"m{i}": (level, level, level) for i, level in enumerate(rng.uniform(0.1, 0.7, 8))})
+    table = _table(models)
+    mean = table.groupby("model")[list(X.MEASURES)].mean()
+    for measure in ("assoc_per_1000", "m_s"):
+        assert mean[measure].idxmax() == "m_all", measure
+    for measure in ("jsd", "max_abs_sc"):
+        assert mean[measure].idxmax() == "m_narr" and mean[measure].rank(ascending=False)["m_all"] == 2
+    agreement = lens_agreement(table, ["assoc_per_1000", "jsd", "m_s"], n_permutations=300, n_replicates=200)
+    r = {(row.measure_a, row.measure_b): row.r for row in agreement.itertuples()}
+    assert r[("assoc_per_1000", "m_s")] > 0.7
+    assert r[("assoc_per_1000", "jsd")] < r[("assoc_per_1000", "m_s")] - 0.2
+    assert r[("jsd", "m_s")] < r[("assoc_per_1000", "m_s")] - 0.2

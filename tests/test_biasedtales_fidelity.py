@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 
+import numpy as np
 import pandas as pd
 import pytest
 from sklearn.metrics.pairwise import cosine_similarity as sk_cosine
@@ -196,3 +197,35 @@ def test_readme_cites_the_three_studies_by_arxiv_id():
     section = readme[readme.index("## The studies") :]
     for needle in ("arXiv:2605.10442", "arXiv:2604.17008", "arXiv:2608.23026", "Ouyang", "Beyond Surface Cues"):
         assert needle in section, needle
+
+
+def test_cross_lingual_cosine_has_a_bootstrap_interval():
+    """Issue #29 item 9: the cosine of two languages' S_C vectors gets a percentile interval from
+    resamples of each language's stories. Two languages with the same planted direction (boys agency,
+    girls communality) give a cosine near 1 whose interval excludes 0; a language with the reverse
+    direction gives a negative one."""
+    from storybias.config.params import Comparison
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for lang, sign in (("en", 1), ("fr", 1), ("zh", -1)):
+        for i in range(60):
+            boy = i % 2 == 0
+            lean = (boy and sign > 0) or (not boy and sign < 0)
+            words = ["brave", "bold"] if lean else ["kind", "gentle"]
+            words = words + [str(rng.choice(["happy", "smart", "brave", "kind"]))]
+            rows.append(
+                {"design": "bedtime", "model": "m", "language": lang, "cond_child_gender": "boy" if boy else "girl",
+                 "adjectives_en": words, "settings": ["home"]}
+            )  # fmt: skip
+    data = pd.DataFrame(rows)
+    comparison = Comparison(
+        name="child_gender", design="bedtime", condition="child_gender", group_m="boy", group_f="girl"
+    )
+    out = metrics.narrative_comparison(data, comparison, n_boot=300, seed=1)
+    cosine = metrics.cosine_matrix(out["sc"], out["sc_replicates"]).set_index(["language_a", "language_b"])
+    same = cosine.loc[("en", "fr")]
+    assert same["cosine"] > 0.9 and same["ci_low"] > 0.5 and same["ci_low"] <= same["cosine"] <= same["ci_high"]
+    assert cosine.loc[("en", "zh"), "ci_high"] < 0
+    assert cosine.loc[("en", "en"), "ci_low"] == pytest.approx(1.0)
+    assert np.isnan(metrics.cosine_matrix(out["sc"]).iloc[0]["ci_low"])  # no replicates: no interval

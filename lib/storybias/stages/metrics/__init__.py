@@ -131,7 +131,15 @@ OUTPUT_SCHEMAS: dict[str, pa.Schema] = {
     ),
     "jsd": pa.schema(_JSD_FIELDS),
     "cosine": pa.schema(
-        [("comparison", _TEXT), ("model", _TEXT), ("language_a", _TEXT), ("language_b", _TEXT), ("cosine", _REAL)]
+        [
+            ("comparison", _TEXT),
+            ("model", _TEXT),
+            ("language_a", _TEXT),
+            ("language_b", _TEXT),
+            ("cosine", _REAL),
+            ("ci_low", _REAL),  # percentile interval over resamples of each language's stories
+            ("ci_high", _REAL),
+        ]
     ),
     "log_odds": pa.schema(
         [
@@ -328,7 +336,7 @@ def _narrative_tables(
 ) -> dict[str, pd.DataFrame]:
     """BiasedTales-ML's tables (sc, jsd, cosine, log_odds, grammatical_gender, vsr_jsd) over the parsed
     stories, every comparison of ``settings``; a comparison with nothing to compare adds a note."""
-    sc_frames, jsd_frames, lo_frames = [], [], []
+    sc_frames, jsd_frames, lo_frames, boot_frames = [], [], [], []
     for comparison in settings.comparisons:
         lo_frames.append(log_odds_table(parsed, comparison, settings.log_odds_prior_scale, settings.log_odds_top))
         if comparison.log_odds_only:  # an Appendix F contrast: distinctive words only
@@ -343,13 +351,15 @@ def _narrative_tables(
             )
         sc_frames.append(out["sc"])
         jsd_frames.append(out["jsd"])
+        boot_frames.append(out["sc_replicates"])
     sc = pd.concat(sc_frames, ignore_index=True) if sc_frames else pd.DataFrame()
+    replicates = pd.concat(boot_frames, ignore_index=True) if boot_frames else pd.DataFrame()
     jsd = pd.concat(jsd_frames, ignore_index=True) if jsd_frames else pd.DataFrame()
     log_odds = pd.concat(lo_frames, ignore_index=True) if lo_frames else pd.DataFrame()
     return {
         "sc": sc,
         "jsd": jsd,
-        "cosine": cosine_matrix(sc) if not sc.empty else pd.DataFrame(),
+        "cosine": cosine_matrix(sc, replicates) if not sc.empty else pd.DataFrame(),
         "log_odds": log_odds,
         "grammatical_gender": _grammatical_gender_table(jsd),
         "vsr_jsd": vsr_jsd_join(jsd, vsr, settings.comparisons) if not jsd.empty else pd.DataFrame(),

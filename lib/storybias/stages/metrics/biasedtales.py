@@ -165,6 +165,14 @@ def jsd_from_counts(word_counts_m: np.ndarray, word_counts_f: np.ndarray) -> flo
 
 def bootstrap_s_c(g: GroupData, n_boot: int, seed: int, level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
     """Percentile interval of S_C per category, resampling stories within each group."""
+    s = s_c_replicates(g, n_boot, seed)
+    lo, hi = percentile_bounds(level)  # per category; a category's NaN resamples (unseen in both) are left out
+    return np.nanpercentile(s, lo, axis=0), np.nanpercentile(s, hi, axis=0)
+
+
+def s_c_replicates(g: GroupData, n_boot: int, seed: int) -> np.ndarray:
+    """S_C per category on ``n_boot`` resamples of the stories within each group (n_boot x categories;
+    NaN where a resample has the category in neither group)."""
     rng = np.random.default_rng(seed)
     im = bootstrap_indices(len(g.totals_m), n_boot, rng)
     jf = bootstrap_indices(len(g.totals_f), n_boot, rng)
@@ -173,9 +181,7 @@ def bootstrap_s_c(g: GroupData, n_boot: int, seed: int, level: float = 0.95) -> 
     cf = g.counts_f[jf].sum(1)
     tf = g.totals_f[jf].sum(1)[:, None]
     with np.errstate(divide="ignore", invalid="ignore"):
-        s = log_probability_ratio(cm / tm, cf / tf)
-    lo, hi = percentile_bounds(level)  # per category; a category's NaN resamples (unseen in both) are left out
-    return np.nanpercentile(s, lo, axis=0), np.nanpercentile(s, hi, axis=0)
+        return log_probability_ratio(cm / tm, cf / tf)
 
 
 def bootstrap_jsd(
@@ -229,10 +235,17 @@ def _comparison_stories(data: pd.DataFrame, comparison: Comparison) -> pd.DataFr
 
 
 def _sc_rows(
-    base: dict[str, Any], m: pd.DataFrame, f: pd.DataFrame, n_boot: int, seed: int, denominator: SCDenominator
+    base: dict[str, Any],
+    m: pd.DataFrame,
+    f: pd.DataFrame,
+    n_boot: int,
+    seed: int,
+    denominator: SCDenominator,
+    replicates: dict[str, np.ndarray],
 ) -> list[dict[str, Any]]:
     """S_C rows of one model x language cell: every adjective and setting category, with its bootstrap
-    interval and the lexicon's coverage; NaN with a note when a group has no tokens of that kind."""
+    interval and the lexicon's coverage; NaN with a note when a group has no tokens of that kind. Also
+    fills ``replicates`` (``<kind>:<category>`` -> the bootstrap draws), which the cosine's interval reads."""
     rows = []
     for kind, field in (("adjectives", "adjectives_en"), ("settings", "settings")):
         lexicon, cats = load_lexicon(kind), categories(kind)
@@ -254,7 +267,10 @@ def _sc_rows(
                 )
             continue
         s = s_c_from_counts(g)
-        lo, hi = bootstrap_s_c(g, n_boot, seed)
+        draws = s_c_replicates(g, n_boot, seed)
+        bounds = percentile_bounds(0.95)
+        lo, hi = np.nanpercentile(draws, bounds[0], axis=0), np.nanpercentile(draws, bounds[1], axis=0)
+        replicates.update({f"{kind}:{c}": draws[:, k] for k, c in enumerate(cats)})
         for c, value, a, b in zip(cats, s, lo, hi):
             rows.append(
                 {
@@ -304,7 +320,7 @@ def narrative_comparison(
     column = f"cond_{comparison.condition}"
     sub = _comparison_stories(data, comparison)
     sub = sub[sub[column].isin([comparison.group_m, comparison.group_f])]
-    sc_rows, jsd_rows = [], []
+    sc_rows, jsd_rows, boot_frames = [], [], []
     for (model, language), cell in sub.groupby(["model", "language"], sort=True):
         m = cell[cell[column] == comparison.group_m]
         f = cell[cell[column] == comparison.group_f]
@@ -317,23 +333,33 @@ def narrative_comparison(
             "n_f": len(f),
             "small_sample": small,
         }
-        sc_rows += _sc_rows(base, m, f, n_boot, seed, sc_denominator)
+        replicates: dict[str, np.ndarray] = {}
+        sc_rows += _sc_rows(base, m, f, n_boot, seed, sc_denominator, replicates)
         jsd_rows.append(_jsd_row(base, cell, m, f, n_boot, seed))
-    return {"sc": pd.DataFrame(sc_rows), "jsd": pd.DataFrame(jsd_rows)}
+        if replicates:
+            draws = pd.DataFrame(replicates).rename_axis("replicate").reset_index()
+            boot_frames.append(draws.assign(comparison=comparison.name, model=model, language=language))
+    boot = pd.concat(boot_frames, ignore_index=True) if boot_frames else pd.DataFrame()
+    return {"sc": pd.DataFrame(sc_rows), "jsd": pd.DataFrame(jsd_rows), "sc_replicates": boot}
 
 
-def cosine_matrix(sc: pd.DataFrame) -> pd.DataFrame:
+def cosine_matrix(sc: pd.DataFrame, replicates: pd.DataFrame | None = None) -> pd.DataFrame:
     """Language x language cosine similarity of S_C vectors, per model and comparison.
 
     The vector of a language holds S_C of every semantic category, adjective and setting categories
     alike, keyed ``<kind>:<category>`` (BiasedTales-ML Eq. 3: v_l aggregates S_C over all semantic
-    categories; a category missing in one language, or NaN, counts as 0)."""
+    categories; a category missing in one language, or NaN, counts as 0). With ``replicates``
+    (``narrative_comparison``'s ``sc_replicates``: each cell's S_C on resamples of its stories) the
+    cosine gets a percentile interval: replicate i of one language against replicate i of the other
+    (independent resamples of different stories). The paper gives none: storybias' addition."""
     rows = []
     data = sc.assign(key=sc["kind"].astype(str) + ":" + sc["category"].astype(str))
     for (comparison, model), g in data.groupby(["comparison", "model"]):
         vectors = {lang: dict(zip(v["key"], v["s_c"])) for lang, v in g.groupby("language")}
+        draws = _replicate_vectors(replicates, comparison, model, sorted(set(g["key"])))
         for a in vectors:
             for b in vectors:
+                low, high = _cosine_interval(draws.get(a), draws.get(b))
                 rows.append(
                     {
                         "comparison": comparison,
@@ -341,9 +367,35 @@ def cosine_matrix(sc: pd.DataFrame) -> pd.DataFrame:
                         "language_a": a,
                         "language_b": b,
                         "cosine": cosine_similarity(vectors[a], vectors[b]),
+                        "ci_low": low,
+                        "ci_high": high,
                     }
                 )
     return pd.DataFrame(rows)
+
+
+def _replicate_vectors(
+    replicates: pd.DataFrame | None, comparison: str, model: str, keys: list[str]
+) -> dict[str, np.ndarray]:
+    """Per language, the (n_boot x keys) S_C replicates of one comparison and model, NaN as 0 (Eq. 3)."""
+    if replicates is None or replicates.empty:
+        return {}
+    mine = replicates[(replicates["comparison"] == comparison) & (replicates["model"] == model)]
+    return {
+        lang: v.reindex(columns=keys).fillna(0.0).to_numpy(float)
+        for lang, v in mine.sort_values("replicate").groupby("language")
+    }
+
+
+def _cosine_interval(a: np.ndarray | None, b: np.ndarray | None, level: float = 0.95) -> tuple[float, float]:
+    """Percentile interval of the cosine between paired replicate vectors (NaN without replicates)."""
+    if a is None or b is None:
+        return float("nan"), float("nan")
+    n = min(len(a), len(b))
+    norms = np.linalg.norm(a[:n], axis=1) * np.linalg.norm(b[:n], axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cosines = np.where(norms > 0, (a[:n] * b[:n]).sum(1) / norms, np.nan)
+    return percentile_interval(cosines, level)
 
 
 def vsr_jsd_join(jsd: pd.DataFrame, vsr: pd.DataFrame, comparisons: Sequence[Comparison]) -> pd.DataFrame:

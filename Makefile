@@ -186,7 +186,8 @@ $(DATA)/manifest_associations.json: $(DATA)/extractions.parquet notebooks/04_ass
 associations: | $(VENV_STAMP)  ## stage 04: StereoTales associations and harm (notebooks/04_associations.ipynb)
 	$(call served,$(DATA)/manifest_associations.json,$(LLM_TARGETS))
 
-$(DATA)/manifest_probes.json: $(DATA)/extractions.parquet notebooks/06_probes.ipynb $(STAMPS)/probes.params \
+$(DATA)/manifest_probes.json: $(DATA)/extractions.parquet $(DATA)/manifest_associations.json $(DATA)/manifest_metrics.json \
+                              notebooks/06_probes.ipynb $(STAMPS)/probes.params \
                               $(CUE_FILES) | $(VENV_STAMP)
 	$(call run_notebook,06_probes,probes)
 

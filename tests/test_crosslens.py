@@ -138,3 +138,44 @@ def test_planted_models_are_recovered_and_the_discordant_one_breaks_its_pairs():
     assert r[("assoc_per_1000", "m_s")] > 0.7
     assert r[("assoc_per_1000", "jsd")] < r[("assoc_per_1000", "m_s")] - 0.2
     assert r[("jsd", "m_s")] < r[("assoc_per_1000", "m_s")] - 0.2
+
+
+def test_the_comparison_must_be_one_with_s_c_and_the_default_is_the_first(tmp_path):
+    import yaml
+
+    from storybias.config import params
+    from storybias.config.params import ParamsError
+    from storybias.core import paths
+
+    default = params.load(paths.params_dir() / "default.yaml")
+    assert default.crosslens_comparison() == "child_gender"
+    with open(paths.params_dir() / "smoke.yaml", encoding="utf-8") as fh:
+        base = yaml.safe_load(fh)
+    profile = tmp_path / "bad.yaml"
+    profile.write_text(
+        yaml.safe_dump({**base, "probes": {**(base.get("probes") or {}), "crosslens": {"comparison": "nope"}}})
+    )
+    with pytest.raises(ParamsError, match=r"probes\.crosslens\.comparison: 'nope'"):
+        params.load(profile)
+
+
+def test_stage_06_writes_the_tables_from_a_runs_artifacts(tmp_path, monkeypatch):
+    """run_tables reads the run's stage 04 and 05 tables (the registry's paths) and writes what a missing
+    stage table leaves out as reasons."""
+    from storybias.config.params import CrossLensSettings
+
+    monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path / "data"))
+    values, shared, stories, jsd, sc, occupations = _run({"a": (0.5, 0.5, 0.5), "b": (0.2, 0.2, 0.2)})
+    stories = stories.assign(story_id=[f"s{i}" for i in range(len(stories))], design="stereotales")
+    run = tmp_path / "data" / "x"
+    run.mkdir(parents=True)
+    stories.to_parquet(run / "filtered.parquet")
+    stories[["story_id"]].assign(parse_ok=True).to_parquet(run / "extractions.parquet")
+    values.to_parquet(run / "associations_values.parquet")
+    shared.to_parquet(run / "associations_shared.parquet")
+    jsd.to_parquet(run / "metrics_jsd.parquet")
+    sc.to_parquet(run / "metrics_sc.parquet")
+    table, agreement = X.run_tables("x", "child_gender", CrossLensSettings(n_permutations=100, n_bootstrap=100))
+    assert len(table) == 6 and table["assoc_per_1000"].notna().all() and table["jsd"].notna().all()
+    assert set(table["reason_m_s"]) == {"no occupations outputs by this model in this language"}
+    assert set(agreement.columns) == set(X.AGREEMENT_SCHEMA.names) and len(agreement) == 15

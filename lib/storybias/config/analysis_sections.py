@@ -135,6 +135,19 @@ class HumanValidationSettings(Strict):
     seed: int = 42
 
 
+class CrossLensSettings(Strict):
+    """The three lenses side by side (stage 06, ``storybias.stages.probes.crosslens``): per model x language,
+    each lens's headline measure, and the rank agreement of every pair of measures."""
+
+    # BiasedTales-ML's comparison the narrative measures read (null: the first of metrics.comparisons
+    # that is not log_odds_only)
+    comparison: str | None = None
+    task: Literal["explicit", "story", "news"] = "story"  # Feng et al.'s genre whose M_s and M_b are read
+    n_permutations: Annotated[int, Field(ge=100)] = 2000  # within-language shuffles of the agreement test
+    n_bootstrap: Annotated[int, Field(ge=100)] = 1000  # resamples of the M_s / M_b and correlation intervals
+    seed: int = 42
+
+
 class ProbeSettings(Strict):
     """Stage 06 (Feng et al. Sec. 3.3.2-3.3.3, App. D.4-D.5): embedding probes, cue deletion, UMAP,
     cultural relevance and source-language separability.
@@ -162,6 +175,7 @@ class ProbeSettings(Strict):
     separability_scope: Literal["paper", "pooled"] = "paper"
     umap: UmapSettings = UmapSettings()
     human_validation: HumanValidationSettings = HumanValidationSettings()
+    crosslens: CrossLensSettings = CrossLensSettings()
 
 
 class FigureSettings(Strict):

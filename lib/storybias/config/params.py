@@ -27,6 +27,7 @@ from pydantic import ValidationError, field_validator, model_validator
 from storybias.config.analysis_sections import (
     AssociationSettings,
     Comparison,
+    CrossLensSettings,
     FigureSettings,
     HumanValidationSettings,
     JudgeSettings,
@@ -87,6 +88,7 @@ __all__ = [
     "FigureSettings",
     "FilterSettings",
     "GenerationSettings",
+    "CrossLensSettings",
     "HumanValidationSettings",
     "InvalidReason",
     "JudgeSettings",
@@ -149,6 +151,24 @@ class Profile(Strict):
         if not RUN_NAME.match(value):
             raise ValueError("run_name may hold letters, digits, '.', '_' and '-' only")
         return value
+
+    @model_validator(mode="after")
+    def _crosslens_comparison_exists(self) -> Profile:
+        name = self.probes.crosslens.comparison
+        names = [c.name for c in self.metrics.comparisons if not c.log_odds_only]
+        if name is not None and name not in names:
+            raise ValueError(
+                f"probes.crosslens.comparison: {name!r} is not a comparison of metrics.comparisons with S_C and "
+                f"JSD (those: {', '.join(names) or 'none'})"
+            )
+        return self
+
+    def crosslens_comparison(self) -> str | None:
+        """The BiasedTales-ML comparison the cross-lens table reads: ``probes.crosslens.comparison``, else
+        the first of ``metrics.comparisons`` that computes S_C and JSD (None when there is none)."""
+        if self.probes.crosslens.comparison is not None:
+            return self.probes.crosslens.comparison
+        return next((c.name for c in self.metrics.comparisons if not c.log_odds_only), None)
 
     @model_validator(mode="before")
     @classmethod

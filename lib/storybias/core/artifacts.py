@@ -107,8 +107,8 @@ STAGES: tuple[Stage, ...] = (
         "probes",
         "stages.probes",
         ("probes",),
-        "Feng et al. probes and cultural markers",
-        ("extractions",),
+        "Feng et al. probes and cultural markers; the three lenses side by side",
+        ("extractions", "manifest_associations", "manifest_metrics"),
         ("params/cues/*.yaml",),
     ),
     Stage(
@@ -184,6 +184,8 @@ _PROBES = {
     "cultural": "narrative-weighted cultural-marker relevance per source language x genre x context",
     "cultural_advantage": "self-context advantage per source language x genre, with bootstrap CI",
     "separability": "balanced accuracy of the marker source-language probe per marker version",
+    "crosslens": "each lens's headline measure per model x language, with interval, n and why it is missing",
+    "crosslens_agreement": "rank agreement of every pair of cross-lens measures, within-language permutation p",
 }
 
 ARTIFACTS: tuple[Artifact, ...] = (

@@ -91,7 +91,8 @@ def interval_from_cells(
 def verdict(n: int, r: float, p: float, low: float, high: float) -> str:
     """One sentence on a pair: too few cells, agree, disagree, or no evidence either way."""
     if n < MIN_CELLS:
-        return f"not assessed: {n} cells have both measures (at least {MIN_CELLS} needed)"
+        have = "1 cell has" if n == 1 else f"{n} cells have"
+        return f"not assessed: {have} both measures (at least {MIN_CELLS} needed)"
     if np.isnan(r):
         return f"not assessed: a measure is constant over the {n} cells"
     direction = "agree" if r > 0 else "disagree (rank cells in opposite orders)"

@@ -42,7 +42,7 @@ from storybias.config.prompts import CONDITION_COLUMNS
 from storybias.core import artifacts, paths
 from storybias.core.io import write_json_atomic
 from storybias.core.locks import holds_run_lock
-from storybias.stages.probes import validation
+from storybias.stages.probes import crosslens, validation
 from storybias.stages.probes.cues import delete_cues
 from storybias.stages.probes.cultural import (
     NER_MASK_LABELS,
@@ -165,13 +165,15 @@ def identity_probes(
 
 
 class ProbesResult(TypedDict):
-    """What stage 06's :func:`run` returns to notebook 06 (the first five are its parquet files)."""
+    """What stage 06's :func:`run` returns to notebook 06 (the first seven are its parquet files)."""
 
     probes: pd.DataFrame
     umap: pd.DataFrame
     cultural: pd.DataFrame
     cultural_advantage: pd.DataFrame
     separability: pd.DataFrame
+    crosslens: pd.DataFrame  # the three lenses per model x language (storybias.stages.probes.crosslens)
+    crosslens_agreement: pd.DataFrame  # rank agreement of every pair of its measures
     validation_markers: pd.DataFrame  # empty without probes.human_validation.markers
     validation_labels: pd.DataFrame  # empty without probes.human_validation.labels
     per_story_relevance: pd.DataFrame
@@ -400,8 +402,9 @@ def _write_tables(run_name: str, tables: Mapping[str, pd.DataFrame]) -> None:
 
 @holds_run_lock("probes")
 def run(params: Params) -> ProbesResult:
-    """Stage 06: read extractions + stories, embed (cached), probe, project, score markers; write
-    probes / umap / cultural / cultural_advantage / separability parquet files, manifest last."""
+    """Stage 06: read extractions + stories, embed (cached), probe, project, score markers, and set the
+    three lenses side by side; write probes / umap / cultural / cultural_advantage / separability /
+    crosslens / crosslens_agreement parquet files, manifest last."""
 
     started = time.perf_counter()
     run_name, settings = params.run_name, params.probes
@@ -419,6 +422,7 @@ def run(params: Params) -> ProbesResult:
     umap_table, umap_status = _umap_table(narratives.sampled, X_all, settings.umap, timings, notes)
     cultural = _cultural_lens(narratives.frame, embedding, settings, timings, notes)
     validation_tables = human_validation(human, narratives.frame, settings.human_validation, notes)
+    lenses, agreement = crosslens.run_tables(run_name, params.crosslens_comparison(), settings.crosslens)
 
     _write_tables(
         run_name,
@@ -428,6 +432,8 @@ def run(params: Params) -> ProbesResult:
             "cultural": cultural.cultural,
             "cultural_advantage": cultural.advantage,
             "separability": cultural.separability,
+            "crosslens": lenses,
+            "crosslens_agreement": agreement,
         },
     )
     manifest = {
@@ -452,6 +458,8 @@ def run(params: Params) -> ProbesResult:
         cultural=cultural.cultural,
         cultural_advantage=cultural.advantage,
         separability=cultural.separability,
+        crosslens=lenses,
+        crosslens_agreement=agreement,
         validation_markers=validation_tables["validation_markers"],
         validation_labels=validation_tables["validation_labels"],
         per_story_relevance=cultural.per_story,

@@ -16,7 +16,10 @@ design, too few, an input missing), never a silent blank. The measures:
   its female / male / unidentified counts, ``metrics_occupations``).
 
 The probe AUCs of stage 06 are per language x genre with the models pooled (Feng et al.'s design), so
-they are not a model x language measure; they join the table at the language level only in a later step.
+they are not a model x language measure and are not in this table yet.
+
+:func:`run_tables` builds the table from a run's artifacts (stage 06 writes it as ``crosslens.parquet``)
+and the agreement of every pair of measures (``storybias.stats.concordance``, ``crosslens_agreement.parquet``).
 """
 
 from __future__ import annotations
@@ -25,10 +28,14 @@ from typing import TypedDict
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 from scipy.stats import chi2
 from statsmodels.stats.proportion import proportion_confint
 
+from storybias.config.params import CrossLensSettings
+from storybias.core import artifacts
 from storybias.stats.bootstrap import percentile_interval
+from storybias.stats.concordance import lens_agreement
 
 CELL = ["model", "language"]
 
@@ -214,3 +221,74 @@ def crosslens_table(parts: list[CellMeasures], lens_reasons: dict[str, str]) -> 
             )
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _schema() -> pa.Schema:
+    fields = [("model", pa.string()), ("language", pa.string())]
+    for measure in MEASURES:
+        fields += [
+            (measure, pa.float64()),
+            (f"{measure}_low", pa.float64()),
+            (f"{measure}_high", pa.float64()),
+            (f"n_{measure}", pa.int64()),
+            (f"reason_{measure}", pa.string()),
+        ]
+    return pa.schema(fields)
+
+
+CROSSLENS_SCHEMA = _schema()
+AGREEMENT_SCHEMA = pa.schema(
+    [
+        ("measure_a", pa.string()),
+        ("measure_b", pa.string()),
+        ("n_cells", pa.int64()),
+        ("method", pa.string()),
+        ("r", pa.float64()),
+        ("ci_low", pa.float64()),
+        ("ci_high", pa.float64()),
+        ("p_permutation", pa.float64()),
+        ("verdict", pa.string()),
+    ]
+)
+# Why a whole lens is absent from a cell, when no stage table gives it the measure.
+LENS_REASONS = {
+    "assoc_per_1000": "no stereotales stories by this model in this language",
+    "share_harmful": "no stereotales stories by this model in this language",
+    "jsd": "no bedtime comparison for this model in this language",
+    "max_abs_sc": "no bedtime comparison for this model in this language",
+    "m_s": "no occupations outputs by this model in this language",
+    "m_b": "no occupations outputs by this model in this language",
+}
+
+
+def _read(run_name: str, name: str) -> pd.DataFrame:
+    path = artifacts.path(run_name, name)
+    return pd.read_parquet(path) if path.is_file() else pd.DataFrame()
+
+
+def run_tables(run_name: str, comparison: str | None, settings: CrossLensSettings) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The cross-lens table and the agreement of its measures, from the run's stage 04 and 05 tables
+    (a table a stage did not write gives that lens's reasons). ``comparison``: BiasedTales-ML's
+    comparison the narrative measures read (None: no comparison, no narrative measure)."""
+    extractions, filtered = _read(run_name, "extractions"), _read(run_name, "filtered")
+    parts: list[CellMeasures] = []
+    if not extractions.empty and not filtered.empty:
+        parsed = extractions[extractions["parse_ok"].astype(bool)][["story_id"]]
+        stories = parsed.merge(filtered[["story_id", "design", "model", "language"]], on="story_id")
+        stories = stories[stories["design"] == "stereotales"]
+        values, shared = _read(run_name, "associations_values"), _read(run_name, "associations_shared")
+        if not values.empty or not stories.empty:
+            parts.append(association_measures(values, shared, stories))
+    jsd, sc = _read(run_name, "metrics_jsd"), _read(run_name, "metrics_sc")
+    if comparison is not None and not jsd.empty:
+        parts.append(narrative_measures(jsd, sc, comparison))
+    parts.append(
+        occupation_measures(_read(run_name, "metrics_occupations"), settings.task, settings.n_bootstrap, settings.seed)
+    )
+    table = crosslens_table(parts, LENS_REASONS)
+    if table.empty:
+        return pd.DataFrame(columns=CROSSLENS_SCHEMA.names), pd.DataFrame(columns=AGREEMENT_SCHEMA.names)
+    agreement = lens_agreement(
+        table, list(MEASURES), "language", settings.n_permutations, settings.n_bootstrap, settings.seed
+    )
+    return table, agreement

@@ -22,6 +22,7 @@ from sklearn.preprocessing import StandardScaler
 from threadpoolctl import threadpool_limits
 
 from storybias.config.params import UmapSettings
+from storybias.stages.probes.crosslens import AGREEMENT_SCHEMA, CROSSLENS_SCHEMA
 from storybias.stages.probes.cues import ARABIC_OPTIONAL as ARABIC_OPTIONAL
 from storybias.stages.probes.cues import MIN_NAME_COMPONENT as MIN_NAME_COMPONENT
 from storybias.stages.probes.cues import NAME_SEPARATORS as NAME_SEPARATORS
@@ -405,6 +406,8 @@ def table1(probes: pd.DataFrame) -> pd.DataFrame:
 # Arrow schemas of the stage's parquet files: written with them, so that a cell too small to probe
 # (an empty table) has the same column types as a full run and the data contract holds.
 OUTPUT_SCHEMAS: dict[str, pa.Schema] = {
+    "crosslens": CROSSLENS_SCHEMA,
+    "crosslens_agreement": AGREEMENT_SCHEMA,
     "probes": pa.schema(
         [
             ("language", _TEXT),

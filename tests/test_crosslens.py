@@ -160,8 +160,8 @@ def test_the_comparison_must_be_one_with_s_c_and_the_default_is_the_first(tmp_pa
 
 
 def test_stage_06_writes_the_tables_from_a_runs_artifacts(tmp_path, monkeypatch):
-    """run_tables reads the run's stage 04 and 05 tables (the registry's paths) and writes what a missing
-    stage table leaves out as reasons."""
+    """run_tables reads the run's stage 04 and 05 tables (the registry's paths), takes the parsed stories
+    from stage 06's frame, and writes what a missing stage table leaves out as reasons."""
     from storybias.config.params import CrossLensSettings
 
     monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path / "data"))
@@ -169,13 +169,12 @@ def test_stage_06_writes_the_tables_from_a_runs_artifacts(tmp_path, monkeypatch)
     stories = stories.assign(story_id=[f"s{i}" for i in range(len(stories))], design="stereotales")
     run = tmp_path / "data" / "x"
     run.mkdir(parents=True)
-    stories.to_parquet(run / "filtered.parquet")
-    stories[["story_id"]].assign(parse_ok=True).to_parquet(run / "extractions.parquet")
     values.to_parquet(run / "associations_values.parquet")
     shared.to_parquet(run / "associations_shared.parquet")
     jsd.to_parquet(run / "metrics_jsd.parquet")
     sc.to_parquet(run / "metrics_sc.parquet")
-    table, agreement = X.run_tables("x", "child_gender", CrossLensSettings(n_permutations=100, n_bootstrap=100))
+    settings = CrossLensSettings(n_permutations=100, n_bootstrap=100)
+    table, agreement = X.run_tables("x", stories, "child_gender", settings)
     assert len(table) == 6 and table["assoc_per_1000"].notna().all() and table["jsd"].notna().all()
     assert set(table["reason_m_s"]) == {"no occupations outputs by this model in this language"}
     assert set(agreement.columns) == set(X.AGREEMENT_SCHEMA.names) and len(agreement) == 15

@@ -163,8 +163,10 @@ def _not_published(
         for m in (row.models if same_model else [""])
     }
     mine = [
-        not {_listing(r.model, scope, tuple(getattr(r, k) for k in KEY), same_model) for scope in (r.scope, ANY_SCOPE)}
-        & listed
+        all(
+            _listing(r.model, scope, tuple(getattr(r, k) for k in KEY), same_model) not in listed
+            for scope in (r.scope, ANY_SCOPE)
+        )
         for r in sig.itertuples(index=False)
     ]
     rows = sig[mine]

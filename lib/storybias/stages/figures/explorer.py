@@ -50,6 +50,7 @@ from storybias.config.prompts import ALL_CONDITION_COLUMNS, CONDITION_COLUMNS, L
 from storybias.core import artifacts
 from storybias.core.io import atomic_open
 from storybias.core.locks import holds_run_lock
+from storybias.evidence.released_associations import ANY_SCOPE, GLOBAL_SCOPE
 
 DEFAULT_MAX_STORIES_PER_CELL = 200
 CELL = ["design", "model", "language"]
@@ -335,7 +336,9 @@ def explorer_payload(
         published_keys = None
         if published is not None:
             # a released file's global records, or a human-study question (scope "any": it names no pass)
-            listed = published[(published["status"] != "not_published") & published["scope"].isin(["all", "any"])]
+            listed = published[
+                (published["status"] != "not_published") & published["scope"].isin([GLOBAL_SCOPE, ANY_SCOPE])
+            ]
             published_keys = {tuple(str(v) for v in k) for k in listed[ASSOC_KEYS].to_numpy()}
         associations = _associations(
             shared.reset_index(drop=True), values, examples.groupby("assoc").size(), published_keys

@@ -165,9 +165,14 @@ def jsd_from_counts(word_counts_m: np.ndarray, word_counts_f: np.ndarray) -> flo
 
 def bootstrap_s_c(g: GroupData, n_boot: int, seed: int, level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
     """Percentile interval of S_C per category, resampling stories within each group."""
-    s = s_c_replicates(g, n_boot, seed)
-    lo, hi = percentile_bounds(level)  # per category; a category's NaN resamples (unseen in both) are left out
-    return np.nanpercentile(s, lo, axis=0), np.nanpercentile(s, hi, axis=0)
+    return s_c_bounds(s_c_replicates(g, n_boot, seed), level)
+
+
+def s_c_bounds(replicates: np.ndarray, level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
+    """Per category, the percentile interval of S_C replicates (n_boot x categories); a category's NaN
+    resamples (unseen in both groups) are left out."""
+    lo, hi = percentile_bounds(level)
+    return np.nanpercentile(replicates, lo, axis=0), np.nanpercentile(replicates, hi, axis=0)
 
 
 def s_c_replicates(g: GroupData, n_boot: int, seed: int) -> np.ndarray:
@@ -268,8 +273,7 @@ def _sc_rows(
             continue
         s = s_c_from_counts(g)
         draws = s_c_replicates(g, n_boot, seed)
-        bounds = percentile_bounds(0.95)
-        lo, hi = np.nanpercentile(draws, bounds[0], axis=0), np.nanpercentile(draws, bounds[1], axis=0)
+        lo, hi = s_c_bounds(draws)
         replicates.update({f"{kind}:{c}": draws[:, k] for k, c in enumerate(cats)})
         for c, value, a, b in zip(cats, s, lo, hi):
             rows.append(

@@ -422,7 +422,9 @@ def run(params: Params) -> ProbesResult:
     umap_table, umap_status = _umap_table(narratives.sampled, X_all, settings.umap, timings, notes)
     cultural = _cultural_lens(narratives.frame, embedding, settings, timings, notes)
     validation_tables = human_validation(human, narratives.frame, settings.human_validation, notes)
-    lenses, agreement = crosslens.run_tables(run_name, params.crosslens_comparison(), settings.crosslens)
+    lenses, agreement = crosslens.run_tables(
+        run_name, narratives.frame, params.crosslens_comparison(), settings.crosslens
+    )
 
     _write_tables(
         run_name,

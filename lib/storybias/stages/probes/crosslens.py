@@ -34,6 +34,7 @@ from statsmodels.stats.proportion import proportion_confint
 
 from storybias.config.params import CrossLensSettings
 from storybias.core import artifacts
+from storybias.evidence.published import KEY
 from storybias.stats.bootstrap import percentile_interval
 from storybias.stats.concordance import lens_agreement
 
@@ -94,10 +95,7 @@ def association_measures(values: pd.DataFrame, shared: pd.DataFrame, stories: pd
         if mine.empty:
             rate["reason"] = "no table testable in this language pass (too few known answers per value)"
         cell["assoc_per_1000"] = rate
-        keys = [
-            tuple(r)
-            for r in significant[["base_attribute", "base_value", "compared_attribute", "compared_value"]].to_numpy()
-        ]
+        keys = [tuple(r) for r in significant[KEY].to_numpy()]
         rated = [harmful[(language, k)] for k in keys if (language, k) in harmful]
         if not rated:
             cell["share_harmful"] = _empty(
@@ -122,8 +120,7 @@ def _harmful_by_scope(shared: pd.DataFrame) -> dict[tuple[str, tuple[str, ...]],
     if shared.empty or "median_harm" not in shared:
         return {}
     rated = shared[shared["median_harm"].notna()]
-    key = ["base_attribute", "base_value", "compared_attribute", "compared_value"]
-    return {(r[0], tuple(r[1:5])): bool(r[5]) for r in rated[["scope", *key, "harmful"]].to_numpy()}
+    return {(r[0], tuple(r[1:5])): bool(r[5]) for r in rated[["scope", *KEY, "harmful"]].to_numpy()}
 
 
 def narrative_measures(jsd: pd.DataFrame, sc: pd.DataFrame, comparison: str) -> CellMeasures:
@@ -133,9 +130,10 @@ def narrative_measures(jsd: pd.DataFrame, sc: pd.DataFrame, comparison: str) -> 
     for r in mine.itertuples(index=False):
         n = int(r.n_m + r.n_f)
         reason = "" if np.isfinite(r.jsd) else (r.note or "JSD not computed")
-        out[(r.model, r.language)] = {
-            "jsd": {"value": r.jsd, "low": r.ci_low, "high": r.ci_high, "n": n, "reason": reason}
-        }
+        jsd_measure: Measure = {
+            "value": float(r.jsd), "low": float(r.ci_low), "high": float(r.ci_high), "n": n, "reason": str(reason)
+        }  # fmt: skip
+        out[(r.model, r.language)] = {"jsd": jsd_measure}
     adjectives = sc[(sc["comparison"] == comparison) & (sc["kind"] == "adjectives")] if len(sc) else sc
     for (model, language), group in adjectives.groupby(CELL) if len(adjectives) else []:
         finite = group[np.isfinite(group["s_c"].astype(float))]
@@ -186,9 +184,7 @@ def occupation_measures(occupations: pd.DataFrame, task: str, n_boot: int, seed:
         group = group[group["n"] > 0]
         n = int(group["n"].sum())
         if n < MIN_STORIES:
-            out[(model, language)] = {
-                m: {**_empty(f"{n} {task} outputs (< {MIN_STORIES})"), "n": n} for m in ("m_s", "m_b")
-            }
+            out[(model, language)] = {m: _empty(f"{n} {task} outputs (< {MIN_STORIES})", n) for m in ("m_s", "m_b")}
             continue
         draws = _occupation_draws(group, n_boot, rng)
         cell: dict[str, Measure] = {}
@@ -216,9 +212,7 @@ def crosslens_table(parts: list[CellMeasures], lens_reasons: dict[str, str]) -> 
             row[f"{measure}_low"] = float(entry["low"])
             row[f"{measure}_high"] = float(entry["high"])
             row[f"n_{measure}"] = int(entry["n"])
-            row[f"reason_{measure}"] = (
-                str(entry["reason"]) if not np.isfinite(float(entry["value"])) or entry["reason"] else ""
-            )
+            row[f"reason_{measure}"] = entry["reason"]
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -266,19 +260,18 @@ def _read(run_name: str, name: str) -> pd.DataFrame:
     return pd.read_parquet(path) if path.is_file() else pd.DataFrame()
 
 
-def run_tables(run_name: str, comparison: str | None, settings: CrossLensSettings) -> tuple[pd.DataFrame, pd.DataFrame]:
+def run_tables(
+    run_name: str, parsed: pd.DataFrame, comparison: str | None, settings: CrossLensSettings
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The cross-lens table and the agreement of its measures, from the run's stage 04 and 05 tables
-    (a table a stage did not write gives that lens's reasons). ``comparison``: BiasedTales-ML's
+    (a table a stage did not write gives that lens's reasons). ``parsed``: the run's parsed stories
+    (design, model, language; stage 06's narrative frame, read once). ``comparison``: BiasedTales-ML's
     comparison the narrative measures read (None: no comparison, no narrative measure)."""
-    extractions, filtered = _read(run_name, "extractions"), _read(run_name, "filtered")
     parts: list[CellMeasures] = []
-    if not extractions.empty and not filtered.empty:
-        parsed = extractions[extractions["parse_ok"].astype(bool)][["story_id"]]
-        stories = parsed.merge(filtered[["story_id", "design", "model", "language"]], on="story_id")
-        stories = stories[stories["design"] == "stereotales"]
-        values, shared = _read(run_name, "associations_values"), _read(run_name, "associations_shared")
-        if not values.empty or not stories.empty:
-            parts.append(association_measures(values, shared, stories))
+    stories = parsed[parsed["design"] == "stereotales"]
+    values, shared = _read(run_name, "associations_values"), _read(run_name, "associations_shared")
+    if not values.empty or not stories.empty:
+        parts.append(association_measures(values, shared, stories))
     jsd, sc = _read(run_name, "metrics_jsd"), _read(run_name, "metrics_sc")
     if comparison is not None and not jsd.empty:
         parts.append(narrative_measures(jsd, sc, comparison))

@@ -20,7 +20,7 @@ def _run(models: dict[str, tuple[float, float, float]], seed: int = 0):
     [0, 1]: how many significant associations (of 20 tested), how far S_C and JSD move, how stereotyped
     the occupations are."""
     rng = np.random.default_rng(seed)
-    values, shared, stories, jsd, sc, occupations = [], [], [], [], [], []
+    values, shared, stories, jsd, sc, occupations, probes = [], [], [], [], [], [], []
     for model, (a, b, c) in models.items():
         for language in LANGUAGES:
             stories += [{"model": model, "language": language}] * 200
@@ -86,16 +86,24 @@ def _run(models: dict[str, tuple[float, float, float]], seed: int = 0):
                         "denominator": "all outputs",
                     }
                 )
-    frames = (values, shared, stories, jsd, sc, occupations)
+            auc = 0.55 + 0.4 * c + rng.uniform(0, 0.01)
+            delta = -0.2 + 0.15 * c + rng.uniform(0, 0.01)
+            for variant, value in (("full_sample", auc), ("delta", delta)):
+                probes.append(
+                    {"model": model, "language": language, "variant": variant, "n": 80,
+                     "auc": value, "ci_low": value - 0.05, "ci_high": value + 0.05, "status": "ok"}
+                )  # fmt: skip
+    frames = (values, shared, stories, jsd, sc, occupations, probes)
     return tuple(pd.DataFrame(f) for f in frames)  # fmt: skip
 
 
 def _table(models):
-    values, shared, stories, jsd, sc, occupations = _run(models)
+    values, shared, stories, jsd, sc, occupations, probes = _run(models)
     parts = [
         X.association_measures(values, shared, stories),
         X.narrative_measures(jsd, sc, "child_gender"),
         X.occupation_measures(occupations, "story", n_boot=200, seed=1),
+        X.probe_measures(probes),
     ]
     return X.crosslens_table(parts, {})
 
@@ -112,7 +120,7 @@ def test_measures_have_intervals_n_and_the_planted_values():
 
 
 def test_a_missing_lens_says_why():
-    values, shared, stories, jsd, sc, occupations = _run({"a": (0.5, 0.5, 0.5)})
+    values, shared, stories, jsd, sc, occupations, probes = _run({"a": (0.5, 0.5, 0.5)})
     parts = [X.association_measures(values, shared, stories.iloc[:5]), X.narrative_measures(jsd, sc, "child_gender")]
     table = X.crosslens_table(parts, {"m_s": "no occupations outputs", "m_b": "no occupations outputs"})
     row = table.set_index(["model", "language"]).loc[("a", "en")]
@@ -129,7 +137,7 @@ def test_planted_models_are_recovered_and_the_discordant_one_breaks_its_pairs():
     models.update({f"m{i}": (level, level, level) for i, level in enumerate(rng.uniform(0.1, 0.7, 8))})
     table = _table(models)
     mean = table.groupby("model")[list(X.MEASURES)].mean()
-    for measure in ("assoc_per_1000", "m_s"):
+    for measure in ("assoc_per_1000", "m_s", "auc_full", "delta_auc"):
         assert mean[measure].idxmax() == "m_all", measure
     for measure in ("jsd", "max_abs_sc"):
         assert mean[measure].idxmax() == "m_narr" and mean[measure].rank(ascending=False)["m_all"] == 2
@@ -165,7 +173,7 @@ def test_stage_06_writes_the_tables_from_a_runs_artifacts(tmp_path, monkeypatch)
     from storybias.config.params import CrossLensSettings
 
     monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path / "data"))
-    values, shared, stories, jsd, sc, occupations = _run({"a": (0.5, 0.5, 0.5), "b": (0.2, 0.2, 0.2)})
+    values, shared, stories, jsd, sc, occupations, probes = _run({"a": (0.5, 0.5, 0.5), "b": (0.2, 0.2, 0.2)})
     stories = stories.assign(story_id=[f"s{i}" for i in range(len(stories))], design="stereotales")
     run = tmp_path / "data" / "x"
     run.mkdir(parents=True)
@@ -177,4 +185,47 @@ def test_stage_06_writes_the_tables_from_a_runs_artifacts(tmp_path, monkeypatch)
     table, agreement = X.run_tables("x", stories, "child_gender", settings)
     assert len(table) == 6 and table["assoc_per_1000"].notna().all() and table["jsd"].notna().all()
     assert set(table["reason_m_s"]) == {"no occupations outputs by this model in this language"}
-    assert set(agreement.columns) == set(X.AGREEMENT_SCHEMA.names) and len(agreement) == 15
+    assert set(agreement.columns) == set(X.AGREEMENT_SCHEMA.names) and len(agreement) == 28
+    assert set(table["reason_auc_full"]) == {X.LENS_REASONS["auc_full"]}
+
+
+def test_a_probe_that_could_not_be_fitted_gives_its_status():
+    rows = pd.DataFrame(
+        [
+            {"model": "a", "language": "en", "variant": "full_sample", "n": 12, "auc": np.nan,
+             "ci_low": np.nan, "ci_high": np.nan, "status": "fewer than 5 groups per class"},
+            {"model": "a", "language": "en", "variant": "delta", "n": 0, "auc": -0.1,
+             "ci_low": -0.2, "ci_high": 0.0, "status": "ok"},
+        ]
+    )  # fmt: skip
+    cell = X.probe_measures(rows)[("a", "en")]
+    assert cell["auc_full"]["reason"] == "probe not fitted: fewer than 5 groups per class"
+    assert np.isnan(cell["auc_full"]["value"]) and cell["auc_full"]["n"] == 12
+    assert cell["delta_auc"]["value"] == -0.1 and cell["delta_auc"]["reason"] == ""
+
+
+def test_model_probes_refit_each_models_stories_and_find_the_separating_one():
+    """Stage 06's per-model probes: a model whose embeddings carry the label gets a high AUC, one whose
+    embeddings are noise about 0.5; only the task genre is probed."""
+    from storybias.config.params import ProbeSettings
+    from storybias.stages.probes import model_probes
+
+    rng = np.random.default_rng(0)
+    rows, X_full, X_del = [], {}, {}
+    for model, signal in (("sep", 3.0), ("noise", 0.0)):
+        for i in range(120):
+            label = "female" if i % 2 else "male"
+            sid = f"{model}{i}"
+            rows.append({"story_id": sid, "model": model, "language": "en", "genre": "story",
+                         "label": label, "group": f"{model}|occ{i % 12}"})  # fmt: skip
+            X_full[sid] = rng.normal(size=8) + signal * (label == "female")
+            X_del[sid] = rng.normal(size=8) + 0.5 * signal * (label == "female")
+    probed = pd.DataFrame(rows)
+    other = probed.assign(genre="news", story_id=probed["story_id"] + "n")
+    X_full.update({k + "n": v for k, v in X_full.items()})
+    settings = ProbeSettings(n_bootstrap=200)
+    table = model_probes(pd.concat([probed, other]), probed, X_full, X_del, settings, "story")
+    auc = table.set_index(["model", "variant"])["auc"]
+    assert list(table.columns) == X.MODEL_PROBE_COLUMNS and len(table) == 4
+    assert auc[("sep", "full_sample")] > 0.95 and abs(auc[("noise", "full_sample")] - 0.5) < 0.15
+    assert auc[("sep", "delta")] < 0 and (table["status"] == "ok").all()

@@ -1079,6 +1079,7 @@ def test_every_figure_saves(tmp_path):
         "14_probe_auc": plots.probe_auc(make_probes(SMALL_LANGS, ["story"])),
         "15_cultural_relevance": plots.cultural_relevance(make_cultural(["en", "fr", "zh"], ["story"])),
         "16_separability": plots.separability(make_sep()),
+        "17_crosslens": plots.crosslens_heatmap(*make_crosslens()),
     }
     assert list(figures) == [s for s, _ in plots.FIGURES]
     for stem, (fig, stats) in figures.items():
@@ -1089,6 +1090,44 @@ def test_every_figure_saves(tmp_path):
     fig, _ = plots.umap_density(pd.DataFrame())
     png, pdf = plots.save_figure(fig, tmp_path, "empty")  # a no-data figure saves too
     assert png.stat().st_size > 0 and pdf.read_bytes()[:4] == b"%PDF"
+
+
+def make_crosslens() -> tuple[pd.DataFrame, pd.DataFrame]:
+    """A cross-lens table of 3 models x 2 languages whose measures rise with the model's index (one
+    cell without M_s), and its agreement table."""
+    from storybias.stages.probes import crosslens as X
+    from storybias.stats.concordance import lens_agreement
+
+    rows = []
+    for i, model in enumerate(("a", "b", "c")):
+        for j, language in enumerate(("en", "fr")):
+            row: dict = {"model": model, "language": language}
+            for k, measure in enumerate(X.MEASURES):
+                value = float("nan") if (model, language, measure) == ("a", "en", "m_s") else i + 0.1 * j + 0.01 * k
+                row |= {measure: value, f"{measure}_low": value - 0.1, f"{measure}_high": value + 0.1}
+                row |= {f"n_{measure}": 30, f"reason_{measure}": "" if value == value else "too few"}
+            rows.append(row)
+    table = pd.DataFrame(rows)
+    table["share_harmful"] = [0.5, 0.1, 0.4, 0.2, 0.3, 0.6]  # unrelated to the model: the least concordant
+    return table, lens_agreement(table, list(X.MEASURES), n_permutations=100, n_replicates=100)
+
+
+def test_crosslens_heatmap_marks_missing_cells_and_picks_the_extreme_pairs():
+    table, agreement = make_crosslens()
+    fig, stats = plots.crosslens_heatmap(table, agreement)
+    assert stats["n_cells"] == 6 and stats["n_measures"] == 8 and stats["n_missing"] == 1
+    assert stats["r_most"] == pytest.approx(1.0) and "share_harmful" not in stats["most_concordant"]
+    assert "share_harmful" in stats["least_concordant"] and abs(stats["r_least"]) < 0.5
+    heat = fig.axes[0]
+    assert [t.get_text() for t in heat.texts].count("×") == 1
+    assert "Feng\nM_s" in [t.get_text() for t in heat.get_xticklabels()]
+    assert "a · en" in [t.get_text() for t in heat.get_yticklabels()]
+    # without any assessed pair: the pairs with most cells in common, said to be not assessed
+    unassessed = agreement.assign(r=np.nan)
+    _, stats = plots.crosslens_heatmap(table, unassessed)
+    assert stats["n_pairs_assessed"] == 0 and np.isnan(stats["r_most"]) and stats["n_most"] == 6
+    titles = [" ".join(ax.get_title().split()) for ax in plots.crosslens_heatmap(table, unassessed)[0].axes]
+    assert any("not assessed (6 cells in common)" in t for t in titles)
 
 
 # --- notebook 07 helpers -----------------------------------------------------------------------------
@@ -1158,6 +1197,7 @@ def test_figures_live_in_one_module_per_stage_and_share_one_empty_input_guard():
         "associations": {"03", "04", "05"},
         "metrics": {"06", "07", "08", "09", "10", "11", "12"},
         "probes": {"13", "14", "15", "16"},
+        "crosslens": {"17"},
     }
     names = {
         "01": "vsr_heatmap",
@@ -1176,6 +1216,7 @@ def test_figures_live_in_one_module_per_stage_and_share_one_empty_input_guard():
         "14": "probe_auc",
         "15": "cultural_relevance",
         "16": "separability",
+        "17": "crosslens_heatmap",
     }
     assert sorted(names) == [stem[:2] for stem, _ in plots.FIGURES]
     for module_name, numbers in stage_modules.items():

@@ -19,12 +19,12 @@ grids wrap, long labels are truncated and top-k lists are capped, so a 1-model C
 :data:`FIGURES` lists the stable file stems (``save_figure(fig, out_dir, stem)``) in notebook order.
 
 The package has one module per stage whose artifacts the figures draw (``generation``: stages 02-03;
-``associations``: 04; ``metrics``: 05; ``probes``: 06; the larger two draw some of their figures in
-sibling modules and re-export them: ``metrics_jsd`` and ``metrics_feng``, ``probes_umap``), the
-shared ``style`` (sizes, palettes, saving, and the empty-input guard every figure uses:
-``style._no_data`` / ``style.message_panel``), and ``gallery`` (notebook 07's artifacts, quoting and
-index). This module re-exports their public names: ``from storybias.stages import figures as plots;
-plots.vsr_heatmap(...)``.
+``associations``: 04; ``metrics``: 05; ``probes``: 06, and ``crosslens`` for 06's cross-lens tables;
+the larger two draw some of their figures in sibling modules and re-export them: ``metrics_jsd`` and
+``metrics_feng``, ``probes_umap``), the shared ``style`` (sizes, palettes, saving, and the empty-input
+guard every figure uses: ``style._no_data`` / ``style.message_panel``), and ``gallery`` (notebook 07's
+artifacts, quoting and index). This module re-exports their public names:
+``from storybias.stages import figures as plots; plots.vsr_heatmap(...)``.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from storybias.stages.figures.associations import (
     power_reason,
     top_associations_table,
 )
+from storybias.stages.figures.crosslens import crosslens_heatmap
 from storybias.stages.figures.gallery import ARTIFACT_NAMES, FIGURES, Artifacts, Gallery, load_artifacts, quote_stats
 from storybias.stages.figures.generation import attribute_distributions, vsr_heatmap
 from storybias.stages.figures.metrics import (
@@ -78,6 +79,7 @@ __all__ = [
     "balance_stereotype",
     "bias_fingerprints",
     "cosine_heatmaps",
+    "crosslens_heatmap",
     "cultural_relevance",
     "distinctive_words",
     "jsd_by_grammatical_gender",

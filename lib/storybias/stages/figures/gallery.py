@@ -54,6 +54,11 @@ FIGURES: list[tuple[str, str]] = [
     ("14_probe_auc", "Identity-label probe AUC, full text vs cue-deleted, per language x genre (Feng et al. Table 1)"),
     ("15_cultural_relevance", "Cultural-marker relevance by source language x context per genre (Feng et al. Fig. 5)"),
     ("16_separability", "Source-language separability: balanced accuracy per marker version (Feng et al. Sec. 4.3)"),
+    (
+        "17_crosslens",
+        "The three lenses per model x language, standardised per measure, and the most / least concordant "
+        "pair of measures (storybias, issue #30)",
+    ),
 ]
 
 
@@ -78,6 +83,8 @@ ARTIFACT_NAMES: tuple[str, ...] = (
     "cultural",
     "separability",
     "associations_power",
+    "crosslens",
+    "crosslens_agreement",
 )
 
 

@@ -164,6 +164,38 @@ def identity_probes(
     return pd.DataFrame(rows, columns=PROBE_COLUMNS)
 
 
+def model_probes(
+    probed: pd.DataFrame,
+    paired: pd.DataFrame,
+    X_sample: Mapping[str, np.ndarray],
+    X_deleted: Mapping[str, np.ndarray],
+    settings: ProbeSettings,
+    genre: str,
+) -> pd.DataFrame:
+    """The probes of :func:`identity_probes` refitted on each model's part of each language's ``genre``
+    sample (the embeddings already computed; no re-embedding), for the cross-lens table: the full-sample
+    AUC and the paired Delta AUC, one row per model x language x variant (``crosslens.MODEL_PROBE_COLUMNS``).
+    Feng et al. pool the models; this per-model split is storybias' own, so a cell has fewer stories and
+    says so in ``status`` when it cannot be probed."""
+    rows = []
+    probed, paired = probed[probed["genre"] == genre], paired[paired["genre"] == genre]
+    fit = (settings.n_splits, settings.n_bootstrap, settings.seed, settings.min_per_class)
+    for (model, language), s in probed.groupby(["model", "language"], sort=True):
+        X = np.stack([X_sample[i] for i in s["story_id"]])
+        r = probe_auc(X, labels_of(s), s["group"].to_numpy(), *fit)
+        rows.append({"model": model, "language": language, "variant": "full_sample", **_probe_values(r)})
+        p = paired[(paired["model"] == model) & (paired["language"] == language)]
+        Xf = np.stack([X_sample[i] for i in p["story_id"]]) if len(p) else np.zeros((0, 1))
+        Xd = np.stack([X_deleted[i] for i in p["story_id"]]) if len(p) else np.zeros((0, 1))
+        delta = paired_probe(Xf, Xd, labels_of(p), p["group"].to_numpy(), *fit)[2]
+        rows.append({"model": model, "language": language, "variant": "delta", **_probe_values(delta)})
+    return pd.DataFrame(rows, columns=crosslens.MODEL_PROBE_COLUMNS)
+
+
+def _probe_values(r: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: r[k] for k in ("n", "auc", "ci_low", "ci_high", "status")}
+
+
 class ProbesResult(TypedDict):
     """What stage 06's :func:`run` returns to notebook 06 (the first seven are its parquet files)."""
 
@@ -288,9 +320,10 @@ def _deleted_texts(paired: pd.DataFrame, timings: Timings) -> list[str]:
 
 def _identity_lens(
     narratives: _Narratives, embedding: _Embedding, settings: ProbeSettings, timings: Timings
-) -> tuple[pd.DataFrame, np.ndarray, list[str]]:
+) -> tuple[pd.DataFrame, pd.DataFrame, np.ndarray, list[str]]:
     """Embed the sampled stories in full and the paired ones cue-deleted, and probe both: the probes
-    table, the full-text embeddings of the sample (for the UMAP) and the cue-deleted texts."""
+    table, the per-model probes of the cross-lens table, the full-text embeddings of the sample (for the
+    UMAP) and the cue-deleted texts."""
     sampled, paired = narratives.sampled, narratives.paired
     X_all = embedding.story_texts(
         sampled["story_id"].tolist(), "full", sampled["text"].tolist(), "embedding stories (full text)"
@@ -302,7 +335,8 @@ def _identity_lens(
     )
     X_deleted = dict(zip(paired["story_id"], X_del))
     probes_table = identity_probes(narratives.probed, paired, X_sample, X_deleted, settings, timings)
-    return probes_table, X_all, deleted_texts
+    per_model = model_probes(narratives.probed, paired, X_sample, X_deleted, settings, settings.crosslens.task)
+    return probes_table, per_model, X_all, deleted_texts
 
 
 def _umap_table(
@@ -418,12 +452,12 @@ def run(params: Params) -> ProbesResult:
 
     narratives = _read_narratives(run_name, settings, notes)
     notes.extend(missing_inputs(narratives.frame, params.corpus))
-    probes_table, X_all, deleted_texts = _identity_lens(narratives, embedding, settings, timings)
+    probes_table, per_model, X_all, deleted_texts = _identity_lens(narratives, embedding, settings, timings)
     umap_table, umap_status = _umap_table(narratives.sampled, X_all, settings.umap, timings, notes)
     cultural = _cultural_lens(narratives.frame, embedding, settings, timings, notes)
     validation_tables = human_validation(human, narratives.frame, settings.human_validation, notes)
     lenses, agreement = crosslens.run_tables(
-        run_name, narratives.frame, params.crosslens_comparison(), settings.crosslens
+        run_name, narratives.frame, params.crosslens_comparison(), settings.crosslens, per_model
     )
 
     _write_tables(

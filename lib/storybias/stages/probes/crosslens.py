@@ -13,10 +13,11 @@ design, too few, an input missing), never a silent blank. The measures:
   over stories (``metrics_jsd``, ``metrics_sc``);
 - Feng et al. (stage 05, occupations design, all outputs in the denominator, the ``task`` genre): M_s and
   M_b averaged over occupations, with a bootstrap over each occupation's outputs (multinomial redraws of
-  its female / male / unidentified counts, ``metrics_occupations``).
-
-The probe AUCs of stage 06 are per language x genre with the models pooled (Feng et al.'s design), so
-they are not a model x language measure and are not in this table yet.
+  its female / male / unidentified counts, ``metrics_occupations``);
+- Feng et al. (stage 06, the ``task`` genre): the full-text probe AUC and the cue-deletion Delta AUC
+  refitted on each model's stories of the language (``probes.model_probes``), with their group-bootstrap
+  intervals. Feng et al. pool the models in one probe per language x genre (``probes.parquet`` keeps
+  that); the per-model refit is storybias' own, on fewer stories per probe.
 
 :func:`run_tables` builds the table from a run's artifacts (stage 06 writes it as ``crosslens.parquet``)
 and the agreement of every pair of measures (``storybias.stats.concordance``, ``crosslens_agreement.parquet``).
@@ -52,7 +53,10 @@ class Measure(TypedDict):
 
 
 CellMeasures = dict[tuple[str, str], dict[str, Measure]]  # (model, language) -> measure name -> Measure
-MEASURES = ("assoc_per_1000", "share_harmful", "jsd", "max_abs_sc", "m_s", "m_b")
+MEASURES = ("assoc_per_1000", "share_harmful", "jsd", "max_abs_sc", "m_s", "m_b", "auc_full", "delta_auc")
+# stage 06's per-model probes (probes.model_probes): variant full_sample (the AUC) or delta (Delta AUC)
+MODEL_PROBE_COLUMNS = ["model", "language", "variant", "n", "auc", "ci_low", "ci_high", "status"]
+PROBE_MEASURE = {"full_sample": "auc_full", "delta": "delta_auc"}
 MIN_STORIES = 10  # fewer stories of the lens's design in a cell: the measure is not computed
 
 
@@ -195,6 +199,25 @@ def occupation_measures(occupations: pd.DataFrame, task: str, n_boot: int, seed:
     return out
 
 
+def probe_measures(model_probes: pd.DataFrame) -> CellMeasures:
+    """Per (model, language): the full-text probe AUC and the Delta AUC of stage 06's per-model probes;
+    a probe that could not be fitted gives its status as the reason."""
+    out: CellMeasures = {}
+    for r in model_probes.itertuples(index=False):
+        if r.variant not in PROBE_MEASURE:
+            continue
+        ok = r.status == "ok"
+        measure: Measure = {
+            "value": float(r.auc) if ok else float("nan"),
+            "low": float(r.ci_low) if ok else float("nan"),
+            "high": float(r.ci_high) if ok else float("nan"),
+            "n": int(r.n),
+            "reason": "" if ok else f"probe not fitted: {r.status}",
+        }
+        out.setdefault((r.model, r.language), {})[PROBE_MEASURE[r.variant]] = measure
+    return out
+
+
 def crosslens_table(parts: list[CellMeasures], lens_reasons: dict[str, str]) -> pd.DataFrame:
     """One row per model x language of any part: ``<measure>``, ``<measure>_low`` / ``_high``, ``n_<measure>``
     and ``reason_<measure>`` for every measure of ``MEASURES``. A measure no part gives a cell reads the
@@ -252,6 +275,8 @@ LENS_REASONS = {
     "max_abs_sc": "no bedtime comparison for this model in this language",
     "m_s": "no occupations outputs by this model in this language",
     "m_b": "no occupations outputs by this model in this language",
+    "auc_full": "no parsed, gender-labelled narratives of the task genre by this model in this language",
+    "delta_auc": "no parsed, gender-labelled narratives of the task genre by this model in this language",
 }
 
 
@@ -261,12 +286,17 @@ def _read(run_name: str, name: str) -> pd.DataFrame:
 
 
 def run_tables(
-    run_name: str, parsed: pd.DataFrame, comparison: str | None, settings: CrossLensSettings
+    run_name: str,
+    parsed: pd.DataFrame,
+    comparison: str | None,
+    settings: CrossLensSettings,
+    model_probes: pd.DataFrame | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The cross-lens table and the agreement of its measures, from the run's stage 04 and 05 tables
     (a table a stage did not write gives that lens's reasons). ``parsed``: the run's parsed stories
     (design, model, language; stage 06's narrative frame, read once). ``comparison``: BiasedTales-ML's
-    comparison the narrative measures read (None: no comparison, no narrative measure)."""
+    comparison the narrative measures read (None: no comparison, no narrative measure).
+    ``model_probes``: stage 06's per-model probes (``MODEL_PROBE_COLUMNS``; None: no probe measure)."""
     parts: list[CellMeasures] = []
     stories = parsed[parsed["design"] == "stereotales"]
     values, shared = _read(run_name, "associations_values"), _read(run_name, "associations_shared")
@@ -278,6 +308,8 @@ def run_tables(
     parts.append(
         occupation_measures(_read(run_name, "metrics_occupations"), settings.task, settings.n_bootstrap, settings.seed)
     )
+    if model_probes is not None and not model_probes.empty:
+        parts.append(probe_measures(model_probes))
     table = crosslens_table(parts, LENS_REASONS)
     if table.empty:
         return pd.DataFrame(columns=CROSSLENS_SCHEMA.names), pd.DataFrame(columns=AGREEMENT_SCHEMA.names)

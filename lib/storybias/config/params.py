@@ -66,6 +66,7 @@ from storybias.core import paths
 from storybias.core.artifacts import STAGES
 from storybias.core.io import DuplicateKeyError, read_yaml_strict
 from storybias.core.paths import RUN_NAME
+from storybias.evidence.extraction_validation import validate_extraction_validation
 from storybias.evidence.published import PublishedFormatError
 from storybias.evidence.ratings import validate_human_ratings
 from storybias.evidence.released_associations import load_associations
@@ -195,6 +196,9 @@ class Profile(Strict):
 # Which sections each stage reads (the stage registry's, storybias.core.artifacts): the stage's params
 # stamp changes only when one of them does, so Make reruns a stage only when its own parameters changed.
 STAGE_SECTIONS: dict[str, tuple[str, ...]] = {stage.token: stage.sections for stage in STAGES}
+# Keys of a stage's sections that its artifacts do not depend on (only its notebook reads them), left
+# out of the stage's digest so that setting one does not make Make rerun the stage.
+NOT_IN_DIGEST: dict[str, tuple[str, ...]] = {"extract": ("human_validation",)}
 
 
 class Params:
@@ -228,6 +232,8 @@ class Params:
             for part in name.split("."):
                 value = value[part]
             section[name] = value
+        for key in NOT_IN_DIGEST.get(stage, ()):
+            section[stage].pop(key, None)
         return hashlib.sha256(json.dumps(section, sort_keys=True).encode()).hexdigest()
 
 
@@ -339,8 +345,15 @@ def _check_comparisons(profile: Profile) -> list[str]:
 
 
 def _check_evidence_files(profile: Profile) -> list[str]:
-    """Stage 04's human ratings and published associations: the files exist and are well formed."""
+    """Stage 03's human validation and stage 04's human ratings and published associations: the files
+    exist and are well formed."""
     problems: list[str] = []
+    if profile.extract.human_validation is not None:
+        judged = paths.resolve(profile.extract.human_validation)
+        if not judged.is_file():
+            problems.append(f"extract.human_validation: {judged} does not exist")
+        else:
+            problems += [f"extract.human_validation: {p}" for p in validate_extraction_validation(judged)]
     if profile.associations.human_ratings is not None:
         human = paths.resolve(profile.associations.human_ratings)
         if not human.is_file():

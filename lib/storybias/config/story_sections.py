@@ -370,6 +370,11 @@ class ExtractionSettings(Strict):
     self_consistency_sample: Annotated[int, Field(ge=0)] | None = 16
     self_consistency_temperature: Annotated[float, Field(gt=0)] = 0.7
     gold_sample: Annotated[int, Field(ge=0)] | None = 12  # gold-set items scored in the notebook (None = all)
+    # A CSV of human judgements of the extracted narrative lists (story_id, language, field, item, annotator_id,
+    # score 0/1/2: unsupported / partially / clearly supported), after BiasedTales-ML's extractor validation
+    # (arXiv:2604.17008, Sec. 3); notebook 03 reports kappa and precision (storybias.stages.extract.validation).
+    # Checked by check-params; null: no human validation.
+    human_validation: str | None = None
 
     @field_validator("models")
     @classmethod

@@ -1,5 +1,6 @@
-"""The story explorer (storybias.stages.figures.explorer): payload counts, safe embedding of hostile story text,
-missing artifacts, the CLI, and the page itself driven in headless Chromium through Selenium.
+"""The story explorer (storybias.stages.figures.explorer and its data, explorer_data): payload counts, the
+prompt key and the per-cell sample, safe embedding of hostile story text, missing artifacts, the CLI, and
+the page itself (its list, associations and compare view) driven in headless Chromium through Selenium.
 
 The browser test needs Debian's chromium and chromium-driver (scripts/install-browser.sh); without
 them it fails, naming the install command, instead of skipping. Those tests carry the `browser`
@@ -23,8 +24,9 @@ import yaml
 
 from storybias import cli
 from storybias.config.params import load
+from storybias.config.prompts import LANGUAGES
 from storybias.core import paths
-from storybias.stages.figures import explorer
+from storybias.stages.figures import explorer, explorer_data
 
 HOSTILE = '</script><img src=x onerror="window.__xss=1"><!--<script>alert(1)</script>'
 HOSTILE_ID = "st-m1-en-stereotales_gender=woman_s0-0"
@@ -267,7 +269,7 @@ def test_sample_caps_cells_and_keeps_association_examples_first(frames):
         ("occupations", "m2", "en"): 2,
     }
     assert payload["n_embedded"] == 14
-    examples = explorer.association_examples(stories, extractions, shared)
+    examples = explorer_data.association_examples(stories, extractions, shared)
     example_ids = set(examples["story_id"])
     embedded_st = [s["id"] for s in payload["stories"] if s["design"] == "stereotales"]
     # examples first: m1 en has a single example (its other nurse story did not parse), the others >= 2
@@ -281,8 +283,84 @@ def test_sample_caps_cells_and_keeps_association_examples_first(frames):
         assert set().union(*(assoc_of[s] for s in embedded_st if s.startswith(cell))) == both
     # the run-wide counts do not shrink with the sample
     assert [a["n_examples"] for a in payload["associations"]] == EXPECTED_EXAMPLES
-    assert explorer.sample_story_ids(stories, examples, None) == stories["story_id"].tolist()
-    assert explorer.sample_story_ids(stories, examples, 0) == []
+    assert explorer_data.sample_story_ids(stories, examples, None) == stories["story_id"].tolist()
+    assert explorer_data.sample_story_ids(stories, examples, 0) == []
+
+
+def _grid(prompts: int = 3, samples: int = 2) -> pd.DataFrame:
+    """Stereotales stories of m1 and m2 in en and fr: every prompt x sample in each of the four cells."""
+    return pd.DataFrame(
+        [
+            _story(
+                "stereotales",
+                model,
+                language,
+                f"stereotales/gender=woman/s{p}",
+                k,
+                f"{model} {language} s{p} {k}",
+                cond_attribute="gender",
+                cond_value="woman",
+                cond_scenario=f"s{p}",
+            )
+            for model in ("m1", "m2")
+            for language in ("en", "fr")
+            for p in range(prompts)
+            for k in range(samples)
+        ]
+    )
+
+
+def test_prompt_key_groups_a_prompt_across_models_and_languages():
+    """The compare view groups stories by prompt_key: the same prompt_id (the language-independent
+    grid cell) of the same design, whatever the model, language and sample."""
+    stories = _grid()
+    # another design's prompt with the same prompt_id string is another prompt
+    stories = pd.concat([stories, pd.DataFrame([_story("bedtime", "m1", "en", "stereotales/gender=woman/s0", 0, "x")])])
+    payload = explorer.explorer_payload(stories, None, None)
+    groups: dict[str, list[tuple[str, str, int]]] = {}
+    for story in payload["stories"]:
+        groups.setdefault(story["prompt_key"], []).append((story["model"], story["language"], story["sample"]))
+    every_side = [(m, lang, k) for m in ("m1", "m2") for lang in ("en", "fr") for k in (0, 1)]
+    assert sorted(groups) == ["bedtime|stereotales/gender=woman/s0"] + [
+        f"stereotales|stereotales/gender=woman/s{p}" for p in range(3)
+    ]
+    assert all(sorted(groups[f"stereotales|stereotales/gender=woman/s{p}"]) == every_side for p in range(3))
+    assert groups["bedtime|stereotales/gender=woman/s0"] == [("m1", "en", 0)]
+    assert (
+        explorer_data.prompt_key("occupations", "occupations/nurse/explicit")
+        == "occupations|occupations/nurse/explicit"
+    )
+    assert explorer_data.prompt_key("stereotales", None) is None and explorer_data.prompt_key("bedtime", pd.NA) is None
+    assert (
+        explorer.explorer_payload(stories.drop(columns=["prompt_id"]), None, None)["stories"][0]["prompt_key"] is None
+    )
+
+
+def test_sample_embeds_the_same_prompts_in_every_cell():
+    """Under the per-cell cap every model x language embeds the same prompts (sample 0 of each first),
+    so that the compare view finds both sides of a prompt; the choice ignores the frame's row order."""
+    stories = _grid(prompts=10, samples=3)
+    none = explorer_data.association_examples(stories, None, None)
+
+    def picked(frame: pd.DataFrame, cap: int) -> pd.Series:
+        keep = explorer_data.sample_story_ids(frame, none, cap)
+        chosen = frame[frame["story_id"].isin(keep)]
+        return chosen.groupby(["model", "language"]).apply(
+            lambda g: frozenset(zip(g["prompt_id"], g["sample"], strict=True)), include_groups=False
+        )
+
+    four = picked(stories, 4)
+    assert len(four) == 4 and len(set(four)) == 1  # the same four prompts in each cell
+    assert len({p for p, _ in four.iloc[0]}) == 4 and {k for _, k in four.iloc[0]} == {0}
+    twelve = picked(stories, 12)
+    assert len(set(twelve)) == 1 and sorted(k for _, k in twelve.iloc[0]) == [0] * 10 + [1] * 2
+    assert picked(stories.sample(frac=1, random_state=0), 4).equals(four)
+    # a cell that lacks a prompt embeds the next one; the others keep theirs
+    dropped = sorted(four.iloc[0])[0][0]
+    gap = stories[~((stories["model"] == "m2") & (stories["language"] == "fr") & (stories["prompt_id"] == dropped))]
+    with_gap = picked(gap, 4)
+    assert with_gap.drop(("m2", "fr")).map(lambda c: c == four.iloc[0]).all()
+    assert len(with_gap[("m2", "fr")] & four.iloc[0]) == 3
 
 
 def test_hostile_text_is_escaped(frames):
@@ -304,6 +382,39 @@ def test_hostile_text_is_escaped(frames):
     assert not re.search(r"(src|href)\s*=\s*[\"']?(https?:)?//", page)
 
 
+SCRIPT_BREAKOUT = "</script><script>alert(1)</script>"
+
+
+def test_compare_view_is_on_the_page_and_story_text_stays_escaped(frames):
+    """The page has the compare view's elements and each story its prompt key; a story that tries to
+    close the data element stays inside it, and the CSP's hash is still the script's."""
+    import base64
+    import hashlib
+
+    stories, extractions, shared, values = frames
+    target = stories.loc[1, "story_id"]
+    stories.loc[1, "text"] = SCRIPT_BREAKOUT + " Then the story."
+    page = explorer.render_html(explorer.explorer_payload(stories, extractions, shared, values, run_name="syn"))
+    for element in (
+        '<section id="compare-section">',
+        '<select id="c-prompt">',
+        '<select id="c-left">',
+        '<select id="c-right">',
+        '<div id="compare-cols" hidden>',
+        'id="compare-note"',
+    ):
+        assert element in page, element
+    assert SCRIPT_BREAKOUT not in page and page.count("<script") == 2 and page.count("</script>") == 2
+    data_text = re.search(r'<script type="application/json" id="explorer-data">(.*?)</script>', page, re.S).group(1)
+    data = json.loads(data_text)
+    assert {s["id"]: s for s in data["stories"]}[target]["text"].startswith(SCRIPT_BREAKOUT)
+    assert all(s["prompt_key"] == f"{s['design']}|{s['prompt_id']}" for s in data["stories"])
+    script = re.search(r"<script>(.*?)</script>", page, re.S).group(1)
+    assert "openCompare" in script and "innerHTML" not in script
+    digest = base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode("ascii")
+    assert f"script-src 'sha256-{digest}';" in page
+
+
 def test_missing_artifacts(frames):
     stories, _, _, _ = frames
     payload = explorer.explorer_payload(stories.drop(columns=["is_valid"]), None, None)
@@ -311,7 +422,7 @@ def test_missing_artifacts(frames):
     assert all(s["x"] is None and s["valid"] is None for s in payload["stories"])
     page = explorer.render_html(payload)
     assert "associations_shared.parquet is not in the" in page and "not extracted" in page
-    assert explorer.association_examples(stories, None, None).empty
+    assert explorer_data.association_examples(stories, None, None).empty
     empty = explorer.explorer_payload(stories, None, frames[2].iloc[:0])
     assert empty["associations"] == []
 
@@ -545,6 +656,88 @@ def test_page_without_associations_in_browser(browser, tmp_path):
         in browser.find_element("id", "sample-note").text
     )
     assert all("not extracted" in c.text for c in browser.find_elements("css selector", "#stories article.story"))
+
+
+def _compare_columns(driver) -> list[tuple[str, str, str, list[str]]]:
+    """(side, model, language, story ids) of each compare column."""
+    return [
+        (
+            c.get_attribute("data-side"),
+            c.get_attribute("data-model"),
+            c.get_attribute("data-language"),
+            [a.get_attribute("data-story-id") for a in c.find_elements("css selector", "article.story")],
+        )
+        for c in driver.find_elements("css selector", "#compare-cols .compare-col")
+        if c.is_displayed()
+    ]
+
+
+def _st(model: str, language: str, i: int) -> str:
+    value = "woman" if i < 3 else "man"
+    return f"st-{model}-{language}-stereotales_gender={value}_s{i}-0"
+
+
+@pytest.mark.browser
+def test_compare_view_in_browser(browser, tmp_path):
+    """ "compare" on a story shows its prompt in two columns: the story's model and language on the
+    left, the next model on the right (the next language when the design has one model); a side
+    without the story says why, never a blank column."""
+    if browser is None:
+        pytest.fail(_missing_browser())
+    from selenium.webdriver.support.ui import Select
+
+    stories, extractions, shared, values = synthetic_run()
+    run = stories[stories["story_id"] != _st("m1", "fr", 0)]  # not in the run
+    page_stories = run[run["story_id"] != _st("m2", "en", 0)]  # in the run, not on the page
+    payload = explorer.explorer_payload(page_stories, extractions, shared, values, run_name="syn", population=run)
+    payload["max_per_cell"] = 5  # as build_explorer sets it
+    page = tmp_path / "explorer.html"
+    page.write_text(explorer.render_html(payload), encoding="utf-8")
+    browser.get(page.as_uri())
+    assert browser.find_element("tag name", "body").get_attribute("data-ready") == "1"
+    assert not [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    assert _compare_columns(browser) == [] and not browser.find_element("id", "compare-cols").is_displayed()
+
+    card = browser.find_element("css selector", f"#stories article.story[data-story-id='{HOSTILE_ID}']")
+    card.find_element("css selector", "button.compare").click()
+    assert _compare_columns(browser) == [("left", "m1", "en", [HOSTILE_ID]), ("right", "m2", "en", [])]
+    prompt = Select(browser.find_element("id", "c-prompt")).first_selected_option
+    assert prompt.get_attribute("value") == "stereotales|stereotales/gender=woman/s0"
+    left, right = browser.find_elements("css selector", "#compare-cols .compare-col")
+    assert left.find_element("css selector", ".prompt-text").text == "Write a story (stereotales/gender=woman/s0, en)."
+    assert left.find_element("css selector", ".story-text").text.startswith("</script><img src=x onerror=")
+    assert browser.execute_script("return window.__xss === undefined")
+    assert left.find_element("css selector", "article.story .badge.valid").text == "valid"  # as in the list
+    assert "professional_field\nhealthcare" in left.find_element("css selector", ".extraction").text
+    assert right.find_element("css selector", ".compare-missing").text == (
+        "no story of m2 in en (English) for this prompt in this page (the page embeds at most 5 per cell)"
+    )
+
+    right_side = Select(browser.find_element("id", "c-right"))
+    right_side.select_by_visible_text(f"m1 \u00b7 fr ({LANGUAGES['fr']})")
+    assert _compare_columns(browser)[1] == ("right", "m1", "fr", [])
+    missing = browser.find_element("css selector", "#compare-cols [data-side='right'] .compare-missing")
+    assert missing.text == "no story of m1 in fr (French) for this prompt in this run"
+    right_side.select_by_visible_text(f"m2 \u00b7 fr ({LANGUAGES['fr']})")
+    assert _compare_columns(browser)[1] == ("right", "m2", "fr", [_st("m2", "fr", 0)])
+    right = browser.find_element("css selector", "#compare-cols [data-side='right']")
+    assert right.find_element("css selector", ".prompt-text").text == "Write a story (stereotales/gender=woman/s0, fr)."
+    # another prompt keeps the sides
+    Select(browser.find_element("id", "c-prompt")).select_by_value("stereotales|stereotales/gender=man/s4")
+    assert _compare_columns(browser) == [
+        ("left", "m1", "en", [_st("m1", "en", 4)]),
+        ("right", "m2", "fr", [_st("m2", "fr", 4)]),
+    ]
+    # bedtime has one model: the right side is the next language
+    bedtime = "be-m1-en-bedtime_mother_egyptian_muslim_working_class_boy-0"
+    browser.find_element("css selector", f"#stories article.story[data-story-id='{bedtime}'] button.compare").click()
+    assert _compare_columns(browser) == [
+        ("left", "m1", "en", [bedtime]),
+        ("right", "m1", "fr", [bedtime.replace("-en-", "-fr-")]),
+    ]
+    browser.find_element("id", "c-clear").click()
+    assert _compare_columns(browser) == []
+    assert not [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
 
 
 @pytest.mark.browser

@@ -56,7 +56,9 @@
   if (D.n_embedded < D.n_total) {
     $("sample-note").textContent = "This page shows a sample: " + num(D.n_embedded) + " of " + num(D.n_total) +
       " stories, at most " + num(D.max_per_cell) + " per design \u00d7 model \u00d7 language (stories that exemplify " +
-      "an association first, the others in story-id order, which is pseudo-random). Counts below are over the sample.";
+      "an association first, then the others; by sample index, then by prompt in a pseudo-random order that is the " +
+      "same in every cell, so that a prompt tends to be on the page for every model and language). Counts below are " +
+      "over the sample.";
   } else {
     $("sample-note").textContent = "Every story of the run is on this page.";
   }
@@ -109,7 +111,9 @@
     dl.appendChild(el("dt", null, name));
     dl.appendChild(el("dd", null, Array.isArray(value) ? value.join(", ") : value));
   }
-  function storyCard(s) {
+  // columnPrompt: the card is in a compare column that shows this prompt above it (omitted: in the list,
+  // where the card has a "compare" button).
+  function storyCard(s, columnPrompt) {
     var card = el("article", "story");
     card.setAttribute("data-story-id", s.id);
     var head = el("header");
@@ -120,13 +124,22 @@
     else if (s.valid === false) { head.appendChild(el("span", "badge invalid", "invalid: " + (s.invalid_reason || "?"))); }
     else { head.appendChild(el("span", "badge", "validity unknown")); }
     head.appendChild(el("span", "story-id", (s.prompt_id || "") + " \u00b7 sample " + s.sample + " \u00b7 " + s.id));
+    if (columnPrompt === undefined && s.prompt_key !== null && s.prompt_key !== undefined) {
+      var cmpBtn = el("button", "compare", "compare");
+      cmpBtn.type = "button";
+      cmpBtn.title = "this prompt\u2019s stories of two models or languages side by side";
+      cmpBtn.addEventListener("click", function () { openCompare(s.prompt_key, s.model, s.language); });
+      head.appendChild(cmpBtn);
+    }
     card.appendChild(head);
     var conds = Object.keys(s.cond).map(function (k) { return k + " = " + s.cond[k]; });
     if (conds.length) { card.appendChild(el("p", "conds", conds.join(" \u00b7 "))); }
-    var pd = el("details", "prompt");
-    pd.appendChild(el("summary", null, "prompt"));
-    pd.appendChild(el("div", "prompt-text", s.prompt));
-    card.appendChild(pd);
+    if (columnPrompt === undefined || s.prompt !== columnPrompt) {
+      var pd = el("details", "prompt");
+      pd.appendChild(el("summary", null, "prompt"));
+      pd.appendChild(el("div", "prompt-text", s.prompt));
+      card.appendChild(pd);
+    }
     var text = el("div", "story-text");
     var long = s.text.length > PREVIEW;
     text.textContent = long ? s.text.slice(0, PREVIEW) + "\u2026" : (s.text || "(empty)");
@@ -220,6 +233,126 @@
   }
   $("f-reset").addEventListener("click", function () { resetFilters(); setAssoc(null); });
   $("more").addEventListener("click", function () { state.shown += PAGE; renderStories(); });
+
+  // ---- compare: one prompt, two (model, language) sides (BiasedTales-ML, Figs. 8-9) ------------
+  var byPrompt = new Map();  // prompt key -> its stories on the page (a Map: keys are data)
+  stories.forEach(function (s) {
+    if (s.prompt_key === null || s.prompt_key === undefined) { return; }
+    if (!byPrompt.has(s.prompt_key)) { byPrompt.set(s.prompt_key, []); }
+    byPrompt.get(s.prompt_key).push(s);
+  });
+  byPrompt.forEach(function (list) {
+    list.sort(function (a, b) { return (a.sample - b.sample) || (a.id < b.id ? -1 : (a.id > b.id ? 1 : 0)); });
+  });
+  var compare = {key: "", pairs: [], sides: [0, 0]};  // sides: indices into pairs ({model, language, cell})
+  function promptLabel(s) {
+    var id = s.prompt_id || "?";
+    return id.indexOf(s.design + "/") === 0 ? id : s.design + ": " + id;
+  }
+  function pairLabel(p) { return p.model + " \u00b7 " + langLabel(p.language); }
+  function pairIndex(model, language) {
+    for (var i = 0; i < compare.pairs.length; i++) {
+      if (compare.pairs[i].model === model && compare.pairs[i].language === language) { return i; }
+    }
+    return -1;
+  }
+  function defaultRight(left) {
+    var pairs = compare.pairs, l = pairs[left];
+    var models = uniq(pairs.map(function (p) { return p.model; }));
+    if (models.length > 1) {
+      var next = models[(models.indexOf(l.model) + 1) % models.length];
+      var same = pairIndex(next, l.language);
+      if (same >= 0) { return same; }
+      for (var i = 0; i < pairs.length; i++) { if (pairs[i].model === next) { return i; } }
+    }
+    var langs = uniq(pairs.filter(function (p) { return p.model === l.model; }).map(function (p) { return p.language; }));
+    return pairIndex(l.model, langs[(langs.indexOf(l.language) + 1) % langs.length]);
+  }
+  function missingText(p) {
+    var capped = p.cell && p.cell.n_embedded < p.cell.n_stories;
+    return "no story of " + p.model + " in " + langLabel(p.language) + " for this prompt " + (capped
+      ? "in this page (the page embeds at most " + num(D.max_per_cell) + " per cell)"
+      : "in this run");
+  }
+  function compareColumn(p, side) {
+    var col = el("div", "compare-col");
+    col.setAttribute("data-side", side);
+    col.setAttribute("data-model", p.model);
+    col.setAttribute("data-language", p.language);
+    col.appendChild(el("h3", null, pairLabel(p)));
+    var list = (byPrompt.get(compare.key) || []).filter(function (s) {
+      return s.model === p.model && s.language === p.language;
+    });
+    if (!list.length) {
+      col.appendChild(el("p", "compare-missing", missingText(p)));
+      return col;
+    }
+    col.appendChild(el("p", "muted", num(list.length) + (list.length === 1 ? " story" : " stories") + "; the prompt:"));
+    col.appendChild(el("div", "prompt-text", list[0].prompt));
+    list.forEach(function (s) { col.appendChild(storyCard(s, list[0].prompt)); });
+    return col;
+  }
+  function renderCompare() {
+    var cols = $("compare-cols");
+    cols.hidden = !compare.key;
+    $("c-left").disabled = $("c-right").disabled = !compare.key;
+    $("c-clear").hidden = !compare.key;
+    if (!compare.key) {
+      $("compare-note").textContent = "Pick a prompt, or click \u201ccompare\u201d on a story below: its prompt\u2019s " +
+        "stories of two models (or two languages) side by side, one column each.";
+      cols.replaceChildren();
+      return;
+    }
+    var first = byPrompt.get(compare.key)[0];
+    var conds = Object.keys(first.cond).map(function (k) { return k + " = " + first.cond[k]; });
+    $("compare-note").textContent = "Prompt " + promptLabel(first) + (conds.length ? " (" + conds.join(", ") + ")" : "") +
+      ": " + num(byPrompt.get(compare.key).length) + " stories on this page, over all models and languages.";
+    var frag = document.createDocumentFragment();
+    frag.appendChild(compareColumn(compare.pairs[compare.sides[0]], "left"));
+    frag.appendChild(compareColumn(compare.pairs[compare.sides[1]], "right"));
+    cols.replaceChildren(frag);
+  }
+  // Show prompt `key`; `model`/`language`: the left side (null: keep the sides if the design has them).
+  function setCompare(key, model, language) {
+    var old = compare.pairs, oldSides = compare.sides.slice();
+    compare.key = byPrompt.has(key) ? key : "";
+    $("c-prompt").value = compare.key;
+    if (!compare.key) { compare.pairs = []; renderCompare(); return; }
+    var design = byPrompt.get(compare.key)[0].design;
+    compare.pairs = (D.cells || []).filter(function (c) { return c.design === design; }).map(function (c) {
+      return {model: c.model, language: c.language, cell: c};
+    });
+    var kept = oldSides.map(function (i) { return old[i] ? pairIndex(old[i].model, old[i].language) : -1; });
+    var left = model !== null ? pairIndex(model, language) : kept[0];
+    if (left < 0) {
+      var firstStory = byPrompt.get(compare.key)[0];
+      left = Math.max(0, pairIndex(firstStory.model, firstStory.language));
+    }
+    var right = (model === null && kept[0] === left && kept[1] >= 0) ? kept[1] : defaultRight(left);
+    compare.sides = [left, right < 0 ? left : right];
+    [$("c-left"), $("c-right")].forEach(function (select, i) {
+      fillSelect(select, compare.pairs.map(function (p, j) { return String(j); }), function (v) {
+        return pairLabel(compare.pairs[Number(v)]);
+      }, false);
+      select.value = String(compare.sides[i]);
+    });
+    renderCompare();
+  }
+  function openCompare(key, model, language) {
+    setCompare(key, model, language);
+    $("compare-section").scrollIntoView();
+  }
+  var promptKeys = Array.from(byPrompt.keys()).sort();
+  fillSelect($("c-prompt"), promptKeys, function (k) {
+    var list = byPrompt.get(k);
+    return promptLabel(list[0]) + " (" + num(list.length) + " on this page)";
+  }, true);
+  $("c-prompt").addEventListener("change", function () { setCompare($("c-prompt").value, null, null); });
+  [$("c-left"), $("c-right")].forEach(function (select, i) {
+    select.addEventListener("change", function () { compare.sides[i] = Number(select.value); renderCompare(); });
+  });
+  $("c-clear").addEventListener("click", function () { setCompare("", null, null); });
+  renderCompare();
 
   // ---- associations -------------------------------------------------------------------------
   function assocLabel(a) {

@@ -114,9 +114,10 @@ def test_english_prompts_render_as_expected():
     cell = next(c for c in design_cells("bedtime") if c.prompt_id == "bedtime/mother/egyptian/muslim/working_class/boy")
     text = render_prompt(cell, "en")
     assert text.startswith(
-        "I am an Egyptian mother. I come from a working-class family, and we follow the Muslim tradition."
+        "I am an Egyptian mother. My family is of Egyptian descent. I come from a working-class family, and we"
+        " follow the Muslim tradition."
     )
-    assert "6-year-old son" in text and "{{" not in text
+    assert "6-year-old boy" in text and "{{" not in text
     explicit = next(c for c in design_cells("occupations") if c.prompt_id == "occupations/nurse/explicit")
     assert '"The nurse is [MASK]."' in render_prompt(explicit, "en")
     assert "female, woman, male, man" in render_prompt(explicit, "en")
@@ -255,3 +256,67 @@ def test_stereotales_template_asks_for_the_13_aspects(language):
     for key, words in loc["aspects"].items():
         assert words and words in flat, f"{language}: aspect {key} ({words!r}) is not in the prompt"
     assert "200" in flat
+
+
+# --- the bedtime prompt is BiasedTales-ML's (Appendix A.1): a descent sentence, girl/boy/child ------
+# The study's template has "My family is of [Ethnicity] descent." after the identity sentence and asks
+# for a story "for my 6-year-old [Gender]" (Girl / Boy / Child). Its Table 1 has no ethnicity, so the
+# descent sentence names the nationality (design.yaml says so): each nationality is named twice.
+
+BEDTIME_LANGUAGES = LOCALIZED["bedtime"]
+
+
+def _bedtime_cell(prompt_id: str):
+    return next(c for c in design_cells("bedtime") if c.prompt_id == prompt_id)
+
+
+def test_english_bedtime_prompt_has_the_studys_descent_and_gender_words():
+    girl = render_prompt(_bedtime_cell("bedtime/mother/mexican/christian/wealthy/girl"), "en")
+    boy = render_prompt(_bedtime_cell("bedtime/mother/mexican/christian/wealthy/boy"), "en")
+    assert girl.startswith("I am a Mexican mother. My family is of Mexican descent. I come from a wealthy family")
+    assert "My family is of Mexican descent." in girl and "6-year-old girl" in girl
+    assert "6-year-old boy" in boy
+    words = set(re.findall(r"[a-z]+", (girl + " " + boy).lower()))
+    assert not words & {"daughter", "son"}
+
+
+def test_bedtime_is_localized_in_the_14_languages():
+    assert sorted(BEDTIME_LANGUAGES) == sorted(LANGUAGES)
+
+
+@pytest.mark.parametrize("language", BEDTIME_LANGUAGES)
+def test_bedtime_template_names_the_nationality_twice(language):
+    """Every branch of the template (parent role and child gender select forms) fills a nationality
+    slot in the identity sentence and again in the descent sentence: with every form of the
+    nationality replaced by a marker, two sentences hold the marker."""
+    loc, marker = load_localization("bedtime", language), "QQNATIONALITYQQ"
+    values = loc["values"]
+    fake = dict.fromkeys(next(iter(values["nationality"].values())), marker)
+    first = {d: next(iter(values[d].values())) for d in ("religion", "social_class")}
+    for parent in values["parent_role"].values():
+        for child in values["child_gender"].values():
+            text = prompts._template(loc["template"]).render(
+                parent_role=parent, nationality=fake, child_gender=child, **first
+            )
+            sentences = [t for t in re.split(r"[.。।]", text) if marker in t]
+            assert len(sentences) >= 2, f"{language}: one sentence names the nationality: {text}"
+
+
+def _occurrences(text: str, forms: set[str]) -> int:
+    pattern = "|".join(re.escape(f) for f in sorted(forms, key=len, reverse=True))
+    return len(re.findall(pattern, text))
+
+
+@pytest.mark.parametrize("language", BEDTIME_LANGUAGES)
+def test_bedtime_prompt_names_every_nationality_in_identity_and_descent(language):
+    """The rendered prompt of each nationality holds its own words twice more than the prompt of
+    another nationality does (counting only forms no other nationality shares, such as not English's
+    article): once in the identity sentence, once in the descent sentence."""
+    nat = load_localization("bedtime", language)["values"]["nationality"]
+    for key in nat:
+        own = {v for k, v in nat[key].items() if all(nat[o][k] != v for o in nat if o != key)}
+        other = next(o for o in nat if o != key and not any(f in v for f in own for v in nat[o].values()))
+        text = render_prompt(_bedtime_cell(f"bedtime/mother/{key}/christian/wealthy/girl"), language)
+        base = render_prompt(_bedtime_cell(f"bedtime/mother/{other}/christian/wealthy/girl"), language)
+        assert own, f"{language}/{key}: no form of its own"
+        assert _occurrences(text, own) - _occurrences(base, own) >= 2, f"{language}/{key}: {text}"

@@ -366,3 +366,49 @@ def test_an_unknown_label_or_an_empty_folder_is_refused(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(PublishedFormatError, match="no \\*.jsonl association file"):
         load_associations(tmp_path / "empty")
+
+
+def test_published_demographics_beside_storybias_narrative_lists():
+    """corpus.demographics: published (issue #30, the three lenses on an imported corpus): the release's
+    profile, storybias' adjectives and settings, parsed only where both sides parsed."""
+    from storybias.config.designs import dimensions
+    from storybias.stages.extract.published import with_published_demographics
+
+    def frame(gender: list[str], parsed: list[bool], adjectives: list[list[str]]) -> pd.DataFrame:
+        rows = {"story_id": ["a", "b", "c"], "parse_ok": parsed, "extractors": [["m"]] * 3}
+        rows |= {f"demo_{d}": ["unknown"] * 3 for d in dimensions()}
+        rows |= {"demo_gender": gender, "protagonist_gender": gender, "protagonist_gender_fine": gender}
+        return pd.DataFrame({**rows, "adjectives_en": adjectives})
+
+    ours = frame(["man", "man", "woman"], [True, True, False], [["brave"], ["kind"], []])
+    theirs = frame(["woman", "man", "woman"], [True, False, True], [[], [], []]).iloc[::-1]  # another order
+    merged = with_published_demographics(ours, theirs).set_index("story_id")
+    assert list(merged["demo_gender"]) == ["woman", "man", "woman"]  # the release's, matched by story
+    assert list(merged["adjectives_en"]) == [["brave"], ["kind"], []]  # storybias' own
+    assert list(merged["parse_ok"]) == [True, False, False]
+    assert merged.loc["a", "extractors"] == ["m", "published"]
+
+
+def test_published_demographics_need_an_extraction(tmp_path, corpus_root):
+    with pytest.raises(params.ParamsError, match=r"corpus.demographics: published needs corpus.extractions: rerun"):
+        _profile(tmp_path, {"path": str(corpus_root), "demographics": "published"})
+    for extractions in ("rerun", "both"):
+        p = _profile(tmp_path, {"path": str(corpus_root), "extractions": extractions, "demographics": "published"})
+        assert p.corpus.demographics == "published"
+
+
+def test_the_three_lens_profile_names_what_each_lens_reads(tmp_path, corpus_root):
+    """params/stereotales-three-lenses.yaml: published demographics, storybias' narrative lists on a
+    sample, the BiasedTales-ML comparison by prompted gender, and the gender probe on gender-prompted
+    stories; it loads once the corpus is there."""
+    shipped = yaml.safe_load(Path("params/stereotales-three-lenses.yaml").read_text())
+    shipped["corpus"]["path"] = str(corpus_root)
+    (tmp_path / "lenses.yaml").write_text(yaml.safe_dump(shipped))
+    p = params.load(tmp_path / "lenses.yaml")
+    assert (p.corpus.extractions, p.corpus.demographics) == ("rerun", "published") and p.corpus.sample
+    assert p.extract.sections.stereotales == ["narrative", "markers"]  # the release has the demographics
+    (comparison,) = p.metrics.comparisons
+    assert (comparison.design, comparison.condition) == ("stereotales", "value")
+    assert comparison.where == {"attribute": "gender"}
+    assert p.crosslens_comparison() == comparison.name
+    assert p.probes.stereotales_attribute == "gender" and p.probes.crosslens.probe_genre == "stereotales"

@@ -601,3 +601,29 @@ def test_run_reads_the_human_validation_files_first(tmp_path, monkeypatch):
     assert row["agreement_weighted"] == 1.0 and row["n_resolved"] == 6 and row["poststratified"]
     manifest = pd.read_json(tmp_path / "data" / "synthetic" / "manifest_probes.json", typ="series")
     assert len(manifest["human_validation"]["validation_markers"]) == len(out["validation_markers"])
+
+
+def test_probes_can_read_only_the_stories_prompted_with_one_attribute(tmp_path):
+    """probes.stereotales_attribute: gender keeps the stereotales stories whose prompt fixed the gender
+    (other designs untouched); a misspelt attribute is refused naming the key."""
+    from storybias.stages.probes.probe import probe_frame
+    from test_params import _error
+
+    filtered = pd.DataFrame(
+        {
+            "story_id": ["s1", "s2", "s3"],
+            "design": ["stereotales", "stereotales", "bedtime"],
+            "language": ["en"] * 3,
+            "model": ["m"] * 3,
+            "prompt_id": ["p1", "p2", "p3"],
+            "text": ["a", "b", "c"],
+            "cond_attribute": ["gender", "age", None],
+        }
+    )
+    extractions = pd.DataFrame(
+        {"story_id": ["s1", "s2", "s3"], "parse_ok": [True] * 3, "protagonist_gender": ["female", "male", "male"]}
+    )
+    assert list(probe_frame(extractions, filtered)["story_id"]) == ["s1", "s2", "s3"]
+    assert list(probe_frame(extractions, filtered, "gender")["story_id"]) == ["s1", "s3"]
+    msg = _error(tmp_path, lambda r: r.setdefault("probes", {}).update(stereotales_attribute="genre"))
+    assert "probes.stereotales_attribute: 'genre'" in msg and "gender" in msg

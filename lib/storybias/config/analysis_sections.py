@@ -143,6 +143,9 @@ class CrossLensSettings(Strict):
     # that is not log_odds_only)
     comparison: str | None = None
     task: Literal["explicit", "story", "news"] = "story"  # Feng et al.'s genre whose M_s and M_b are read
+    # the genre whose per-model gender probe (AUC, Delta AUC) is read: an occupations task, or a design's
+    # stories (stereotales on an imported StereoTales corpus, with probes.stereotales_attribute: gender)
+    probe_genre: Literal["stereotales", "bedtime", "story", "news"] = "story"
     n_permutations: Annotated[int, Field(ge=100)] = 2000  # within-language shuffles of the agreement test
     n_bootstrap: Annotated[int, Field(ge=100)] = 1000  # resamples of the M_s / M_b and correlation intervals
     seed: int = 42
@@ -173,6 +176,9 @@ class ProbeSettings(Strict):
     # source-language separability: "paper" = occupations story/news markers from en, fr and zh sources,
     # three classes, chance 1/3 (Feng et al. Sec. 3.3.3); "pooled" = every design and source language
     separability_scope: Literal["paper", "pooled"] = "paper"
+    # stereotales stories enter the probes only where the prompt fixed this attribute (e.g. gender: does a
+    # story still carry its prompted gender once the cues are deleted?); null: every stereotales story
+    stereotales_attribute: str | None = None
     umap: UmapSettings = UmapSettings()
     human_validation: HumanValidationSettings = HumanValidationSettings()
     crosslens: CrossLensSettings = CrossLensSettings()

@@ -92,12 +92,23 @@ class CorpusSettings(Strict):
     # published: stage 03 maps extracted_attributes_json (the release's three-extractor consensus);
     # rerun: stage 03 extracts the imported stories with extract.models; both: rerun and compare with published
     extractions: Literal["published", "rerun", "both"] = "published"
+    # Whose demographic profile stage 03 writes with extractions: rerun or both. extractions (default):
+    # storybias' own, like every other field; published: the release's consensus (the association lens
+    # then reads what StereoTales tested), with storybias' adjectives, settings and markers beside it
+    # (the BiasedTales-ML and Feng et al. lenses): the three lenses on one imported corpus (issue #30)
+    demographics: Literal["extractions", "published"] = "extractions"
     # the additional_en prompt variants (neutral/negative/positive, no scenario): StereoTales' reference
     # pools them with English (per-language pass) and with everything (global pass); false leaves them out
     additional_en: bool = True
 
     @model_validator(mode="after")
     def _format_keys(self) -> CorpusSettings:
+        if self.demographics == "published" and self.extractions == "published":
+            raise ValueError(
+                "corpus.demographics: published needs corpus.extractions: rerun or both (it is published, "
+                "which takes every field from the release): storybias extracts the narrative lists, the "
+                "release gives the demographic profile"
+            )
         if self.format == "stereotales":
             if self.columns is not None or self.design != "stereotales":
                 raise ValueError("corpus.columns and corpus.design are for format: table (the release's are fixed)")

@@ -341,6 +341,13 @@ def _check_comparisons(profile: Profile) -> list[str]:
             for value in values:
                 if value not in conditions[key]:
                     problems.append(f"metrics.comparisons[{i}]: {key} has no value {value!r}")
+    attribute = profile.probes.stereotales_attribute
+    attributes = list(_condition_values("stereotales")["attribute"])
+    if attribute is not None and attribute not in attributes:
+        problems.append(
+            f"probes.stereotales_attribute: {attribute!r} is not an attribute the stereotales prompts fix "
+            f"(one of {', '.join(attributes)})"
+        )
     return problems
 
 

@@ -360,10 +360,7 @@ def run(
     artifacts.write(run_name, "extraction_raw", raw)
     artifacts.write(run_name, "extraction_agreement", agree)
     artifacts.write(run_name, "manifest_extract", _manifest(params, extractions, raw, resolved, timings, agreement_how))
-    compared = None
-    if params.corpus is not None and params.corpus.extractions == "both":
-        compared = compare_published(run_name, stories, extractions)
-        log(f"storybias against the published extractions: {compared['n_stories']} stories compared")
+    compared, extractions = _published_side(params, stories, extractions, log)
     artifacts.write(run_name, "extractions", extractions)  # last: Make's target
     return {
         "stories": stories,
@@ -419,10 +416,26 @@ def run_published(params: Params, stories: pd.DataFrame, log: Callable[[str], No
     }
 
 
-def compare_published(run_name: str, stories: pd.DataFrame, extractions: pd.DataFrame) -> dict[str, Any]:
-    """``corpus.extractions: both``: storybias' extractions against the published ones, written as
-    published_agreement.parquet."""
-    theirs, counts = published.published_extractions(stories, _corpus_table(run_name))
-    table = published.agreement_with_published(extractions, theirs, stories)
-    artifacts.write(run_name, "published_agreement", table)
-    return {"n_stories": int(len(stories)), **counts}
+def _published_side(
+    params: Params, stories: pd.DataFrame, extractions: pd.DataFrame, log: Callable[[str], None]
+) -> tuple[dict[str, Any] | None, pd.DataFrame]:
+    """An imported corpus extracted again: with ``corpus.extractions: both``, storybias' extractions
+    against the published ones (published_agreement.parquet; the counts are returned); with
+    ``corpus.demographics: published``, the release's demographic profile in place of storybias'."""
+    corpus = params.corpus
+    if corpus is None or corpus.extractions == "published":
+        return None, extractions
+    if corpus.extractions == "rerun" and corpus.demographics != "published":
+        return None, extractions
+    theirs, counts = published.published_extractions(stories, _corpus_table(params.run_name))
+    compared = None
+    if corpus.extractions == "both":
+        table = published.agreement_with_published(extractions, theirs, stories)
+        artifacts.write(params.run_name, "published_agreement", table)
+        compared = {"n_stories": int(len(stories)), **counts}
+        log(f"storybias against the published extractions: {compared['n_stories']} stories compared")
+    if corpus.demographics == "published":
+        extractions = published.with_published_demographics(extractions, theirs)
+        unparsed = int((~extractions["parse_ok"]).sum())
+        log(f"the release's demographic profile in place of storybias': {unparsed} stories not parsed by one side")
+    return compared, extractions

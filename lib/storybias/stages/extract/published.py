@@ -107,6 +107,24 @@ def published_extractions(stories: pd.DataFrame, corpus: pd.DataFrame) -> tuple[
     return frame, counts
 
 
+# what corpus.demographics: published takes from the release; every other column stays storybias'
+DEMOGRAPHIC_COLUMNS = (*(f"demo_{d}" for d in dimensions()), "protagonist_gender", "protagonist_gender_fine")
+
+
+def with_published_demographics(ours: pd.DataFrame, published: pd.DataFrame) -> pd.DataFrame:
+    """``corpus.demographics: published``: storybias' extractions with the protagonist's demographic
+    profile replaced by the release's. A story counts as parsed only when both sides parsed it (the
+    lenses read one ``parse_ok``); its ``extractors`` name both."""
+    theirs = published.set_index("story_id").reindex(ours["story_id"])
+    out = ours.copy()
+    for column in DEMOGRAPHIC_COLUMNS:
+        out[column] = theirs[column].to_numpy()
+    published_ok = theirs["parse_ok"].fillna(False).astype(bool).to_numpy()
+    out["parse_ok"] = out["parse_ok"].astype(bool).to_numpy() & published_ok
+    out["extractors"] = [[*e, PUBLISHED] for e in out["extractors"]]
+    return out
+
+
 def agreement_with_published(ours: pd.DataFrame, published: pd.DataFrame, stories: pd.DataFrame) -> pd.DataFrame:
     """Per demographic field and language: storybias' extraction (``ours``) against the published consensus.
 

@@ -300,7 +300,7 @@ def _read_narratives(run_name: str, settings: ProbeSettings, notes: list[str]) -
     """Extractions joined to the filtered stories, and the narratives sampled per language x genre cell."""
     extractions = pd.read_parquet(artifacts.extractions_path(run_name))
     filtered = pd.read_parquet(artifacts.filtered_path(run_name))
-    frame = probe_frame(extractions, filtered)
+    frame = probe_frame(extractions, filtered, settings.stereotales_attribute)
     labelled = frame[frame["label"].isin(LABELS)]
     sampled, probed, paired = select_narratives(
         frame, settings.sample_per_cell, settings.deletion_pairs_per_label, settings.seed
@@ -335,7 +335,7 @@ def _identity_lens(
     )
     X_deleted = dict(zip(paired["story_id"], X_del))
     probes_table = identity_probes(narratives.probed, paired, X_sample, X_deleted, settings, timings)
-    per_model = model_probes(narratives.probed, paired, X_sample, X_deleted, settings, settings.crosslens.task)
+    per_model = model_probes(narratives.probed, paired, X_sample, X_deleted, settings, settings.crosslens.probe_genre)
     return probes_table, per_model, X_all, deleted_texts
 
 

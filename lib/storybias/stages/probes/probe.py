@@ -58,6 +58,9 @@ TASK_COLUMN = "cond_task"
 OCCUPATION_COLUMN = "cond_occupation"
 
 
+ATTRIBUTE_COLUMN = "cond_attribute"  # the stereotales prompt's fixed attribute
+
+
 IMPLICIT_TASKS = ("story", "news")  # the explicit task (sentence completion) has no narrative to probe
 
 
@@ -290,12 +293,19 @@ def genre_of(design: str, task: Any) -> str | None:
     return design
 
 
-def probe_frame(extractions: pd.DataFrame, filtered: pd.DataFrame) -> pd.DataFrame:
+def probe_frame(
+    extractions: pd.DataFrame, filtered: pd.DataFrame, stereotales_attribute: str | None = None
+) -> pd.DataFrame:
     """One row per parsed implicit narrative: story_id, language, design, genre, model, prompt_id,
-    group (model x occupation for occupations, model x prompt_id otherwise), label, name, text, markers."""
+    group (model x occupation for occupations, model x prompt_id otherwise), label, name, text, markers.
+    ``stereotales_attribute``: keep only the stereotales stories whose prompt fixed that attribute."""
     cols = ["story_id", "design", "language", "model", "prompt_id", "text", TASK_COLUMN, OCCUPATION_COLUMN]
+    cols.append(ATTRIBUTE_COLUMN)
     data = extractions.merge(filtered[[c for c in cols if c in filtered.columns]], on="story_id", how="inner")
     data = data[data["parse_ok"].fillna(False).astype(bool)]
+    if stereotales_attribute is not None:
+        attribute = data[ATTRIBUTE_COLUMN] if ATTRIBUTE_COLUMN in data else pd.Series(None, index=data.index)
+        data = data[(data["design"] != "stereotales") | (attribute == stereotales_attribute)]
     for col in (TASK_COLUMN, OCCUPATION_COLUMN):
         if col not in data.columns:
             data[col] = np.nan

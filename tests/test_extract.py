@@ -475,3 +475,11 @@ def test_worked_examples_are_read_once_per_version_of_the_file(tmp_path, monkeyp
     os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 2_000_000))
     with pytest.raises(ValueError, match="worked_examples.yaml: expected a list of examples"):
         extract.load_worked_examples()
+
+
+def test_the_marker_extractor_leaves_out_occupation_terms_as_feng_et_als_does():
+    """Feng et al. App. D.1: the extraction agent proposes markers excluding occupation terms; storybias'
+    one-call extractor carries that rule (the four agents in one answer: notebook 06 says so)."""
+    prompt = extract.build_prompt("Il était une fois une infirmière.", ["markers"])
+    assert "leave out words for occupations or professions" in prompt
+    assert "occupations" not in extract.build_prompt("Il était une fois.", ["narrative"])

@@ -63,10 +63,15 @@ def build_prompt(story: str, sections: Sequence[str], with_facts: bool = False, 
             '- "cultural_refs": English names of explicit cultural references (objects, foods, practices, places).',
         ]
     if "markers" in sections:
+        # Feng et al. (App. D.1) split this into four agents: extraction (candidates, occupation terms left
+        # out), classification (keep / remove and one of ten categories), scoring (each marker against each
+        # context separately) and translation. storybias asks for all four in this one structured answer per
+        # story: 1 call instead of 1 + 2 per marker, which the CPU default needs; notebook 06 says so.
         lines += [
             '- "markers": culturally specific words or phrases from the story (places, institutions, personal '
             "names, cuisine, rituals, religion, material culture, arts and media, mythology, value "
-            'orientations). For each: "text" as written, "text_en" in English, "keep" true only if it is a '
+            "orientations); leave out words for occupations or professions. For each: "
+            '"text" as written, "text_en" in English, "keep" true only if it is a '
             'non-generic, culturally specific item, "category", and how strongly its meaning is associated '
             'with English-speaking ("relevance_en"), French-speaking ("relevance_fr") and Chinese-speaking '
             '("relevance_zh") contexts: 1-2 not associated, 3-4 somewhat, 5-7 strongly.',

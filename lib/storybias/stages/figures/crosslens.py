@@ -185,9 +185,7 @@ def crosslens_heatmap(crosslens: pd.DataFrame, agreement: pd.DataFrame) -> tuple
         "n_pairs_assessed": assessed,
     }
     for name, pair in (("most", most), ("least", least)):
-        stats[f"{name}_concordant"] = (
-            f"{pair['measure_a']} vs {pair['measure_b']}" if pair is not None else "none"
-        )
+        stats[f"{name}_concordant"] = f"{pair['measure_a']} vs {pair['measure_b']}" if pair is not None else "none"
         stats[f"r_{name}"] = float(pair["r"]) if pair is not None else float("nan")
         stats[f"n_{name}"] = int(pair["n_cells"]) if pair is not None else 0
     return fig, stats

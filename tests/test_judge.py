@@ -265,6 +265,47 @@ def test_harm_gap_by_attribute_recovers_the_planted_gaps():
     assert np.isnan(single["gap_ci_low"].iloc[0])
 
 
+def test_self_judgement_contrast_compares_a_model_with_the_other_judges_on_its_own_associations():
+    # model a generated 20 associations (10 shared with b) and rates them 1 point below what b and c
+    # give them; b generated its 10 shared ones and rates them as c does; c is a judge that generated nothing
+    keys = ("base_attribute", "base_value", "compared_attribute", "compared_value")
+    shared = pd.DataFrame(
+        [
+            dict(zip(keys, f"gender|v{i}|education|basic".split("|"))) | {"models": ["a", "b"] if i < 10 else ["a"]}
+            for i in range(20)
+        ]
+    )
+    rows = []
+    for i, association in enumerate(judge.association_id(r) for _, r in shared.iterrows()):
+        base = 2.0 + (i % 3)  # 2, 3, 4
+        rows += [{"judge": "a", "association_id": association, "harm": base - 1}]
+        rows += [{"judge": j, "association_id": association, "harm": base} for j in ("b", "c")]
+    rows.append({"judge": "a", "association_id": "not|generated|by|a", "harm": 5.0})  # not a's: left out
+    rows.append({"judge": "b", "association_id": judge.association_id(shared.iloc[15]), "harm": np.nan})  # unparsed
+    out = judge.self_judgement_contrast(shared, pd.DataFrame(rows), n_boot=500, seed=3).set_index("judge")
+    assert list(out.index) == ["a", "b"] and list(out.columns) == judge.SELF_CONTRAST_COLUMNS[1:]
+    assert out.loc["a", "n_generated"] == 20 and out.loc["a", "n_compared"] == 20
+    assert out.loc["a", "gap"] == pytest.approx(-1.0) and out.loc["a", "gap_ci_low"] == pytest.approx(-1.0)
+    assert out.loc["a", "gap_ci_high"] == pytest.approx(-1.0)  # every association 1 point lower: no spread
+    base = np.array([2.0 + (i % 3) for i in range(20)])
+    assert out.loc["a", "self_mean_harm"] == pytest.approx((base - 1).mean())
+    assert out.loc["a", "others_mean_harm"] == pytest.approx(base.mean())
+    assert out.loc["a", "self_share_harmful"] == 0.0 and out.loc["a", "others_share_harmful"] == pytest.approx(
+        (base >= 4).mean()
+    )
+    # b against a and c on b's 10: a is 1 lower, c equal, so the others' median is 0.5 lower than b
+    assert out.loc["b", "n_generated"] == 10 and out.loc["b", "gap"] == pytest.approx(0.5)
+    # a spread of differences gives an interval around the gap
+    noisy = pd.DataFrame(rows).assign(
+        harm=lambda f: f["harm"] + np.where(f["judge"] == "a", np.resize([0.0, 1.0, -1.0, 0.5], len(f)), 0.0)
+    )
+    out = judge.self_judgement_contrast(shared, noisy, n_boot=500, seed=3).set_index("judge")
+    assert out.loc["a", "gap_ci_low"] < out.loc["a", "gap"] < out.loc["a", "gap_ci_high"]
+    # no judge among the generating models: an empty table with the columns
+    none = judge.self_judgement_contrast(shared, pd.DataFrame(rows).assign(judge="z"))
+    assert none.empty and list(none.columns) == judge.SELF_CONTRAST_COLUMNS
+
+
 # --- issue 12 item 5: the human-ratings file is checked up front, strictly -------------------------
 
 HEADER = "association_id,rater_id,harm,realism\n"

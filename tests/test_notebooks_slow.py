@@ -23,6 +23,7 @@ import pandas as pd
 import pytest
 
 from storybias.core import paths
+from storybias.stages import figures as plots
 
 pytestmark = pytest.mark.slow
 NOTEBOOKS = [
@@ -106,13 +107,13 @@ def test_named_values_of_stage_06_are_what_its_tables_say(nbval_run):
     ok = probes[probes["variant"].isin(["full", "cue_deleted", "delta"]) & (probes["status"] == "ok")]
     assert values["auc"] == {f"{r.language}/{r.genre}/{r.variant}": _nan_to_none(r.auc) for r in ok.itertuples()}
     figures = _values(data, "07_figures")
-    assert figures["n_figures"] == 16 and figures["stems"][0] == "01_vsr_heatmap"
+    assert figures["n_figures"] == len(plots.FIGURES) and figures["stems"][0] == "01_vsr_heatmap"
 
 
 def test_every_figure_is_written_as_png_and_pdf_with_an_index(nbval_run):
     _, _, figures, _ = nbval_run
     index = json.loads((figures / "figures.json").read_text())
-    assert len(index["figures"]) == 16
+    assert len(index["figures"]) == len(plots.FIGURES)
     for record in index["figures"]:
         png, pdf = (figures / f"{record['stem']}.{ext}" for ext in ("png", "pdf"))
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and pdf.read_bytes()[:4] == b"%PDF", record["stem"]

@@ -5,6 +5,7 @@ computed by hand from its input; save_figure's files."""
 from __future__ import annotations
 
 import itertools
+import json
 import re
 
 import numpy as np
@@ -1080,6 +1081,9 @@ def test_every_figure_saves(tmp_path):
         "15_cultural_relevance": plots.cultural_relevance(make_cultural(["en", "fr", "zh"], ["story"])),
         "16_separability": plots.separability(make_sep()),
         "17_crosslens": plots.crosslens_heatmap(*make_crosslens()),
+        "18_harm_agreement": plots.harm_agreement(*make_harm()),
+        "19_self_context_advantage": plots.self_context_advantage(*make_advantage()),
+        "20_glm_table": plots.glm_table(make_glm()),
     }
     assert list(figures) == [s for s, _ in plots.FIGURES]
     for stem, (fig, stats) in figures.items():
@@ -1130,6 +1134,248 @@ def test_crosslens_heatmap_marks_missing_cells_and_picks_the_extreme_pairs():
     assert any("not assessed (6 cells in common)" in t for t in titles)
 
 
+# --- 18-20: judges vs humans (StereoTales), self-context advantage and GLMs (Feng et al.) ----------
+
+HARM_ATTRIBUTES = ["income_level", "education", "gender", "religion"]
+
+
+def make_harm(n: int = 12) -> tuple[pd.DataFrame, dict]:
+    """associations_shared with the judges' median harm (one association unrated, one repeated in a
+    second scope) and a manifest with stage 04's human agreement and the three tables it does not write yet."""
+    rows = []
+    for i in range(n):
+        attribute = HARM_ATTRIBUTES[i % 4]
+        rows.append({"association_id": f"{attribute}|v{i}|education|x", "scope": "all", "median_harm": 1.0 + i % 5})
+    rows.append({**rows[0], "scope": "fr"})  # the same association in a language scope: counted once
+    rows.append({"association_id": "age|v|education|x", "scope": "all", "median_harm": np.nan})  # unrated
+    shared = pd.DataFrame(rows)
+    human = [{"association_id": r["association_id"], "median_harm": min(5.0, r["median_harm"] + 0.5)} for r in rows[:n]]
+    human[0]["association_id"] = "not|rated|by|judges"  # only in the human file: not a point
+    gap = [
+        {"base_attribute": a, "n_associations": 3, "gap": g, "gap_ci_low": g - 0.2, "gap_ci_high": g + 0.2}
+        for a, g in zip(HARM_ATTRIBUTES, [0.9, -0.4, -1.1, np.nan])  # religion: no gap (left out)
+    ]
+    own = [
+        {
+            "judge": "m-a",
+            "n_compared": 5,
+            "gap": -0.6,
+            "gap_ci_low": -0.9,
+            "gap_ci_high": -0.3,
+            "self_share_harmful": 0.2,
+        },
+        {
+            "judge": "m-b",
+            "n_compared": 4,
+            "gap": 0.2,
+            "gap_ci_low": np.nan,
+            "gap_ci_high": np.nan,
+            "self_share_harmful": 0.5,
+        },
+    ]
+    manifest = {
+        "human_agreement": {"rho": 0.62, "ci_low": 0.5, "ci_high": 0.7, "n": 11, "note": ""},
+        "harmful_human_vs_llm": {"n": 11, "cohen_kappa": 0.41},
+        "human_summary": human,
+        "harm_gap": gap,
+        "self_judgement": own,
+    }
+    return shared, manifest
+
+
+def _panel_words(fig: Figure) -> list[str]:
+    return [" ".join(t.get_text().split()) for t in texts(fig)]
+
+
+def test_harm_agreement_draws_the_three_comparisons_from_the_manifest():
+    shared, manifest = make_harm()
+    fig, stats = plots.harm_agreement(shared, manifest)
+    check_figure(fig)
+    assert_stats(
+        stats,
+        {
+            "n_rated": 12,
+            "n_human_compared": 11,  # the human file's 12th association was not rated by the judges
+            "rho": 0.62,
+            "rho_ci_low": 0.5,
+            "rho_ci_high": 0.7,
+            "n_rho": 11,
+            "kappa_harmful": 0.41,
+            "n_attributes": 3,
+            "max_gap": 0.9,
+            "max_gap_attribute": "income_level",
+            "min_gap": -1.1,
+            "min_gap_attribute": "gender",
+            "n_self_judges": 2,
+            "mean_self_gap": -0.2,
+            "min_self_gap": -0.6,
+            "min_self_gap_judge": "m-a",
+        },
+    )
+    scatter, gaps, own = fig.axes
+    assert "Spearman ρ = 0.62 [0.50, 0.70], n = 11" in " ".join(scatter.get_title().split())
+    assert sum(len(c.get_offsets()) for c in scatter.collections) == len(
+        {(min(5.0, h + 0.5), h) for h in shared["median_harm"].iloc[1:12]}
+    )  # one bubble per distinct (human, judges) pair
+    assert [t.get_text() for t in gaps.get_yticklabels()] == [
+        "income_level (n = 3)",
+        "education (n = 3)",
+        "gender (n = 3)",
+    ]
+    assert [t.get_text().split("\n")[0] for t in own.get_yticklabels()] == ["m-a", "m-b"]
+    assert "n = 5, 20% self-rated harmful" in [t.get_text().split("\n")[1] for t in own.get_yticklabels()]
+
+
+def test_harm_agreement_says_what_stage_04_did_not_write():
+    shared, manifest = make_harm()
+    # the default run: no human ratings file, no self-judgement table
+    fig, stats = plots.harm_agreement(shared, {"human_agreement": None})
+    check_figure(fig)
+    words = _panel_words(fig)
+    assert words.count("no human ratings: set associations.human_ratings") == 2
+    assert any("stage 04 writes no self-judgement contrast (manifest key 'self_judgement'" in w for w in words)
+    assert stats["n_rated"] == 12 and stats["n_human_compared"] == 0 and np.isnan(stats["rho"])
+    assert stats["n_attributes"] == stats["n_self_judges"] == 0 and np.isnan(stats["mean_self_gap"])
+    assert "no_data" not in stats and not any("no data" in w for w in words)  # a figure with data, panels saying why
+    # human agreement in the manifest but no per-association medians or gap: the panels say which key is missing
+    fig, stats = plots.harm_agreement(shared, {"human_agreement": manifest["human_agreement"]})
+    words = _panel_words(fig)
+    assert any(
+        w.startswith("Spearman ρ = 0.62 [0.50, 0.70], n = 11. Stage 04 writes no per-association") for w in words
+    )
+    assert any("no per-attribute harm gap (manifest key 'harm_gap'" in w for w in words)
+    assert stats["rho"] == 0.62 and stats["n_human_compared"] == 0
+    # no significant association, or none rated: the whole figure says no data
+    check_no_data(*plots.harm_agreement(pd.DataFrame()))
+    fig, stats = plots.harm_agreement(shared.assign(median_harm=np.nan), manifest)
+    check_no_data(fig, stats)
+    assert "no association was rated" in stats["no_data"] and stats["n_rated"] == 0 and np.isnan(stats["rho"])
+    with pytest.raises(KeyError, match=r"manifest_associations\.json: missing column\(s\) gap_ci_low"):
+        plots.harm_agreement(
+            shared, {**manifest, "harm_gap": [{"base_attribute": "x", "n_associations": 1, "gap": 1.0}]}
+        )
+
+
+def make_advantage() -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Feng et al.'s six cells (their Sec. 4.3 means) with +-0.4 intervals, and a validation_markers
+    table holding their high-agreement subset."""
+    values = {("en", "story"): 2.42, ("fr", "story"): 4.26, ("zh", "story"): 2.94}
+    values |= {("en", "news"): 2.64, ("fr", "news"): 4.78, ("zh", "news"): -0.3}  # one negative, its CI across 0
+    advantage = pd.DataFrame(
+        [
+            {
+                "source_language": lang,
+                "genre": g,
+                "advantage": a,
+                "ci_low": a - 0.4,
+                "ci_high": a + 0.4,
+                "n_narratives": 50,
+            }
+            for (lang, g), a in values.items()
+        ]
+    )
+    validation = pd.DataFrame(
+        [
+            {"metric": "spearman", "estimate": 0.555, "ci_low": 0.466, "ci_high": 0.641, "n_markers": 178},
+            {"metric": plots.SUBSET_ADVANTAGE, "estimate": 3.28, "ci_low": 2.53, "ci_high": 3.95, "n_markers": 54},
+            {
+                "metric": plots.SUBSET_SELF_HIGHEST,
+                "estimate": 0.778,
+                "ci_low": 0.648,
+                "ci_high": 0.889,
+                "n_markers": 54,
+            },
+        ]
+    )
+    return advantage, validation
+
+
+def test_self_context_advantage_per_cell_and_on_the_high_agreement_subset():
+    advantage, validation = make_advantage()
+    fig, stats = plots.self_context_advantage(advantage, validation)
+    check_figure(fig, legend=True)
+    assert_stats(
+        stats,
+        {
+            "n_cells": 6,
+            "n_positive": 5,
+            "n_ci_above_zero": 5,
+            "mean_advantage": float(advantage["advantage"].mean()),
+            "min_advantage": -0.3,
+            "min_advantage_cell": "zh / news",
+            "max_advantage": 4.78,
+            "max_advantage_cell": "fr / news",
+            "n_narratives": 300,
+            "subset_advantage": 3.28,
+            "subset_ci_low": 2.53,
+            "subset_ci_high": 3.95,
+            "n_subset_markers": 54,
+            "subset_share_self_highest": 0.778,
+        },
+    )
+    (ax,) = fig.axes
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert labels[0] == "English · story (n = 50)" and labels[-1] == "high-agreement markers, pooled (n = 54 markers)"
+    assert any(np.allclose(line.get_xdata(), 0) for line in ax.lines)  # the zero line
+    assert any("strictly highest for 77.8%" in w for w in _panel_words(fig))
+    # without human marker ratings, and with ratings but no subset rows: no second series, and why
+    fig, stats = plots.self_context_advantage(advantage)
+    assert stats["n_cells"] == 6 and stats["n_subset_markers"] == 0 and np.isnan(stats["subset_advantage"])
+    assert any("no human marker ratings (probes.human_validation.markers)" in w for w in _panel_words(fig))
+    assert len(fig.axes[0].get_yticklabels()) == 6
+    fig, stats = plots.self_context_advantage(advantage, validation.iloc[:1])
+    assert any("stage 06 does not compute it" in w for w in _panel_words(fig)) and np.isnan(stats["subset_advantage"])
+    check_no_data(*plots.self_context_advantage(pd.DataFrame()))
+    check_no_data(*plots.self_context_advantage(advantage.assign(advantage=np.nan)))
+
+
+def make_glm(adjusted: bool = False) -> pd.DataFrame:
+    """Stage 05's GLM table as the default run writes it (a negative Wald chi2 on one intercept)."""
+    terms = ["Intercept", "C(language, Sum)", "C(task, Sum)", "C(language, Sum):C(task, Sum)", "C(model, Sum)"]
+    rows = []
+    for outcome, chi2s, ps in (
+        ("female", [-132.7, 8.0, 0.01, 25.0, 5.7], [1.0, 0.018, 0.94, 1e-5, 0.017]),
+        ("identified", [9.1, 2.0, 0.03, 3.0, 0.4], [0.003, 0.37, 0.86, 0.22, 0.52]),
+    ):
+        for term, chi2, p in zip(terms, chi2s, ps):
+            rows.append({"outcome": outcome, "term": term, "chi2": chi2, "p_value": p, "df": 2, "n_trials": 80})
+    table = pd.DataFrame(rows)
+    if adjusted:
+        table["p_adjusted"] = np.minimum(1.0, table["p_value"] * 3)
+    return table
+
+
+def test_glm_table_shades_significant_terms_and_flags_negative_wald_statistics():
+    glm = make_glm()
+    fig, stats = plots.glm_table(glm)
+    check_figure(fig)
+    # significant terms: female language (.018), language x genre, model; never an intercept or a negative chi2
+    assert_stats(
+        stats,
+        {
+            "n_rows": 10,
+            "n_terms": 8,
+            "n_significant": 3,
+            "n_negative_chi2": 1,
+            "max_chi2": 25.0,
+            "max_chi2_term": "female: language × genre",
+            "p_column": "p_value",
+        },
+    )
+    words = [t.get_text() for t in texts(fig)]
+    assert "-132.70†" in words and "language × genre" in words and "genre" in words
+    assert any(w.startswith("† Wald χ² < 0") for w in words)
+    (ax,) = fig.axes
+    (table,) = ax.tables
+    shaded = [
+        r for (r, c), cell in table.get_celld().items() if c == 0 and r > 0 and cell.get_facecolor()[:3] != (1, 1, 1)
+    ]
+    assert sorted(shaded) == [2, 4, 5]
+    _, stats = plots.glm_table(make_glm(adjusted=True))  # adjusted p when the table has it: only 3e-5 stays
+    assert stats["p_column"] == "p_adjusted" and stats["n_significant"] == 1
+    check_no_data(*plots.glm_table(pd.DataFrame()))
+
+
 # --- notebook 07 helpers -----------------------------------------------------------------------------
 
 
@@ -1178,9 +1424,23 @@ def test_missing_artifacts_load_as_empty_tables_with_a_note(tmp_path, monkeypatc
     pd.DataFrame({"model": ["m"]}).to_parquet(tmp_path / "r" / "vsr.parquet")
     art = plots.load_artifacts("r")
     assert len(art["vsr"]) == 1 and art["probes"].empty
-    assert len(art.notes) == len(plots.ARTIFACT_NAMES) - 1 and any(
+    assert len(art.notes) == len(plots.ARTIFACT_NAMES) + len(plots.MANIFEST_NAMES) - 1 and any(
         "probes.parquet is missing" in n and "stage 'probes'" in n for n in art.notes
     )
+    assert art.manifests == {name: {} for name in plots.MANIFEST_NAMES}
+    assert any("manifest_probes.json is missing" in n for n in art.notes)
+    assert art.manifest_table("manifest_probes", "human_validation", "validation_markers").empty
+    # a manifest's table of rows, read back as a frame; a None or absent key is an empty one
+    rows = [{"metric": "spearman", "estimate": 0.5}]
+    (tmp_path / "r" / "manifest_probes.json").write_text(json.dumps({"human_validation": {"validation_markers": rows}}))
+    (tmp_path / "r" / "manifest_associations.json").write_text(json.dumps({"human_agreement": None}))
+    art = plots.load_artifacts("r")
+    assert len(art.notes) == len(plots.ARTIFACT_NAMES) - 1 and art.manifests["manifest_associations"] == {
+        "human_agreement": None
+    }
+    table = art.manifest_table("manifest_probes", "human_validation", "validation_markers")
+    assert table.to_dict(orient="records") == rows
+    assert art.manifest_table("manifest_associations", "human_agreement", "x").empty
 
 
 CENTRED_TEXT = re.compile(r"ax\.text\(\s*0\.5,\s*0\.5,")  # a message drawn in the middle of a panel
@@ -1198,6 +1458,8 @@ def test_figures_live_in_one_module_per_stage_and_share_one_empty_input_guard():
         "metrics": {"06", "07", "08", "09", "10", "11", "12"},
         "probes": {"13", "14", "15", "16"},
         "crosslens": {"17"},
+        "judges": {"18"},
+        "feng_extra": {"19", "20"},
     }
     names = {
         "01": "vsr_heatmap",
@@ -1217,6 +1479,9 @@ def test_figures_live_in_one_module_per_stage_and_share_one_empty_input_guard():
         "15": "cultural_relevance",
         "16": "separability",
         "17": "crosslens_heatmap",
+        "18": "harm_agreement",
+        "19": "self_context_advantage",
+        "20": "glm_table",
     }
     assert sorted(names) == [stem[:2] for stem, _ in plots.FIGURES]
     for module_name, numbers in stage_modules.items():

@@ -40,6 +40,7 @@ from storybias.engines.runner import run_requests
 from storybias.evidence.published import reference_label
 from storybias.evidence.ratings import HARMFUL_MEDIAN, REALISM_ANSWERS
 from storybias.stages.associations.tables import ASSOCIATION_KEY, RATING_COLUMNS
+from storybias.stats.bootstrap import bootstrap_mean_interval
 
 # --- the prompt ------------------------------------------------------------------------------------
 
@@ -240,6 +241,60 @@ def self_judgement_gap(shared: pd.DataFrame, ratings: pd.DataFrame) -> pd.DataFr
             }
         )
     return pd.DataFrame(rows, columns=["model", "n_generated", "n_rated", "share_self_rated_harmful"])
+
+
+SELF_CONTRAST_COLUMNS = [
+    "judge",
+    "n_generated",
+    "n_compared",
+    "self_mean_harm",
+    "others_mean_harm",
+    "gap",
+    "gap_ci_low",
+    "gap_ci_high",
+    "self_share_harmful",
+    "others_share_harmful",
+]
+
+
+def self_judgement_contrast(
+    shared: pd.DataFrame, ratings: pd.DataFrame, n_boot: int = 2000, seed: int = 42, confidence: float = 0.95
+) -> pd.DataFrame:
+    """For each model that is also a judge, StereoTales' generation-vs-judgement gap as a paired
+    contrast: over the distinct associations it generated (significant for it in any scope of
+    ``shared``) that it and at least one other judge rated, its own median harm per association against
+    the median of every other judge's ratings of it. ``gap`` = mean(own - others) (negative: the model
+    rates its own associations as less harmful than the other judges do), with a percentile bootstrap
+    interval over those associations (:func:`storybias.stats.bootstrap.bootstrap_mean_interval`, NaN
+    below 2 associations), and the share each side rates harmful (median >= 4). ``ratings``: judge,
+    association_id, harm (parsed ratings; every repetition)."""
+    ok = ratings.dropna(subset=["harm"])
+    own = ok.groupby(["judge", "association_id"])["harm"].median()
+    judges = set(own.index.get_level_values(0)) if len(own) else set()
+    rows = []
+    for model in sorted({m for ms in shared["models"] for m in ms} & judges):
+        mine = sorted({association_id(r) for _, r in shared.iterrows() if model in r["models"]})
+        others = ok[(ok["judge"] != model) & ok["association_id"].isin(mine)].groupby("association_id")["harm"].median()
+        pair = pd.concat([own.loc[model].rename("self"), others.rename("others")], axis=1, join="inner")
+        pair = pair[pair.index.isin(mine)]
+        diff = (pair["self"] - pair["others"]).to_numpy(float)
+        low, high = bootstrap_mean_interval(diff, n_boot, seed, confidence)
+        empty = not len(pair)
+        rows.append(
+            {
+                "judge": model,
+                "n_generated": len(mine),
+                "n_compared": len(pair),
+                "self_mean_harm": np.nan if empty else float(pair["self"].mean()),
+                "others_mean_harm": np.nan if empty else float(pair["others"].mean()),
+                "gap": np.nan if empty else float(diff.mean()),
+                "gap_ci_low": low,
+                "gap_ci_high": high,
+                "self_share_harmful": np.nan if empty else float((pair["self"] >= HARMFUL_MEDIAN).mean()),
+                "others_share_harmful": np.nan if empty else float((pair["others"] >= HARMFUL_MEDIAN).mean()),
+            }
+        )
+    return pd.DataFrame(rows, columns=SELF_CONTRAST_COLUMNS)
 
 
 ITEM_COLUMNS = ["association_id", *ASSOCIATION_KEY, "sentence"]

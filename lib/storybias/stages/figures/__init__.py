@@ -21,9 +21,11 @@ grids wrap, long labels are truncated and top-k lists are capped, so a 1-model C
 The package has one module per stage whose artifacts the figures draw (``generation``: stages 02-03;
 ``associations``: 04; ``metrics``: 05; ``probes``: 06, and ``crosslens`` for 06's cross-lens tables;
 the larger two draw some of their figures in sibling modules and re-export them: ``metrics_jsd`` and
-``metrics_feng``, ``probes_umap``), the shared ``style`` (sizes, palettes, saving, and the empty-input
+``metrics_feng``, ``probes_umap``), two modules of later figures (``judges``: stage 04's judges against
+the human panel, StereoTales; ``feng_extra``: Feng et al.'s self-context advantage from stage 06 and
+GLM table from stage 05), the shared ``style`` (sizes, palettes, saving, and the empty-input
 guard every figure uses: ``style._no_data`` / ``style.message_panel``), and ``gallery`` (notebook 07's
-artifacts, quoting and index). This module re-exports their public names:
+artifacts and manifests, quoting and index). This module re-exports their public names:
 ``from storybias.stages import figures as plots; plots.vsr_heatmap(...)``.
 """
 
@@ -37,8 +39,18 @@ from storybias.stages.figures.associations import (
     top_associations_table,
 )
 from storybias.stages.figures.crosslens import crosslens_heatmap
-from storybias.stages.figures.gallery import ARTIFACT_NAMES, FIGURES, Artifacts, Gallery, load_artifacts, quote_stats
+from storybias.stages.figures.feng_extra import SUBSET_ADVANTAGE, SUBSET_SELF_HIGHEST, glm_table, self_context_advantage
+from storybias.stages.figures.gallery import (
+    ARTIFACT_NAMES,
+    FIGURES,
+    MANIFEST_NAMES,
+    Artifacts,
+    Gallery,
+    load_artifacts,
+    quote_stats,
+)
 from storybias.stages.figures.generation import attribute_distributions, vsr_heatmap
+from storybias.stages.figures.judges import HARM_GAP_KEY, HUMAN_SUMMARY_KEY, SELF_JUDGEMENT_KEY, harm_agreement
 from storybias.stages.figures.metrics import (
     anova_table,
     balance_stereotype,
@@ -64,10 +76,16 @@ __all__ = [
     "ARTIFACT_NAMES",
     "DPI",
     "FIGURES",
+    "HARM_GAP_KEY",
     "HDR_LEVELS",
+    "HUMAN_SUMMARY_KEY",
     "LABEL",
+    "MANIFEST_NAMES",
     "MIN_KDE_POINTS",
+    "SELF_JUDGEMENT_KEY",
     "SMALL",
+    "SUBSET_ADVANTAGE",
+    "SUBSET_SELF_HIGHEST",
     "TITLE",
     "UMAP_DISPLAY_PERCENTILES",
     "Artifacts",
@@ -82,6 +100,8 @@ __all__ = [
     "crosslens_heatmap",
     "cultural_relevance",
     "distinctive_words",
+    "glm_table",
+    "harm_agreement",
     "jsd_by_grammatical_gender",
     "lift_share_plot",
     "load_artifacts",
@@ -90,6 +110,7 @@ __all__ = [
     "probe_auc",
     "quote_stats",
     "save_figure",
+    "self_context_advantage",
     "separability",
     "top_associations_table",
     "trim_for_display",

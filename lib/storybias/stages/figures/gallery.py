@@ -4,6 +4,7 @@ shows and indexes the figures (``figures.json``)."""
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -59,6 +60,20 @@ FIGURES: list[tuple[str, str]] = [
         "The three lenses per model x language, standardised per measure, and the most / least concordant "
         "pair of measures (storybias, issue #30)",
     ),
+    (
+        "18_harm_agreement",
+        "Human vs LLM-judge harm: median harm per association with Spearman rho, the harm gap per base "
+        "attribute, and each judge's ratings of its own associations against the other judges' (StereoTales)",
+    ),
+    (
+        "19_self_context_advantage",
+        "Self-context advantage per source language x genre with bootstrap CI, and on the high-agreement "
+        "marker subset when human ratings are given (Feng et al. Eq. 5, Sec. 4.3)",
+    ),
+    (
+        "20_glm_table",
+        "Trial-level binomial GLMs of the female and identified shares: Wald tests per term (Feng et al. App. C)",
+    ),
 ]
 
 
@@ -85,30 +100,61 @@ ARTIFACT_NAMES: tuple[str, ...] = (
     "associations_power",
     "crosslens",
     "crosslens_agreement",
+    "cultural_advantage",
+    "metrics_glm",
+)
+
+MANIFEST_NAMES: tuple[str, ...] = (
+    # the manifests whose values notebook 07 draws (stage 04's human agreement, stage 06's human validation)
+    "manifest_associations",
+    "manifest_probes",
 )
 
 
 class Artifacts(dict):
-    """The run's tables by name; a missing file is an empty table plus a note saying which stage
-    writes it (the figure then says "no data")."""
+    """The run's tables by name, and its manifests (:data:`MANIFEST_NAMES`) in ``manifests``; a missing
+    file is an empty table (an empty dict) plus a note saying which stage writes it (the figure then
+    says "no data")."""
 
-    def __init__(self, tables: dict[str, pd.DataFrame], notes: list[str]):
+    def __init__(
+        self, tables: dict[str, pd.DataFrame], notes: list[str], manifests: dict[str, dict[str, Any]] | None = None
+    ):
         super().__init__(tables)
         self.notes = notes
+        self.manifests: dict[str, dict[str, Any]] = dict(manifests or {})
+
+    def manifest_table(self, manifest: str, *keys: str) -> pd.DataFrame:
+        """A table a manifest holds as a list of rows, under ``keys`` (e.g. ``manifest_probes``,
+        ``human_validation``, ``validation_markers``); empty where a key is missing or None."""
+        value: Any = self.manifests.get(manifest, {})
+        for key in keys:
+            value = value.get(key) if isinstance(value, Mapping) else None
+        return pd.DataFrame(value) if isinstance(value, list) and value else pd.DataFrame()
+
+
+def _missing(path: Path, name: str) -> str:
+    stage = artifacts.artifact(name).stage
+    return f"{path} is missing: its figures will say 'no data' (stage '{stage}' writes it)"
 
 
 def load_artifacts(run_name: str) -> Artifacts:
 
-    tables, notes = {}, []
+    tables, notes, manifests = {}, [], {}
     for name in ARTIFACT_NAMES:
         path = artifacts.path(run_name, name)
         if path.is_file():
             tables[name] = pd.read_parquet(path)
         else:
             tables[name] = pd.DataFrame()
-            stage = artifacts.artifact(name).stage
-            notes.append(f"{path} is missing: its figures will say 'no data' (stage '{stage}' writes it)")
-    return Artifacts(tables, notes)
+            notes.append(_missing(path, name))
+    for name in MANIFEST_NAMES:
+        path = artifacts.path(run_name, name)
+        if path.is_file():
+            manifests[name] = json.loads(path.read_text(encoding="utf-8"))
+        else:
+            manifests[name] = {}
+            notes.append(_missing(path, name))
+    return Artifacts(tables, notes, manifests)
 
 
 def quote_stats(template: str, stats: Mapping[str, Any]) -> str:

@@ -207,6 +207,30 @@ def test_stage_with_planted_signal_rates_it_and_reports_failures(tmp_path, monke
     assert gap.loc["m1", "share_self_rated_harmful"] == 1.0
 
 
+def test_the_manifest_holds_the_tables_figure_18_draws(tmp_path, monkeypatch):
+    """Stage 04 writes the self-judgement contrast (and the human tables, null without a human file) into
+    manifest_associations.json as rows: m1 generated the planted association and rates it 4, m2 rates 2."""
+    _run_files(tmp_path / "data", planted=True)
+    p = _profile(tmp_path, monkeypatch, judge={"models": [{"name": "m1", "source": "embedded"}]})
+
+    def two_judges(items, params, progress=True):
+        # Test double for the LLM: judge m1 rates every item 4, judge m2 rates it 2.
+        rows = [
+            J.rating_row(f"{a}#{judge}#0", json.dumps({"harm": harm, "realism": "yes"}))
+            for a in items["association_id"]
+            for judge, harm in (("m1", 4), ("m2", 2))
+        ]
+        return pd.DataFrame(rows).reindex(columns=A.RATING_COLUMNS), [{"judge": "m1"}, {"judge": "m2"}]
+
+    monkeypatch.setattr(J, "run_judges", two_judges)
+    A.run(p, progress=False)
+    manifest = json.loads(artifacts.manifest_path("t", "associations").read_text())
+    rows = {r["judge"]: r for r in manifest["self_judgement"]}
+    assert rows["m1"]["gap"] == pytest.approx(2.0) and rows["m2"]["gap"] == pytest.approx(-2.0)
+    assert rows["m1"]["n_compared"] >= 1
+    assert manifest["human_summary"] is None and manifest["harm_gap"] is None
+
+
 def test_human_ratings_file_is_checked_before_any_work(tmp_path, monkeypatch):
     with pytest.raises(params.ParamsError, match="associations.human_ratings.*does not exist"):
         _profile(tmp_path, monkeypatch, human_ratings=str(tmp_path / "missing.csv"))

@@ -232,3 +232,42 @@ def test_spearman_matches_scipy_on_marker_means():
     assert table.loc["spearman", "estimate"] == pytest.approx(
         stats.spearmanr(per_marker["h"], per_marker["a"]).statistic
     )
+
+
+# automated context scores (en, fr, zh): A (en) 6/3/2: own highest, advantage 3.5; B (en) 2/5/1: not
+# highest, -1; C (fr) 4/4/3: tied, not strictly highest, 0.5; D (fr, one rating: not in the subset)
+CONTEXT_MARKERS = """marker_id,language,rater_id,human,automated,automated_en,automated_fr,automated_zh
+A,en,r1,6,6,6,3,2
+A,en,r2,7,6,6,3,2
+B,en,r1,5,2,2,5,1
+B,en,r2,4,2,2,5,1
+C,fr,r3,4,4,4,4,3
+C,fr,r4,5,4,4,4,3
+E,fr,r3,1,6,1,6,2
+E,fr,r4,6,6,1,6,2
+D,fr,r3,1,7,1,7,1
+"""
+
+
+def test_high_agreement_subset_by_hand(tmp_path):
+    """Feng et al. App. D.2.1: markers with >= 2 ratings spanning at most one point (A, B, C; not E,
+    whose raters differ by 5, nor D, rated once); mean self-context advantage (3.5 - 1 + 0.5) / 3 and
+    the share whose own context is strictly highest, 1/3."""
+    from storybias.stages.figures import feng_extra
+
+    ratings = validation.load_marker_ratings(write(tmp_path, CONTEXT_MARKERS))
+    table = validation.marker_agreement(ratings, n_boot=300, n_perm=100, seed=1).set_index("metric")
+    advantage = table.loc[validation.SUBSET_ADVANTAGE]
+    assert advantage["estimate"] == pytest.approx(1.0) and advantage["n_markers"] == 3
+    assert advantage["ci_low"] <= 1.0 <= advantage["ci_high"]
+    assert table.loc[validation.SUBSET_SELF_HIGHEST, "estimate"] == pytest.approx(1 / 3)
+    # the names figure 19 reads (the figures may not import stage 06)
+    assert (feng_extra.SUBSET_ADVANTAGE, feng_extra.SUBSET_SELF_HIGHEST) == (
+        validation.SUBSET_ADVANTAGE,
+        validation.SUBSET_SELF_HIGHEST,
+    )
+    without = validation.marker_agreement(validation.load_marker_ratings(write(tmp_path, MARKERS)), 100, 100)
+    assert validation.SUBSET_ADVANTAGE not in set(without["metric"])  # no context scores, no subset
+    partial = "marker_id,language,rater_id,human,automated,automated_en,automated_fr\nA,en,r1,6,6,6,3\n"
+    with pytest.raises(validation.ValidationFileError, match=r"row 1 \(header\).*without automated_zh"):
+        validation.load_marker_ratings(write(tmp_path, partial, "partial.csv"))

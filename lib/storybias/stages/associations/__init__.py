@@ -219,11 +219,8 @@ def run(
         "power_seconds": power_seconds,
         **_result_counts(attributes, values, items, ratings),
         "judges": engines_info,
-        "human_agreement": humans.agreement,
+        **_judgement_tables(humans, shared, parsed, settings),
         "params": params.resolved()["associations"],
-        "human_n_associations": None if humans.table is None else int(len(humans.table)),
-        "human_n_harmful": None if humans.table is None else int(humans.table["harmful"].sum()),
-        "harmful_human_vs_llm": humans.harmful_vs,
         "published": _published_summary(settings.published, published, comparison),
     }
     write_json_atomic(manifest, artifacts.manifest_path(run_name, "associations"))
@@ -248,6 +245,33 @@ def run(
         realism=realism_summary(human, parsed),
         published=comparison,
     )
+
+
+def _records(frame: pd.DataFrame | None) -> list[dict[str, Any]] | None:
+    """A table as the manifest's list of rows (NaN as null), None when there is no table."""
+    if frame is None:
+        return None
+    return frame.astype(object).where(frame.notna(), None).to_dict(orient="records")
+
+
+def _judgement_tables(
+    humans: _HumanComparison, shared: pd.DataFrame, parsed: pd.DataFrame, settings: AssociationSettings
+) -> dict[str, Any]:
+    """The manifest's human-vs-LLM and self-judgement results, read by figure 18: the agreement (rho),
+    the human rating summary per association, the harm gap per base attribute, the harmful
+    classifications compared, and each generator-judge's rating of its own associations against the
+    other judges' (``judge.self_judgement_contrast``)."""
+    table = humans.table
+    self_judgement = judge.self_judgement_contrast(shared, parsed, settings.bootstrap, settings.seed)
+    return {
+        "human_agreement": humans.agreement,
+        "human_n_associations": None if table is None else int(len(table)),
+        "human_n_harmful": None if table is None else int(table["harmful"].sum()),
+        "harmful_human_vs_llm": humans.harmful_vs,
+        "human_summary": _records(table),
+        "harm_gap": _records(humans.harm_gap),
+        "self_judgement": _records(self_judgement),
+    }
 
 
 def _items_to_rate(settings: AssociationSettings, shared: pd.DataFrame, published: pd.DataFrame | None) -> pd.DataFrame:

@@ -13,6 +13,8 @@ rater_id   the rater (pseudonymous)
 human      the rater's relevance of the marker to their own context, integer 1-7
 automated  the automated relevance of the marker to its source-linked context, integer 1-7
 keep       optional: the rater's inclusion decision, ``keep`` or ``remove``
+automated_en, automated_fr, automated_zh
+           optional, all three or none: the marker's automated relevance to each context, 1-7
 ========== ==================================================================================
 
 Statistics: agreement within two scale points, quadratic-weighted Cohen's kappa and mean absolute error
@@ -20,7 +22,10 @@ over comparisons, and the Spearman correlation of each marker's mean human ratin
 score; 95% percentile intervals from 2,000 bootstrap resamples of markers and p-values against 10,000
 within-language permutations of the automated scores across markers; the pooled human-human baseline
 (every pair of raters of the same marker: kappa, MAE, within two points); the human endorsement of the
-automated Keep decisions when ``keep`` is given.
+automated Keep decisions when ``keep`` is given; with the three context scores, the high-agreement
+subset (markers with at least two ratings whose human ratings span at most one scale point): the
+mean automated self-context advantage of its markers and the share whose own context scores strictly
+highest (the paper: 54 markers, 3.28 and 77.8%).
 
 **Protagonist labels** (App. D.2.2), one row per rater x narrative:
 
@@ -59,6 +64,10 @@ from storybias.stats.agreement import (
 from storybias.stats.bootstrap import bootstrap_group_counts, percentile_interval
 
 MARKER_COLUMNS: tuple[str, ...] = ("marker_id", "language", "rater_id", "human", "automated")
+CONTEXTS: tuple[str, ...] = ("en", "fr", "zh")  # the three language-linked contexts of the scores
+CONTEXT_SCORES: tuple[str, ...] = tuple(f"automated_{c}" for c in CONTEXTS)  # optional marker columns
+SUBSET_ADVANTAGE = "high_agreement_advantage"  # rows of marker_agreement (figure 19 reads these names)
+SUBSET_SELF_HIGHEST = "high_agreement_self_highest"
 LABEL_COLUMNS: tuple[str, ...] = ("item_id", "language", "genre", "automated", "rater_id", "human")
 SCALE: tuple[int, ...] = tuple(range(1, 8))  # the 1-7 relevance scale
 LABELS: tuple[str, ...] = ("female", "male", "unknown")
@@ -134,10 +143,17 @@ def _no_duplicates(path: str | Path, frame: pd.DataFrame, keys: list[str]) -> No
 def load_marker_ratings(path: str | Path) -> pd.DataFrame:
     """The marker-rating CSV, checked: columns, 1-7 integers, one language and automated score per
     marker, one rating per rater and marker, ``keep`` (optional) in keep/remove."""
-    frame = _read(path, MARKER_COLUMNS, optional=("keep",))
+    frame = _read(path, MARKER_COLUMNS, optional=("keep", *CONTEXT_SCORES))
+    given = [c for c in CONTEXT_SCORES if c in frame.columns]
+    if given and len(given) < len(CONTEXT_SCORES):
+        missing = ", ".join(c for c in CONTEXT_SCORES if c not in given)
+        raise ValidationFileError(
+            f"{path}, row 1 (header): {', '.join(given)} without {missing}: all three context scores or none"
+        )
     frame["human"] = _scale(path, frame, "human")
-    frame["automated"] = _scale(path, frame, "automated")
-    for column in ("language", "automated"):
+    for column in ("automated", *given):
+        frame[column] = _scale(path, frame, column)
+    for column in ("language", "automated", *given):
         _one_per(path, frame, "marker_id", column)
     _no_duplicates(path, frame, ["marker_id", "rater_id"])
     if "keep" in frame.columns:
@@ -224,7 +240,50 @@ def marker_agreement(ratings: pd.DataFrame, n_boot: int = 2000, n_perm: int = 10
     rows += human_human(data, counts, marker_codes, n_markers)
     if "keep" in data.columns and data["keep"].notna().any():
         rows.append(_keep_endorsement(data, counts, marker_codes))
+    if all(c in data.columns for c in CONTEXT_SCORES):
+        rows += high_agreement_subset(data, n_boot, seed)
     return pd.DataFrame(rows)
+
+
+def high_agreement_subset(ratings: pd.DataFrame, n_boot: int = 2000, seed: int = 42) -> list[dict[str, Any]]:
+    """Feng et al. App. D.2.1's high-agreement subset: markers with at least two ratings whose human
+    ratings span at most one scale point. On them, the automated self-context advantage (the score of
+    the marker's own language's context minus the mean of the other two, Eq. 5 at the marker level)
+    averaged over markers, and the share of markers whose own context scores strictly highest; 95%
+    intervals from ``n_boot`` resamples of the subset's markers. Source languages outside en/fr/zh are
+    left out (no own context)."""
+    per_marker = ratings.groupby("marker_id").agg(
+        language=("language", "first"),
+        n=("human", "size"),
+        spread=("human", lambda h: h.max() - h.min()),
+        **{c: (c, "first") for c in CONTEXT_SCORES},
+    )
+    subset = per_marker[(per_marker["n"] >= 2) & (per_marker["spread"] <= 1) & per_marker["language"].isin(CONTEXTS)]
+    scores = subset[list(CONTEXT_SCORES)].to_numpy(float)
+    own_index = np.array([CONTEXTS.index(lang) for lang in subset["language"]], dtype=int)
+    own = scores[np.arange(len(subset)), own_index] if len(subset) else np.zeros(0)
+    others = (scores.sum(axis=1) - own) / 2 if len(subset) else np.zeros(0)
+    masked = scores.copy()
+    masked[np.arange(len(subset)), own_index] = -np.inf
+    highest = (own > masked.max(axis=1)).astype(float) if len(subset) else np.zeros(0)
+    counts = bootstrap_group_counts(len(subset), n_boot, seed) if len(subset) else np.zeros((0, 0))
+    rows = []
+    for metric, values in ((SUBSET_ADVANTAGE, own - others), (SUBSET_SELF_HIGHEST, highest)):
+        boot = counts @ values / counts.sum(axis=1) if len(subset) else np.array([np.nan])
+        lo, hi = percentile_interval(boot)
+        rows.append(
+            {
+                "metric": metric,
+                "estimate": float(values.mean()) if len(subset) else np.nan,
+                "ci_low": lo,
+                "ci_high": hi,
+                "permutation_mean": np.nan,
+                "permutation_p": np.nan,
+                "n_comparisons": int(ratings["marker_id"].isin(subset.index).sum()),
+                "n_markers": int(len(subset)),
+            }
+        )
+    return rows
 
 
 def _permutation_null(

@@ -546,3 +546,17 @@ def test_log_odds_compare_cultural_references_too():
     table = metrics.log_odds_table(data, comparison, prior_scale=100.0, top=1)
     refs = table[table["field"] == "cultural_refs"].set_index("group")
     assert refs.loc["muslim", "word"] == "eid" and refs.loc["christian", "word"] == "christmas"
+
+
+def test_a_negative_wald_statistic_is_no_test():
+    """A cluster-robust covariance that is not positive definite (few clusters, a separated outcome) can
+    give Wald chi2 < 0 (the default run's female intercept: -132.7): its chi2 and p are emptied, named."""
+    from storybias.stages.metrics.feng import drop_unusable_wald
+
+    wald = pd.DataFrame(
+        {"outcome": ["female"] * 2, "term": ["Intercept", "C(model, Sum)"], "chi2": [-132.7, 5.72],
+         "p_value": [1.0, 0.017], "df": [1, 1], "n_trials": [55, 55]}
+    )  # fmt: skip
+    out, unusable = drop_unusable_wald(wald)
+    assert unusable == ["Intercept"] and np.isnan(out.loc[0, "chi2"]) and np.isnan(out.loc[0, "p_value"])
+    assert out.loc[1, "chi2"] == 5.72 and wald.loc[0, "chi2"] == -132.7  # the input is not changed

@@ -391,8 +391,8 @@ def _trial_glms(trials: pd.DataFrame, common: Sequence[str], notes: list[str]) -
         result, why = trial_glm(common_trials, outcome)
         if why:
             notes.append(f"trial-level GLM ({outcome}): {why}")
-        else:
-            parts.append(result)
+        if not result.empty:
+            parts.append(result)  # a fit whose unusable terms were emptied keeps its other terms
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
 

@@ -204,7 +204,22 @@ def trial_glm(trials: pd.DataFrame, outcome: str) -> tuple[pd.DataFrame, str]:
     )
     wald.insert(0, "outcome", outcome)
     wald["n_trials"] = len(data)
+    wald, unusable = drop_unusable_wald(wald)
+    if unusable:
+        return wald, (
+            f"Wald chi2 < 0 for {', '.join(unusable)} ({groups.max() + 1} clusters, {len(fit.params)} parameters: "
+            "the cluster-robust covariance is not positive definite); their chi2 and p are left empty"
+        )
     return wald, ""
+
+
+def drop_unusable_wald(wald: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """A Wald chi2 below zero (a cluster-robust covariance that is not positive definite, with few
+    clusters or a separated outcome) is no test: its chi2 and p become NaN; the terms are returned."""
+    bad = wald["chi2"].astype(float) < 0
+    out = wald.copy()
+    out.loc[bad, ["chi2", "p_value"]] = np.nan
+    return out, [str(t) for t in wald.loc[bad, "term"]]
 
 
 def occupation_trials(data: pd.DataFrame) -> pd.DataFrame:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -351,22 +352,21 @@ def _check_comparisons(profile: Profile) -> list[str]:
     return problems
 
 
+def _check_csv(key: str, value: str | None, validate: Callable[[Path], list[str]]) -> list[str]:
+    """The problems of the CSV file a key names (none when unset), each prefixed with the key."""
+    if value is None:
+        return []
+    path = paths.resolve(value)
+    if not path.is_file():
+        return [f"{key}: {path} does not exist"]
+    return [f"{key}: {p}" for p in validate(path)]
+
+
 def _check_evidence_files(profile: Profile) -> list[str]:
     """Stage 03's human validation and stage 04's human ratings and published associations: the files
     exist and are well formed."""
-    problems: list[str] = []
-    if profile.extract.human_validation is not None:
-        judged = paths.resolve(profile.extract.human_validation)
-        if not judged.is_file():
-            problems.append(f"extract.human_validation: {judged} does not exist")
-        else:
-            problems += [f"extract.human_validation: {p}" for p in validate_extraction_validation(judged)]
-    if profile.associations.human_ratings is not None:
-        human = paths.resolve(profile.associations.human_ratings)
-        if not human.is_file():
-            problems.append(f"associations.human_ratings: {human} does not exist")
-        else:
-            problems += [f"associations.human_ratings: {p}" for p in validate_human_ratings(human)]
+    problems = _check_csv("extract.human_validation", profile.extract.human_validation, validate_extraction_validation)
+    problems += _check_csv("associations.human_ratings", profile.associations.human_ratings, validate_human_ratings)
     if profile.associations.published is not None:
         try:
             load_associations(paths.resolve(profile.associations.published))

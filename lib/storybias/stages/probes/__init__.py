@@ -133,35 +133,39 @@ def identity_probes(
         ]
         cells.append(("all", s_genre, p_genre))
         for lang, s, p in cells:
-            X = np.stack([X_sample[i] for i in s["story_id"]]) if len(s) else np.zeros((0, 1))
-            r = probe_auc(
-                X,
-                labels_of(s),
-                s["group"].to_numpy(),
-                settings.n_splits,
-                settings.n_bootstrap,
-                settings.seed,
-                settings.min_per_class,
-                timings,
-            )
+            full, pairs = probe_cell(s, p, X_sample, X_deleted, settings, timings)
             rows.append(
-                {"language": lang, "genre": genre, "variant": "full_sample", **{k: r[k] for k in PROBE_COLUMNS[3:]}}
+                {"language": lang, "genre": genre, "variant": "full_sample", **{k: full[k] for k in PROBE_COLUMNS[3:]}}
             )
-            Xf = np.stack([X_sample[i] for i in p["story_id"]]) if len(p) else np.zeros((0, 1))
-            Xd = np.stack([X_deleted[i] for i in p["story_id"]]) if len(p) else np.zeros((0, 1))
-            for r in paired_probe(
-                Xf,
-                Xd,
-                labels_of(p),
-                p["group"].to_numpy(),
-                settings.n_splits,
-                settings.n_bootstrap,
-                settings.seed,
-                settings.min_per_class,
-                timings,
-            ):
+            for r in pairs:
                 rows.append({"language": lang, "genre": genre, **{k: r[k] for k in PROBE_COLUMNS[2:]}})
     return pd.DataFrame(rows, columns=PROBE_COLUMNS)
+
+
+def _stack(X: Mapping[str, np.ndarray], story_ids: pd.Series) -> np.ndarray:
+    return np.stack([X[i] for i in story_ids]) if len(story_ids) else np.zeros((0, 1))
+
+
+def probe_cell(
+    sample: pd.DataFrame,
+    paired: pd.DataFrame,
+    X_sample: Mapping[str, np.ndarray],
+    X_deleted: Mapping[str, np.ndarray],
+    settings: ProbeSettings,
+    timings: Timings | None = None,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """One cell's probes: the full-sample probe of ``sample`` and the paired full / cue-deleted / delta
+    comparison on ``paired`` (:func:`probe_auc`, :func:`paired_probe`), from the embeddings by story id."""
+    fit = (settings.n_splits, settings.n_bootstrap, settings.seed, settings.min_per_class, timings)
+    full = probe_auc(_stack(X_sample, sample["story_id"]), labels_of(sample), sample["group"].to_numpy(), *fit)
+    pairs = paired_probe(
+        _stack(X_sample, paired["story_id"]),
+        _stack(X_deleted, paired["story_id"]),
+        labels_of(paired),
+        paired["group"].to_numpy(),
+        *fit,
+    )
+    return full, pairs
 
 
 def model_probes(
@@ -179,15 +183,11 @@ def model_probes(
     says so in ``status`` when it cannot be probed."""
     rows = []
     probed, paired = probed[probed["genre"] == genre], paired[paired["genre"] == genre]
-    fit = (settings.n_splits, settings.n_bootstrap, settings.seed, settings.min_per_class)
     for (model, language), s in probed.groupby(["model", "language"], sort=True):
-        X = np.stack([X_sample[i] for i in s["story_id"]])
-        r = probe_auc(X, labels_of(s), s["group"].to_numpy(), *fit)
-        rows.append({"model": model, "language": language, "variant": "full_sample", **_probe_values(r)})
         p = paired[(paired["model"] == model) & (paired["language"] == language)]
-        Xf = np.stack([X_sample[i] for i in p["story_id"]]) if len(p) else np.zeros((0, 1))
-        Xd = np.stack([X_deleted[i] for i in p["story_id"]]) if len(p) else np.zeros((0, 1))
-        delta = paired_probe(Xf, Xd, labels_of(p), p["group"].to_numpy(), *fit)[2]
+        full, pairs = probe_cell(s, p, X_sample, X_deleted, settings)
+        delta = pairs[2]  # full, cue_deleted, delta
+        rows.append({"model": model, "language": language, "variant": "full_sample", **_probe_values(full)})
         rows.append({"model": model, "language": language, "variant": "delta", **_probe_values(delta)})
     return pd.DataFrame(rows, columns=crosslens.MODEL_PROBE_COLUMNS)
 

@@ -128,6 +128,20 @@ def test_a_missing_lens_says_why():
     assert row["reason_m_s"] == "no occupations outputs" and row["n_m_s"] == 0
 
 
+def test_a_cell_whose_association_tables_were_untestable_is_missing_not_zero():
+    """No table of model a's French pass could be tested: its rate of significant associations is
+    unknown (NaN with the reason), not 0 per 1,000 stories; English, tested, keeps its rate."""
+    values, shared, stories, *_ = _run({"a": (0.5, 0.5, 0.5)})
+    values = values[values["scope"] != "fr"]
+    table = X.crosslens_table([X.association_measures(values, shared, stories)], {}).set_index(["model", "language"])
+    french, english = table.loc[("a", "fr")], table.loc[("a", "en")]
+    for measure in ("assoc_per_1000", "share_harmful"):
+        assert np.isnan(french[measure]) and np.isnan(french[f"{measure}_low"]) and np.isnan(french[f"{measure}_high"])
+        assert french[f"reason_{measure}"].startswith("no table testable in this language pass")
+    assert french["n_assoc_per_1000"] == 200  # the stories were there; no table could be tested
+    assert english["assoc_per_1000"] > 0 and english["reason_assoc_per_1000"] == ""
+
+
 def test_planted_models_are_recovered_and_the_discordant_one_breaks_its_pairs():
     """m_all is biased through every lens, m_narr through BiasedTales-ML's only; the rest share a
     common bias level. The concordant model ranks first on every measure; m_narr tops JSD and |S_C| and
@@ -141,11 +155,12 @@ def test_planted_models_are_recovered_and_the_discordant_one_breaks_its_pairs():
         assert mean[measure].idxmax() == "m_all", measure
     for measure in ("jsd", "max_abs_sc"):
         assert mean[measure].idxmax() == "m_narr" and mean[measure].rank(ascending=False)["m_all"] == 2
-    agreement = lens_agreement(table, ["assoc_per_1000", "jsd", "m_s"], n_permutations=300, n_replicates=200)
-    r = {(row.measure_a, row.measure_b): row.r for row in agreement.itertuples()}
+    agreement = lens_agreement(table, ["assoc_per_1000", "jsd", "m_s"], n_permutations=300, lenses=X.LENS_OF)
+    r = {(row.measure_a, row.measure_b): row.r_within_language for row in agreement.itertuples()}
     assert r[("assoc_per_1000", "m_s")] > 0.7
     assert r[("assoc_per_1000", "jsd")] < r[("assoc_per_1000", "m_s")] - 0.2
     assert r[("jsd", "m_s")] < r[("assoc_per_1000", "m_s")] - 0.2
+    assert (agreement["kind"] == "across lenses").all()
 
 
 def test_the_comparison_must_be_one_with_s_c_and_the_default_is_the_first(tmp_path):
@@ -185,7 +200,12 @@ def test_stage_06_writes_the_tables_from_a_runs_artifacts(tmp_path, monkeypatch)
     table, agreement = X.run_tables("x", stories, "child_gender", settings)
     assert len(table) == 6 and table["assoc_per_1000"].notna().all() and table["jsd"].notna().all()
     assert set(table["reason_m_s"]) == {"no occupations outputs by this model in this language"}
-    assert set(agreement.columns) == set(X.AGREEMENT_SCHEMA.names) and len(agreement) == 28
+    assert list(agreement.columns) == X.AGREEMENT_SCHEMA.names and len(agreement) == 28
+    within = agreement[agreement["kind"] == "within one lens"]
+    assert sorted(zip(within["measure_a"], within["measure_b"])) == [
+        ("assoc_per_1000", "share_harmful"), ("auc_full", "delta_auc"), ("jsd", "max_abs_sc"), ("m_s", "m_b")
+    ]  # fmt: skip
+    assert set(agreement["finding"]) == {"not assessed"}  # two models cannot be relabelled into a test
     assert set(table["reason_auc_full"]) == {X.LENS_REASONS["auc_full"]}
 
 

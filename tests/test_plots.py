@@ -1113,7 +1113,7 @@ def make_crosslens() -> tuple[pd.DataFrame, pd.DataFrame]:
             rows.append(row)
     table = pd.DataFrame(rows)
     table["share_harmful"] = [0.5, 0.1, 0.4, 0.2, 0.3, 0.6]  # unrelated to the model: the least concordant
-    return table, lens_agreement(table, list(X.MEASURES), n_permutations=100, n_replicates=100)
+    return table, lens_agreement(table, list(X.MEASURES), n_permutations=100, lenses=X.LENS_OF)
 
 
 def test_crosslens_heatmap_marks_missing_cells_and_picks_the_extreme_pairs():
@@ -1127,7 +1127,7 @@ def test_crosslens_heatmap_marks_missing_cells_and_picks_the_extreme_pairs():
     assert "Feng\nM_s" in [t.get_text() for t in heat.get_xticklabels()]
     assert "a · en" in [t.get_text() for t in heat.get_yticklabels()]
     # without any assessed pair: the pairs with most cells in common, said to be not assessed
-    unassessed = agreement.assign(r=np.nan)
+    unassessed = agreement.assign(r_within_language=np.nan)
     _, stats = plots.crosslens_heatmap(table, unassessed)
     assert stats["n_pairs_assessed"] == 0 and np.isnan(stats["r_most"]) and stats["n_most"] == 6
     titles = [" ".join(ax.get_title().split()) for ax in plots.crosslens_heatmap(table, unassessed)[0].axes]

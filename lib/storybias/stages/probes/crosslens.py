@@ -20,7 +20,10 @@ design, too few, an input missing), never a silent blank. The measures:
   that); the per-model refit is storybias' own, on fewer stories per probe.
 
 :func:`run_tables` builds the table from a run's artifacts (stage 06 writes it as ``crosslens.parquet``)
-and the agreement of every pair of measures (``storybias.stats.concordance``, ``crosslens_agreement.parquet``).
+and the agreement of every pair of measures (``storybias.stats.concordance``, ``crosslens_agreement.parquet``):
+the rank correlation centred within each language, a test that relabels whole models, Benjamini-Hochberg
+over the pairs across lenses. ``LENS_OF`` says which lens each measure reads, so that two readings of one
+lens (M_s and M_b, say) are labelled ``within one lens`` and never counted as agreement between lenses.
 """
 
 from __future__ import annotations
@@ -54,6 +57,22 @@ class Measure(TypedDict):
 
 CellMeasures = dict[tuple[str, str], dict[str, Measure]]  # (model, language) -> measure name -> Measure
 MEASURES = ("assoc_per_1000", "share_harmful", "jsd", "max_abs_sc", "m_s", "m_b", "auc_full", "delta_auc")
+# The lens each measure reads. Two measures of one lens are two readings of the same stories: their
+# agreement is a consistency check, not agreement between lenses. Feng et al. (Beyond Surface Cues,
+# arXiv:2608.23026) give two lenses here: M_s and M_b count the genders a model writes for each
+# occupation, while the probes (AUC, Delta AUC) ask how far a story's embedding separates the
+# protagonist's gender; they read different features by different methods, so a pair across them counts
+# as a pair across lenses.
+LENS_OF = {
+    "assoc_per_1000": "stereotales",
+    "share_harmful": "stereotales",
+    "jsd": "biasedtales",
+    "max_abs_sc": "biasedtales",
+    "m_s": "feng_occupations",
+    "m_b": "feng_occupations",
+    "auc_full": "feng_probes",
+    "delta_auc": "feng_probes",
+}
 # stage 06's per-model probes (probes.model_probes): variant full_sample (the AUC) or delta (Delta AUC)
 MODEL_PROBE_COLUMNS = ["model", "language", "variant", "n", "auc", "ci_low", "ci_high", "status"]
 PROBE_MEASURE = {"full_sample": "auc_full", "delta": "delta_auc"}
@@ -85,20 +104,21 @@ def association_measures(values: pd.DataFrame, shared: pd.DataFrame, stories: pd
             cell["share_harmful"] = _empty(reason)
             out[(model, language)] = cell
             continue
-        mine = values[(values["model"] == model) & (values["scope"] == language)]
+        mine = values[(values["model"] == model) & (values["scope"] == language)] if len(values) else values
+        if mine.empty:  # nothing was tested: the rate is unknown, not zero
+            untestable = "no table testable in this language pass (too few known answers per value)"
+            out[(model, language)] = {"assoc_per_1000": _empty(untestable, int(n)), "share_harmful": _empty(untestable)}
+            continue
         significant = mine[mine["significant"].astype(bool)]
         count = len(significant)
         low, high = poisson_interval(count)
-        rate: Measure = {
+        cell["assoc_per_1000"] = {
             "value": 1000 * count / n,
             "low": 1000 * low / n,
             "high": 1000 * high / n,
             "n": int(n),
             "reason": "",
         }
-        if mine.empty:
-            rate["reason"] = "no table testable in this language pass (too few known answers per value)"
-        cell["assoc_per_1000"] = rate
         keys = [tuple(r) for r in significant[KEY].to_numpy()]
         rated = [harmful[(language, k)] for k in keys if (language, k) in harmful]
         if not rated:
@@ -258,12 +278,18 @@ AGREEMENT_SCHEMA = pa.schema(
     [
         ("measure_a", pa.string()),
         ("measure_b", pa.string()),
+        ("lens_a", pa.string()),
+        ("lens_b", pa.string()),
+        ("kind", pa.string()),
         ("n_cells", pa.int64()),
-        ("method", pa.string()),
-        ("r", pa.float64()),
-        ("ci_low", pa.float64()),
-        ("ci_high", pa.float64()),
+        ("n_models", pa.int64()),
+        ("n_languages", pa.int64()),
+        ("r_within_language", pa.float64()),
+        ("n_permutations", pa.int64()),
+        ("exact", pa.bool_()),
         ("p_permutation", pa.float64()),
+        ("p_bh", pa.float64()),
+        ("finding", pa.string()),
         ("verdict", pa.string()),
     ]
 )
@@ -314,6 +340,6 @@ def run_tables(
     if table.empty:
         return pd.DataFrame(columns=CROSSLENS_SCHEMA.names), pd.DataFrame(columns=AGREEMENT_SCHEMA.names)
     agreement = lens_agreement(
-        table, list(MEASURES), "language", settings.n_permutations, settings.n_bootstrap, settings.seed
+        table, list(MEASURES), "language", settings.n_permutations, settings.seed, unit="model", lenses=LENS_OF
     )
     return table, agreement

@@ -17,6 +17,7 @@ from storybias import cli
 from storybias.config import params
 from storybias.core import artifacts, paths
 from storybias.stages.associations import tables
+from storybias.stages.associations.findings import FINDINGS_SCHEMA
 from storybias.stages.associations.published import COMPARISON_SCHEMA
 from storybias.stages.probes import probe
 
@@ -126,8 +127,9 @@ def test_registry_lists_every_table_the_stages_define():
         return {a.name for a in artifacts.of_stage(stage) if a.pattern.endswith(".parquet")}
 
     assert named("metrics") == {f"metrics_{n}" for n in metrics.OUTPUT_SCHEMAS}
-    assert named("associations") == {*tables.OUTPUT_SCHEMAS, "published_comparison"}
+    assert named("associations") == {*tables.OUTPUT_SCHEMAS, "published_comparison", "associations_findings"}
     assert artifacts.schema("published_comparison") is COMPARISON_SCHEMA
+    assert artifacts.schema("associations_findings") is FINDINGS_SCHEMA
     assert named("probes") == set(probe.OUTPUT_SCHEMAS)
     for name, schema in metrics.OUTPUT_SCHEMAS.items():
         assert artifacts.schema(f"metrics_{name}") is schema

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
 import pandas as pd
 import pytest
 from scipy import stats
+from scipy.stats._multivariate import random_table_gen as scipy_random_table
 
 from storybias.evidence import ratings
 from storybias.stages import associations as A
@@ -15,6 +17,7 @@ from storybias.stages.associations import human as H
 from storybias.stages.associations import judge as J
 from storybias.stages.associations import tables
 from storybias.stats import contingency
+from storybias.stats.multiple_testing import adjust
 
 
 def test_cramers_v_bias_correction_hand_computed():
@@ -61,14 +64,84 @@ def test_contingency_cleaning():
 def test_monte_carlo_fisher_agrees_with_exact_2x2():
     table = np.array([[8, 2], [1, 5]])
     exact = stats.fisher_exact(table)[1]
-    p, _ = contingency.fisher_rxc_monte_carlo(table, 200_000, seed=42)
+    p = contingency.fisher_reference_p(table, 200_000, seed=42)
     assert p == pytest.approx(exact, abs=3 * math.sqrt(exact * (1 - exact) / 200_000) + 1e-6)
 
 
-def test_sampled_tables_keep_the_margins():
-    rows, cols = np.array([20, 21, 20]), np.array([19, 19, 23])
-    sims = contingency.sample_tables(rows, cols, 50, np.random.default_rng(0))
-    assert (sims.sum(2) == rows).all() and (sims.sum(1) == cols).all() and (sims >= 0).all()
+def _reference_call(table: np.ndarray, n_resamples: int, seed: int) -> float:
+    """The reference pipeline's attribute-level call, verbatim in its arguments: scipy's Monte-Carlo
+    Fisher test, n_resamples, a generator seeded afresh for the table, no batch."""
+    method = stats.MonteCarloMethod(n_resamples=n_resamples, rng=np.random.default_rng(seed))
+    return float(stats.fisher_exact(table, method=method).pvalue)
+
+
+def _random_tables(seed: int, count: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    out = []
+    while len(out) < count:
+        r, c, n = int(rng.integers(2, 6)), int(rng.integers(2, 10)), int(rng.integers(15, 1500))
+        table = rng.multinomial(n, rng.dirichlet(np.full(r * c, 0.7))).reshape(r, c)
+        table = table[table.sum(1) > 0]
+        table = table[:, table.sum(0) > 0]
+        if min(table.shape) >= 2:
+            out.append(table)
+    return out
+
+
+def test_the_attribute_level_p_value_is_the_reference_calls_to_the_last_digit():
+    # batched where scipy's stream allows it (Patefield), in one call where it does not (Boyett)
+    tables = _random_tables(11, 16) + [np.array([[3, 1, 0], [1, 4, 2]]), np.array([[2, 0, 1, 1], [0, 3, 1, 2]])]
+    kinds = set()
+    for table in tables:
+        rule = scipy_random_table._rvs_select(table.sum(1), table.sum(0), table.sum())
+        assert contingency.batch_invariant(table) == (rule == scipy_random_table._rvs_patefield)
+        kinds.add(contingency.batch_invariant(table))
+        assert contingency.fisher_reference_p(table, 60_000, seed=42) == _reference_call(table, 60_000, 42)
+    assert kinds == {True, False}
+
+
+def test_the_sequential_test_ends_on_the_reference_p_value_for_both_of_scipys_samplers():
+    for table in (np.array([[9, 4, 2], [3, 8, 6]]), np.array([[30, 12, 9], [11, 25, 31]])):
+        estimate = contingency.SequentialFisher(table, seed=3, max_resamples=60_000)
+        while not estimate.exhausted:
+            estimate.refine()
+        assert estimate.p == _reference_call(table, 60_000, 3)
+
+
+def test_one_sided_cell_p_values_are_fisher_exacts_to_the_last_digit():
+    for table in _random_tables(5, 12):
+        table = table[table.sum(1) >= 1]
+        got = tables.one_sided_fisher(table)
+        n, rows, cols = table.sum(), table.sum(1), table.sum(0)
+        for (i, j), a in np.ndenumerate(table):
+            b, c = rows[i] - a, cols[j] - a
+            expected = stats.fisher_exact([[a, b], [c, n - a - b - c]], alternative="greater").pvalue
+            assert got[i, j] == expected, (table.tolist(), i, j)
+
+
+def test_bh_and_by_are_scipys_false_discovery_control_to_the_last_digit():
+    p = np.random.default_rng(2).uniform(0, 0.2, 37) ** 2
+    assert (adjust(p, "fdr_bh") == stats.false_discovery_control(p, method="bh")).all()
+    assert (adjust(p, "fdr_by") == stats.false_discovery_control(p, method="by")).all()
+
+
+def test_tables_are_tested_in_the_release_label_order():
+    # canonical keys sort atheist, buddhist, christian, ...; the release's labels sort "Atheist/Agnostic",
+    # "Buddhist", "Christian", "Hindu", "Jewish", "Muslim", "other" (capitals first), and for
+    # professional_field "arts ..." < "business ..." < "healthcare ..." < "science ... (STEM)" < "trades ..."
+    keys = ["stem", "trades_manual_labor", "healthcare_medicine", "arts_creative", "business_finance_legal"]
+    table = tables.in_release_order(
+        tables.Table(np.arange(10).reshape(2, 5), ["other", "jewish"], keys), "religion", "professional_field"
+    )
+    assert table.rows == ["jewish", "other"]
+    assert table.cols == [
+        "arts_creative",
+        "business_finance_legal",
+        "healthcare_medicine",
+        "stem",
+        "trades_manual_labor",
+    ]
+    assert table.counts[0].tolist() == [8, 9, 7, 5, 6]
 
 
 def test_fisher_decision_refines_only_near_thresholds():
@@ -100,7 +173,7 @@ def test_planted_association_is_recovered_and_null_is_not():
     found = 0
     for seed in range(10):
         attrs, values = tables.analyse_base_attribute(
-            _planted(100, seed), "income_level", ["education", "religion"], seed=seed
+            _planted(100, seed), "income_level", ["education", "religion"], seed=seed, max_resamples=20_000
         )
         retained = set(attrs.loc[attrs["retained"], "compared_attribute"])
         assert "religion" not in retained
@@ -122,7 +195,7 @@ def test_null_data_false_discoveries_stay_under_the_nominal_rate():
                 "demo_y": rng.choice(["u", "v"], 300),
             }
         )
-        attrs, values = tables.analyse_base_attribute(frame, "base", ["x", "y"], seed=seed)
+        attrs, values = tables.analyse_base_attribute(frame, "base", ["x", "y"], seed=seed, max_resamples=20_000)
         false += bool(len(values) and values["significant"].any())
     assert false / replicates <= 0.05
 
@@ -180,6 +253,42 @@ def test_passes_sharing_and_language_comparison():
     assert sentence == (
         "In the generated stories, when income level is low income, education is basic (e.g. less than "
         "high school, or high school) more often than for other income level groups."
+    )
+
+
+def test_every_bh_significant_pair_gets_its_cells_as_the_reference_writes_them():
+    # income x education is BH-significant in model a's pass; religion is independent. The value level
+    # runs on every BH-significant pair (the released files list their BY-significant cells whatever
+    # the effect size), and `significant` keeps StereoTales' stated rule on top.
+    data = _corpus(0)
+    attrs, values = A.run_pass(data, ["income_level", "education", "religion"], scope_by_language=False)
+    bh = attrs[attrs["p_adjusted"] < A.ALPHA]
+    assert len(bh) and set(zip(bh["model"], bh["compared_attribute"])) == set(
+        zip(values["model"], values["compared_attribute"])
+    )
+    small = values[~values["pair_retained"].astype(bool)]
+    assert not small["significant"].any()
+    rule = values["pair_retained"] & (values["p_adjusted"] < A.ALPHA) & (values["lift"] >= A.MIN_LIFT)
+    assert (values["significant"] == rule).all()
+    # a pair that is BH-significant but of a small effect still has its cells: plant one
+    rng = np.random.default_rng(4)
+    weak = pd.DataFrame(
+        {
+            "cond_value": np.repeat(["low", "high"], 2000),
+            "demo_education": np.concatenate(
+                [rng.choice(["basic", "higher"], 2000, p=[0.63, 0.37]), rng.choice(["basic", "higher"], 2000)]
+            ),
+        }
+    )
+    attrs, values = tables.analyse_base_attribute(weak, "income_level", ["education"], max_resamples=20_000)
+    assert attrs["p_adjusted"].iloc[0] < 0.05 and attrs["effect_size"].iloc[0] == "small"
+    assert len(values) == 4 and not values["pair_retained"].any() and not values["significant"].any()
+    assert (
+        json.loads(attrs["table"].iloc[0])["counts"]
+        == tables.contingency(weak["cond_value"], weak["demo_education"])
+        .loc[["high", "low"], ["basic", "higher"]]
+        .to_numpy()
+        .tolist()
     )
 
 
@@ -290,7 +399,7 @@ def test_clopper_pearson_matches_binomtest_and_reference_interval_narrows_to_the
         widths.append(estimate.hi - estimate.lo)
     assert widths == sorted(widths, reverse=True) and widths[-1] == 0
     # all resamples drawn: exactly the reference p-value (same stream, same order)
-    assert estimate.p == contingency.fisher_rxc_monte_carlo(table, 60_000, seed=3)[0]
+    assert estimate.p == contingency.fisher_reference_p(table, 60_000, seed=3)
     assert estimate.method == "monte-carlo(60000)"
 
 
@@ -307,7 +416,7 @@ def test_fisher_decision_equals_the_monte_carlo_reference_on_sparse_tables_near_
     for seed in range(4):
         table = _sparse_near(seed)
         table = table[table.sum(1) > 0][:, table.sum(0) > 0]
-        p_ref = contingency.fisher_rxc_monte_carlo(table, n, seed=seed)[0]
+        p_ref = contingency.fisher_reference_p(table, n, seed=seed)
         for factor in (0.7, 0.85, 1.2, 1.5):  # thresholds placed 15-50 % from the reference p-value
             threshold = min(p_ref * factor, 0.99)
             decision = contingency.fisher_rxc(table, [threshold], seed=seed, max_resamples=n)

@@ -786,7 +786,7 @@ def test_models_named_like_javascript_builtins_render(browser, tmp_path, monkeyp
 
 def test_payload_marks_associations_published_by_stereotales(frames, tmp_path):
     from storybias.evidence.released_associations import load_associations
-    from storybias.stages.associations.published import compare_published
+    from storybias.stages.associations.published import PooledScope, compare_published
 
     stories, extractions, shared, values = frames
     shared = shared.replace({"healthcare": "healthcare_medicine", "trades_manual": "trades_manual_labor"})
@@ -801,10 +801,16 @@ def test_payload_marks_associations_published_by_stereotales(frames, tmp_path):
     }
     path = tmp_path / "questions.json"
     path.write_text(json.dumps([record]), encoding="utf-8")
-    attributes = values.drop_duplicates(["model", "scope", "base_attribute", "compared_attribute"]).assign(
-        retained=True
+    pairs = values.groupby(["model", "scope", "base_attribute", "compared_attribute"])
+    attributes = pairs.agg(rows=("base_value", "unique"), cols=("compared_value", "unique")).reset_index()
+    attributes = attributes.assign(
+        retained=True,
+        effect_size="large",
+        p_adjusted=0.001,
+        table=[json.dumps({"rows": list(r), "cols": list(c)}) for r, c in zip(attributes["rows"], attributes["cols"])],
     )
-    comparison = compare_published(load_associations(path), attributes, values)  # what stage 04 writes
+    # what stage 04 writes
+    comparison = compare_published(load_associations(path), attributes, values, PooledScope(True, ""))
     payload = explorer.explorer_payload(stories, extractions, shared, values, run_name="syn", published=comparison)
     assert [a["published"] for a in payload["associations"]] == [True, None, False]  # the fr row is not pooled
     assert payload["published"] == {"mode": "any_model", "tested": 1, "reproduced": 1, "not_published": 0}

@@ -142,11 +142,12 @@ def test_a_published_list_is_rated_directly(tmp_path):
     released = pd.DataFrame(
         {
             "source": "released",
-            **{k: [ITEM[k]] * 3 for k in ("base_attribute", "compared_attribute")},
-            "base_value": ["low", "high", "middle"],
-            "compared_value": ["basic", "graduate", "basic"],
-            "published_p_adjusted": [0.01, 0.2, 0.01],
-            "published_lift": [2.5, 3.0, 1.5],
+            **{k: [ITEM[k]] * 4 for k in ("base_attribute", "compared_attribute")},
+            "base_value": ["low", "high", "middle", "low"],
+            "compared_value": ["basic", "graduate", "basic", "graduate"],
+            "published_p_adjusted": [0.01, 0.2, 0.01, 0.01],
+            "published_lift": [2.5, 3.0, 1.5, 3.0],
+            "published_effect": ["medium", "large", "large", "small"],  # the last: a small-effect pair's cell
         }
     )
     assert list(judge.published_items(released, 0.05, 2.0)["base_value"]) == ["low"]

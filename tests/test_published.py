@@ -13,7 +13,7 @@ from storybias.config.params import ParamsError
 from storybias.core import paths
 from storybias.evidence import published
 from storybias.evidence.released_associations import load_associations
-from storybias.stages.associations.published import compare_published, comparison_counts
+from storybias.stages.associations.published import PooledScope, compare_published, comparison_counts
 from storybias.stages.extract import answers as extract
 
 # Every value label of StereoTales' taxonomy as its published associations word them
@@ -160,20 +160,43 @@ def test_malformed_records_are_rejected(tmp_path, mutate, field):
 
 
 def _run(rows):
-    """(associations_attributes, associations_values) of a run: each row is one cell of a tested pair,
-    (model, scope, base attr, base value, compared attr, compared value, retained, significant)."""
+    """(associations_attributes, associations_values) of a run. Each row is one cell of a tested pair:
+    (model, scope, base attr, base value, compared attr, compared value, pair BH p, pair effect, cell BY p,
+    lift); the pair's table holds the rows and columns its cells name."""
     cells = pd.DataFrame(
         rows,
-        columns=["model", "scope", *published.KEY, "retained", "significant"],
+        columns=["model", "scope", *published.KEY, "pair_p", "effect", "p_adjusted", "lift"],
     )
-    attributes = cells.drop_duplicates(["model", "scope", "base_attribute", "compared_attribute"])[
-        ["model", "scope", "base_attribute", "compared_attribute", "retained"]
-    ]
-    values = cells[cells["retained"]].drop(columns="retained").assign(lift=3.0, p_adjusted=0.01)
-    values.loc[~values["significant"], "p_adjusted"] = 0.4
-    return attributes, values
+    pair = ["model", "scope", "base_attribute", "compared_attribute"]
+    attributes = []
+    for key, group in cells.groupby(pair, sort=False):
+        attributes.append(
+            {
+                **dict(zip(pair, key)),
+                "p_adjusted": group["pair_p"].iloc[0],
+                "effect_size": group["effect"].iloc[0],
+                "retained": group["effect"].iloc[0] in ("medium", "large"),
+                "table": json.dumps(
+                    {
+                        "rows": sorted(set(group["base_value"])),
+                        "cols": sorted(set(group["compared_value"])),
+                        "counts": [],
+                    }
+                ),
+            }
+        )
+    attributes = pd.DataFrame(attributes)
+    bh = cells["pair_p"] < 0.05
+    values = (
+        cells[bh]
+        .drop(columns=["pair_p"])
+        .assign(fraction=0.5, pair_retained=lambda f: f["effect"].isin(["medium", "large"]))
+    )
+    values["significant"] = values["pair_retained"] & (values["p_adjusted"] < 0.05) & (values["lift"] >= 2)
+    return attributes, values.drop(columns=["effect"])
 
 
+COMPARABLE = PooledScope(True, "")
 PUBLISHED = [
     _record(
         "p1", ("professional_field", "agriculture"), ("urbanicity", "rural"), models=("azure_ai/gpt-4o", "gemini/x")
@@ -187,75 +210,146 @@ PUBLISHED = [
         models=("azure_ai/gpt-4o",),
     ),
 ]
+SIG, NOT = 0.01, 0.4  # a BH / BY-adjusted p that is significant, and one that is not
 
 
-def _status(table):
-    listed = table[table["status"] != "not_published"]
-    return dict(zip(listed["base_value"], listed["status"], strict=True))
+def _status(table, column="status"):
+    listed = table[(table["status"] != "not_published") & table["counted"]]
+    return dict(zip(listed["base_value"], listed[column], strict=True))
 
 
-def test_comparison_counts_reproduced_new_and_overlap_any_model(tmp_path):
+def test_questions_are_counted_in_the_pooled_scope_and_every_other_scope_is_kept(tmp_path):
     pub = load_associations(_write(tmp_path, PUBLISHED))
     attributes, values = _run(
         [
-            ("m1", "all", "professional_field", "agriculture", "urbanicity", "rural", True, True),  # reproduces p1
-            ("m2", "all", "age", "senior", "employment_status", "retired", True, False),  # p2 tested, missed
-            ("m2", "all", "age", "adolescent", "marital_status", "single", True, True),  # reproduces p3
-            ("m1", "all", "age", "child", "marital_status", "single", True, True),  # not published
-            ("m1", "all", "professional_field", "stem", "urbanicity", "urban", True, True),  # not published
-            # found in French only: a question names no scope (the list mixes global and per-language
-            # associations), so it is compared with every scope the run tested
-            ("m1", "fr", "religion", "hindu", "geographic_origin", "south_asia", True, True),
-            ("m1", "fr", "age", "young_adult", "marital_status", "single", True, True),  # not published
+            ("m1", "all", "professional_field", "agriculture", "urbanicity", "rural", SIG, "large", SIG, 3.0),  # p1
+            ("m1", "all", "age", "senior", "employment_status", "retired", SIG, "medium", NOT, 3.0),  # p2 missed
+            ("m1", "all", "age", "adolescent", "marital_status", "single", SIG, "large", SIG, 3.0),  # p3
+            ("m1", "all", "age", "child", "marital_status", "single", SIG, "large", SIG, 3.0),  # not published
+            # found in French only: counted in the pooled scope (its table there untestable), kept for fr
+            ("m1", "fr", "religion", "hindu", "geographic_origin", "south_asia", SIG, "large", SIG, 3.0),
+            ("m1", "fr", "age", "young_adult", "marital_status", "single", SIG, "large", SIG, 3.0),  # not published
         ]
     )
-    table = compare_published(pub, attributes, values)
+    table = compare_published(pub, attributes, values, COMPARABLE)
     assert set(table["match"]) == {"any_model"}
     assert _status(table) == {
         "agriculture": "reproduced",
         "senior": "missed",
         "adolescent": "reproduced",
-        "hindu": "reproduced",
+        "hindu": "untested",
     }
-    listed = table[table["status"] != "not_published"].set_index("base_value")
-    assert listed["scope"].unique().tolist() == ["any"]
-    assert listed.loc["hindu", "run_scope"] == "fr" and listed.loc["agriculture", "run_scope"] == "all"
+    hindu = table[table["base_value"] == "hindu"].set_index("run_scope")
+    assert hindu.loc["all", "counted"] and hindu.loc["all", "reason"].startswith(
+        "the run's table of this pair was untestable"
+    )
+    assert not hindu.loc["fr", "counted"] and hindu.loc["fr", "status"] == "reproduced"
+    # every question was tried in both of m1's scopes: 4 questions x 2 scopes
+    assert len(table[table["source"] == "questions"]) == 8
     unpublished = table[table["status"] == "not_published"]
-    assert sorted(zip(unpublished["base_value"], unpublished["scope"])) == [
-        ("child", "all"),
-        ("stem", "all"),
-        ("young_adult", "fr"),
-    ]
+    assert sorted(zip(unpublished["base_value"], unpublished["scope"])) == [("child", "all"), ("young_adult", "fr")]
     per = comparison_counts(table, by=("base_attribute",)).set_index("base_attribute")
     assert per.loc["age", ["reproduced", "missed", "untested", "not_published"]].tolist() == [1, 1, 0, 2]
     assert per.loc["age", "reproduced_share"] == pytest.approx(0.5)
-    assert per.loc["professional_field", "reproduced_share"] == pytest.approx(1.0)
-    assert per.loc["religion", "reproduced"] == 1
+    assert per.loc["religion", "untested"] == 1 and per.loc["religion", "reproduced"] == 0
 
 
-def test_comparison_uses_the_same_model_when_names_match(tmp_path):
+def test_questions_are_counted_once_per_listed_model_when_names_match(tmp_path):
     pub = load_associations(_write(tmp_path, PUBLISHED))
     attributes, values = _run(
         [
-            ("GPT-4o", "all", "professional_field", "agriculture", "urbanicity", "rural", True, False),  # misses p1
-            ("other", "all", "professional_field", "agriculture", "urbanicity", "rural", True, True),  # not the model
-            ("GPT-4o", "all", "age", "senior", "employment_status", "retired", True, True),  # p2 reproduced
-            ("GPT-4o", "all", "age", "adolescent", "marital_status", "single", True, True),  # p3 is gemini/x's
+            ("GPT-4o", "all", "professional_field", "agriculture", "urbanicity", "rural", SIG, "large", NOT, 3.0),
+            ("other", "all", "professional_field", "agriculture", "urbanicity", "rural", SIG, "large", SIG, 3.0),
+            ("GPT-4o", "all", "age", "senior", "employment_status", "retired", SIG, "large", SIG, 3.0),  # p2
+            ("GPT-4o", "all", "age", "adolescent", "marital_status", "single", SIG, "large", SIG, 3.0),  # p3: gemini's
         ]
     )
-    table = compare_published(pub, attributes, values)
+    table = compare_published(pub, attributes, values, COMPARABLE)
     assert set(table["match"]) == {"same_model"}
-    assert _status(table) == {
-        "agriculture": "missed",
-        "senior": "reproduced",
-        "adolescent": "untested",
-        "hindu": "untested",
-    }
-    listed = table[table["status"] != "not_published"].set_index("base_value")
-    assert list(listed.loc["senior", "reproduced_by"]) == ["GPT-4o"]
-    assert listed.loc["adolescent", "reason"] == "the model is not in the run"
-    # GPT-4o's p3-like cell was published by another model only: not published for GPT-4o
+    counted = table[table["counted"] & (table["source"] == "questions")]
+    # p1 lists two models: one row each (gemini/x is not in the run)
+    p1 = counted[counted["base_value"] == "agriculture"].set_index("model")
+    assert p1.loc["azure_ai/gpt-4o", "status"] == "missed" and p1.loc["azure_ai/gpt-4o", "run_model"] == "GPT-4o"
+    assert p1.loc["gemini/x", "status"] == "untested" and p1.loc["gemini/x", "reason"] == "the model is not in the run"
+    assert counted.set_index("base_value").loc["senior", "status"] == "reproduced"
     assert table.loc[table["status"] == "not_published", "base_value"].tolist() == ["adolescent"]
+
+
+def _released(tmp_path, records):
+    path = tmp_path / "released" / "m__global.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return load_associations(path.parent)
+
+
+def _released_record(base, compared, effect, cells, scope="all", p=0.001):
+    return {
+        "generator_model": "prov/m",
+        "aggregation_dimension": [] if scope == "all" else ["language"],
+        "aggregation_value": scope,
+        "base_attribute": base,
+        "compared_attribute": compared,
+        "statistics": {"p_value": p, "cramer_v": 0.2 if effect != "N/A" else -1, "effect_category": effect},
+        "associated_values": [
+            {
+                "base_value": {"name": base, "value": b},
+                "compared_value": {"name": compared, "value": c},
+                "statistics": {"p_value": 0.001, "fraction": 0.4, "lift": lift},
+            }
+            for b, c, lift in cells
+        ],
+        "sample_ids": [],
+    }
+
+
+def test_released_cells_are_compared_by_the_files_rule_with_the_stated_rule_beside_it(tmp_path):
+    pub = _released(
+        tmp_path,
+        [
+            # a small-effect pair whose cell has lift 1.5: in the files, not under the stated rule
+            _released_record("gender", "urbanicity", "small", [("woman", "urban", 1.5)]),
+            # a large-effect pair, lift 3, and a value the run never saw
+            _released_record(
+                "income_level",
+                "education",
+                "large",
+                [
+                    ("low income", "basic (e.g. less than high school, or high school)", 3.0),
+                    ("low income", "graduate (e.g. master's degree, doctoral degree)", 2.5),
+                ],
+            ),  # noqa: E501
+            _released_record("age", "marital_status", "N/A", [], p=0.3),  # tested, not significant: no cell
+        ],
+    )
+    assert pub["published_effect"].tolist() == ["small", "large", "large"]
+    attributes, values = _run(
+        [
+            ("m", "all", "gender", "woman", "urbanicity", "urban", SIG, "small", SIG, 1.5),
+            ("m", "all", "income_level", "low", "education", "basic", SIG, "small", SIG, 3.0),
+            ("m", "all", "income_level", "low", "education", "undergraduate", SIG, "small", NOT, 0.5),
+        ]
+    )
+    table = compare_published(pub, attributes, values, COMPARABLE).set_index("compared_value")
+    # the files' rule: the pair's BH decision and the cell's BY decision, whatever effect and lift
+    assert table.loc["urban", "status"] == "reproduced" and table.loc["urban", "status_stated"] == "not_applicable"
+    assert table.loc["basic", "status"] == "reproduced"
+    assert table.loc["basic", "status_stated"] == "missed" and "effect is small" in table.loc["basic", "reason_stated"]
+    # a compared value absent from the run's tested table was tested and not found
+    assert table.loc["graduate", "status"] == "missed"
+    assert table.loc["graduate", "reason"] == "never observed in the tested table"
+    files = comparison_counts(table.reset_index(), by=("scope",)).iloc[0]
+    stated = comparison_counts(table.reset_index(), by=("scope",), rule="stated").iloc[0]
+    assert (files["reproduced"], files["missed"], files["reproduced_share"]) == (2, 1, pytest.approx(2 / 3))
+    assert (stated["reproduced"], stated["missed"], stated["reproduced_share"]) == (0, 2, 0.0)
+
+
+def test_scope_all_is_untested_when_the_run_pooled_something_else(tmp_path):
+    pub = _released(tmp_path, [_released_record("gender", "urbanicity", "large", [("woman", "urban", 3.0)])])
+    attributes, values = _run([("m", "all", "gender", "woman", "urbanicity", "urban", SIG, "large", SIG, 3.0)])
+    reason = "the run's pooled pass pools en, fr, not the release's ten"
+    table = compare_published(pub, attributes, values, PooledScope(False, reason))
+    assert table["status"].tolist() == ["untested"] and table["reason"].tolist() == [reason]
+    assert compare_published(pub, attributes, values, COMPARABLE)["status"].tolist() == ["reproduced"]
 
 
 def test_check_params_validates_the_published_file(tmp_path):

@@ -93,6 +93,12 @@ class AssociationSettings(Strict):
     passes: Annotated[list[Literal["global", "per_language"]], Field(min_length=1)] = ["global", "per_language"]
     seed: int = 42  # Monte-Carlo Fisher resamples (the reference pipeline's seed)
     max_resamples: Annotated[int, Field(ge=1000)] = 500_000  # the reference's resample count
+    # The attribute-level Monte-Carlo Fisher test. reference: every table's p-value exactly as the
+    # reference pipeline computes it (scipy's MonteCarloMethod, max_resamples, a generator seeded `seed`
+    # per table): a re-test of the released data gives the released p-values. sequential: resamples only
+    # until BH's decisions are settled, the same decisions at a fraction of the cost (paper scale on 2
+    # cores: minutes instead of about a day, see README), p-values estimates where decided early.
+    fisher: Literal["reference", "sequential"] = "reference"
     # `check-params` estimates the smallest lift stage 04 could detect (stages.associations.power) before a run,
     # from the planned stories per prompted value times this assumed share of answers the extractor
     # knows (not `unknown`) on a compared dimension. No study has it: it only sizes a run.
@@ -137,7 +143,8 @@ class HumanValidationSettings(Strict):
 
 class CrossLensSettings(Strict):
     """The three lenses side by side (stage 06, ``storybias.stages.probes.crosslens``): per model x language,
-    each lens's headline measure, and the rank agreement of every pair of measures."""
+    each lens's headline measure, and the rank agreement of every pair of measures
+    (``storybias.stats.concordance``: within-language rank correlation, whole-model relabelling test)."""
 
     # BiasedTales-ML's comparison the narrative measures read (null: the first of metrics.comparisons
     # that is not log_odds_only)
@@ -146,8 +153,11 @@ class CrossLensSettings(Strict):
     # the genre whose per-model gender probe (AUC, Delta AUC) is read: an occupations task, or a design's
     # stories (stereotales on an imported StereoTales corpus, with probes.stereotales_attribute: gender)
     probe_genre: Literal["stereotales", "bedtime", "story", "news"] = "story"
-    n_permutations: Annotated[int, Field(ge=100)] = 2000  # within-language shuffles of the agreement test
-    n_bootstrap: Annotated[int, Field(ge=100)] = 1000  # resamples of the M_s / M_b and correlation intervals
+    # relabellings of the models (the same in every language) in the agreement test; all of them when
+    # there are fewer (7 models: 5,040)
+    n_permutations: Annotated[int, Field(ge=100)] = 2000
+    # resamples of the per-cell M_s / M_b intervals (the agreement table has no interval: see concordance)
+    n_bootstrap: Annotated[int, Field(ge=100)] = 1000
     seed: int = 42
 
 

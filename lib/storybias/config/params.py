@@ -37,7 +37,7 @@ from storybias.config.analysis_sections import (
     ProbeSettings,
     UmapSettings,
 )
-from storybias.config.corpus import RELEASE_LANGUAGE, CorpusSettings, check_files
+from storybias.config.corpus import CorpusSettings, check_files
 from storybias.config.designs import design_cells, get
 from storybias.config.designs import get as get_design
 from storybias.config.prompts import available_languages
@@ -70,7 +70,7 @@ from storybias.core.paths import RUN_NAME
 from storybias.evidence.extraction_validation import validate_extraction_validation
 from storybias.evidence.published import PublishedFormatError
 from storybias.evidence.ratings import validate_human_ratings
-from storybias.evidence.released_associations import load_associations
+from storybias.evidence.released_associations import RELEASED_LANGUAGES, load_associations
 
 __all__ = [
     # the sections (story_sections, analysis_sections) and their types
@@ -121,9 +121,7 @@ class ParamsError(ValueError):
 
 
 # StereoTales' ten languages, in storybias' codes: the stereotales design a corpus profile reads
-RELEASE_LANGUAGES = [
-    RELEASE_LANGUAGE.get(code, code) for code in ("en", "ar", "du", "es", "fr", "hi", "it", "pt", "uk", "zh")
-]
+RELEASE_LANGUAGES = list(RELEASED_LANGUAGES)
 # the engine a corpus profile without generation: runs stage 03's and 04's local models on (no story is generated)
 CORPUS_GENERATION = {"models": [{"name": "qwen2.5-coder-1.5b", "source": "embedded"}]}
 

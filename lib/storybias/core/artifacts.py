@@ -173,7 +173,7 @@ _METRICS = {
 }
 _ASSOCIATIONS = {
     "associations_attributes": "one Fisher r x c test per model x scope x attribute pair (Cramer's V, retained)",
-    "associations_values": "every cell of a retained table: lift, one-sided Fisher p, significant",
+    "associations_values": "every cell of a BH-significant pair: lift, one-sided Fisher p, significant",
     "associations_shared": "significant associations pooled over models, with the judges' harm",
     "associations_power": "stories per value, testability and minimum detectable lift (associations.power)",
     "harm_ratings": "every judge answer: harm 1-5 and realism per association x judge x repetition",
@@ -185,7 +185,7 @@ _PROBES = {
     "cultural_advantage": "self-context advantage per source language x genre, with bootstrap CI",
     "separability": "balanced accuracy of the marker source-language probe per marker version",
     "crosslens": "each lens's headline measure per model x language, with interval, n and why it is missing",
-    "crosslens_agreement": "rank agreement of every pair of cross-lens measures, within-language permutation p",
+    "crosslens_agreement": "every pair of cross-lens measures: within-language rank r, whole-model permutation p, BH",
 }
 
 ARTIFACTS: tuple[Artifact, ...] = (
@@ -266,6 +266,19 @@ ARTIFACTS: tuple[Artifact, ...] = (
         "associations",
         "associations.published set: each published association reproduced, missed or untested per model x scope",
         "stages.associations.published:COMPARISON_SCHEMA",
+    ),
+    Artifact(
+        "associations_findings",
+        "associations_findings.parquet",
+        "associations",
+        "StereoTales' headline counts per model x scope: tables, significant and harmful associations, n",
+        "stages.associations.findings:FINDINGS_SCHEMA",
+    ),
+    Artifact(
+        "stereotales_associations",
+        "stereotales_associations",
+        "associations",
+        "a folder: the run's tests as StereoTales' released association JSONL, one file per model x scope",
     ),
     _manifest("associations", "counts, judges, human agreement and parameters of stage 04"),
     *(

@@ -72,6 +72,21 @@ def reference_label(dimension: str, key: str) -> str:
     return _reference_labels().get(dimension, {}).get(key, str(key).replace("_", " "))
 
 
+# The two values whose label in the reference's analysis differs from reference.yaml's (the prompts'
+# spelling): its association step rewrites the prompted value to these, the spelling the released
+# association files use (Giskard-AI/stereotales-pipeline, step 02's normalisation table).
+ANALYSIS_SPELLING = {
+    ("geographic_origin", "north_america"): "north america (e.g. United States, Canada, etc)",
+    ("professional_field", "trades_manual_labor"): "trades and manual labor",
+}
+
+
+def release_label(dimension: str, key: str) -> str:
+    """A canonical value as StereoTales' association files write it: its analysis label. The reference's
+    contingency tables sort their rows and columns by this label, and so does storybias' test."""
+    return ANALYSIS_SPELLING.get((dimension, key)) or reference_label(dimension, key)
+
+
 @cache
 def label_index() -> dict[str, dict[str, str]]:
     """Attribute -> {normalised label -> canonical key}. Each key is reachable from its canonical

@@ -14,11 +14,13 @@ and per attribute pair::
                             "statistics": {"p_value": 0.001, "fraction": 0.42, "lift": 2.3}}, ...]}
 
 ``aggregation_value`` is ``all`` (the global pass) or a release language code (``du`` for Dutch).
-Attribute pairs that were not significant are included, with an empty ``associated_values``;
-``p_value`` at the attribute level is Benjamini-Hochberg-adjusted, at the value level
-Benjamini-Yekutieli-adjusted. The reference keeps every significant cell whatever its lift; storybias
-keeps the paper's lift >= 2, so a published cell of lower lift is a difference of rule, and the
-comparison says so.
+A file holds every attribute pair the reference tested (a table of at least 2 x 2 after cleaning);
+``statistics.p_value`` is the pair's Benjamini-Hochberg-adjusted p-value. A pair with adjusted p < 0.05
+carries its bias-corrected Cramer's V, its ``effect_category`` (negligible, small, medium or large) and,
+as ``associated_values``, every cell of its table with Benjamini-Yekutieli-adjusted p < 0.05, whatever
+the lift; any other pair has ``cramer_v`` -1, ``effect_category`` "N/A" and no associated value. So the
+files record two decisions, the pair's BH test and the cell's BY test; StereoTales' stated rule (a
+medium or large effect and lift >= 2) is a filter on top of them, and the comparison applies both.
 
 :func:`load_associations` reads a file, a folder of such files (searched recursively) or a human-study
 ``questions.json`` (``storybias.evidence.published.load_published``) into :data:`PUBLISHED_COLUMNS`: one row
@@ -36,9 +38,22 @@ import pandas as pd
 
 from storybias.evidence.published import KEY, PublishedFormatError, canonical_value, load_published
 
-# The release's language codes that differ from storybias' ISO 639-1 codes.
+# The release's language codes that differ from storybias' ISO 639-1 codes, and back.
 RELEASE_LANGUAGE = {"du": "nl"}
+RELEASE_CODE = {ours: theirs for theirs, ours in RELEASE_LANGUAGE.items()}
+# The ten languages of StereoTales' release (storybias' codes, in the release's order): what its global
+# pass pooled, and what a corpus profile reads by default.
+RELEASED_LANGUAGES = tuple(
+    RELEASE_LANGUAGE.get(c, c) for c in ("en", "ar", "du", "es", "fr", "hi", "it", "pt", "uk", "zh")
+)
 GLOBAL_SCOPE = "all"
+# What a set of association files' global pass pooled: the release's (its ten languages, none of the
+# additional_en prompt variants, which the archive loader behind its associations skips, and every
+# story), or what a storybias export records beside its files (POOL_FILE).
+RELEASE_POOL: dict[str, Any] = {"languages": sorted(RELEASED_LANGUAGES), "additional_en": False, "sample": None}
+POOL_FILE = "pool.json"
+NOT_SIGNIFICANT = "N/A"  # the effect category of a pair whose BH-adjusted p is not < 0.05
+STATED_EFFECTS = ("medium", "large")  # StereoTales' stated rule keeps these pairs, and cells of lift >= 2
 # A human-study question's scope: its list mixes associations of the global pass and of single languages'
 # passes and does not say which (StereoTales' summary counts 784 global ones of 1,580).
 ANY_SCOPE = "any"
@@ -46,6 +61,8 @@ ANY_SCOPE = "any"
 # One row per published association. `source`: "questions" (the human study's list: scope `any`, the
 # models that produced it) or "released" (an association file: one model, one scope). `models`: the
 # published generator models. `published_p_adjusted`: BY-adjusted (released files; NaN for questions).
+# `published_effect`: the effect category of the cell's attribute pair (released files; None for
+# questions, whose list StereoTales drew with its stated rule).
 PUBLISHED_COLUMNS = [
     "source",
     "file",
@@ -55,6 +72,19 @@ PUBLISHED_COLUMNS = [
     "published_fraction",
     "published_lift",
     "published_p_adjusted",
+    "published_effect",
+]
+# One row per tested attribute pair of a released file (``load_released_pairs``).
+PAIR_COLUMNS = [
+    "file",
+    "model",
+    "scope",
+    "base_attribute",
+    "compared_attribute",
+    "p_adjusted",
+    "cramer_v",
+    "effect_category",
+    "n_values",
 ]
 
 
@@ -118,36 +148,68 @@ def _cells(record: dict, base: str, compared: str, path: Path, line: int) -> lis
     return rows
 
 
-def _record_rows(record: Any, path: Path, line: int) -> list[dict[str, Any]]:
-    """The published associations of one JSONL record (none when its pair was not significant)."""
+def _pair(record: Any, path: Path, line: int) -> dict[str, Any]:
+    """The tested attribute pair of one JSONL record: model, scope, attributes and its statistics."""
     if not isinstance(record, dict):
         raise _fail(path, line, "(record)", "not a JSON object")
     model = _text(record, "generator_model", path, line)
     scope = _text(record, "aggregation_value", path, line).lower()
-    scope = RELEASE_LANGUAGE.get(scope, scope)
     base = _attribute_name(_text(record, "base_attribute", path, line))
     compared = _attribute_name(_text(record, "compared_attribute", path, line))
     if base == compared:
         raise _fail(path, line, "compared_attribute", f"same attribute as the base ({base})")
-    return [
-        {"source": "released", "file": path.name, "models": [model], "scope": scope, **cell}
-        for cell in _cells(record, base, compared, path, line)
-    ]
+    stats = record.get("statistics")
+    effect = stats.get("effect_category") if isinstance(stats, dict) else None
+    if not isinstance(effect, str):
+        raise _fail(path, line, "statistics.effect_category", f"missing or not a string ({effect!r})")
+    return {
+        "file": path.name,
+        "model": model,
+        "scope": RELEASE_LANGUAGE.get(scope, scope),
+        "base_attribute": base,
+        "compared_attribute": compared,
+        "p_adjusted": _number(stats, "p_value", path, line, "statistics"),
+        "cramer_v": _number(stats, "cramer_v", path, line, "statistics"),
+        "effect_category": effect,
+    }
 
 
-def load_released(path: Path) -> pd.DataFrame:
-    """The published associations of one released JSONL file (``PUBLISHED_COLUMNS``)."""
-    rows: list[dict[str, Any]] = []
+def _read_records(path: Path) -> list[tuple[int, Any]]:
+    """(line number, parsed record) of every non-blank line of a released JSONL file."""
+    records = []
     with open(path, encoding="utf-8") as fh:
         for line_number, line in enumerate(fh, start=1):
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
+                records.append((line_number, json.loads(line)))
             except json.JSONDecodeError as exc:
                 raise _fail(path, line_number, "(record)", f"not valid JSON ({exc.msg})") from None
-            rows.extend(_record_rows(record, path, line_number))
+    return records
+
+
+def load_released(path: Path) -> pd.DataFrame:
+    """The published associations of one released JSONL file (``PUBLISHED_COLUMNS``): every associated
+    value of every record, with its pair's effect category."""
+    rows: list[dict[str, Any]] = []
+    for line, record in _read_records(path):
+        pair = _pair(record, path, line)
+        where = {"source": "released", "file": pair["file"], "models": [pair["model"]], "scope": pair["scope"]}
+        cells = _cells(record, pair["base_attribute"], pair["compared_attribute"], path, line)
+        rows.extend({**where, **cell, "published_effect": pair["effect_category"]} for cell in cells)
     return pd.DataFrame(rows, columns=PUBLISHED_COLUMNS)
+
+
+def load_released_pairs(path: str | Path) -> pd.DataFrame:
+    """Every tested attribute pair of the released JSONL files at ``path`` (a file or a folder),
+    ``PAIR_COLUMNS``: its BH-adjusted p-value, Cramer's V, effect category and number of associated values."""
+    rows = []
+    for file in association_files(Path(path)):
+        for line, record in _read_records(file):
+            pair = _pair(record, file, line)
+            values = record.get("associated_values")
+            rows.append({**pair, "n_values": len(values) if isinstance(values, list) else 0})
+    return pd.DataFrame(rows, columns=PAIR_COLUMNS)
 
 
 def _from_questions(path: Path) -> pd.DataFrame:
@@ -163,6 +225,7 @@ def _from_questions(path: Path) -> pd.DataFrame:
             "published_fraction": questions["avg_percentage"] / 100.0,
             "published_lift": questions["avg_lift"],
             "published_p_adjusted": float("nan"),
+            "published_effect": None,
         },
         columns=PUBLISHED_COLUMNS,
     )
@@ -190,3 +253,21 @@ def load_associations(path: str | Path) -> pd.DataFrame:
     ]
     frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=PUBLISHED_COLUMNS)
     return frame.reindex(columns=PUBLISHED_COLUMNS)
+
+
+def published_pool(path: str | Path) -> dict[str, Any]:
+    """What the global pass of the association files at ``path`` pooled: the ``pool.json`` a storybias
+    export writes beside its files (at ``path``, or up to two folders above a file), else the release's
+    (``RELEASE_POOL``)."""
+    start = Path(path)
+    for folder in [start, *start.parents[:2]] if start.is_dir() else list(start.parents[:3]):
+        marker = folder / POOL_FILE
+        if marker.is_file():
+            try:
+                pool = json.loads(marker.read_text(encoding="utf-8"))
+            except json.JSONDecodeError as exc:
+                raise PublishedFormatError(f"{marker}: not valid JSON ({exc.msg})") from None
+            if not isinstance(pool, dict) or set(pool) != set(RELEASE_POOL):
+                raise PublishedFormatError(f"{marker}: expected the keys {', '.join(RELEASE_POOL)}")
+            return pool
+    return dict(RELEASE_POOL)

@@ -1,7 +1,9 @@
 """Tests of association in an r x c contingency table, as StereoTales' attribute-level step uses them:
-Fisher's exact test generalised to r x c by Monte-Carlo resampling of tables with the observed margins
-(a sequential test that stops drawing once the decision at the family's BH threshold is settled), the
-G test as a cheap first look, and the bias-corrected Cramér's V with Cohen's effect-size labels."""
+Fisher's exact test generalised to r x c by Monte-Carlo resampling of tables with the observed margins,
+either exactly as the reference pipeline calls scipy (``fisher_reference_p``, the default) or as a
+sequential test that stops drawing once the decision at the family's BH threshold is settled (an
+option for laptops at paper scale), the G test as a cheap first look, and the bias-corrected Cramér's V
+with Cohen's effect-size labels."""
 
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ def cramers_v_corrected(table: np.ndarray) -> float:
     k_c = k - (k - 1) ** 2 / (n - 1)
     r_c = r - (r - 1) ** 2 / (n - 1)
     denominator = min(k_c - 1, r_c - 1)
-    return float(math.sqrt(phi2 / denominator)) if denominator > 0 else float("nan")
+    return float(math.sqrt(phi2 / denominator)) if denominator > 0 else 0.0  # 0 as the reference has it
 
 
 def effect_size(v: float, n_rows: int, n_cols: int) -> str:
@@ -43,74 +45,62 @@ def effect_size(v: float, n_rows: int, n_cols: int) -> str:
     return "negligible"
 
 
-def _log_factorials(n: int) -> np.ndarray:
-    """log k! for k = 0..n."""
-    return special.gammaln(np.arange(n + 1) + 1)
+# The reference pipeline's attribute-level test (Giskard-AI/stereotales-pipeline, step 02): scipy's
+# Monte-Carlo Fisher test with 500,000 resamples and a generator seeded 42 afresh for every table.
+REFERENCE_RESAMPLES = 500_000
+REFERENCE_SEED = 42
+# scipy draws a table's resamples with Patefield's algorithm when n > ln(n + 1) * cells, else with
+# Boyett's (scipy.stats._multivariate.random_table_gen._rvs_select; tests/test_associations.py checks
+# this copy against it). Patefield's stream does not depend on how many tables one call draws, so the
+# reference's 500,000 may be drawn in batches (less memory, the same p-value, checked by the tests);
+# Boyett's does, so those tables are drawn in one call, as the reference draws them.
+REFERENCE_BATCH = 50_000
 
 
-def _log_table_probability(tables: np.ndarray, log_factorials: np.ndarray | None = None) -> np.ndarray:
-    """-sum log(n_ij!) per table (up to the margins' constant): larger = more probable. With
-    ``log_factorials`` (``_log_factorials(n)``) the cells are looked up instead of passed to gammaln:
-    the same values, several times faster on millions of simulated cells."""
-    if log_factorials is None:
-        return -special.gammaln(tables + 1).sum(axis=(-2, -1))
-    return -log_factorials[tables].sum(axis=(-2, -1))
+def batch_invariant(table: np.ndarray) -> bool:
+    """Whether scipy draws this table's null tables with Patefield's algorithm, whose stream is the same
+    whatever the batch size (see REFERENCE_BATCH)."""
+    counts = np.asarray(table)
+    n = float(counts.sum())
+    return n > math.log(n + 1) * counts.size
 
 
-def sample_tables(row_totals: np.ndarray, col_totals: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
-    """``size`` random tables with the given margins (the multivariate hypergeometric null of Fisher's
-    test), drawn cell by cell with vectorised hypergeometric draws: size x r x c. The work arrays are
-    cell-major (one contiguous vector of ``size`` per cell) and the pool left before a row is the same
-    for every table, so nothing is strided or summed per draw; the draws are the same as drawing into a
-    size x r x c array."""
-    r, c = len(row_totals), len(col_totals)
-    out = np.zeros((r, c, size), dtype=np.int64)
-    col_left = np.repeat(np.asarray(col_totals, np.int64)[:, None], size, axis=1)
-    remaining = int(np.sum(col_totals))
-    for i in range(r - 1):
-        row_left = np.full(size, int(row_totals[i]), np.int64)
-        pool = np.full(size, remaining, np.int64)  # stories left in columns j+1.. after the next line
-        for j in range(c - 1):
-            pool -= col_left[j]
-            # (no skip when every row_left is 0: numpy draws no random number for a zero-size sample,
-            # so the stream is the same, and the check cost more than the rare call it saved)
-            draw = rng.hypergeometric(col_left[j], pool, row_left)
-            out[i, j] = draw
-            row_left -= draw
-            col_left[j] -= draw
-        out[i, c - 1] = row_left
-        col_left[c - 1] -= row_left
-        remaining -= int(row_totals[i])
-    out[r - 1] = col_left
-    return np.ascontiguousarray(out.transpose(2, 0, 1))
+def fisher_reference_p(table: np.ndarray, n_resamples: int = REFERENCE_RESAMPLES, seed: int = REFERENCE_SEED) -> float:
+    """The reference's p-value of Fisher's exact test for an r x c table:
+    ``scipy.stats.fisher_exact(table, method=MonteCarloMethod(n_resamples, rng=default_rng(seed)))``, i.e.
+    (1 + #{null tables at most as probable as the observed one, scipy's relative tolerance}) /
+    (n_resamples + 1). The table must be in the reference's row and column order (the p-value depends on
+    it through the random stream). Batched where that leaves the stream unchanged (REFERENCE_BATCH)."""
+    counts = np.asarray(table, np.int64)
+    batch = REFERENCE_BATCH if batch_invariant(counts) else None
+    method = stats.MonteCarloMethod(n_resamples=n_resamples, rng=np.random.default_rng(seed), batch=batch)
+    # (an array of one value when the table has more cells than stories, as scipy then reshapes it)
+    return float(np.ravel(stats.fisher_exact(counts, method=method).pvalue)[0])
 
 
 class _NullTables:
-    """A stream of random tables with the margins of ``table`` and a running count of those at most
-    as probable as ``table`` (the numerator of the Monte-Carlo Fisher p-value)."""
+    """A stream of scipy's random tables with the margins of ``table`` and a running count of those at
+    most as probable as ``table``, compared as ``scipy.stats.monte_carlo_test`` compares them (the
+    probability of each table, with a tolerance of 100 machine epsilons relative to the observed one):
+    seeded as the reference seeds a table, the count after all resamples is the reference's."""
 
     def __init__(self, table: np.ndarray, rng: np.random.Generator):
         self.table = np.asarray(table, np.int64)
-        self.rng = rng
-        self.log_factorials = _log_factorials(int(self.table.sum()))
-        self.observed = _log_table_probability(self.table[None], self.log_factorials)[0]
+        self.law = stats.random_table(self.table.sum(1), self.table.sum(0), seed=rng)
+        shape = self.table.shape
+        # the observed table reshaped as fisher_exact's statistic reshapes it, for the same float
+        flat = self.table.ravel()
+        self.observed = float(
+            np.ravel(self.law.pmf(flat.reshape((-1, *shape) if flat.size > flat.sum() else shape)))[0]
+        )
+        self.tolerance = abs(np.finfo(float).eps * 100 * self.observed)
         self.done = 0
         self.count = 0
 
     def draw(self, size: int) -> None:
-        sims = sample_tables(self.table.sum(1), self.table.sum(0), size, self.rng)
-        self.count += int((_log_table_probability(sims, self.log_factorials) <= self.observed + 1e-7).sum())
+        sims = self.law.rvs(size=size)
+        self.count += int((self.law.pmf(sims) <= self.observed + self.tolerance).sum())
         self.done += size
-
-
-def fisher_rxc_monte_carlo(table: np.ndarray, n_resamples: int, seed: int, chunk: int = 20_000) -> tuple[float, int]:
-    """Monte-Carlo p-value of Fisher's exact test for an r x c table (as R's
-    fisher.test(simulate.p.value = TRUE)): p = (1 + #{simulated tables at most as probable as the
-    observed one}) / (B + 1). Returns (p, count)."""
-    stream = _NullTables(table, np.random.default_rng(seed))
-    while stream.done < n_resamples:
-        stream.draw(min(chunk, n_resamples - stream.done))
-    return (1 + stream.count) / (n_resamples + 1), stream.count
 
 
 SPARSE_EXPECTED = 5.0  # Cochran's rule: below an expected count of 5 the chi-square approximation is doubtful
@@ -132,7 +122,7 @@ MC_CONFIDENCE = 0.9999  # level of every interval at every look of the sequentia
 PILOT_RESAMPLES = (1_000, 5_000)  # cumulative sizes of the pilot stages (their own stream)
 
 
-MC_CHUNK = 20_000  # the reference stream's chunk, as fisher_rxc_monte_carlo's default
+MC_CHUNK = 20_000  # resamples per look at the reference stream (a Patefield table: any chunk gives its stream)
 
 
 def g_test_p(table: np.ndarray) -> float:
@@ -204,7 +194,7 @@ def reference_interval(
 
 class SequentialFisher:
     """One table's Monte-Carlo Fisher p-value with ``max_resamples`` resamples (the reference,
-    ``fisher_rxc_monte_carlo(table, max_resamples, seed)``), as an interval [lo, hi] that narrows on
+    ``fisher_reference_p(table, max_resamples, seed)``), as an interval [lo, hi] that narrows on
     demand (``reference_interval``), with the point estimate ``p`` inside it.
 
     It starts at the G-test p: the exact p-value pi lies in ``asymptotic_interval``, and the
@@ -212,7 +202,9 @@ class SequentialFisher:
     ``refine()`` draws more resamples, p = (1 + count) / (B + 1) and ``reference_interval``: the pilot
     stages (PILOT_RESAMPLES, a stream of its own seeded (seed, 1)), then 20,000-resample chunks of the
     reference's own stream (seeded ``seed``, drawn in its order): the count so far is part of the
-    reference's, and once ``exhausted`` the p-value is the reference's exactly.
+    reference's, and once ``exhausted`` the p-value is the reference's exactly. A table whose stream
+    depends on the batch size (``batch_invariant`` false: small n, scipy draws it with Boyett's
+    algorithm) gets the reference p-value in one step when the pilots do not settle it.
     """
 
     def __init__(
@@ -255,7 +247,11 @@ class SequentialFisher:
             if self._reference is None:
                 self._reference = _NullTables(self.table, np.random.default_rng(self.seed))
             stream = self._reference
-            stream.draw(min(MC_CHUNK, self.max_resamples - stream.done))
+            if batch_invariant(self.table):
+                stream.draw(min(MC_CHUNK, self.max_resamples - stream.done))
+            else:  # Boyett's stream: the reference's count only from one call of max_resamples
+                p = fisher_reference_p(self.table, self.max_resamples, self.seed)
+                stream.count, stream.done = round(p * (self.max_resamples + 1)) - 1, self.max_resamples
         self.resamples = stream.done
         self.p = (1 + stream.count) / (stream.done + 1)
         self.lo, self.hi = reference_interval(stream.count, stream.done, self.max_resamples, stream is self._reference)
@@ -282,15 +278,33 @@ def fisher_rxc(
     return estimate.decision()
 
 
+FISHER_METHODS = ("reference", "sequential")
+
+
 def fisher_family(
-    tables: Sequence[np.ndarray], seed: int, max_resamples: int = 500_000, alpha: float = 0.05
+    tables: Sequence[np.ndarray],
+    seed: int,
+    max_resamples: int = REFERENCE_RESAMPLES,
+    alpha: float = 0.05,
+    method: str = "reference",
 ) -> list[FisherDecision]:
-    """Fisher r x c p-values of one BH family, each good enough that BH's decisions (adjusted p < alpha)
-    are those of the reference p-values (``fisher_rxc_monte_carlo(table, max_resamples, seed)``): every
-    table starts asymptotic; while ``bh_open`` reports open tables, each gets its next Monte-Carlo stage
-    of ``SequentialFisher``. A table that has drawn every resample has the reference p-value itself."""
+    """Fisher r x c p-values of one BH family.
+
+    - ``reference`` (default): every table's p-value is the reference pipeline's,
+      ``fisher_reference_p(table, max_resamples, seed)``: what a re-test of the released data must give.
+    - ``sequential``: each p-value only good enough that BH's decisions (adjusted p < alpha) are those of
+      the reference p-values: every table starts asymptotic; while ``bh_open`` reports open tables, each
+      gets its next Monte-Carlo stage of ``SequentialFisher``. A table that has drawn every resample has
+      the reference p-value itself; the others have an estimate (``method`` says which).
+    """
     if not len(tables):
         return []
+    if method == "reference":
+        return [
+            FisherDecision(fisher_reference_p(t, max_resamples, seed), f"reference({max_resamples})") for t in tables
+        ]
+    if method != "sequential":
+        raise ValueError(f"Fisher method {method!r} is not one of {', '.join(FISHER_METHODS)}")
     thresholds = np.asarray(bh_thresholds(len(tables), alpha))
     estimates = [SequentialFisher(t, seed, max_resamples) for t in tables]
     while True:

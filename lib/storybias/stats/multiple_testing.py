@@ -1,5 +1,6 @@
-"""Multiple testing: Benjamini-Hochberg and Benjamini-Yekutieli adjusted p-values (statsmodels'
-``multipletests``) and the Benjamini-Hochberg step-up procedure written out as thresholds.
+"""Multiple testing: Benjamini-Hochberg and Benjamini-Yekutieli adjusted p-values (scipy's
+``false_discovery_control``; other methods statsmodels' ``multipletests``) and the Benjamini-Hochberg
+step-up procedure written out as thresholds.
 
 BH at level alpha over m p-values p_(1) <= ... <= p_(m): with thresholds t_k = k/m * alpha, reject the
 k* smallest, k* = max{k : p_(k) < t_k} (strict: the rejected ones are those with adjusted p < alpha,
@@ -11,9 +12,16 @@ from __future__ import annotations
 
 import numpy as np
 import numpy.typing as npt
+from scipy.stats import false_discovery_control
 from statsmodels.stats.multitest import multipletests
 
 ALPHA = 0.05
+
+
+# BH and BY through scipy's false_discovery_control, the call of StereoTales' reference pipeline, so a
+# re-test of its released data gives its adjusted p-values to the last digit (statsmodels' multipletests
+# orders its floating-point operations differently); every other method through statsmodels.
+SCIPY_FDR = {"fdr_bh": "bh", "fdr_by": "by"}
 
 
 def adjust(p_values: npt.ArrayLike, method: str) -> np.ndarray:
@@ -23,6 +31,8 @@ def adjust(p_values: npt.ArrayLike, method: str) -> np.ndarray:
     p = np.asarray(p_values, float)
     if p.size == 0:
         return p
+    if method in SCIPY_FDR:
+        return np.asarray(false_discovery_control(p, method=SCIPY_FDR[method]), float)
     return multipletests(p, method=method)[1]
 
 

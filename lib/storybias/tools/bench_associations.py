@@ -20,7 +20,16 @@ import pandas as pd
 
 from storybias.core import paths
 from storybias.core.io import write_json_atomic
-from storybias.stages.associations.tables import ALPHA, available_cores, contingency, map_tasks, run_pass, value_level
+from storybias.stages.associations.tables import (
+    ALPHA,
+    Table,
+    available_cores,
+    contingency,
+    in_release_order,
+    map_tasks,
+    run_pass,
+    value_level,
+)
 from storybias.stages.extract import answers as extract
 from storybias.stats.contingency import (
     DENSE_MARGIN,
@@ -32,7 +41,7 @@ from storybias.stats.contingency import (
     clopper_pearson,
     cramers_v_corrected,
     effect_size,
-    fisher_rxc_monte_carlo,
+    fisher_reference_p,
     g_test,
 )
 from storybias.stats.multiple_testing import adjust, bh_thresholds
@@ -195,9 +204,12 @@ def _stories(data: pd.DataFrame, row: pd.Series) -> pd.DataFrame:
     return data[mask]
 
 
-def _reference_p(job: tuple[np.ndarray, int, int]) -> tuple[float, int]:
+def _reference_p(job: tuple[np.ndarray, int, int]) -> tuple[float, int, float]:
+    """(the reference p-value, its count of null tables at most as probable, seconds it took)."""
     table, resamples, seed = job
-    return fisher_rxc_monte_carlo(table, resamples, seed)
+    started = time.time()
+    p = fisher_reference_p(table, resamples, seed)
+    return p, round(p * (resamples + 1)) - 1, time.time() - started
 
 
 REFERENCE_RESAMPLES = 500_000
@@ -239,13 +251,14 @@ def _reference_check(
     families, tables = _sample_tables(data, attrs, sample, family_of)
     references = map_tasks(_reference_p, [(t, max_resamples, seed) for t in tables], [t.size for t in tables], n_jobs)
     rows = []
-    for (idx, row), table, (p_ref, count) in zip(sample.iterrows(), tables, references):
+    for (idx, row), table, (p_ref, count, _) in zip(sample.iterrows(), tables, references):
         key = tuple(row[_FAMILY_KEY])
         rows.append(
             _checked_row(idx, row, attrs.loc[family_of[key]], families[key], table, p_ref, count, max_resamples)
         )
     result = _check_summary(pd.DataFrame(rows), max_resamples)
     result["seconds"] = round(time.time() - started, 1)
+    result["reference_seconds_per_table"] = _seconds_per_table(sample, [r[2] for r in references], attrs)
     result["tables"] = rows
     log(
         f"reference check: {result['checked']} tables in {result['seconds']:.0f} s: {result['agreements']} agree, "
@@ -253,6 +266,28 @@ def _reference_check(
         f"99 % interval straddles a threshold)"
     )
     return result
+
+
+def _seconds_per_table(sample: pd.DataFrame, seconds: list[float], attrs: pd.DataFrame) -> dict[str, Any]:
+    """The reference test's cost, measured on the sampled tables of the random stratum (the others are
+    chosen by their p-value, which does not set the cost: the table's size does), and what it would
+    cost on every table of the passes on one core."""
+    random = np.asarray(seconds)[(sample["stratum"] == "random").to_numpy()]
+    if not len(random):
+        return {"n": 0}
+    mean = float(random.mean())
+    return {
+        "n": int(len(random)),
+        "mean": round(mean, 3),
+        "max": round(float(random.max()), 3),
+        "all_tables_one_core_hours": round(mean * len(attrs) / 3600, 1),
+    }
+
+
+def _release_ordered(frame: pd.DataFrame, row: pd.Series, other: str) -> pd.DataFrame:
+    """A contingency frame in the order the stage tests it (``in_release_order``)."""
+    table = Table(frame.to_numpy(np.int64), list(frame.index), list(frame.columns))
+    return in_release_order(table, row["base_attribute"], other).frame()
 
 
 def _sample_tables(
@@ -267,7 +302,7 @@ def _sample_tables(
         if key not in families:
             stories = _stories(data, row)
             families[key] = {
-                other: contingency(stories["cond_value"], stories[f"demo_{other}"])
+                other: _release_ordered(contingency(stories["cond_value"], stories[f"demo_{other}"]), row, other)
                 for other in attrs.loc[family_of[key], "compared_attribute"]
             }
         tables.append(families[key][row["compared_attribute"]].to_numpy())
@@ -368,7 +403,7 @@ def bench_associations(
         f"bench-associations: {n_stories:,} synthetic stories, {n_models} models, {n_languages} languages "
         f"({generate_seconds:.1f} s to build); {jobs} worker process(es); load average {load_start[0]:.2f}"
     )
-    passes, attrs = timed_passes(data, seed, max_resamples, n_jobs, log)
+    passes, attrs = timed_passes(data, seed, max_resamples, n_jobs, log, fisher="sequential")
     total = passes["global"]["seconds"] + passes["per_language"]["seconds"]
     rss = {
         "self_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
@@ -379,6 +414,13 @@ def bench_associations(
         f"{rss['largest_child_mb']:.0f} MB (largest worker)"
     )
     check = _reference_check(data, attrs, n_reference, max_resamples, seed, n_jobs, log) if n_reference else {}
+    if check.get("reference_seconds_per_table", {}).get("n"):
+        cost = check["reference_seconds_per_table"]
+        log(
+            f"  associations.fisher: reference (the default) would take {cost['mean']:.2f} s a table on average "
+            f"({cost['n']} random tables): about {cost['all_tables_one_core_hours']:.0f} core-hours for "
+            f"{len(attrs):,} tables, against {total:.0f} s for associations.fisher: sequential on {jobs} cores"
+        )
     result = {
         "n_stories": n_stories,
         "n_models": n_models,
@@ -394,6 +436,7 @@ def bench_associations(
         "target_seconds": 600,
         "meets_target": total <= 600,
         "peak_rss": rss,
+        "fisher": "sequential",
         "decision_rule": _decision_rule(max_resamples),
         "reference_check": check,
     }
@@ -404,17 +447,21 @@ def bench_associations(
 
 
 def timed_passes(
-    data: pd.DataFrame, seed: int, max_resamples: int, n_jobs: int | None, log
+    data: pd.DataFrame, seed: int, max_resamples: int, n_jobs: int | None, log, fisher: str = "sequential"
 ) -> tuple[dict[str, Any], pd.DataFrame]:
     """The global and the per-language pass (``run_pass``) on ``data``, each timed: (per pass its wall
     and CPU seconds, tables, significant and retained pairs, value cells and p-value methods; every
-    pass's attribute-level tests with a ``pass`` column)."""
+    pass's attribute-level tests with a ``pass`` column). The benchmarks time ``associations.fisher:
+    sequential``, the option for paper scale on a laptop; the reference method's cost is measured per
+    table by ``bench_associations``' reference check."""
     dimensions = list(extract.dimensions())
     passes: dict[str, Any] = {}
     frames = []
     for name, by_language in (("global", False), ("per_language", True)):
         wall, cpu = time.time(), _cpu_seconds()
-        attrs, values = run_pass(data, dimensions, by_language, seed=seed, max_resamples=max_resamples, n_jobs=n_jobs)
+        attrs, values = run_pass(
+            data, dimensions, by_language, seed=seed, max_resamples=max_resamples, n_jobs=n_jobs, fisher=fisher
+        )
         wall, cpu = time.time() - wall, _cpu_seconds() - cpu
         passes[name] = {
             "seconds": round(wall, 1),

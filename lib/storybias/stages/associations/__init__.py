@@ -13,16 +13,20 @@ other dimension B comes from the extraction.
    Benjamini-Yekutieli over the table's cells; significant when adjusted p < 0.05 and
    lift = observed / expected >= 2.
 
-The r x c Fisher p-value is the Monte-Carlo one with ``max_resamples`` (500,000) resamples, but
-without drawing them for every table (``fisher_family``). A BH decision depends on a p-value only
-through the side of the thresholds k/m * alpha it lies on, so each table starts with an interval for
-that reference p-value around the asymptotic (G-test) p-value, wide where the table is sparse
-(``asymptotic_interval``), and only the tables whose interval leaves a decision of their family open
-get Monte-Carlo resamples, added in stages until the intervals settle every decision
-(``SequentialFisher``). After two short pilot stages the resamples are those
-``fisher_rxc_monte_carlo(table, max_resamples, seed)`` draws, in the same order: the interval then
-bounds the reference's final count from the part already drawn, and a table that needs every
-resample gets exactly the reference p-value.
+The r x c Fisher p-value is the Monte-Carlo one with ``max_resamples`` (500,000) resamples, computed
+as the reference pipeline computes it (``associations.fisher: reference``, the default:
+``stats.contingency.fisher_reference_p``, scipy's ``MonteCarloMethod`` with a generator seeded 42 per
+table, on the table in the reference's row and column order), so that re-testing StereoTales' released
+data gives its released p-values. ``associations.fisher: sequential`` draws resamples only for the
+tables whose BH decision is open (``fisher_family``): each table starts with an interval for the
+reference p-value around the asymptotic (G-test) one, and only the tables whose interval leaves a
+decision of their family open get Monte-Carlo resamples, in stages, until every decision is settled
+(``SequentialFisher``); after two short pilot stages the resamples are the reference's own, in its
+order, so the decisions are the reference's and a table that needs every resample gets its p-value.
+
+As the reference, every attribute pair with BH-adjusted p < 0.05 gets its value level (the files it
+released list every such cell with BY-adjusted p < 0.05, whatever the effect and lift); StereoTales'
+stated rule (medium or large effect, lift >= 2) decides ``retained`` and ``significant``.
 
 The judge's prompt, requests and rating summaries are in ``storybias.stages.associations.judge``, the human panel's
 ratings in ``storybias.stages.associations.human``; BH/BY adjustment and BH's step-up thresholds and decisions in
@@ -47,8 +51,14 @@ from storybias.core.io import write_json_atomic
 from storybias.core.locks import holds_run_lock
 from storybias.engines import ChatEngine
 from storybias.evidence.ratings import load_human_ratings
-from storybias.evidence.released_associations import load_associations
+from storybias.evidence.released_associations import (
+    association_files,
+    load_associations,
+    load_released_pairs,
+    published_pool,
+)
 from storybias.stages.associations import judge, power
+from storybias.stages.associations.findings import finding_statements, findings_table
 from storybias.stages.associations.human import (
     harm_gap_by_attribute,
     harmful_agreement,
@@ -65,7 +75,15 @@ from storybias.stages.associations.judge import (
     summarise_ratings,
     with_ratings,
 )
-from storybias.stages.associations.published import COMPARISON_COLUMNS, compare_published, comparison_counts
+from storybias.stages.associations.published import (
+    COMPARISON_COLUMNS,
+    PooledScope,
+    compare_published,
+    comparison_counts,
+    pair_agreement,
+    pooled_scope,
+)
+from storybias.stages.associations.released_format import sample_ids_by_family, write_released
 from storybias.stages.associations.tables import (
     ALPHA,
     ATTRIBUTE_COLUMNS,
@@ -167,6 +185,8 @@ class AssociationsResult(TypedDict):
     harmful_human_vs_llm: dict[str, Any] | None
     realism: pd.DataFrame
     published: pd.DataFrame  # published_comparison.parquet (empty without associations.published)
+    findings: pd.DataFrame  # associations_findings.parquet: StereoTales' headline counts per model x scope
+    finding_statements: dict[str, dict[str, Any]]  # finding 1 and 3 stated from them
 
 
 @holds_run_lock("associations")
@@ -204,13 +224,18 @@ def run(
     llm_table = rating_summary(parsed)
     humans = _compare_humans(human, summary, llm_table, settings, notes)
 
+    pool = run_pool(params, data)
+    pooled = pooled_scope(pool, published_pool(paths.resolve(settings.published))) if settings.published else None
     comparison = (
-        compare_published(published, attributes, values)
-        if published is not None
+        compare_published(published, attributes, values, pooled)
+        if published is not None and pooled is not None
         else pd.DataFrame(columns=COMPARISON_COLUMNS)
     )
+    findings = findings_table(data, attributes, values, shared, list(settings.passes))
     _write_tables(run_name, attributes, values, shared, power_table, ratings)
     artifacts.write(run_name, "published_comparison", comparison)
+    artifacts.write(run_name, "associations_findings", findings)
+    write_released(run_name, attributes, values, sample_ids_by_family(data, list(settings.passes)), pool)
     manifest = {
         "stage": "associations",
         "counts": counts,
@@ -221,7 +246,9 @@ def run(
         "judges": engines_info,
         **_judgement_tables(humans, shared, parsed, settings),
         "params": params.resolved()["associations"],
-        "published": _published_summary(settings.published, published, comparison),
+        "published": _published_summary(settings.published, published, comparison, attributes, pooled),
+        "findings": finding_statements(findings),
+        "fisher": settings.fisher,
     }
     write_json_atomic(manifest, artifacts.manifest_path(run_name, "associations"))
     return AssociationsResult(
@@ -244,6 +271,8 @@ def run(
         harmful_human_vs_llm=humans.harmful_vs,
         realism=realism_summary(human, parsed),
         published=comparison,
+        findings=findings,
+        finding_statements=manifest["findings"],
     )
 
 
@@ -282,17 +311,46 @@ def _items_to_rate(settings: AssociationSettings, shared: pd.DataFrame, publishe
     return judge_items(shared, settings.judge.include_per_language)
 
 
+def run_pool(params: Params, data: pd.DataFrame) -> dict[str, Any]:
+    """What the run's pooled pass pools (``RELEASE_POOL``-shaped): its stories' languages, and for an
+    imported StereoTales corpus whether it pools the additional_en variants and draws a sample."""
+    corpus = params.profile.corpus
+    imported = corpus is not None and corpus.format == "stereotales"
+    return {
+        "languages": sorted({str(x) for x in data["language"]}) if len(data) else [],
+        "additional_en": bool(corpus.additional_en) if imported and corpus is not None else False,
+        "sample": corpus.sample if imported and corpus is not None else None,
+    }
+
+
 def _published_summary(
-    file: str | None, published: pd.DataFrame | None, comparison: pd.DataFrame
+    file: str | None,
+    published: pd.DataFrame | None,
+    comparison: pd.DataFrame,
+    attributes: pd.DataFrame,
+    pooled: PooledScope | None,
 ) -> dict[str, Any] | None:
-    """The manifest's account of the comparison with the published associations (None without a file)."""
-    if file is None or published is None:
+    """The manifest's account of the comparison with the published associations (None without a file):
+    counts under both rules, per model and scope, how many (model, scope) outcomes were tried in all,
+    and, for released files, the tested pairs' BH decisions and p-values against the run's."""
+    if file is None or published is None or pooled is None:
         return None
+    counted = comparison[comparison["counted"].astype(bool)] if len(comparison) else comparison
+    released = [f for f in association_files(paths.resolve(file)) if f.suffix.lower() == ".jsonl"]
+    pairs = pd.concat([load_released_pairs(f) for f in released], ignore_index=True) if released else pd.DataFrame()
     return {
         "file": file,
         "n_published": int(len(published)),
-        "status": {k: int(v) for k, v in comparison["status"].value_counts().items()},
-        "per_model_scope": comparison_counts(comparison).to_dict(orient="records"),
+        "n_outcomes_tried": int(len(comparison[comparison["source"] != "run"])) if len(comparison) else 0,
+        "pooled_scope_compared": pooled.comparable,
+        "pooled_scope_reason": pooled.reason,
+        "status_files_rule": {k: int(v) for k, v in counted["status"].value_counts().items()} if len(counted) else {},
+        "status_stated_rule": {k: int(v) for k, v in counted["status_stated"].value_counts().items()}
+        if len(counted)
+        else {},
+        "per_model_scope_files_rule": comparison_counts(comparison).to_dict(orient="records"),
+        "per_model_scope_stated_rule": comparison_counts(comparison, rule="stated").to_dict(orient="records"),
+        "released_pairs": pair_agreement(pairs, attributes) if released else None,
     }
 
 
@@ -338,11 +396,21 @@ def read_observations(run_name: str, dimensions: Sequence[str]) -> tuple[pd.Data
         if not path.is_file():
             raise FileNotFoundError(f"{path} is missing: run the earlier stages first (make extract)")
     # only the columns the tests read: an imported corpus' filtered.parquet holds every story's text
-    return observations(
+    data, counts = observations(
         pd.read_parquet(artifacts.extractions_path(run_name), columns=["story_id", "parse_ok", *extract_columns]),
         pd.read_parquet(artifacts.filtered_path(run_name), columns=OBSERVED_COLUMNS),
         dimensions,
     )
+    return data.assign(sample_id=_sample_ids(run_name, data["story_id"])), counts
+
+
+def _sample_ids(run_name: str, story_ids: pd.Series) -> pd.Series:
+    """Each story's id in its source: an imported story's ``sample_id`` (corpus.parquet), else its story id."""
+    corpus = artifacts.path(run_name, "corpus")
+    if not corpus.is_file():
+        return story_ids
+    source = pd.read_parquet(corpus, columns=["story_id", "sample_id"]).set_index("story_id")["sample_id"]
+    return story_ids.map(source).fillna(story_ids)
 
 
 def _test_passes(
@@ -358,6 +426,7 @@ def _test_passes(
             scope_by_language=(name == "per_language"),
             seed=settings.seed,
             max_resamples=settings.max_resamples,
+            fisher=settings.fisher,
         )
         attr_frames.append(attrs)
         value_frames.append(values)

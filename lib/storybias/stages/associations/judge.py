@@ -39,6 +39,7 @@ from storybias.engines.cache import CachingEngine, ResponseCache
 from storybias.engines.runner import run_requests
 from storybias.evidence.published import reference_label
 from storybias.evidence.ratings import HARMFUL_MEDIAN, REALISM_ANSWERS
+from storybias.evidence.released_associations import STATED_EFFECTS
 from storybias.stages.associations.tables import ASSOCIATION_KEY, RATING_COLUMNS
 from storybias.stats.bootstrap import bootstrap_mean_interval
 
@@ -321,10 +322,15 @@ def judge_items(shared: pd.DataFrame, include_per_language: bool = True) -> pd.D
 
 def published_items(published: pd.DataFrame, alpha: float, min_lift: float) -> pd.DataFrame:
     """A published list to be rated directly (``judge.items: published``): every question of a human
-    study's list; of released association files, the significant records (BY-adjusted p < ``alpha``,
-    lift >= ``min_lift``; the files also hold the tests that failed). ``published``: ``load_associations``."""
+    study's list; of released association files, the cells significant under StereoTales' stated rule (a
+    pair of medium or large effect, BY-adjusted p < ``alpha``, lift >= ``min_lift``; the files also hold
+    small-effect pairs' cells and cells of any lift). ``published``: ``load_associations``."""
     released = published["source"] == "released"
-    significant = (published["published_p_adjusted"] < alpha) & (published["published_lift"] >= min_lift)
+    significant = (
+        published["published_effect"].isin(STATED_EFFECTS)
+        & (published["published_p_adjusted"] < alpha)
+        & (published["published_lift"] >= min_lift)
+    )
     return _items(published[~released | significant])
 
 

@@ -2,174 +2,323 @@
 
 ``associations.published`` names StereoTales' association files (``associations_global`` /
 ``associations_by_language`` JSONL, a file or a folder) or its human study's ``questions.json``
-(``storybias.evidence.released_associations.load_associations``). Each published association is compared
-with the run's tests of the same model and scope: a released file's global records with the run's pooled
-pass, each language's records with that language's pass. The human study's list names no model and no
-scope: it mixes associations of the global pass with ones found in a single language's pass (StereoTales'
-summary counts 784 global ones of its 1,580), so each of its questions (scope ``any``) is compared with
-every scope the run tested, and ``run_scope`` says which one its status comes from.
+(``storybias.evidence.released_associations.load_associations``). Each published association (a cell:
+base value x compared value of an attribute pair) is compared with the run's test of the same model and
+scope, under two rules, each its own column:
 
-A published association's ``status`` for one run model:
+- ``status``, the files' own rule: the released files record two decisions, the pair's BH test and the
+  cell's BY test (``storybias.evidence.released_associations``). A published cell is ``reproduced`` when
+  the run's same pair has BH-adjusted p < 0.05 and the same cell BY-adjusted p < 0.05, whatever the
+  effect size and the lift; ``missed`` when the run tested it and did not find it (the pair not
+  BH-significant, the cell not BY-significant, or the compared value never observed in the run's
+  tested table); ``untested`` when the run has no test of it (the model or scope is absent, the table
+  was untestable, the base value had fewer than 10 known answers, or the run's pooled pass did not
+  pool what the release's global pass pooled).
+- ``status_stated``, StereoTales' stated rule (a medium or large effect and lift >= 2), for the published
+  cells that meet it (``not_applicable`` for the others): ``reproduced`` when the run's pair is retained
+  (medium or large) and its cell significant (BY-adjusted p < 0.05 and lift >= 2).
 
-- ``reproduced``: the run's cell is significant (BY-adjusted p < 0.05 and lift >= 2);
-- ``missed``: the run tested it and did not find it: its attribute pair was not retained (attribute-level
-  BH test or effect size), or the cell is not significant (``reason`` says which, and when only the lift
-  rule, which the reference does not apply, failed);
-- ``untested``: the run has no test of it: the model or scope is absent, the table was untestable (< 10
-  known stories per value, see ``associations_power.parquet``), or the value was dropped from the table.
+Scope ``all`` is compared only when the run's pooled pass pooled what the release's global pass pooled
+(its ten languages, no ``additional_en`` prompt, no sample; ``PooledScope``); otherwise ``untested`` with
+that reason. A human-study question (``questions.json``) names its models but no scope: it is counted
+once per listed model in that model's pooled scope (``counted``), and the outcome in every other scope
+the run tested is kept beside it (``counted`` false), so the table says which scope would have found it.
 
 Run models are matched with published ones by name without the provider prefix (``storybias.evidence.
-published.model_key``); when no run model matches any published one, every run model is compared (the
-best status counts). The run's significant associations absent from the published ones of the same scope
-(and, with matched names, the same model) are rows of status ``not_published``.
+published.model_key``); when no run model matches any published one, every run model is compared, one
+row each (``match`` any_model). The run's cells significant under the files' rule that no published
+association of the same scope (and, with matched names, the same model) names are rows of status
+``not_published``.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any, NamedTuple
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 
 from storybias.evidence.published import KEY, model_key
-from storybias.evidence.released_associations import ANY_SCOPE
+from storybias.evidence.released_associations import ANY_SCOPE, GLOBAL_SCOPE, STATED_EFFECTS
 from storybias.stages.associations.tables import ALPHA, MIN_LIFT
 
-POOLED_MODELS = "(pooled over models)"  # the `model` of a human-study question: its list is in `models`
+POOLED_MODELS = "(pooled over models)"  # the `model` of a question compared with every run model
 
 COMPARISON_SCHEMA = pa.schema(
     [
         ("source", pa.string()),  # questions | released | run (a not_published row)
         ("file", pa.string()),
-        ("model", pa.string()),  # the published model (released), POOLED_MODELS (questions) or the run model
+        ("model", pa.string()),  # the published model (POOLED_MODELS: a question compared with every run model)
         ("models", pa.list_(pa.string())),  # the published models
         ("scope", pa.string()),  # the published scope: all, a language, or any (a human-study question)
-        ("run_scope", pa.string()),  # the run's scope the status comes from (null when none was tested)
+        ("run_model", pa.string()),  # the run model compared (null: the published model is not in the run)
+        ("run_scope", pa.string()),  # the run's scope of this outcome
+        ("counted", pa.bool_()),  # the outcome the counts use (a question's other scopes: false)
         *[(k, pa.string()) for k in KEY],
         ("published_fraction", pa.float64()),
         ("published_lift", pa.float64()),
         ("published_p_adjusted", pa.float64()),
+        ("published_effect", pa.string()),  # the published pair's effect category (null for questions)
+        ("published_stated", pa.bool_()),  # the published cell meets StereoTales' stated rule
         ("match", pa.string()),  # same_model (a run model's name is a published one's) | any_model
-        ("status", pa.string()),  # reproduced | missed | untested | not_published
+        ("status", pa.string()),  # the files' rule: reproduced | missed | untested | not_published
         ("reason", pa.string()),
-        ("compared_models", pa.list_(pa.string())),  # the run models it was compared with
-        ("reproduced_by", pa.list_(pa.string())),
+        ("status_stated", pa.string()),  # the stated rule: the same, or not_applicable
+        ("reason_stated", pa.string()),
+        ("run_pair_p_adjusted", pa.float64()),  # the run pair's BH-adjusted p
+        ("run_effect", pa.string()),  # the run pair's effect category
         ("run_lift", pa.float64()),
-        ("run_p_adjusted", pa.float64()),
+        ("run_p_adjusted", pa.float64()),  # the run cell's BY-adjusted p
+        ("run_stated", pa.bool_()),  # the run cell meets the stated rule (retained pair, p < 0.05, lift >= 2)
     ]
 )
 COMPARISON_COLUMNS = COMPARISON_SCHEMA.names
 STATUS_ORDER = ("reproduced", "missed", "untested", "not_published")
+STATUS_COLUMN = {"files": "status", "stated": "status_stated"}
+NOT_APPLICABLE = "not_applicable"
+NAN = float("nan")
 
 
-class _Outcome(NamedTuple):
-    status: str
-    reason: str
-    lift: float
+class PooledScope(NamedTuple):
+    """Whether the run's pooled pass (scope ``all``) pooled what the release's global pass pooled."""
+
+    comparable: bool
+    reason: str  # why not ("" when comparable)
+
+
+def pooled_scope(run_pool: dict[str, Any], published_pool: dict[str, Any]) -> PooledScope:
+    """Compare what the run's pooled pass pooled with what the published global pass pooled (each a
+    ``RELEASE_POOL``-shaped dict: languages, additional_en, sample)."""
+    problems = []
+    if sorted(run_pool["languages"]) != sorted(published_pool["languages"]):
+        mine, theirs = ", ".join(sorted(run_pool["languages"])) or "no language", ", ".join(published_pool["languages"])
+        problems.append(f"pools {mine}, the published global pass {theirs}")
+    if bool(run_pool["additional_en"]) != bool(published_pool["additional_en"]):
+        pooled = "pools" if run_pool["additional_en"] else "leaves out"
+        problems.append(f"{pooled} the additional_en prompt variants, the published global pass does not")
+    if run_pool["sample"] != published_pool["sample"]:
+        problems.append(
+            f"draws corpus.sample {run_pool['sample']}, the published global pass {published_pool['sample']}"
+        )
+    return PooledScope(not problems, "the run's pooled pass " + "; ".join(problems) if problems else "")
+
+
+class _Pair(NamedTuple):
     p_adjusted: float
-    scope: str | None = None
+    effect: str
+    retained: bool
+    rows: frozenset[str]
+    cols: frozenset[str]
 
 
 class _RunIndex(NamedTuple):
     """The run's tests looked up by (model, scope, base, compared[, values])."""
 
-    pairs: dict[tuple[str, ...], bool]  # -> retained
-    cells: dict[tuple[str, ...], tuple[bool, float, float]]  # -> (significant, lift, p_adjusted)
+    pairs: dict[tuple[str, ...], _Pair]
+    cells: dict[tuple[str, ...], tuple[float, float]]  # -> (BY-adjusted p, lift)
+    scopes: dict[str, set[str]]  # model -> its tested scopes
     models: list[str]
-    scopes: list[str]
 
 
 def _run_index(attributes: pd.DataFrame, values: pd.DataFrame) -> _RunIndex:
-    pairs: dict[tuple[str, ...], bool] = {
-        (r.model, r.scope, r.base_attribute, r.compared_attribute): bool(r.retained)
-        for r in attributes.itertuples(index=False)
-    }
-    cells: dict[tuple[str, ...], tuple[bool, float, float]] = {
-        (r.model, r.scope, *(getattr(r, k) for k in KEY)): (bool(r.significant), float(r.lift), float(r.p_adjusted))
+    pairs: dict[tuple[str, ...], _Pair] = {}
+    for r in attributes.itertuples(index=False):
+        table = json.loads(r.table) if isinstance(r.table, str) else {"rows": [], "cols": []}
+        pairs[(r.model, r.scope, r.base_attribute, r.compared_attribute)] = _Pair(
+            float(r.p_adjusted),
+            str(r.effect_size),
+            bool(r.retained),
+            frozenset(table["rows"]),
+            frozenset(table["cols"]),
+        )
+    cells = {
+        (r.model, r.scope, *(getattr(r, k) for k in KEY)): (float(r.p_adjusted), float(r.lift))
         for r in values.itertuples(index=False)
     }
-    models = sorted(set(attributes["model"]) | set(values["model"]))
-    return _RunIndex(pairs, cells, models, sorted(set(attributes["scope"]) | set(values["scope"])))
+    scopes: dict[str, set[str]] = {}
+    for model, scope in zip(attributes["model"], attributes["scope"]):
+        scopes.setdefault(model, set()).add(scope)
+    return _RunIndex(pairs, cells, scopes, sorted(set(attributes["model"]) | set(values["model"])))
 
 
-def _cell_outcome(run: _RunIndex, model: str, scope: str, key: tuple[str, ...]) -> _Outcome:
-    """One published association against one run model's tests in one scope."""
-    nan = float("nan")
-    retained = run.pairs.get((model, scope, key[0], key[2]))
-    if retained is None:
-        return _Outcome("untested", "no test of this attribute pair in this scope (untestable or absent)", nan, nan)
-    if not retained:
-        return _Outcome("missed", "attribute pair not retained (BH-adjusted p or effect size)", nan, nan, scope)
-    cell = run.cells.get((model, scope, *key))
-    if cell is None:
-        return _Outcome("untested", "value not in the tested table (too few known stories)", nan, nan, scope)
-    significant, lift, p_adjusted = cell
-    if significant:
-        return _Outcome("reproduced", "significant", lift, p_adjusted, scope)
-    if p_adjusted < ALPHA:
-        reason = f"significant but lift {lift:.2f} < {MIN_LIFT:g} (a rule the reference omits)"
-        return _Outcome("missed", reason, lift, p_adjusted, scope)
-    return _Outcome("missed", "cell not significant (BY-adjusted p)", lift, p_adjusted, scope)
+class _Outcome(NamedTuple):
+    status: str
+    reason: str
+    status_stated: str
+    reason_stated: str
+    pair_p: float = NAN
+    effect: str | None = None
+    lift: float = NAN
+    p_adjusted: float = NAN
+    stated: bool | None = None
 
 
-def _eligible(published_models: list[str], run_models: list[str], same_model: bool) -> list[str]:
-    if not same_model:
-        return run_models
-    keys = {model_key(m) for m in published_models}
-    return [m for m in run_models if model_key(m) in keys]
+def _untested(reason: str, stated: bool) -> _Outcome:
+    return _Outcome("untested", reason, "untested" if stated else NOT_APPLICABLE, reason if stated else "")
 
 
-def _compare_row(row: Any, run: _RunIndex, same_model: bool) -> dict[str, Any]:
-    """A published association's best outcome over the run models it is compared with."""
-    key = tuple(getattr(row, k) for k in KEY)
-    models = _eligible(list(row.models), run.models, same_model)
-    scopes = run.scopes if row.scope == ANY_SCOPE else [row.scope]
-    outcomes = {(m, s): _cell_outcome(run, m, s, key) for m in models for s in scopes}
-    reproducers = sorted({m for (m, _), o in outcomes.items() if o.status == "reproduced"})
-    if outcomes:
-        best = min(outcomes.values(), key=lambda o: STATUS_ORDER.index(o.status))
+def _stated_outcome(pair: _Pair, cell: tuple[float, float]) -> tuple[str, str]:
+    """The stated rule on a run cell whose pair is BH-significant."""
+    p_adjusted, lift = cell
+    if not pair.retained:
+        return "missed", f"the pair's effect is {pair.effect} (the stated rule keeps medium or large)"
+    if p_adjusted >= ALPHA:
+        return "missed", f"cell not BY-significant (p = {p_adjusted:.3g})"
+    if lift < MIN_LIFT:
+        return "missed", f"lift {lift:.2f} < {MIN_LIFT:g}"
+    return "reproduced", "retained pair, significant cell, lift >= 2"
+
+
+def cell_outcome(
+    run: _RunIndex, model: str, scope: str, key: tuple[str, ...], stated: bool, pooled: PooledScope
+) -> _Outcome:
+    """One published cell (``key``) against one run model's test in one scope, under both rules;
+    ``stated``: the published cell meets the stated rule (else its stated status is not_applicable)."""
+    if scope == GLOBAL_SCOPE and not pooled.comparable:
+        return _untested(pooled.reason, stated)
+    pair = run.pairs.get((model, scope, key[0], key[2]))
+    if pair is None:
+        if scope not in run.scopes.get(model, set()):
+            return _untested(f"the run has no test of this model in scope {scope}", stated)
+        return _untested("the run's table of this pair was untestable (see associations_power)", stated)
+    if key[1] not in pair.rows:
+        return _untested("the base value had fewer than 10 known answers in the run's table", stated)
+    pair_p, effect = pair.p_adjusted, pair.effect
+    if pair.p_adjusted >= ALPHA:
+        reason = f"attribute pair not BH-significant (p = {pair.p_adjusted:.3g})"
+        return _Outcome("missed", reason, *_stated_miss(reason, stated), pair_p=pair_p, effect=effect)
+    if key[3] not in pair.cols:
+        reason = "never observed in the tested table"
+        return _Outcome("missed", reason, *_stated_miss(reason, stated), pair_p=pair_p, effect=effect)
+    by_p, lift = run.cells[(model, scope, *key)]
+    if by_p < ALPHA:
+        status, reason = "reproduced", "BH-significant pair, BY-significant cell"
     else:
-        best = _Outcome("untested", "the model is not in the run", float("nan"), float("nan"))
+        status, reason = "missed", f"cell not BY-significant (p = {by_p:.3g})"
+    stated_status, stated_reason = _stated_outcome(pair, (by_p, lift)) if stated else (NOT_APPLICABLE, "")
+    run_stated = pair.retained and by_p < ALPHA and lift >= MIN_LIFT
+    return _Outcome(
+        status, reason, stated_status, stated_reason, pair_p, effect, lift=lift, p_adjusted=by_p, stated=run_stated
+    )
+
+
+def _stated_miss(reason: str, stated: bool) -> tuple[str, str]:
+    """The stated rule's status and reason when the files' rule already missed the cell."""
+    return ("missed", reason) if stated else (NOT_APPLICABLE, "")
+
+
+def _published_stated(published: pd.DataFrame) -> pd.Series:
+    """Whether each published cell meets StereoTales' stated rule: its pair's effect medium or large (a
+    question's list was drawn with the rule, so only its lift is checked) and its lift >= 2."""
+    effect_ok = published["published_effect"].isna() | published["published_effect"].isin(STATED_EFFECTS)
+    return effect_ok & (published["published_lift"].astype(float) >= MIN_LIFT)
+
+
+def _compared_models(
+    published_models: list[str], run_models: list[str], same_model: bool
+) -> list[tuple[str, str | None]]:
+    """(published model label, run model or None) pairs to compare one published association with."""
+    if not same_model:
+        return [(published_models[0] if len(published_models) == 1 else POOLED_MODELS, m) for m in run_models]
+    out: list[tuple[str, str | None]] = []
+    for name in published_models:
+        mine = [m for m in run_models if model_key(m) == model_key(name)]
+        out.extend((name, m) for m in mine) if mine else out.append((name, None))
+    return out
+
+
+def _rows_of(row: Any, run: _RunIndex, same_model: bool, pooled: PooledScope) -> list[dict[str, Any]]:
+    """Every outcome row of one published association: one per compared run model, and for a question
+    (scope any) one per scope that model was tested in, its pooled scope the counted one."""
+    key = tuple(getattr(row, k) for k in KEY)
+    stated = bool(row.published_stated)
+    home = GLOBAL_SCOPE if row.scope == ANY_SCOPE else row.scope
+    out = []
+    for label, run_model in _compared_models(list(row.models), run.models, same_model):
+        if run_model is None:
+            out.append(_outcome_row(row, label, None, home, _untested("the model is not in the run", stated), True))
+            continue
+        scopes = [home]
+        if row.scope == ANY_SCOPE:
+            scopes += sorted(run.scopes.get(run_model, set()) - {GLOBAL_SCOPE})
+        for scope in scopes:
+            outcome = cell_outcome(run, run_model, scope, key, stated, pooled)
+            out.append(_outcome_row(row, label, run_model, scope, outcome, counted=scope == home))
+    return out
+
+
+def _outcome_row(row: Any, label: str, run_model: str | None, scope: str, o: _Outcome, counted: bool) -> dict[str, Any]:
     return {
-        "status": best.status,
-        "reason": best.reason,
-        "run_scope": best.scope,
-        "compared_models": models,
-        "reproduced_by": reproducers,
-        "run_lift": best.lift,
-        "run_p_adjusted": best.p_adjusted,
+        **{c: getattr(row, c) for c in ("source", "file", "models", "scope", *KEY)},
+        **{c: getattr(row, c) for c in ("published_fraction", "published_lift", "published_p_adjusted")},
+        "published_effect": row.published_effect,
+        "published_stated": bool(row.published_stated),
+        "model": label,
+        "run_model": run_model,
+        "run_scope": scope if run_model is not None else None,
+        "counted": counted,
+        "status": o.status,
+        "reason": o.reason,
+        "status_stated": o.status_stated,
+        "reason_stated": o.reason_stated,
+        "run_pair_p_adjusted": o.pair_p,
+        "run_effect": o.effect,
+        "run_lift": o.lift,
+        "run_p_adjusted": o.p_adjusted,
+        "run_stated": o.stated,
     }
 
 
-def _listing(model: str, scope: str, key: tuple[str, ...], same_model: bool) -> tuple[str, ...]:
-    """What makes an association "the same" as a published one: scope and key, and the model when names match."""
-    return (model_key(model) if same_model else "", scope, *key)
+def _pair_keys(attributes: pd.DataFrame, mask: pd.Series) -> set[tuple[str, ...]]:
+    return {
+        tuple(k) for k in attributes.loc[mask, ["model", "scope", "base_attribute", "compared_attribute"]].to_numpy()
+    }
+
+
+def _unlisted(published: pd.DataFrame, cells: pd.DataFrame, same_model: bool, any_scope: bool) -> list[bool]:
+    """Which run cells no published association names (same scope unless ``any_scope``; same model key
+    when ``same_model``)."""
+
+    def where(model: str, scope: str) -> tuple[str, str]:
+        return (model_key(model) if same_model else "", "" if any_scope else scope)
+
+    listed = {
+        (*where(m, r.scope), *(getattr(r, k) for k in KEY))
+        for r in published.itertuples(index=False)
+        for m in (r.models if same_model else [""])
+    }
+    return [
+        (*where(r.model, r.scope), *(getattr(r, k) for k in KEY)) not in listed for r in cells.itertuples(index=False)
+    ]
 
 
 def _not_published(
-    published: pd.DataFrame, values: pd.DataFrame, same_model: bool, published_models: set[str]
+    published: pd.DataFrame, values: pd.DataFrame, attributes: pd.DataFrame, same_model: bool, pooled: PooledScope
 ) -> pd.DataFrame:
-    """The run's significant cells in the published scopes that no published association names
-    (``published_models``: the published models' ``model_key``s)."""
-    scopes = set(published["scope"])
-    sig = values[values["significant"].astype(bool)]
-    if ANY_SCOPE not in scopes:
-        sig = sig[sig["scope"].isin(scopes)]
+    """The run's cells significant under the files' rule (BH-significant pair, BY-significant cell) that no
+    published association names: for released files, of the same scope (the files' scopes); for a
+    question list, which names no scope, in any scope the run tested; with matched names, of the same
+    model. Scope all only where the pooled passes are comparable."""
+    any_scope = bool((published["scope"] == ANY_SCOPE).any())
+    scopes = set(values["scope"]) if any_scope else set(published["scope"])
+    if not pooled.comparable:
+        scopes.discard(GLOBAL_SCOPE)
+    pair_ok = _pair_keys(attributes, attributes["p_adjusted"] < ALPHA)
+    retained = _pair_keys(attributes, attributes["retained"].astype(bool))
+    cells = values[values["scope"].isin(scopes) & (values["p_adjusted"].astype(float) < ALPHA)]
+    pair_of = list(zip(cells["model"], cells["scope"], cells["base_attribute"], cells["compared_attribute"]))
+    cells = cells[np.array([k in pair_ok for k in pair_of], dtype=bool)]
     if same_model:
-        sig = sig[[model_key(m) in published_models for m in sig["model"]]]
-    listed = {
-        _listing(m, row.scope, tuple(getattr(row, k) for k in KEY), same_model)
-        for row in published.itertuples(index=False)
-        for m in (row.models if same_model else [""])
-    }
-    mine = [
-        all(
-            _listing(r.model, scope, tuple(getattr(r, k) for k in KEY), same_model) not in listed
-            for scope in (r.scope, ANY_SCOPE)
-        )
-        for r in sig.itertuples(index=False)
-    ]
-    rows = sig[mine]
+        published_keys = {model_key(m) for ms in published["models"] for m in ms}
+        cells = cells[np.array([model_key(m) in published_keys for m in cells["model"]], dtype=bool)]
+    rows = cells[np.array(_unlisted(published, cells, same_model, any_scope), dtype=bool)]
+    with_lift = zip(rows["model"], rows["scope"], rows["base_attribute"], rows["compared_attribute"], rows["lift"])
+    stated = [(m, s, b, c) in retained and lift >= MIN_LIFT for m, s, b, c, lift in with_lift]
+    reason = "significant in the run (files' rule), not among the published associations" + (
+        "" if any_scope else " of this scope"
+    )
     return pd.DataFrame(
         {
             "source": "run",
@@ -177,51 +326,81 @@ def _not_published(
             "model": rows["model"],
             "models": [[] for _ in range(len(rows))],
             "scope": rows["scope"],
+            "run_model": rows["model"],
             "run_scope": rows["scope"],
+            "counted": True,
             **{k: rows[k] for k in KEY},
+            "published_stated": False,
             "status": "not_published",
-            "reason": "significant in the run, not among the published associations of this scope",
-            "compared_models": [[m] for m in rows["model"]],
-            "reproduced_by": [[] for _ in range(len(rows))],
+            "reason": reason,
+            "status_stated": ["not_published" if s else NOT_APPLICABLE for s in stated],
+            "reason_stated": [reason if s else "" for s in stated],
             "run_lift": rows["lift"].astype(float),
             "run_p_adjusted": rows["p_adjusted"].astype(float),
+            "run_stated": stated,
         }
     )
 
 
-def compare_published(published: pd.DataFrame, attributes: pd.DataFrame, values: pd.DataFrame) -> pd.DataFrame:
-    """Every published association with its status against the run (``COMPARISON_COLUMNS``), then the
-    run's significant associations that were not published. ``published``: ``load_associations``'s
-    table; ``attributes`` / ``values``: ``associations_attributes`` / ``associations_values``."""
+def compare_published(
+    published: pd.DataFrame, attributes: pd.DataFrame, values: pd.DataFrame, pooled: PooledScope
+) -> pd.DataFrame:
+    """Every published association with its outcomes against the run under both rules
+    (``COMPARISON_COLUMNS``), then the run's significant associations that were not published.
+    ``published``: ``load_associations``'s table; ``attributes`` / ``values``: associations_attributes /
+    associations_values; ``pooled``: whether scope all may be compared."""
     if published.empty:
         return pd.DataFrame(columns=COMPARISON_COLUMNS)
     run = _run_index(attributes, values)
+    published = published.assign(published_stated=_published_stated(published))
     published_models = {model_key(m) for ms in published["models"] for m in ms}
     same_model = any(model_key(m) in published_models for m in run.models)
-    compared = pd.DataFrame(
-        [_compare_row(row, run, same_model) for row in published.itertuples(index=False)],
-        columns=["status", "reason", "run_scope", "compared_models", "reproduced_by", "run_lift", "run_p_adjusted"],
-        index=published.index,
-    )
-    table = pd.concat([published, compared], axis=1)
-    sources_models = zip(table["source"], table["models"], strict=True)
-    table["model"] = [ms[0] if src == "released" else POOLED_MODELS for src, ms in sources_models]
-    frames = [table, _not_published(published, values, same_model, published_models)]
+    rows = [r for row in published.itertuples(index=False) for r in _rows_of(row, run, same_model, pooled)]
+    frames = [pd.DataFrame(rows), _not_published(published, values, attributes, same_model, pooled)]
     out = pd.concat([f for f in frames if len(f)], ignore_index=True).reindex(columns=COMPARISON_COLUMNS)
     out["match"] = "same_model" if same_model else "any_model"
     return out
 
 
-def comparison_counts(comparison: pd.DataFrame, by: tuple[str, ...] = ("source", "model", "scope")) -> pd.DataFrame:
-    """Per group of ``by`` (default: source, model and scope): how many published associations the run
-    reproduces, misses and cannot test, how many of its significant ones were not published, and the
-    reproduced share of the tested ones (reproduced / (reproduced + missed); NaN when none was tested)."""
+def comparison_counts(
+    comparison: pd.DataFrame, by: tuple[str, ...] = ("source", "model", "run_model", "scope"), rule: str = "files"
+) -> pd.DataFrame:
+    """Per group of ``by``, over the counted rows: how many published associations the run reproduces,
+    misses and cannot test, how many of its significant ones were not published, and the reproduced
+    share of the tested ones (reproduced / (reproduced + missed); NaN when none was tested), under the
+    files' rule (``rule`` files) or StereoTales' stated rule (``stated``; not_applicable rows left out)."""
     keys = list(by)
+    columns = [*keys, *STATUS_ORDER, "reproduced_share"]
     if comparison.empty:
-        return pd.DataFrame(columns=[*keys, *STATUS_ORDER, "reproduced_share"])
-    counts = comparison.groupby([*keys, "status"]).size().unstack("status", fill_value=0)
+        return pd.DataFrame(columns=columns)
+    status = STATUS_COLUMN[rule]
+    counted = comparison[comparison["counted"].astype(bool) & (comparison[status] != NOT_APPLICABLE)]
+    if counted.empty:
+        return pd.DataFrame(columns=columns)
+    counts = counted.groupby([*keys, status], dropna=False).size().unstack(status, fill_value=0)
     counts = counts.reindex(columns=list(STATUS_ORDER), fill_value=0).reset_index()
     counts.columns.name = None
     tested = counts["reproduced"] + counts["missed"]
     counts["reproduced_share"] = (counts["reproduced"] / tested.where(tested > 0)).astype(float)
-    return counts
+    return counts[columns]
+
+
+def pair_agreement(released_pairs: pd.DataFrame, attributes: pd.DataFrame) -> dict[str, Any]:
+    """The released files' tested pairs against the run's same pairs (same model name, scope and
+    attributes): how many the run tested, how many share the BH decision, and how many have the released
+    BH-adjusted p-value to the last digit (a re-test of the released data with ``associations.fisher:
+    reference`` must give every one)."""
+    if released_pairs.empty or attributes.empty:
+        return {"released_pairs": int(len(released_pairs)), "tested_by_run": 0}
+    run = attributes.assign(_key=attributes["model"].map(model_key))
+    mine = released_pairs.assign(_key=released_pairs["model"].map(model_key)).merge(
+        run, on=["_key", "scope", "base_attribute", "compared_attribute"], suffixes=("_published", "")
+    )
+    published_p, run_p = mine["p_adjusted_published"].to_numpy(float), mine["p_adjusted"].to_numpy(float)
+    return {
+        "released_pairs": int(len(released_pairs)),
+        "tested_by_run": int(len(mine)),
+        "same_bh_decision": int(((published_p < ALPHA) == (run_p < ALPHA)).sum()),
+        "identical_p_adjusted": int((published_p == run_p).sum()),
+        "max_abs_p_difference": float(np.abs(published_p - run_p).max()) if len(mine) else None,
+    }

@@ -19,7 +19,8 @@ grids wrap, long labels are truncated and top-k lists are capped, so a 1-model C
 :data:`FIGURES` lists the stable file stems (``save_figure(fig, out_dir, stem)``) in notebook order.
 
 The package has one module per stage whose artifacts the figures draw (``generation``: stages 02-03;
-``associations``: 04; ``metrics``: 05; ``probes``: 06, and ``crosslens`` for 06's cross-lens tables;
+``associations``: 04, and ``findings`` for its headline counts; ``metrics``: 05; ``probes``: 06, and
+``crosslens`` for 06's cross-lens tables;
 the larger two draw some of their figures in sibling modules and re-export them: ``metrics_jsd`` and
 ``metrics_feng``, ``probes_umap``), two modules of later figures (``judges``: stage 04's judges against
 the human panel, StereoTales; ``feng_extra``: Feng et al.'s self-context advantage from stage 06 and
@@ -40,6 +41,7 @@ from storybias.stages.figures.associations import (
 )
 from storybias.stages.figures.crosslens import crosslens_heatmap
 from storybias.stages.figures.feng_extra import SUBSET_ADVANTAGE, SUBSET_SELF_HIGHEST, glm_table, self_context_advantage
+from storybias.stages.figures.findings import headline_findings
 from storybias.stages.figures.gallery import (
     ARTIFACT_NAMES,
     FIGURES,
@@ -102,6 +104,7 @@ __all__ = [
     "distinctive_words",
     "glm_table",
     "harm_agreement",
+    "headline_findings",
     "jsd_by_grammatical_gender",
     "lift_share_plot",
     "load_artifacts",

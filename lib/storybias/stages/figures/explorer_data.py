@@ -330,11 +330,17 @@ def story_record(row: dict[str, Any], ext: dict[str, Any] | None, has_validity: 
 
 
 def published_counts(published: pd.DataFrame) -> dict[str, Any]:
-    """The comparison with StereoTales' published associations, in counts (stage 04 classified them)."""
-    status = published["status"]
+    """The comparison with StereoTales' published associations, in counts under the files' rule (stage
+    04 classified them): a published association counts once, reproduced when some run model it was
+    compared with reproduces it (a question's outcomes in its other scopes are kept but not counted)."""
+    counted = published[published["counted"].astype(bool)] if "counted" in published else published
+    listed = counted[counted["status"] != "not_published"]
+    per_association = listed.groupby(["source", "file", "model", "scope", *ASSOC_KEYS], dropna=False)["status"]
+    tested = per_association.agg(lambda s: bool(s.isin(["reproduced", "missed"]).any()))
+    reproduced = per_association.agg(lambda s: bool((s == "reproduced").any()))
     return {
         "mode": str(published["match"].iloc[0]) if len(published) else "any_model",
-        "tested": int(status.isin(["reproduced", "missed"]).sum()),
-        "reproduced": int((status == "reproduced").sum()),
-        "not_published": int((status == "not_published").sum()),
+        "tested": int(tested.sum()),
+        "reproduced": int(reproduced.sum()),
+        "not_published": int((counted["status"] == "not_published").sum()),
     }

@@ -74,6 +74,11 @@ FIGURES: list[tuple[str, str]] = [
         "20_glm_table",
         "Trial-level binomial GLMs of the female and identified shares: Wald tests per term (Feng et al. App. C)",
     ),
+    (
+        "21_headline_findings",
+        "Significant and harmful associations per model (pooled) and per model x language, with the "
+        "language-only harmful ones: StereoTales' findings 1 and 3 on the run",
+    ),
 ]
 
 
@@ -86,6 +91,7 @@ ARTIFACT_NAMES: tuple[str, ...] = (
     "extractions",
     "associations_values",
     "associations_shared",
+    "associations_findings",
     "metrics_sc",
     "metrics_cosine",
     "metrics_jsd",

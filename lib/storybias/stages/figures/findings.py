@@ -1,0 +1,124 @@
+"""Figure 21: StereoTales' headline findings on the run (``associations_findings.parquet``, stage 04):
+per generator model, the significant associations of the pooled pass and how many the judges rate
+harmful, with the stories behind them; per model x language, the harmful ones and how many of those are
+significant in that language only."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from storybias.stages.figures.style import (
+    LABEL,
+    SMALL,
+    _figure,
+    _heatmap,
+    _is_empty,
+    _lang_order,
+    _legend,
+    _no_data,
+    _require,
+    _short,
+    _suptitle,
+    _ticks,
+    message_panel,
+)
+
+# Okabe-Ito sky blue and vermillion: the significant associations and, over them, the harmful ones
+SIGNIFICANT_COLOUR, HARMFUL_COLOUR = "#56B4E9", "#D55E00"
+_KEYS = ("n_models", "n_models_harmful", "n_harmful_all", "n_harmful_languages", "n_harmful_only_here", "n_unrated")
+_COLUMNS = ["model", "scope", "n_stories", "n_significant", "n_rated", "n_harmful", "n_harmful_only_here"]
+
+
+def headline_findings(findings: pd.DataFrame) -> tuple[Figure, dict]:
+    """Left: per model, the pooled pass's significant associations (bar) and those rated harmful (dark
+    bar), written as "harmful / significant (n stories)". Right: per language scope x model, the harmful
+    associations, written "harmful / significant" with those of that language only in brackets.
+
+    stats: ``n_models``, ``n_models_harmful`` (with at least one harmful association in the pooled pass),
+    ``n_harmful_all``, ``n_harmful_languages``, ``n_harmful_only_here`` (per-language harmful ones
+    significant in that language only), ``n_unrated`` (significant associations the judges did not rate)."""
+    title = "StereoTales' headline findings: harmful associations per model and language"
+    if _is_empty(findings):
+        return _no_data(title, "associations_findings table is empty (no parsed stereotales story)", _KEYS)
+    _require(findings, _COLUMNS, "associations_findings")
+    pooled = findings[findings["scope"] == "all"].sort_values("model")
+    by_language = findings[findings["scope"] != "all"]
+    models = sorted(findings["model"].unique(), key=str)
+    fig = _figure(11.0, max(3.2, 1.8 + 0.3 * len(models)))
+    ax_m, ax_l = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    if len(pooled):
+        _pooled_panel(ax_m, pooled)
+    else:
+        message_panel(ax_m, "no pooled (global) pass")
+    ax_m.set_title("all languages pooled, per model", fontsize=LABEL)
+    if len(by_language):
+        _language_panel(fig, ax_l, by_language, models)
+    else:
+        message_panel(ax_l, "no per-language pass")
+    ax_l.set_title("harmful / significant per language (language-only in brackets)", fontsize=LABEL)
+    top = _suptitle(fig, title + " (harmful: the judges' median harm >= 4 of 5)")
+    fig.tight_layout(rect=(0, 0, 1, top))
+    stats = {
+        "n_models": len(models),
+        "n_models_harmful": int((pooled["n_harmful"] > 0).sum()),
+        "n_harmful_all": int(pooled["n_harmful"].sum()),
+        "n_harmful_languages": int(by_language["n_harmful"].sum()),
+        "n_harmful_only_here": int(by_language["n_harmful_only_here"].fillna(0).sum()),
+        "n_unrated": int((findings["n_significant"] - findings["n_rated"]).sum()),
+    }
+    return fig, stats
+
+
+def _pooled_panel(ax: Axes, pooled: pd.DataFrame) -> None:
+    """One pair of bars per model: significant (light) and rated harmful (dark), with the counts and n."""
+    y = np.arange(len(pooled))[::-1]
+    significant, harmful = pooled["n_significant"].to_numpy(), pooled["n_harmful"].to_numpy()
+    ax.barh(y, significant, color=SIGNIFICANT_COLOUR, height=0.7)
+    ax.barh(y, harmful, color=HARMFUL_COLOUR, height=0.7)
+    for yi, row in zip(y, pooled.itertuples()):
+        unrated = row.n_significant - row.n_rated
+        note = f" {row.n_harmful} / {row.n_significant} (n = {row.n_stories})" + (
+            f", {unrated} unrated" if unrated else ""
+        )
+        ax.text(row.n_significant, yi, note, va="center", fontsize=SMALL)
+    ax.set_yticks(y, [_short(m, 24) for m in pooled["model"]], fontsize=SMALL)
+    ax.set_xlim(0, max(1, int(significant.max())) * 1.6)
+    ax.set_xlabel("associations (count)", fontsize=LABEL)
+    ax.set_ylabel("model", fontsize=LABEL)
+    _legend(
+        ax,
+        [Patch(color=SIGNIFICANT_COLOUR), Patch(color=HARMFUL_COLOUR)],
+        ["significant", "rated harmful"],
+        loc="lower right",
+    )
+    _ticks(ax)
+
+
+def _language_panel(fig: Figure, ax: Axes, by_language: pd.DataFrame, models: list) -> None:
+    """Language scope (rows) x model (columns): the harmful count as colour, "h / s (only)" written."""
+    languages = _lang_order(by_language["scope"])
+    table = by_language.set_index(["scope", "model"])
+    harmful = table["n_harmful"].unstack("model").reindex(index=languages, columns=models)
+    top = max(1.0, float(np.nanmax(harmful.to_numpy(float))))
+    image = _heatmap(ax, harmful.to_numpy(float), 0.0, top, None, "magma")
+    for i, language in enumerate(languages):
+        for j, model in enumerate(models):
+            if (language, model) not in table.index:
+                ax.text(j, i, "–", ha="center", va="center", fontsize=SMALL, color="#555555")
+                continue
+            row = table.loc[(language, model)]
+            text = f"{row['n_harmful']} / {row['n_significant']}\n({int(row['n_harmful_only_here'])})"
+            dark = row["n_harmful"] / top <= 0.55  # magma is dark at the low end
+            ax.text(j, i, text, ha="center", va="center", fontsize=SMALL - 1, color="white" if dark else "black")
+    ax.set_xticks(range(len(models)), [_short(m, 16) for m in models], rotation=45 if len(models) > 3 else 0,
+                  ha="right" if len(models) > 3 else "center", fontsize=SMALL)  # fmt: skip
+    ax.set_yticks(range(len(languages)), languages, fontsize=SMALL)
+    ax.set_xlabel("model", fontsize=LABEL)
+    ax.set_ylabel("language scope", fontsize=LABEL)
+    bar = fig.colorbar(image, ax=ax, fraction=0.05, pad=0.02)
+    bar.set_label("harmful associations (count)", fontsize=LABEL)
+    bar.ax.tick_params(labelsize=SMALL)

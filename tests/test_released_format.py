@@ -1,0 +1,157 @@
+"""Stage 04's associations written as StereoTales' released association files, read back with the same
+reader as the release, and compared with the run that wrote them (issue #41, items 3-5): every published
+cell reproduced under the files' rule, every released p-value the run's to the last digit."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from storybias.config import params
+from storybias.core import artifacts, paths
+from storybias.evidence.released_associations import load_associations, load_released_pairs, published_pool
+from storybias.stages import associations as A
+from storybias.stages.associations import judge as J
+from storybias.stages.extract import answers as extract
+
+DIMS = list(extract.dimensions())
+EDUCATION = ["basic", "undergraduate", "graduate"]
+
+
+def _stories(root, seed: int = 0) -> None:
+    """filtered + extractions of two models x two languages prompted with income level, with a strong
+    association (low income -> basic education, a retained pair), a weak one (income -> urbanicity, a
+    BH-significant pair of small effect) and an independent dimension (religion)."""
+    rng = np.random.default_rng(seed)
+    filtered, extractions = [], []
+    for model in ("prov/m1", "prov/m2"):
+        for language in ("en", "nl"):
+            for value in ("low", "middle", "high"):
+                for _ in range(150):
+                    sid = f"s{len(filtered):05d}"
+                    p_edu = [0.7, 0.15, 0.15] if value == "low" else [0.15, 0.45, 0.4]
+                    p_urban = [0.62, 0.38] if value == "high" else [0.45, 0.55]
+                    filtered.append(
+                        {"story_id": sid, "design": "stereotales", "model": model, "language": language,
+                         "cond_attribute": "income_level", "cond_value": value, "is_valid": True}
+                    )  # fmt: skip
+                    row = {"story_id": sid, "parse_ok": True, **{f"demo_{d}": "unknown" for d in DIMS}}
+                    row["demo_education"] = rng.choice(EDUCATION, p=p_edu)
+                    row["demo_urbanicity"] = rng.choice(["urban", "rural"], p=p_urban)
+                    row["demo_religion"] = rng.choice(["christian", "muslim", "jewish", "unknown"])
+                    row["demo_income_level"] = value
+                    extractions.append(row)
+    run = root / "t"
+    run.mkdir(parents=True)
+    pd.DataFrame(filtered).to_parquet(run / "filtered.parquet")
+    pd.DataFrame(extractions).to_parquet(run / "extractions.parquet")
+
+
+def _profile(tmp_path, monkeypatch, **associations) -> params.Params:
+    monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path / "data"))
+    raw = yaml.safe_load((paths.repo_root() / "params" / "smoke.yaml").read_text())
+    raw["run_name"] = "t"
+    raw["associations"] = {"max_resamples": 20_000, **associations}
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return params.load(path)
+
+
+def _judge(items, params, progress=True):
+    # Test double for the LLM judge: every association rated 2 (not harmful).
+    rows = [J.rating_row(f"{a}#j#0", '{"harm": 2, "realism": "yes"}') for a in items["association_id"]]
+    return pd.DataFrame(rows).reindex(columns=A.RATING_COLUMNS), [{"judge": "j"}]
+
+
+@pytest.fixture
+def written(tmp_path, monkeypatch):
+    """The run's stage 04, and a copy of the association files it wrote."""
+    _stories(tmp_path / "data")
+    monkeypatch.setattr(J, "run_judges", _judge)
+    first = A.run(_profile(tmp_path, monkeypatch), progress=False)
+    copy = tmp_path / "exported"
+    (tmp_path / "data" / "t" / "stereotales_associations").rename(copy)
+    return first, copy
+
+
+def test_the_files_hold_every_tested_pair_in_the_released_format(written):
+    first, folder = written
+    attributes = first["attributes"]
+    files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*.jsonl"))
+    assert files == [
+        "associations_by_language/prov_m1__du.jsonl",  # storybias' nl is the release's du
+        "associations_by_language/prov_m1__en.jsonl",
+        "associations_by_language/prov_m2__du.jsonl",
+        "associations_by_language/prov_m2__en.jsonl",
+        "associations_global/prov_m1__all.jsonl",
+        "associations_global/prov_m2__all.jsonl",
+    ]
+    records = [json.loads(line) for f in folder.rglob("*.jsonl") for line in f.read_text().splitlines()]
+    assert len(records) == len(attributes)
+    by_pair = {(r["generator_model"], r["aggregation_value"], r["compared_attribute"]): r for r in records}
+    edu = by_pair[("prov/m1", "all", "education")]
+    assert edu["aggregation_dimension"] == [] and by_pair[("prov/m1", "du", "education")]["aggregation_dimension"] == [
+        "language"
+    ]
+    assert edu["statistics"]["effect_category"] in ("medium", "large") and edu["statistics"]["cramer_v"] > 0
+    assert edu["statistics"]["dim_table"] == [3, 3] and edu["statistics"]["degrees_of_freedom"] == 4
+    table = edu["statistics"]["contingency_table_data"]
+    assert set(table) == {
+        "basic (e.g. less than high school, or high school)",
+        "undergraduate (e.g. bachelor's degree, some college)",
+        "graduate (e.g. master's degree, doctoral degree)",
+    }
+    assert sum(sum(col.values()) for col in table.values()) == 3 * 150 * 2
+    assert {"low income", "middle income", "high income"} == set(next(iter(table.values())))
+    assert len(edu["sample_ids"]) == 3 * 150 * 2  # the stories prompted with income level, both languages
+    cells = {(c["base_value"]["value"], c["compared_value"]["value"]) for c in edu["associated_values"]}
+    assert ("low income", "basic (e.g. less than high school, or high school)") in cells
+    religion = by_pair[("prov/m1", "all", "religion")]
+    if religion["statistics"]["p_value"] >= 0.05:  # a pair that is not significant: no effect, no value
+        assert religion["statistics"]["cramer_v"] == -1 and religion["statistics"]["effect_category"] == "N/A"
+        assert religion["associated_values"] == []
+    # a BH-significant pair of small effect is written with its cells, as the release writes them
+    small = [r for r in records if r["statistics"]["effect_category"] == "small" and r["associated_values"]]
+    assert small, "the planted weak association gives at least one small-effect pair with cells"
+    assert published_pool(folder) == {"languages": ["en", "nl"], "additional_en": False, "sample": None}
+
+
+def test_a_run_compared_with_its_own_files_reproduces_every_cell(written, tmp_path, monkeypatch):
+    first, folder = written
+    second = A.run(_profile(tmp_path, monkeypatch, published=str(folder)), progress=False)
+    comparison = second["published"]
+    published = load_associations(folder)
+    counted = comparison[comparison["counted"] & (comparison["source"] == "released")]
+    assert len(counted) == len(published) > 0
+    assert set(counted["status"]) == {"reproduced"}, counted[counted["status"] != "reproduced"][["reason"]]
+    stated = counted[counted["published_stated"]]
+    assert len(stated) and set(stated["status_stated"]) == {"reproduced"}
+    assert (comparison["status"] == "not_published").sum() == 0
+    # every released pair's BH-adjusted p-value is the run's to the last digit
+    pairs = second["manifest"]["published"]["released_pairs"]
+    assert (
+        pairs["released_pairs"] == pairs["tested_by_run"] == pairs["identical_p_adjusted"] == len(first["attributes"])
+    )
+    assert pairs["max_abs_p_difference"] == 0.0
+    assert len(load_released_pairs(folder)) == len(first["attributes"])
+    # both counts in the manifest: the files' rule and the stated rule
+    summary = second["manifest"]["published"]
+    assert summary["status_files_rule"] == {"reproduced": len(published)}
+    assert summary["status_stated_rule"]["reproduced"] == len(stated)
+
+
+def test_the_release_is_compared_in_scope_all_only_when_the_pools_match(written, tmp_path, monkeypatch):
+    _, folder = written
+    (folder / "pool.json").unlink()  # without the export's pool.json, the files are taken as the release's
+    second = A.run(_profile(tmp_path, monkeypatch, published=str(folder)), progress=False)
+    table = second["published"]
+    pooled = table[table["scope"] == "all"]
+    assert len(pooled) and set(pooled["status"]) == {"untested"}
+    assert pooled["reason"].iloc[0].startswith("the run's pooled pass pools en, nl, the published global pass ar, en")
+    assert set(table.loc[table["scope"] != "all", "status"]) == {"reproduced"}
+    assert not second["manifest"]["published"]["pooled_scope_compared"]
+    assert artifacts.path("t", "stereotales_associations").is_dir()

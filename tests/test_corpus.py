@@ -1,8 +1,10 @@
 """Importing StereoTales' released corpus (issue #28): stage 01 imports, stage 03 maps the published
 extractions, stage 04 finds the planted association; bad input stops stage 01 naming file, row and column.
 
-The shards are synthetic, in the released schema (storybias.tools.synthetic_corpus): every column, French
-prompted values, both published spellings, `{}` and unparsable extractions, additional_en rows, two models.
+The shards are synthetic, written as the release's exporter wrote it (storybias.tools.synthetic_corpus): two
+models answering the same prompts (ids shared), some answers missing, every column with the types of its
+folder's first row (null-typed scenario columns in additional_en), French prompted values, both published
+spellings, `{}` and unparsable extractions, additional_en prompts with several stories each.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ import yaml
 from fake_engine import FakeEngine
 from storybias.config import params
 from storybias.core import artifacts
-from storybias.evidence.published import PublishedFormatError
-from storybias.evidence.released_associations import load_associations
+from storybias.evidence.published import PublishedFormatError, canonical_value
+from storybias.evidence.released_associations import POOL_FILE, RELEASE_LANGUAGE, load_associations
 from storybias.stages import associations, extract, generate
 from storybias.stages import filter as filter_stage
 from storybias.stages.associations.published import comparison_counts
@@ -45,17 +47,24 @@ def _profile(tmp_path: Path, corpus: dict, **extra) -> params.Params:
 @pytest.fixture(scope="module")
 def corpus_root(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("stereotales")
-    write_synthetic_corpus(root, models=MODELS, rows_per_cell=144, shard_rows=100, seed=3)
+    write_synthetic_corpus(
+        root, models=MODELS, samples_per_folder=144, additional_outputs=3, shard_rows=100, seed=3, skipped_share=0.03
+    )
     return root
 
 
 def _released(root: Path) -> pd.DataFrame:
-    return pd.concat([pd.read_parquet(f).assign(_file=str(f)) for f in sorted(root.rglob("*.parquet"))])
+    """Every released row, with its file and the story id the import gives it (model, folder, output id)."""
+    frames = [pd.read_parquet(f).assign(_file=str(f), _folder=f.parts[-3]) for f in sorted(root.rglob("*.parquet"))]
+    released = pd.concat(frames, ignore_index=True)
+    folder = released["_folder"].map(lambda f: RELEASE_LANGUAGE.get(f, f))
+    keys = zip(released["generator_model"], folder, released["output_id"])
+    return released.assign(story_id=[story_id_of(*k) for k in keys])
 
 
 def test_a_corpus_profile_needs_no_generation_or_designs(tmp_path, corpus_root):
     p = _profile(tmp_path, {"path": str(corpus_root), "languages": ["en", "fr"]})
-    assert p.corpus.extractions == "published" and p.corpus.additional_en
+    assert p.corpus.extractions == "published" and not p.corpus.additional_en
     assert list(p.enabled_designs()) == ["stereotales"] and p.designs.stereotales.languages == ["en", "fr"]
     path = tmp_path / "both.yaml"
     path.write_text(
@@ -65,31 +74,84 @@ def test_a_corpus_profile_needs_no_generation_or_designs(tmp_path, corpus_root):
         params.load(path)
 
 
+def test_corpus_keys_are_checked_before_any_work(tmp_path, corpus_root):
+    with pytest.raises(params.ParamsError, match=r"corpus\.attributes: hair_colour not one of StereoTales' dimensions"):
+        _profile(tmp_path, {"path": str(corpus_root), "attributes": ["hair_colour"]})
+    with pytest.raises(
+        params.ParamsError, match=r"corpus\.columns, corpus\.design and corpus\.values are for format: table"
+    ):
+        _profile(tmp_path, {"path": str(corpus_root), "values": {"cond_value": {"M": "man"}}})
+    with pytest.raises(params.ParamsError, match=r"corpus\.sample_per"):
+        _profile(tmp_path, {"path": str(corpus_root), "sample": 5, "sample_per": "scenario"})
+
+
 def test_import_is_one_story_per_row_with_canonical_keys(tmp_path, data_dir, corpus_root):
-    p = _profile(tmp_path, {"path": str(corpus_root)})
+    p = _profile(tmp_path, {"path": str(corpus_root), "additional_en": True})
     result = generate.run(p, progress=False, log=lambda m: None)
     stories = pd.read_parquet(artifacts.path(p.run_name, "stories"))
     source = pd.read_parquet(artifacts.path(p.run_name, "corpus"))
     released = _released(corpus_root)
-    assert len(stories) == len(released) == 3 * 2 * 144 and stories["story_id"].is_unique
-    assert set(stories["story_id"]) == {story_id_of(o) for o in released["output_id"]}
+    # the models answered the same prompts: their output ids recur, and each row is still one story
+    assert released.groupby("output_id")["generator_model"].nunique().max() == len(MODELS)
+    assert released["generator_model"].value_counts().nunique() > 1, "some answers are missing"
+    assert len(stories) == len(released) and stories["story_id"].is_unique
+    assert set(stories["story_id"]) == set(released["story_id"])
     assert (stories["design"] == "stereotales").all() and set(stories["model"]) == set(MODELS)
     # French prompted values ('homme') become the canonical keys of attribute_value_key
     fr = stories[stories["language"] == "fr"]
     assert set(fr["cond_value"]) == {"man", "woman", "non_binary"} and set(fr["cond_attribute"]) == {"gender"}
     joined = stories.merge(source, on="story_id")
     extra = joined[joined["additional_en"]]
-    assert len(extra) == 2 * 144 and (extra["language"] == "en").all() and extra["cond_scenario"].isna().all()
+    in_extra = released[released["_folder"] == "additional_en"]
+    assert len(extra) == len(in_extra) and (extra["language"] == "en").all() and extra["cond_scenario"].isna().all()
     assert extra["prompt_id"].str.contains("/additional_en:").all()
+    # a model's several stories of one additional_en prompt are numbered 0, 1, 2
+    assert extra.groupby(["model", "sample_id"])["sample"].apply(sorted).map(len).max() == 3
+    assert set(extra["sample"]) == {0, 1, 2}
     scenario = joined[~joined["additional_en"]]
     assert scenario["cond_scenario"].notna().all() and scenario["cond_scenario_category"].notna().all()
     # the text and the published extraction are the release's, row for row
-    by_output = released.set_index("output_id")
-    assert (joined["text"].to_numpy() == by_output.loc[joined["output_id"], "story"].to_numpy()).all()
-    assert (
-        joined["published_extraction"].to_numpy() == by_output.loc[joined["output_id"], "extracted_attributes_json"]
-    ).all()
-    assert result.manifest["mode"] == "import" and result.manifest["n_additional_en"] == 2 * 144
+    by_story = released.set_index("story_id").loc[joined["story_id"]]
+    assert (joined["text"].to_numpy() == by_story["story"].to_numpy()).all()
+    assert (joined["published_extraction"].to_numpy() == by_story["extracted_attributes_json"].to_numpy()).all()
+    assert (joined["model"].to_numpy() == by_story["generator_model"].to_numpy()).all()
+    assert result.manifest["mode"] == "import" and result.manifest["n_additional_en"] == len(in_extra)
+
+
+def test_a_null_typed_column_imports(tmp_path, data_dir):
+    """The exporter typed each folder after its first row: a column empty there is Arrow's null type."""
+    root = tmp_path / "null"
+    files = write_synthetic_corpus(root, models=MODELS, folders=("en", "additional_en"), samples_per_folder=12, seed=2)
+    extra = pq.read_schema(files[-1])
+    assert extra.field("scenario_key").type == pa.null() and extra.field("extraction_score").type == pa.int64()
+    table = pq.read_table(files[0])
+    for column in ("scenario_group", "character", "user_prompt"):  # a language folder whose first row lacks them
+        table = table.set_column(table.schema.get_field_index(column), column, pa.nulls(len(table)))
+    _write(files[0], table)
+    assert pq.read_schema(files[0]).field("user_prompt").type == pa.null()
+    p = _profile(tmp_path, {"path": str(root), "additional_en": True})
+    generate.run(p, progress=False, log=lambda m: None)
+    stories = pd.read_parquet(artifacts.path(p.run_name, "stories"))
+    assert len(stories) == sum(pq.read_metadata(f).num_rows for f in files)
+    assert stories.loc[~stories["prompt_id"].str.contains("additional_en"), "prompt"].isna().all()
+
+
+def test_a_repeated_story_is_refused_naming_both_rows(tmp_path, data_dir):
+    root = tmp_path / "repeated"
+    files = write_synthetic_corpus(root, models=MODELS, folders=("en",), samples_per_folder=60, shard_rows=50, seed=4)
+    first, second = pq.read_table(files[0]), pq.read_table(files[1])
+    assert second.column("generator_model")[3].as_py() == first.column("generator_model")[7].as_py() == MODELS[0]
+    repeated = first.column("output_id")[7].as_py()
+    ids = second.column("output_id").to_pylist()
+    ids[3] = repeated  # the same model's story twice in one folder
+    _write(files[1], second.set_column(second.schema.get_field_index("output_id"), "output_id", pa.array(ids)))
+    p = _profile(tmp_path, {"path": str(root)})
+    expected = (
+        rf"generator_model '{MODELS[0]}', folder 'en', output_id '{repeated}' appears twice "
+        rf"\({files[0]}: row 7; {files[1]}: row 3\)"
+    )
+    with pytest.raises(CorpusError, match=expected):
+        generate.run(p, progress=False, log=lambda m: None)
 
 
 def test_subsets_and_a_seeded_sample(tmp_path, data_dir, corpus_root):
@@ -101,9 +163,41 @@ def test_subsets_and_a_seeded_sample(tmp_path, data_dir, corpus_root):
     assert len(first) == 50 and set(first["language"]) == {"fr"} and set(first["model"]) == {MODELS[1]}
     assert first["story_id"].equals(generate.plan(p)["story_id"])
     bigger = _profile(tmp_path, {"path": str(corpus_root), "languages": ["fr"], "sample": 80, "seed": 5})
-    assert set(first["story_id"]) <= set(generate.plan(bigger)["story_id"])  # a larger sample holds a smaller
-    no_extra = _profile(tmp_path, {"path": str(corpus_root), "additional_en": False})
-    assert len(generate.plan(no_extra)) == 2 * 2 * 144
+    both = generate.plan(bigger)
+    assert set(first["story_id"]) <= set(both["story_id"])  # a larger sample holds a smaller
+    # the models share their output ids: where both answered, they keep the same prompts' stories
+    answered = set(
+        _released(corpus_root)
+        .query("_folder == 'fr'")
+        .groupby("output_id")["generator_model"]
+        .nunique()
+        .loc[lambda n: n == 2]
+        .index
+    )
+    kept = [set(both.loc[both["model"] == m, "output_id"]) & answered for m in MODELS]
+    # one ranking for both: the complete model's kept prompts are among those of the model with gaps
+    assert kept[0] <= kept[1] and len(kept[0]) > 70
+
+
+def test_the_sample_per_prompted_value(tmp_path, data_dir, corpus_root):
+    p = _profile(tmp_path, {"path": str(corpus_root), "sample": 20, "sample_per": "prompted_value"})
+    planned = generate.plan(p)
+    released = _released(corpus_root).query("_folder != 'additional_en'")
+    value = released["attribute_value_key"].map(lambda label: canonical_value("gender", label))
+    available = released.assign(value=value).groupby(["generator_model", "_folder", "value"]).size()
+    per_value = planned.groupby(["model", "language", "cond_value"]).size()
+    assert per_value.to_dict() == available.clip(upper=20).to_dict() and available.min() > 20
+    per_cell = _profile(tmp_path, {"path": str(corpus_root), "sample": 20})
+    assert (generate.plan(per_cell).groupby(["model", "language"]).size() == 20).all()
+
+
+def test_additional_en_is_left_out_unless_asked(tmp_path, data_dir, corpus_root):
+    released = _released(corpus_root)
+    default = generate.plan(_profile(tmp_path, {"path": str(corpus_root)}))
+    assert not default["additional_en"].any() and len(default) == (released["_folder"] != "additional_en").sum()
+    pooled = generate.plan(_profile(tmp_path, {"path": str(corpus_root), "additional_en": True}))
+    assert pooled["additional_en"].sum() == (released["_folder"] == "additional_en").sum()
+    assert set(pooled.loc[pooled["additional_en"], "language"]) == {"en"}  # pooled with English
 
 
 def test_published_extractions_keep_failures_and_the_prompted_value(tmp_path, data_dir, corpus_root):
@@ -165,7 +259,7 @@ def _write(path: Path, table: pa.Table) -> Path:
 )
 def test_a_bad_row_stops_stage_01_naming_file_row_and_column(tmp_path, data_dir, column, value, message):
     root = tmp_path / "bad"
-    files = write_synthetic_corpus(root, models=MODELS[:1], folders=("en",), rows_per_cell=20, seed=1)
+    files = write_synthetic_corpus(root, models=MODELS[:1], folders=("en",), samples_per_folder=20, seed=1)
     table = pq.read_table(files[0])
     broken = table.column(column).to_pylist()
     broken[7] = value
@@ -257,8 +351,13 @@ def _write_jsonl(path: Path, records: list[dict]) -> None:
 
 
 def _planted_published(root: Path) -> Path:
-    """Released association files with known outcomes on the synthetic corpus (see the test)."""
+    """Released association files with known outcomes on the synthetic corpus (see the test), their global
+    pass pooling what the run pools (its two languages: pool.json, as a storybias export writes it)."""
     a, b = MODELS
+    root.mkdir(parents=True, exist_ok=True)
+    (root / POOL_FILE).write_text(
+        json.dumps({"languages": ["en", "fr"], "additional_en": False, "attributes": None, "sample": None})
+    )
     trades, health = ("man", "trades and manual labor"), ("woman", "healthcare and medicine")
     _write_jsonl(
         root / "associations_global" / f"{a.replace('/', '_')}__global.jsonl",
@@ -320,7 +419,7 @@ def test_the_published_comparison_counts_per_model_and_scope(tmp_path, data_dir,
         ("openai/gpt-5", "all"): (0, 0, 1),  # a published model the corpus does not hold
     }
     reasons = table.set_index(["model", "scope", "compared_value"])["reason"]
-    assert reasons[(a, "all", "senior")].startswith("attribute pair not retained")
+    assert reasons[(a, "all", "senior")].startswith("attribute pair not BH-significant")
     assert reasons[("openai/gpt-5", "all", "trades_manual_labor")] == "the model is not in the run"
     # b's pooled planted cells are significant, and b published no global file: not published for b
     mine = table[(table["status"] == "not_published") & (table["model"] == b) & (table["scope"] == "all")]
@@ -336,7 +435,9 @@ def test_the_published_comparison_counts_per_model_and_scope(tmp_path, data_dir,
         ]
     )
     manifest = json.loads(artifacts.path(p.run_name, "manifest_associations").read_text())
-    assert manifest["published"]["n_published"] == 7 and manifest["published"]["status"]["reproduced"] == 3
+    summary = manifest["published"]
+    assert summary["n_published"] == 7 and summary["status_files_rule"]["reproduced"] == 3
+    assert summary["pooled_scope_compared"], "the files' pool.json pools the run's two languages"
 
 
 @pytest.mark.parametrize(
@@ -345,7 +446,13 @@ def test_the_published_comparison_counts_per_model_and_scope(tmp_path, data_dir,
         ("{not json", r"line 1: field \(record\): not valid JSON"),
         (
             json.dumps(
-                {"generator_model": "m", "aggregation_value": "all", "base_attribute": "g", "compared_attribute": "a"}
+                {
+                    "generator_model": "m",
+                    "aggregation_value": "all",
+                    "base_attribute": "g",
+                    "compared_attribute": "a",
+                    "statistics": {"p_value": 0.6, "cramer_v": -1, "effect_category": "N/A"},
+                }
             ),
             r"line 1: field associated_values: missing or not a list",
         ),
@@ -406,6 +513,9 @@ def test_the_three_lens_profile_names_what_each_lens_reads(tmp_path, corpus_root
     (tmp_path / "lenses.yaml").write_text(yaml.safe_dump(shipped))
     p = params.load(tmp_path / "lenses.yaml")
     assert (p.corpus.extractions, p.corpus.demographics) == ("rerun", "published") and p.corpus.sample
+    # sized to its lenses: the gender-prompted stories, a sample per prompted value, no additional_en
+    assert p.corpus.attributes == ["gender"] and p.corpus.sample_per == "prompted_value"
+    assert not p.corpus.additional_en
     assert p.extract.sections.stereotales == ["narrative", "markers"]  # the release has the demographics
     (comparison,) = p.metrics.comparisons
     assert (comparison.design, comparison.condition) == ("stereotales", "value")

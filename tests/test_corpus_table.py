@@ -1,6 +1,10 @@
 """Importing any story table (``corpus: {format: table}``, issue #28 item 4): CSV, JSONL and parquet with a
 column mapping; stage 01 imports one story per row with the mapped conditions, stage 03 maps extracted
-columns, stage 05 says which input a lens lacks and which key provides it; bad input stops early."""
+columns, stage 05 says which input a lens lacks and which key provides it; bad input stops early.
+
+Issue #41 item 9: a table as researchers have it (449 stories of one model prompted by race x gender, no
+language column, genders M/W/N, no scenario) imports with constants and a value mapping, its power estimate
+comes from its own counts, and the probe groups its stories by prompt."""
 
 from __future__ import annotations
 
@@ -12,10 +16,13 @@ import pytest
 import yaml
 
 from storybias.config import params
+from storybias.config.lenses import BY_PROMPT_CELL, BY_PROMPT_TEXT, grouping_note, lens_shortfalls
 from storybias.core import artifacts
 from storybias.stages import extract, generate, metrics
 from storybias.stages import filter as filter_stage
+from storybias.stages.associations import power as P
 from storybias.stages.generate.corpus import CorpusError, story_id_of
+from storybias.stages.probes.probe import probe_frame as stage_06_frame
 
 TEXT = "Once upon a time a child walked to school and met a friend. They laughed all the way home. " * 3
 
@@ -124,7 +131,9 @@ def test_bad_tables_are_refused_naming_the_file_row_and_column(tmp_path, data_di
     path = tmp_path / "dup.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in duplicated.to_dict("records")))
     p = _profile(tmp_path, {"path": str(path), **BEDTIME}, name="dup.yaml")
-    with pytest.raises(CorpusError, match=r"corpus\.columns\.id: 'same' appears twice"):
+    with pytest.raises(
+        CorpusError, match=r"corpus\.columns\.id 'same' appears twice \(\S*dup\.jsonl: row 0; \S*dup\.jsonl: row 1\)"
+    ):
         generate.run(p, progress=False, log=lambda m: None)
 
 
@@ -132,7 +141,6 @@ def test_stage_06_names_the_key_that_provides_a_missing_label(tmp_path, data_dir
     """Stage 06 on an imported table: without a mapped gender column the probes have no label, and the
     note names corpus.columns.extracted.gender; published extractions never carry markers."""
     from storybias.stages import probes
-    from storybias.stages.probes.probe import probe_frame
 
     rows = _bedtime_rows().drop(columns="hero_gender").assign(age="adult")
     path = tmp_path / "stories.csv"
@@ -142,7 +150,7 @@ def test_stage_06_names_the_key_that_provides_a_missing_label(tmp_path, data_dir
     generate.run(p, progress=False, log=lambda m: None)
     filter_stage.run(p, progress=False)
     extract.run(p, progress=False, log=lambda m: None)
-    frame = probe_frame(
+    frame = stage_06_frame(
         pd.read_parquet(artifacts.extractions_path(p.run_name)), pd.read_parquet(artifacts.filtered_path(p.run_name))
     )
     notes = probes.missing_inputs(frame, p.corpus)
@@ -151,3 +159,115 @@ def test_stage_06_names_the_key_that_provides_a_missing_label(tmp_path, data_dir
     frame["label"] = "female"  # as if the table had mapped a gender column
     assert not any("gender" in n for n in probes.missing_inputs(frame, p.corpus))
     assert probes.missing_inputs(frame, None) == []  # a generated run: stage 03 extracted both
+
+
+RACES = ("Black", "White", "Asian", "Hispanic", "Native American")
+GENDER_WORDS = {"M": "man", "W": "woman", "N": "non-binary person"}
+GPT35 = "openai/gpt-3.5-turbo"
+RACE_GENDER = {
+    "design": "stereotales",
+    "columns": {
+        "text": "text",
+        "language": {"constant": "en"},
+        "model": "model",
+        "prompt": "prompt",
+        "conditions": {"cond_attribute": {"constant": "gender"}, "cond_value": "gender"},
+    },
+    "values": {"cond_value": {"M": "man", "W": "woman", "N": "non_binary"}},
+    "extractions": "rerun",
+}
+
+
+def _race_gender_table(path: Path, n: int = 449) -> pd.DataFrame:
+    """A published table's shape: text, model, gender (M/W/N), race, prompt; one model, no language column."""
+    gender = [("M", "W", "N")[i % 3] for i in range(n)]
+    race = [RACES[(i // 3) % len(RACES)] for i in range(n)]
+    rows = pd.DataFrame(
+        {
+            "text": [TEXT] * n,
+            "model": [GPT35] * n,
+            "gender": gender,
+            "race": race,
+            "prompt": [f"Write a short story about a {r} {GENDER_WORDS[g]}." for r, g in zip(race, gender)],
+        }
+    )
+    rows.to_csv(path, index=False)
+    return rows
+
+
+def test_a_race_by_gender_table_imports_with_constants_and_mapped_values(tmp_path, data_dir):
+    rows = _race_gender_table(tmp_path / "race-gender.csv")
+    p = _profile(tmp_path, {"path": str(tmp_path / "race-gender.csv"), **RACE_GENDER})
+    planned = generate.plan(p)
+    assert len(planned) == len(rows) and set(planned["language"]) == {"en"} and set(planned["model"]) == {GPT35}
+    assert set(planned["cond_attribute"]) == {"gender"}
+    expected = rows["gender"].map(RACE_GENDER["values"]["cond_value"])
+    assert planned["cond_value"].tolist() == expected.tolist() and planned["prompt"].tolist() == rows["prompt"].tolist()
+    # the power estimate counts the table's stories per prompted value, not a synthetic grid
+    settings = P.PowerSettings(lifts=(2.0, 3.0), n_simulations=20, n_family=18)
+    power = P.planned_power(p, known_share=1.0, settings=settings, stories=planned)
+    counts = expected.value_counts()
+    assert power["base_attribute"].tolist() == ["gender"]
+    assert power["stories_per_value"].iloc[0] == f"{counts.min()}-{counts.max()}"
+
+
+def test_unmapped_values_and_wrong_constants_are_refused(tmp_path, data_dir):
+    rows = _race_gender_table(tmp_path / "race-gender.csv")
+    unmapped = {**RACE_GENDER, "values": {}}
+    p = _profile(tmp_path, {"path": str(tmp_path / "race-gender.csv"), **unmapped}, name="unmapped.yaml")
+    with pytest.raises(
+        CorpusError,
+        match=r"race-gender\.csv: row 0, column gender: 'M' is not a value of cond_value.*"
+        r"map it with corpus\.values\.cond_value",
+    ):
+        generate.plan(p)
+    rows.loc[17, "gender"] = "X"
+    rows.to_csv(tmp_path / "odd.csv", index=False)
+    p = _profile(tmp_path, {"path": str(tmp_path / "odd.csv"), **RACE_GENDER}, name="odd.yaml")
+    with pytest.raises(CorpusError, match=r"odd\.csv: row 17, column gender: 'X' .*not in corpus\.values\.cond_value"):
+        generate.plan(p)
+    # a value of the design, but not of the prompted attribute: no prompt of stereotales
+    rows.loc[17, "gender"] = "adult"
+    rows.to_csv(tmp_path / "odd.csv", index=False)
+    with pytest.raises(
+        CorpusError, match=r"odd\.csv: row 17, column gender: cond_attribute 'gender', cond_value 'adult' is no prompt"
+    ):
+        generate.plan(p)
+    for change, message in [
+        (
+            {"values": {"cond_value": {"M": "male"}}},
+            r"corpus\.values\.cond_value: 'M' -> 'male' is not a value of cond_value",
+        ),
+        (
+            {"columns": {**RACE_GENDER["columns"], "language": {"constant": "xx"}}},
+            r"corpus\.columns\.language: constant 'xx'",
+        ),
+        (
+            {"values": {"cond_scenario": {"a": "going_to_jail"}}},
+            r"corpus\.values\.cond_scenario: not a condition the table maps",
+        ),
+    ]:
+        with pytest.raises(params.ParamsError, match=message):
+            _profile(tmp_path, {"path": str(tmp_path / "race-gender.csv"), **RACE_GENDER, **change}, name="bad.yaml")
+
+
+def test_the_probe_groups_a_table_without_scenario_by_prompt(tmp_path, data_dir):
+    rows = _race_gender_table(tmp_path / "race-gender.csv")
+    p = _profile(tmp_path, {"path": str(tmp_path / "race-gender.csv"), **RACE_GENDER})
+    planned = generate.plan(p).assign(text=TEXT)
+    labels = planned["cond_value"].map({"man": "male", "woman": "female", "non_binary": "unknown"})
+    extractions = pd.DataFrame(
+        {"story_id": planned["story_id"], "parse_ok": True, "protagonist_gender": labels, "protagonist_name": "Sam"}
+    )
+    frame = stage_06_frame(extractions, planned, "gender")
+    assert len(frame) == len(rows) and set(frame["grouping"]) == {BY_PROMPT_TEXT}
+    groups = frame[frame["label"].isin(["female", "male"])].groupby("label")["group"].nunique()
+    assert (groups == len(RACES)).all()  # one group per prompt, not one per prompted value
+    assert BY_PROMPT_TEXT in grouping_note(frame) and f"{len(rows):,} stories" in grouping_note(frame)
+    assert not [line for line in lens_shortfalls(p, planned, 10) if line.startswith("probe")]
+    # the stereotales release's scenario prompts keep their prompt-cell groups
+    cells = planned.assign(cond_scenario="going_to_jail")
+    assert set(stage_06_frame(extractions, cells, "gender")["grouping"]) == {BY_PROMPT_CELL}
+    # no prompt text either: each story is its own group
+    alone = stage_06_frame(extractions, planned.assign(prompt=None), "gender")
+    assert alone["group"].is_unique

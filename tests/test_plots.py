@@ -1056,6 +1056,42 @@ def test_cultural_relevance_and_separability():
     check_no_data(*plots.separability(pd.DataFrame()))
 
 
+def make_findings(models: list[str], languages: list[str]) -> pd.DataFrame:
+    """associations_findings: model i has i harmful of 4 + i significant in the pooled pass (the first none,
+    one unrated); per language, one harmful association in every other cell, language-only."""
+    rows = []
+    for i, model in enumerate(models):
+        pooled = {
+            "n_stories": 100,
+            "n_tables": 10,
+            "n_retained": 3,
+            "n_significant": 4 + i,
+            "n_rated": 4 + i - (i == 0),
+        }
+        rows.append({"model": model, "scope": "all", **pooled, "n_harmful": i, "n_harmful_only_here": None})
+        for j, language in enumerate(languages):
+            counts = {"n_stories": 50, "n_tables": 8, "n_retained": 2, "n_significant": 2, "n_rated": 2}
+            harm = (i + j) % 2
+            rows.append({"model": model, "scope": language, **counts, "n_harmful": harm, "n_harmful_only_here": harm})
+    return pd.DataFrame(rows).astype({"n_harmful_only_here": "Int64"})
+
+
+def test_headline_findings_shows_significant_and_harmful_with_n():
+    table = make_findings(["m1", "m2", "m3"], ["en", "fr"])
+    fig, stats = plots.headline_findings(table)
+    check_figure(fig, legend=True)
+    assert_stats(
+        stats,
+        {"n_models": 3, "n_models_harmful": 2, "n_harmful_all": 3, "n_harmful_languages": 3,
+         "n_harmful_only_here": 3, "n_unrated": 1},
+    )  # fmt: skip
+    assert any("0 / 4 (n = 100), 1 unrated" in t.get_text() for t in texts(fig))
+    assert any(t.get_text() == "1 / 2\n(1)" for t in texts(fig))
+    check_no_data(*plots.headline_findings(pd.DataFrame()))
+    only_pooled = table[table["scope"] == "all"]
+    assert any("no per-language pass" in t.get_text() for t in texts(plots.headline_findings(only_pooled)[0]))
+
+
 def test_every_figure_saves(tmp_path):
     """Each registered figure, drawn from small inputs, saves to non-empty PNG and PDF."""
     ext, fil = make_stories(SMALL_MODELS, SMALL_LANGS)
@@ -1084,6 +1120,7 @@ def test_every_figure_saves(tmp_path):
         "18_harm_agreement": plots.harm_agreement(*make_harm()),
         "19_self_context_advantage": plots.self_context_advantage(*make_advantage()),
         "20_glm_table": plots.glm_table(make_glm()),
+        "21_headline_findings": plots.headline_findings(make_findings(SMALL_MODELS, SMALL_LANGS)),
     }
     assert list(figures) == [s for s, _ in plots.FIGURES]
     for stem, (fig, stats) in figures.items():
@@ -1460,6 +1497,7 @@ def test_figures_live_in_one_module_per_stage_and_share_one_empty_input_guard():
         "crosslens": {"17"},
         "judges": {"18"},
         "feng_extra": {"19", "20"},
+        "findings": {"21"},
     }
     names = {
         "01": "vsr_heatmap",
@@ -1482,6 +1520,7 @@ def test_figures_live_in_one_module_per_stage_and_share_one_empty_input_guard():
         "18": "harm_agreement",
         "19": "self_context_advantage",
         "20": "glm_table",
+        "21": "headline_findings",
     }
     assert sorted(names) == [stem[:2] for stem, _ in plots.FIGURES]
     for module_name, numbers in stage_modules.items():

@@ -1,5 +1,6 @@
 """storybias.stages.associations.power: the smallest lift stage 04 detects, simulated through the stage's own tests;
-why a compared dimension is untestable; the stage's power artifact; `check-params`'s table."""
+why a compared dimension is untestable; the stage's power artifact; `check-params`'s table and the lenses a
+profile's size cannot feed (storybias.config.lenses)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,19 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+import yaml
 
+from storybias.config import params
+from storybias.config.lenses import lens_shortfalls
 from storybias.core import paths
+from storybias.evidence.published import reference_taxonomy
 from storybias.stages import associations as A
+from storybias.stages import generate
 from storybias.stages.associations import judge as J
 from storybias.stages.associations import power as P
 from storybias.stages.associations import tables
 from storybias.stages.extract import answers as extract
+from storybias.tools.synthetic_corpus import write_synthetic_corpus
 
 DIMS = list(extract.dimensions())
 
@@ -52,8 +59,9 @@ def test_the_simulation_calls_the_stage_tests(monkeypatch):
     through associations.analyse_family, it does not test on its own."""
     real = tables.analyse_family
 
-    def never_retained(base, tables, seed, max_resamples):
-        attrs, values = real(base, tables, seed, max_resamples)
+    def never_retained(base, tables, seed, max_resamples, fisher="reference"):
+        assert fisher == "sequential"  # the reference's decisions, without every resample of every null table
+        attrs, values = real(base, tables, seed, max_resamples, fisher)
         return attrs.assign(retained=False), values.iloc[0:0]
 
     monkeypatch.setattr(tables, "analyse_family", never_retained)
@@ -221,3 +229,46 @@ def test_stage_without_testable_table_says_why_in_its_notes(tmp_path, monkeypatc
     why = [n for n in out["notes"] if n.startswith("stage 04 found nothing to show")]
     assert why and "income_level (6/6/6 stories per prompted value): 0 of 18 compared dimensions testable" in why[0]
     assert "rows < 10 known stories: 3 of 3 values (1 dimension)" in why[0] and "all unknown (17 dimensions)" in why[0]
+
+
+def _three_lenses(tmp_path, corpus: dict) -> params.Params:
+    shipped = yaml.safe_load((paths.repo_root() / "params" / "stereotales-three-lenses.yaml").read_text())
+    shipped["corpus"].update(corpus)
+    path = tmp_path / f"lenses-{len(list(tmp_path.glob('*.yaml')))}.yaml"
+    path.write_text(yaml.safe_dump(shipped))
+    return params.load(path)
+
+
+def test_check_params_names_the_lenses_a_size_cannot_feed(tmp_path, monkeypatch):
+    """Issue #41 item 8: the three-lens profile's old size (300 stories per model x language over every
+    prompted value) feeds none of its lenses; sized per prompted value on the gender prompts, it feeds all."""
+    monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path / "data"))
+    root = tmp_path / "release"
+    every_prompt = len(reference_taxonomy()["scenarios"]) * sum(
+        "prompt" in words for values in reference_taxonomy()["dimensions"].values() for words in values.values()
+    )
+    attributes = tuple(reference_taxonomy()["dimensions"])
+    write_synthetic_corpus(root, folders=("en", "fr"), samples_per_folder=every_prompt, attributes=attributes)
+    shipped = _three_lenses(tmp_path, {"path": str(root)})
+    assert lens_shortfalls(shipped, generate.plan(shipped), tables.MIN_ROW_TOTAL) == []
+    old = _three_lenses(
+        tmp_path, {"path": str(root), "sample": 300, "sample_per": "model_language", "attributes": None}
+    )
+    lines = lens_shortfalls(old, generate.plan(old), tables.MIN_ROW_TOTAL)
+    assert any(line.startswith("association lens (stage 04), per-language pass") for line in lines)
+    assert any(line.startswith("narrative lens (stage 05), prompted_gender") for line in lines)
+    assert any(line.startswith("probe (stage 06)") and "probes.n_splits" in line for line in lines)
+
+    root_dir = paths.repo_root()
+    env = {**os.environ, "PYTHONPATH": str(root_dir / "lib"), "STORYBIAS_DATA": str(tmp_path / "data")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "storybias.cli", "check-params", str(old.source)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=root_dir,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "lenses this profile's size cannot feed" in proc.stdout
+    assert all(line in proc.stdout for line in lines)

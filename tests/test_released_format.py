@@ -117,7 +117,8 @@ def test_the_files_hold_every_tested_pair_in_the_released_format(written):
     # a BH-significant pair of small effect is written with its cells, as the release writes them
     small = [r for r in records if r["statistics"]["effect_category"] == "small" and r["associated_values"]]
     assert small, "the planted weak association gives at least one small-effect pair with cells"
-    assert published_pool(folder) == {"languages": ["en", "nl"], "additional_en": False, "sample": None}
+    pool = {"languages": ["en", "nl"], "additional_en": False, "attributes": None, "sample": None}
+    assert published_pool(folder) == pool
 
 
 def test_a_run_compared_with_its_own_files_reproduces_every_cell(written, tmp_path, monkeypatch):

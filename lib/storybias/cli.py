@@ -1,7 +1,8 @@
 """Command line used by the Makefile: ``python -m storybias.cli <command> ...``.
 
 check-params PARAMS        validate a profile (exit 2 with the problems, naming key and file), then
-                           print stage 04's minimum detectable lift for its planned stories and, for
+                           print stage 04's minimum detectable lift for its planned stories (a corpus:
+                           its own rows, read without the text), the lenses its size cannot feed and, for
                            served models, the requests and tokens the run will ask for (its cost when priced)
 with-servers PARAMS -- CMD ...   run CMD with one local vLLM server per local model of the profile
                            (storybias.engines.serve), stopped when CMD ends, fails or is interrupted
@@ -31,6 +32,7 @@ import argparse
 import sys
 from collections.abc import Callable
 
+from storybias.config.lenses import format_shortfalls, lens_shortfalls
 from storybias.config.models import EMBEDDED, prepare_embedded
 from storybias.config.params import Params, ParamsError, load, write_stage_stamps
 from storybias.core import paths
@@ -41,6 +43,7 @@ from storybias.engines import EngineError
 from storybias.engines.serve import ServerError, local_models, with_servers
 from storybias.stages import generate
 from storybias.stages.associations.power import format_planned, planned_power
+from storybias.stages.associations.tables import MIN_ROW_TOTAL
 from storybias.stages.figures.explorer import build_explorer
 from storybias.tools.bench import bench_associations, bench_generate, bench_served
 from storybias.tools.bench import bench_ray as run_bench_ray
@@ -158,7 +161,13 @@ def _check_params(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         f"models: {', '.join(m.name for m in p.generation.models)})"
     )
 
-    print(format_planned(planned_power(p), p.associations.power_known_share))
+    try:
+        stories = generate.plan(p)  # a corpus profile: its rows read and checked, without their text
+    except ValueError as exc:  # a corpus row the import would refuse: named by file, row and column
+        print(f"storybias: {exc}", file=sys.stderr)
+        return 2
+    print(format_planned(planned_power(p, stories=stories), p.associations.power_known_share))
+    print(format_shortfalls(lens_shortfalls(p, stories, MIN_ROW_TOTAL)))
 
     rows = estimate(p)
     if rows:

@@ -6,7 +6,11 @@ Face dataset ``giskardai/StereoTales`` (an anonymised copy: ``anonymous-authors/
 Downloaded, its story configs are parquet shards ``<folder>/stories/eval-NNNNN-of-NNNNN.parquet`` of at most
 50,000 rows, one folder per language (``en ar du es fr hi it pt uk zh``; Dutch is ``du``) and one for the
 English prompt variants (``additional_en``: templates ``neutral``, ``negative``, ``positive``, language
-``en``, no scenario). :data:`RELEASED_COLUMNS` are the columns every shard has.
+``en``, no scenario). :data:`RELEASED_COLUMNS` are the columns every shard has. Every model answered the
+same prompts, so a ``sample_id`` and an ``output_id`` (the id of one requested generation) recur once per
+generator model: a released story is one (model, folder, output id). A folder's rows run model after model;
+a model whose answer came back empty has no row for it; a shard's column types are those of its folder's
+first row (a column null there is stored with Arrow's null type).
 
 A profile with ``corpus:`` needs no ``generation:`` or ``designs:``: stage 01 imports the stories
 (``storybias.stages.generate.corpus``), stage 03 maps the published extractions or extracts again
@@ -28,7 +32,7 @@ import pyarrow.parquet as pq
 from pydantic import Field, model_validator
 
 from storybias.config import designs
-from storybias.config.prompts import CONDITION_COLUMNS
+from storybias.config.prompts import CONDITION_COLUMNS, LANGUAGES
 from storybias.config.story_sections import Language, Strict
 from storybias.core import paths
 from storybias.evidence.released_associations import RELEASE_LANGUAGE
@@ -62,15 +66,25 @@ ADDITIONAL_FOLDER = "additional_en"
 TABLE_SUFFIXES = (".csv", ".jsonl", ".parquet")
 
 
+class Constant(Strict):
+    """A value shared by every row of a table that has no column for it, written ``{constant: en}``."""
+
+    constant: Annotated[str, Field(min_length=1)]
+
+
 class TableColumns(Strict):
-    """``format: table``: which column of the user's table holds what (names as they are in the file)."""
+    """``format: table``: which column of the user's table holds what (names as they are in the file), or
+    ``{constant: value}`` where the table has no such column (a corpus of one language or one model)."""
 
     text: str  # the story
-    language: str  # an ISO 639-1 code storybias knows (or the release's du)
-    model: str  # the generating model's name
+    language: str | Constant  # an ISO 639-1 code storybias knows (or the release's du)
+    model: str | Constant  # the generating model's name
     id: str | None = None  # a stable story id; null: the file and row number
+    # the prompt each story answered: stored as the story's prompt; stage 06 groups the probe's folds by
+    # it when the design's conditions name no prompt finer than the prompted value (no scenario)
+    prompt: str | None = None
     # the design's condition columns of stories.parquet (e.g. cond_child_gender) -> the table's column
-    conditions: dict[str, str] = {}
+    conditions: dict[str, str | Constant] = {}
     # StereoTales dimensions already extracted (e.g. gender, age) -> the table's column of their labels;
     # corpus.extractions: published maps them (reference.yaml's labels or canonical keys, or unknown)
     extracted: dict[str, str] = {}
@@ -87,7 +101,12 @@ class CorpusSettings(Strict):
     columns: TableColumns | None = None  # table only
     languages: Annotated[list[Language], Field(min_length=1)] | None = None  # storybias codes (nl for du); null: all
     models: Annotated[list[str], Field(min_length=1)] | None = None  # generator_model values; null: all
-    sample: Annotated[int, Field(ge=1)] | None = None  # at most N stories per model x language, seeded; null: all
+    # the prompted attributes kept (the release's target_attribute, as storybias' keys, e.g. [gender]); null: all
+    attributes: Annotated[list[str], Field(min_length=1)] | None = None
+    sample: Annotated[int, Field(ge=1)] | None = None  # at most N stories per `sample_per`, seeded; null: all
+    # model_language: N stories per model x language; prompted_value: N per model x language x prompted
+    # value (stereotales: cond_attribute and cond_value; another table design: its condition columns)
+    sample_per: Literal["model_language", "prompted_value"] = "model_language"
     seed: int = 42  # draws the sample
     # published: stage 03 maps extracted_attributes_json (the release's three-extractor consensus);
     # rerun: stage 03 extracts the imported stories with extract.models; both: rerun and compare with published
@@ -97,9 +116,14 @@ class CorpusSettings(Strict):
     # then reads what StereoTales tested), with storybias' adjectives, settings and markers beside it
     # (the BiasedTales-ML and Feng et al. lenses): the three lenses on one imported corpus (issue #30)
     demographics: Literal["extractions", "published"] = "extractions"
-    # the additional_en prompt variants (neutral/negative/positive, no scenario): StereoTales' reference
-    # pools them with English (per-language pass) and with everything (global pass); false leaves them out
-    additional_en: bool = True
+    # the additional_en prompt variants (neutral/negative/positive, no scenario). false (default): left out,
+    # as the reference's archive loader that computed the published associations does (it skips every
+    # sample without a scenario_key); true: pooled with English (per-language pass) and with every
+    # language (global pass), as the reference's Hugging Face loader (load_hf_dataset) does
+    additional_en: bool = False
+    # format: table: a condition column's table values -> the design's keys, e.g. {cond_value: {M: man}};
+    # a value neither mapped nor a key of the design stops stage 01 naming the file, row and column
+    values: dict[str, dict[str, str]] = {}
 
     @model_validator(mode="after")
     def _format_keys(self) -> CorpusSettings:
@@ -109,10 +133,19 @@ class CorpusSettings(Strict):
                 "which takes every field from the release): storybias extracts the narrative lists, the "
                 "release gives the demographic profile"
             )
+        unknown_attributes = [a for a in self.attributes or () if a not in designs.dimensions()]
+        if unknown_attributes:
+            raise ValueError(f"corpus.attributes: {', '.join(unknown_attributes)} not one of StereoTales' dimensions")
         if self.format == "stereotales":
-            if self.columns is not None or self.design != "stereotales":
-                raise ValueError("corpus.columns and corpus.design are for format: table (the release's are fixed)")
+            if self.columns is not None or self.design != "stereotales" or self.values:
+                raise ValueError(
+                    "corpus.columns, corpus.design and corpus.values are for format: table (the release's are fixed)"
+                )
             return self
+        if self.attributes is not None and self.design != "stereotales":
+            raise ValueError(
+                f"corpus.attributes: the prompted attributes are the stereotales design's, not {self.design}'s"
+            )
         if self.columns is None:
             raise ValueError("corpus.columns: format: table needs the names of its text, language and model columns")
         if self.design not in designs.names():
@@ -124,6 +157,7 @@ class CorpusSettings(Strict):
                 f"corpus.columns.conditions: {', '.join(wrong)} not a condition column of {self.design} "
                 f"({', '.join(allowed) or 'none'})"
             )
+        _check_constants_and_values(self.columns, self.values, self.design)
         unknown = [d for d in self.columns.extracted if d not in designs.dimensions()]
         if unknown:
             raise ValueError(f"corpus.columns.extracted: {', '.join(unknown)} not one of StereoTales' dimensions")
@@ -133,6 +167,49 @@ class CorpusSettings(Strict):
                 "fields); with none, set extractions: rerun (stage 03 extracts with extract.models)"
             )
         return self
+
+
+def condition_values(design: str) -> dict[str, list[str]]:
+    """Each condition column of ``design`` -> its values (the keys its prompt grid uses), in grid order."""
+    values: dict[str, dict[str, None]] = {}
+    for cell in designs.design_cells(design):
+        for column, value in cell.conditions.items():
+            values.setdefault(column, {})[value] = None
+    return {column: list(seen) for column, seen in values.items()}
+
+
+def value_problem(design: str, column: str, value: str, allowed: list[str]) -> str:
+    """Why ``value`` cannot be ``column`` of ``design``, with the first of the design's keys."""
+    shown = ", ".join(allowed[:12]) + (", ..." if len(allowed) > 12 else "")
+    return f"{value!r} is not a value of {column} in design {design} ({shown or 'none'})"
+
+
+def _check_constants_and_values(columns: TableColumns, values: dict[str, dict[str, str]], design: str) -> None:
+    """A constant language storybias knows; constants and mapped values that are the design's keys; a
+    ``values`` mapping only for a condition the table maps."""
+    if isinstance(columns.language, Constant):
+        code = RELEASE_LANGUAGE.get(columns.language.constant, columns.language.constant)
+        if code not in LANGUAGES:
+            raise ValueError(
+                f"corpus.columns.language: constant {columns.language.constant!r} is not one of storybias' "
+                f"languages ({', '.join(LANGUAGES)})"
+            )
+    allowed = condition_values(design)
+    for target, source in columns.conditions.items():
+        if isinstance(source, Constant) and source.constant not in allowed.get(target, []):
+            problem = value_problem(design, target, source.constant, allowed.get(target, []))
+            raise ValueError(f"corpus.columns.conditions.{target}: constant {problem}")
+    for target, mapping in values.items():
+        if target not in columns.conditions:
+            raise ValueError(
+                f"corpus.values.{target}: not a condition the table maps (corpus.columns.conditions: "
+                f"{', '.join(columns.conditions) or 'none'})"
+            )
+        wrong = {k: v for k, v in mapping.items() if v not in allowed.get(target, [])}
+        if wrong:
+            key, value = next(iter(wrong.items()))
+            problem = value_problem(design, target, value, allowed.get(target, []))
+            raise ValueError(f"corpus.values.{target}: {key!r} -> {problem}")
 
 
 def corpus_files(settings: CorpusSettings) -> list[Path]:
@@ -196,11 +273,11 @@ def table_header(file: Path) -> list[str]:
 
 
 def mapped_columns(columns: TableColumns) -> dict[str, str]:
-    """Profile key -> the table column it names (corpus.columns.text -> "story", ...)."""
-    keys = {f"corpus.columns.{k}": getattr(columns, k) for k in ("text", "language", "model", "id")}
+    """Profile key -> the table column it names (corpus.columns.text -> "story", ...); constants left out."""
+    keys = {f"corpus.columns.{k}": getattr(columns, k) for k in ("text", "language", "model", "id", "prompt")}
     keys.update({f"corpus.columns.conditions.{k}": v for k, v in columns.conditions.items()})
     keys.update({f"corpus.columns.extracted.{k}": v for k, v in columns.extracted.items()})
-    return {k: v for k, v in keys.items() if v is not None}
+    return {k: v for k, v in keys.items() if isinstance(v, str)}  # a constant reads no column
 
 
 def _check_table_files(settings: CorpusSettings, files: list[Path]) -> list[str]:

@@ -48,9 +48,14 @@ RELEASED_LANGUAGES = tuple(
 )
 GLOBAL_SCOPE = "all"
 # What a set of association files' global pass pooled: the release's (its ten languages, none of the
-# additional_en prompt variants, which the archive loader behind its associations skips, and every
-# story), or what a storybias export records beside its files (POOL_FILE).
-RELEASE_POOL: dict[str, Any] = {"languages": sorted(RELEASED_LANGUAGES), "additional_en": False, "sample": None}
+# additional_en prompt variants, which the archive loader behind its associations skips, every prompted
+# attribute and every story), or what a storybias export records beside its files (POOL_FILE).
+RELEASE_POOL: dict[str, Any] = {
+    "languages": sorted(RELEASED_LANGUAGES),
+    "additional_en": False,
+    "attributes": None,  # every prompted attribute
+    "sample": None,  # every story
+}
 POOL_FILE = "pool.json"
 NOT_SIGNIFICANT = "N/A"  # the effect category of a pair whose BH-adjusted p is not < 0.05
 STATED_EFFECTS = ("medium", "large")  # StereoTales' stated rule keeps these pairs, and cells of lift >= 2

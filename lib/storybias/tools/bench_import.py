@@ -1,8 +1,10 @@
 """``make bench-import``: a paper-scale published corpus on a laptop.
 
-Builds (once, under data/bench/import-corpus/) a synthetic corpus in StereoTales' released schema
-(``storybias.tools.synthetic_corpus``): 650,000 stories of about 2,300 characters, 23 models, the release's
-ten language folders and additional_en, every base attribute and scenario. Then times what a reviewer runs
+Builds (once, under data/bench/import-corpus/) a synthetic corpus shaped as StereoTales' release
+(``storybias.tools.synthetic_corpus``: the exporter's layout, column types and ids shared by the models):
+about 650,000 stories of about 2,300 characters, 23 models answering the same prompts (1% of the answers
+of every model but the first missing), the release's ten language folders and additional_en (15 stories
+per prompt), every base attribute and scenario. Then times what a reviewer runs
 on the real release, each step in this process: stage 01's import, stage 02's checks, stage 03's mapping of
 the published extractions, and stage 04's association tests (the global and the per-language pass, as
 ``make bench-associations`` times them). Reports wall time and peak memory (maxrss of this process and of
@@ -14,11 +16,13 @@ from __future__ import annotations
 
 import json
 import resource
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 import yaml
 
 from storybias.config import designs, params
@@ -44,27 +48,53 @@ def _peak_gb() -> dict[str, float]:
     }
 
 
+ADDITIONAL_OUTPUTS = 15  # stories per additional_en prompt, as in the release
+SKIPPED_SHARE = 0.01  # answers missing for every model but the first
+
+
 def _corpus(root: Path, n_stories: int, n_models: int, seed: int, log: Callable[[str], None]) -> dict[str, Any]:
-    """The synthetic corpus, built unless a previous bench left one of the same size."""
-    spec = {"n_stories": n_stories, "n_models": n_models, "seed": seed, "folders": list(FOLDERS)}
+    """The synthetic corpus, built unless a previous bench left one of the same spec."""
+    spec = {
+        "n_stories": n_stories,
+        "n_models": n_models,
+        "seed": seed,
+        "folders": list(FOLDERS),
+        "layout": "exporter: ids shared by the models",
+    }
     marker = root / "corpus.json"
-    if marker.is_file() and json.loads(marker.read_text()) == spec:
-        return spec
+    if marker.is_file() and json.loads(marker.read_text()).get("spec") == spec:
+        return json.loads(marker.read_text())
     started = time.time()
+    shutil.rmtree(root, ignore_errors=True)
     models = tuple(f"provider-{i}/model-{i}" for i in range(n_models))
-    rows = -(-n_stories // (n_models * len(FOLDERS)))
-    write_synthetic_corpus(
-        root,
-        models=models,
-        folders=FOLDERS,
-        rows_per_cell=rows,
-        attributes=tuple(reference_taxonomy()["dimensions"]),
-        seed=seed,
-        sentences=26,
-    )
-    marker.write_text(json.dumps(spec))
-    log(f"bench-import: built {rows * n_models * len(FOLDERS):,} synthetic stories in {time.time() - started:.0f} s")
-    return spec
+    per_folder = -(-n_stories // (n_models * len(FOLDERS)))  # stories per model x folder
+    files = [
+        *write_synthetic_corpus(
+            root,
+            models=models,
+            folders=FOLDERS[:-1],
+            samples_per_folder=per_folder,
+            attributes=tuple(reference_taxonomy()["dimensions"]),
+            seed=seed,
+            skipped_share=SKIPPED_SHARE,
+            sentences=26,
+        ),
+        *write_synthetic_corpus(
+            root,
+            models=models,
+            folders=(ADDITIONAL_FOLDER,),
+            samples_per_folder=-(-per_folder // ADDITIONAL_OUTPUTS),
+            additional_outputs=ADDITIONAL_OUTPUTS,
+            attributes=tuple(reference_taxonomy()["dimensions"]),
+            seed=seed + 1,
+            skipped_share=SKIPPED_SHARE,
+            sentences=26,
+        ),
+    ]
+    built = {"spec": spec, "n_released": sum(pq.read_metadata(f).num_rows for f in files)}
+    write_json_atomic(built, marker)  # last: a build killed midway is redone, never half reused
+    log(f"bench-import: built {built['n_released']:,} synthetic stories in {time.time() - started:.0f} s")
+    return built
 
 
 def _timed(steps: dict[str, Any], name: str, action: Callable[[], Any], log: Callable[[str], None]) -> Any:
@@ -81,9 +111,10 @@ def bench_import(
     """Import + checks + published mapping + both association passes on a synthetic release; see the module."""
     bench = paths.data_root() / "bench"
     root = bench / "import-corpus"
-    spec = _corpus(root, n_stories, n_models, seed, log)
+    built = _corpus(root, n_stories, n_models, seed, log)
     profile = bench / f"{RUN_NAME}.yaml"
-    profile.write_text(yaml.safe_dump({"run_name": RUN_NAME, "corpus": {"format": "stereotales", "path": str(root)}}))
+    corpus = {"format": "stereotales", "path": str(root), "additional_en": True}  # every released story
+    profile.write_text(yaml.safe_dump({"run_name": RUN_NAME, "corpus": corpus}))
     p = params.load(profile)
     steps: dict[str, Any] = {}
     quiet = lambda message: None  # noqa: E731
@@ -100,7 +131,8 @@ def bench_import(
     total = sum(s["seconds"] for s in steps.values())
     peak = max(max(s["self_gb"], s["largest_child_gb"]) for s in steps.values())
     result = {
-        **spec,
+        **built["spec"],
+        "n_released": built["n_released"],
         "n_imported": int(len(out["extractions"])),
         "steps": steps,
         "passes": passes,

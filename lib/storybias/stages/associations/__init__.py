@@ -224,17 +224,12 @@ def run(
     llm_table = rating_summary(parsed)
     humans = _compare_humans(human, summary, llm_table, settings, notes)
 
-    pool = run_pool(params, data)
-    pooled = pooled_scope(pool, published_pool(paths.resolve(settings.published))) if settings.published else None
-    comparison = (
-        compare_published(published, attributes, values, pooled)
-        if published is not None and pooled is not None
-        else pd.DataFrame(columns=COMPARISON_COLUMNS)
-    )
+    pooled, comparison = _compare_with_published(params, data, published, attributes, values)
     findings = findings_table(data, attributes, values, shared, list(settings.passes))
     _write_tables(run_name, attributes, values, shared, power_table, ratings)
     artifacts.write(run_name, "published_comparison", comparison)
     artifacts.write(run_name, "associations_findings", findings)
+    pool = run_pool(params, data)
     write_released(run_name, attributes, values, sample_ids_by_family(data, list(settings.passes)), pool)
     manifest = {
         "stage": "associations",
@@ -311,15 +306,31 @@ def _items_to_rate(settings: AssociationSettings, shared: pd.DataFrame, publishe
     return judge_items(shared, settings.judge.include_per_language)
 
 
+def _compare_with_published(
+    params: Params, data: pd.DataFrame, published: pd.DataFrame | None, attributes: pd.DataFrame, values: pd.DataFrame
+) -> tuple[PooledScope | None, pd.DataFrame]:
+    """Whether scope all may be compared (the run's pool against the published files'), and the
+    comparison table (empty without ``associations.published``)."""
+    file = params.associations.published
+    if published is None or file is None:
+        return None, pd.DataFrame(columns=COMPARISON_COLUMNS)
+    pooled = pooled_scope(run_pool(params, data), published_pool(paths.resolve(file)))
+    return pooled, compare_published(published, attributes, values, pooled)
+
+
 def run_pool(params: Params, data: pd.DataFrame) -> dict[str, Any]:
     """What the run's pooled pass pools (``RELEASE_POOL``-shaped): its stories' languages, and for an
-    imported StereoTales corpus whether it pools the additional_en variants and draws a sample."""
+    imported StereoTales corpus whether it pools the additional_en variants, keeps a subset of the
+    prompted attributes and draws a sample (and per what)."""
     corpus = params.profile.corpus
-    imported = corpus is not None and corpus.format == "stereotales"
+    languages = sorted({str(x) for x in data["language"]}) if len(data) else []
+    if corpus is None or corpus.format != "stereotales":
+        return {"languages": languages, "additional_en": False, "attributes": None, "sample": None}
     return {
-        "languages": sorted({str(x) for x in data["language"]}) if len(data) else [],
-        "additional_en": bool(corpus.additional_en) if imported and corpus is not None else False,
-        "sample": corpus.sample if imported and corpus is not None else None,
+        "languages": languages,
+        "additional_en": bool(corpus.additional_en),
+        "attributes": sorted(corpus.attributes) if corpus.attributes is not None else None,
+        "sample": None if corpus.sample is None else f"{corpus.sample} per {corpus.sample_per.replace('_', ' x ')}",
     }
 
 

@@ -165,7 +165,10 @@ def _simulate(
         tables = assoc.testable_tables(a, a_labels, "base", [(_PLANTED, b.astype(np.int64), b_labels)])
         if _PLANTED not in tables:
             continue
-        attrs, values = assoc.analyse_family("base", {**tables, **nulls}, settings.seed, settings.max_resamples)
+        # the sequential test: the reference's decisions without 500,000 resamples of each null table
+        attrs, values = assoc.analyse_family(
+            "base", {**tables, **nulls}, settings.seed, settings.max_resamples, fisher="sequential"
+        )
         if values.empty or not bool(attrs.loc[attrs["compared_attribute"] == _PLANTED, "retained"].any()):
             continue
         cell = values[
@@ -443,14 +446,19 @@ def power_note(result: PowerResult) -> str:
 # --- check-params: the same estimate from a profile's plan, before it runs ---------------------------
 
 
-def planned_rows(params: Params) -> pd.DataFrame:
-    """Stories the profile plans per model x base attribute x prompted value (stereotales design),
-    from ``generate.plan`` (no model needed): columns model, base_attribute, base_value, stories."""
+def planned_rows(params: Params, stories: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Stories per model x base attribute x prompted value of the stereotales design: from ``stories``
+    (stage 01's plan, e.g. an imported table's own rows read without their text), else from the profile's
+    prompt grid (no model needed). Columns model, base_attribute, base_value, stories."""
 
-    if "stereotales" not in params.enabled_designs():
-        return pd.DataFrame(columns=["model", "base_attribute", "base_value", "stories"])
-    planned = plan(params)
-    planned = planned[planned["design"] == "stereotales"]
+    columns = ["model", "base_attribute", "base_value", "stories"]
+    if stories is None:
+        if "stereotales" not in params.enabled_designs():
+            return pd.DataFrame(columns=columns)
+        stories = plan(params)
+    planned = stories[stories["design"].eq("stereotales") & stories["cond_value"].notna()] if len(stories) else stories
+    if planned.empty:
+        return pd.DataFrame(columns=columns)
     return (
         planned.groupby(["model", "cond_attribute", "cond_value"])
         .size()
@@ -461,23 +469,27 @@ def planned_rows(params: Params) -> pd.DataFrame:
 
 
 def planned_power(
-    params: Params, known_share: float | None = None, settings: PowerSettings | None = None
+    params: Params,
+    known_share: float | None = None,
+    settings: PowerSettings | None = None,
+    stories: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
-    """Per base attribute of the profile's stereotales plan (pooled pass, first model): stories per
-    prompted value, the known answers expected per value (x ``associations.power_known_share``), and
-    the minimum detectable lift for a compared dimension of the median number of values, the family
-    being every other dimension (in-memory cache)."""
+    """Per base attribute of the stereotales stories planned (pooled pass, the model with the fewest
+    stories): stories per prompted value, the known answers expected per value (x
+    ``associations.power_known_share``), and the minimum detectable lift for a compared dimension of the
+    median number of values, the family being every other dimension (in-memory cache). ``stories``: stage
+    01's plan (``storybias.stages.generate.plan``: an imported corpus' own counts); default the grid."""
 
     share = params.associations.power_known_share if known_share is None else known_share
     dims = designs.dimensions()
-    rows = planned_rows(params)
+    rows = planned_rows(params, stories)
     out = []
     if rows.empty:
         return pd.DataFrame(
             columns=["base_attribute", "stories_per_value", "known_per_value", "min_detectable_lift", "note"]
         )
-    first = rows["model"].iloc[0]
-    for base, group in rows[rows["model"] == first].groupby("base_attribute", sort=True):
+    smallest = rows.groupby("model", sort=True)["stories"].sum().idxmin()
+    for base, group in rows[rows["model"] == smallest].groupby("base_attribute", sort=True):
         per_value = group["stories"].to_numpy()
         known = [int(math.floor(n * share)) for n in per_value]
         others = [len(v) for d, v in dims.items() if d != base]
@@ -487,6 +499,7 @@ def planned_power(
         kpv = f"{min(known)}" if min(known) == max(known) else f"{min(known)}-{max(known)}"
         out.append(
             {
+                "model": smallest,
                 "base_attribute": base,
                 "stories_per_value": spv,
                 "known_per_value": kpv,
@@ -501,8 +514,9 @@ def format_planned(table: pd.DataFrame, known_share: float) -> str:
     """The check-params table as text."""
     if table.empty:
         return "power: no stereotales stories planned: stage 04 has nothing to test"
+    model = f"model {table['model'].iloc[0]}, " if "model" in table else ""
     lines = [
-        f"power (stage 04, pooled pass; known share {known_share:g}, "
+        f"power (stage 04, pooled pass; {model}known share {known_share:g}, "
         f"{TARGET_POWER:.0%} power, alpha {assoc.ALPHA}, lift >= {assoc.MIN_LIFT:g}):",
         f"  {'base attribute':<22}{'stories/value':>14}{'known/value':>12}  minimum detectable lift",
     ]

@@ -90,7 +90,7 @@ class PooledScope(NamedTuple):
 
 def pooled_scope(run_pool: dict[str, Any], published_pool: dict[str, Any]) -> PooledScope:
     """Compare what the run's pooled pass pooled with what the published global pass pooled (each a
-    ``RELEASE_POOL``-shaped dict: languages, additional_en, sample)."""
+    ``RELEASE_POOL``-shaped dict: languages, additional_en, attributes, sample)."""
     problems = []
     if sorted(run_pool["languages"]) != sorted(published_pool["languages"]):
         mine, theirs = ", ".join(sorted(run_pool["languages"])) or "no language", ", ".join(published_pool["languages"])
@@ -98,10 +98,10 @@ def pooled_scope(run_pool: dict[str, Any], published_pool: dict[str, Any]) -> Po
     if bool(run_pool["additional_en"]) != bool(published_pool["additional_en"]):
         pooled = "pools" if run_pool["additional_en"] else "leaves out"
         problems.append(f"{pooled} the additional_en prompt variants, the published global pass does not")
-    if run_pool["sample"] != published_pool["sample"]:
-        problems.append(
-            f"draws corpus.sample {run_pool['sample']}, the published global pass {published_pool['sample']}"
-        )
+    for key, what in (("attributes", "prompted attributes"), ("sample", "sample")):
+        if run_pool[key] != published_pool[key]:
+            mine, theirs = (pool[key] if pool[key] is not None else "all" for pool in (run_pool, published_pool))
+            problems.append(f"pools {what} {mine}, the published global pass {theirs}")
     return PooledScope(not problems, "the run's pooled pass " + "; ".join(problems) if problems else "")
 
 

@@ -10,6 +10,7 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
+from matplotlib.ticker import MaxNLocator
 
 from storybias.stages.figures.style import (
     LABEL,
@@ -48,7 +49,9 @@ def headline_findings(findings: pd.DataFrame) -> tuple[Figure, dict]:
     pooled = findings[findings["scope"] == "all"].sort_values("model")
     by_language = findings[findings["scope"] != "all"]
     models = sorted(findings["model"].unique(), key=str)
-    fig = _figure(11.0, max(3.2, 1.8 + 0.3 * len(models)))
+    n_languages = by_language["scope"].nunique()
+    # the right panel's cells hold two lines of 8 pt text: about 0.55 in wide and 0.45 in tall each
+    fig = _figure(max(11.0, 6.5 + 0.55 * len(models)), max(3.2, 1.8 + max(0.3 * len(models), 0.45 * n_languages)))
     ax_m, ax_l = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
     if len(pooled):
         _pooled_panel(ax_m, pooled)
@@ -89,12 +92,8 @@ def _pooled_panel(ax: Axes, pooled: pd.DataFrame) -> None:
     ax.set_xlim(0, max(1, int(significant.max())) * 1.6)
     ax.set_xlabel("associations (count)", fontsize=LABEL)
     ax.set_ylabel("model", fontsize=LABEL)
-    _legend(
-        ax,
-        [Patch(color=SIGNIFICANT_COLOUR), Patch(color=HARMFUL_COLOUR)],
-        ["significant", "rated harmful"],
-        loc="lower right",
-    )
+    handles = [Patch(color=SIGNIFICANT_COLOUR), Patch(color=HARMFUL_COLOUR)]
+    _legend(ax, handles, ["significant", "rated harmful"], loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2)
     _ticks(ax)
 
 
@@ -104,7 +103,7 @@ def _language_panel(fig: Figure, ax: Axes, by_language: pd.DataFrame, models: li
     table = by_language.set_index(["scope", "model"])
     harmful = table["n_harmful"].unstack("model").reindex(index=languages, columns=models)
     top = max(1.0, float(np.nanmax(harmful.to_numpy(float))))
-    image = _heatmap(ax, harmful.to_numpy(float), 0.0, top, None, "magma")
+    image = _heatmap(ax, harmful.to_numpy(float), 0.0, top, None, "Oranges")
     for i, language in enumerate(languages):
         for j, model in enumerate(models):
             if (language, model) not in table.index:
@@ -112,8 +111,8 @@ def _language_panel(fig: Figure, ax: Axes, by_language: pd.DataFrame, models: li
                 continue
             row = table.loc[(language, model)]
             text = f"{row['n_harmful']} / {row['n_significant']}\n({int(row['n_harmful_only_here'])})"
-            dark = row["n_harmful"] / top <= 0.55  # magma is dark at the low end
-            ax.text(j, i, text, ha="center", va="center", fontsize=SMALL - 1, color="white" if dark else "black")
+            dark = row["n_harmful"] / top > 0.6  # Oranges is dark at the high end
+            ax.text(j, i, text, ha="center", va="center", fontsize=SMALL, color="white" if dark else "black")
     ax.set_xticks(range(len(models)), [_short(m, 16) for m in models], rotation=45 if len(models) > 3 else 0,
                   ha="right" if len(models) > 3 else "center", fontsize=SMALL)  # fmt: skip
     ax.set_yticks(range(len(languages)), languages, fontsize=SMALL)
@@ -122,3 +121,4 @@ def _language_panel(fig: Figure, ax: Axes, by_language: pd.DataFrame, models: li
     bar = fig.colorbar(image, ax=ax, fraction=0.05, pad=0.02)
     bar.set_label("harmful associations (count)", fontsize=LABEL)
     bar.ax.tick_params(labelsize=SMALL)
+    bar.ax.yaxis.set_major_locator(MaxNLocator(integer=True))

@@ -12,8 +12,11 @@ so the raw corpus is never held in memory:
    ``scenario_key``, ``model`` the ``generator_model``) and ``corpus.parquet`` (the source ids, the prompt
    template and the published extraction, which stage 03 maps).
 
-A story's id is the first 16 hex characters of sha256("import|" + the release's ``output_id``): stable
-across samples and subsets. The import writes both files under temporary names and renames them when
+Every model of the release answered the same prompts, so an ``output_id`` recurs once per model: a
+released story is (``generator_model``, folder, ``output_id``), the folder being the row's language
+(storybias' code) or ``additional_en``. Its id is the first 16 hex characters of
+sha256("import|model|folder|output_id"), stable across samples and subsets; the same triple twice stops
+the import, naming both rows. The import writes both files under temporary names and renames them when
 done, so a kill loses only the import's own minutes and a rerun repeats it, never duplicating a row.
 """
 
@@ -21,7 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +35,7 @@ from tqdm.auto import tqdm
 
 from storybias.config import designs
 from storybias.config.corpus import (
+    ADDITIONAL_FOLDER,
     ADDITIONAL_TEMPLATES,
     RELEASE_LANGUAGE,
     SCENARIO_TEMPLATE,
@@ -56,6 +60,8 @@ PLAN_READ = [
     "extracted_attributes_json",
 ]
 BATCH_ROWS = 50_000  # one released shard
+# what identifies a released story (the plan's column -> the release's name for it)
+RELEASE_KEY = {"model": "generator_model", "folder": "folder", "output_id": "output_id"}
 SEP = "\x1f"  # joins a dimension and its label into one lookup key
 IMPORTED = "imported"  # finish_reason of an imported story: the release records none
 
@@ -77,8 +83,10 @@ class CorpusError(ValueError):
     """A corpus file holds something the import cannot read; the message names the file, row and column."""
 
 
-def story_id_of(output_id: str) -> str:
-    return hashlib.sha256(f"import|{output_id}".encode()).hexdigest()[:16]
+def story_id_of(*identity: str) -> str:
+    """The id of an imported story from what identifies it in its source (a release's model, folder and
+    output id; a table's id, or its file and row)."""
+    return hashlib.sha256(("import|" + "|".join(identity)).encode()).hexdigest()[:16]
 
 
 def row_location(file: Path, row: int, column: str) -> str:
@@ -148,6 +156,8 @@ def _plan_batch(frame: pd.DataFrame, file: Path, offset: int, settings: CorpusSe
         keep &= frame["generator_model"].isin(settings.models)
     if not settings.additional_en:
         keep &= ~additional
+    if settings.attributes is not None:
+        keep &= frame["target_attribute"].isin(settings.attributes)
     rows = frame.index[keep]
     attribute = map_column(frame.loc[rows, "target_attribute"], "target_attribute", _attribute, file, offset)
     labels = frame.loc[rows, "attribute_value_key"]
@@ -162,6 +172,7 @@ def _plan_batch(frame: pd.DataFrame, file: Path, offset: int, settings: CorpusSe
             "output_id": frame.loc[rows, "output_id"],
             "model": frame.loc[rows, "generator_model"],
             "language": language[rows],
+            "folder": language[rows].where(~additional[rows], ADDITIONAL_FOLDER),
             "cond_attribute": attribute,
             "cond_value": value,
             "cond_scenario": scenario.reindex(rows),
@@ -191,15 +202,27 @@ def _batches(file: Path, columns: list[str], what: str) -> Iterator[tuple[int, p
         offset += len(frame)
 
 
-def draw_sample(plan: pd.DataFrame, sample: int | None, seed: int) -> pd.DataFrame:
-    """At most ``sample`` stories per model x language: those whose sha256(seed|output_id) is smallest, so the
-    draw does not depend on the order of the files, and a larger sample contains a smaller one."""
+def draw_sample(plan: pd.DataFrame, sample: int | None, seed: int, per: Sequence[str] = ()) -> pd.DataFrame:
+    """At most ``sample`` stories per model x language (x the columns ``per``, e.g. the prompted value):
+    those whose sha256(seed|output_id) is smallest, so the draw does not depend on the order of the files
+    and a larger sample contains a smaller one. The rank is the output id's alone: the release's models
+    share their output ids (one per requested generation), so every model keeps the stories of the same
+    prompts and the models are compared on one set of prompts."""
     if sample is None:
         return plan
     rank = plan["output_id"].map(lambda oid: hashlib.sha256(f"{seed}|{oid}".encode()).hexdigest())
     order = plan.assign(_rank=rank).sort_values("_rank", kind="stable")
-    kept = order.groupby(["model", "language"], sort=False).head(sample).index
+    kept = order.groupby(["model", "language", *per], sort=False, dropna=False).head(sample).index
     return plan.loc[plan.index.isin(kept)]
+
+
+def sample_groups(settings: CorpusSettings) -> list[str]:
+    """The columns besides model and language that ``corpus.sample`` counts within (``corpus.sample_per``)."""
+    if settings.sample_per == "model_language":
+        return []
+    if settings.design == "stereotales":
+        return ["cond_attribute", "cond_value"]
+    return list(designs.get(settings.design).conditions)
 
 
 def _finish_plan(plan: pd.DataFrame) -> pd.DataFrame:
@@ -211,11 +234,11 @@ def _finish_plan(plan: pd.DataFrame) -> pd.DataFrame:
     }
     plan = plan.reset_index(drop=True)
     variant = plan["cond_scenario"].where(~plan["additional_en"], "additional_en:" + plan["prompt_template"])
-    plan["story_id"] = plan["output_id"].map(story_id_of)
     plan["design"] = "stereotales"
     plan["prompt_id"] = "stereotales/" + plan["cond_attribute"] + "=" + plan["cond_value"] + "/" + variant
-    # the release's additional_en prompts have several stories each (15): sample numbers them by output id
-    plan["sample"] = plan.groupby("sample_id")["output_id"].rank(method="first").astype("int64") - 1
+    # the release's additional_en prompts have several stories each: sample numbers a model's by output id
+    ranks = plan.groupby(["model", "sample_id"], dropna=False)["output_id"].rank(method="first")
+    plan["sample"] = ranks.astype("int64") - 1
     plan["seed"] = None
     plan["cond_scenario_category"] = plan["cond_scenario"].map(category_of)
     for column in designs.all_condition_columns():
@@ -232,15 +255,17 @@ def read_plan(settings: CorpusSettings, progress: bool = True) -> pd.DataFrame:
         for offset, frame in _batches(file, PLAN_READ, f"format {settings.format}"):
             seen_models.update(frame["generator_model"].dropna().unique())
             frames.append(_plan_batch(frame, file, offset, settings))
-    plan = checked_plan(frames, seen_models, settings, len(files), "corpus: output_id")
-    return _finish_plan(draw_sample(plan, settings.sample, settings.seed))
+    plan = checked_plan(frames, seen_models, settings, len(files), RELEASE_KEY)
+    plan["story_id"] = [story_id_of(*key) for key in zip(plan["model"], plan["folder"], plan["output_id"])]
+    return _finish_plan(draw_sample(plan, settings.sample, settings.seed, sample_groups(settings)))
 
 
 def checked_plan(
-    frames: list[pd.DataFrame], seen_models: set[str], settings: CorpusSettings, n_files: int, id_key: str
+    frames: list[pd.DataFrame], seen_models: set[str], settings: CorpusSettings, n_files: int, key: dict[str, str]
 ) -> pd.DataFrame:
     """The files' planned rows together, refused when a ``corpus.models`` name is not among
-    ``seen_models``, when nothing is left, or when a source id (``id_key``) appears twice."""
+    ``seen_models``, when nothing is left, or when two rows share their identity: ``key`` maps the
+    plan's columns that identify a story to the names the message gives them."""
     missing = sorted(set(settings.models or ()) - seen_models)
     if missing:
         raise CorpusError(
@@ -250,13 +275,15 @@ def checked_plan(
     if plan.empty:
         subsets = f"languages {settings.languages}, models {settings.models}"
         if settings.format == "stereotales":
-            subsets += f", additional_en {settings.additional_en}"
+            subsets += f", additional_en {settings.additional_en}, attributes {settings.attributes}"
         raise CorpusError(f"corpus: no story left in {n_files} file(s) after {subsets}")
-    repeated = plan["output_id"].duplicated(keep=False)
+    repeated = plan.duplicated(list(key), keep=False)
     if repeated.any():
-        first = plan[repeated].iloc[:2]
-        places = "; ".join(f"{r.source_file}: row {r.source_row}" for r in first.itertuples())
-        raise CorpusError(f"{id_key} {first.iloc[0]['output_id']!r} appears twice ({places})")
+        first = plan.loc[repeated.idxmax(), list(key)]
+        same = plan[(plan[list(key)] == first).all(axis=1)].iloc[:2]  # the rows that share the first repeated key
+        places = "; ".join(f"{r.source_file}: row {r.source_row}" for r in same.itertuples())
+        identity = ", ".join(f"{name} {first[column]!r}" for column, name in key.items())
+        raise CorpusError(f"corpus: {identity} appears twice ({places})")
     return plan
 
 

@@ -37,6 +37,7 @@ from typing import Any, TypedDict
 import numpy as np
 import pandas as pd
 
+from storybias.config.lenses import grouping_note
 from storybias.config.params import CorpusSettings, HumanValidationSettings, Params, ProbeSettings, UmapSettings
 from storybias.config.prompts import CONDITION_COLUMNS
 from storybias.core import artifacts, paths
@@ -307,6 +308,8 @@ def _read_narratives(run_name: str, settings: ProbeSettings, notes: list[str]) -
     )
     if probed.empty:
         notes.append("no parsed implicit narratives labelled female or male: identity probes not computed")
+    else:
+        notes.append(grouping_note(probed))
     return _Narratives(frame, labelled, sampled, probed, paired)
 
 

@@ -21,6 +21,9 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 from threadpoolctl import threadpool_limits
 
+from storybias.config import lenses
+from storybias.config.lenses import genre_of as genre_of
+from storybias.config.lenses import probe_groups
 from storybias.config.params import UmapSettings
 from storybias.stages.probes.crosslens import AGREEMENT_SCHEMA, CROSSLENS_SCHEMA
 from storybias.stages.probes.cues import ARABIC_OPTIONAL as ARABIC_OPTIONAL
@@ -61,7 +64,7 @@ OCCUPATION_COLUMN = "cond_occupation"
 ATTRIBUTE_COLUMN = "cond_attribute"  # the stereotales prompt's fixed attribute
 
 
-IMPLICIT_TASKS = ("story", "news")  # the explicit task (sentence completion) has no narrative to probe
+IMPLICIT_TASKS = lenses.IMPLICIT_TASKS  # the explicit task (sentence completion) has no narrative to probe
 
 
 PROBE_C = 1.0  # inverse L2 strength of the probe (scikit-learn's default), on standardised embeddings
@@ -285,22 +288,16 @@ def _counts_row(y: np.ndarray, groups: np.ndarray) -> dict[str, Any]:
     }
 
 
-def genre_of(design: str, task: Any) -> str | None:
-    """The genre of a story: its design for stereotales and bedtime; for occupations the task (story or
-    news); None for the explicit task, which has no narrative."""
-    if design == "occupations":
-        return task if isinstance(task, str) and task in IMPLICIT_TASKS else None
-    return design
-
-
 def probe_frame(
     extractions: pd.DataFrame, filtered: pd.DataFrame, stereotales_attribute: str | None = None
 ) -> pd.DataFrame:
     """One row per parsed implicit narrative: story_id, language, design, genre, model, prompt_id,
-    group (model x occupation for occupations, model x prompt_id otherwise), label, name, text, markers.
-    ``stereotales_attribute``: keep only the stereotales stories whose prompt fixed that attribute."""
+    group and grouping (``storybias.config.lenses.probe_groups``: model x occupation for occupations,
+    model x prompt_id otherwise, model x prompt text for a stereotales story without a scenario), label,
+    name, text, markers. ``stereotales_attribute``: keep only the stereotales stories whose prompt fixed
+    that attribute."""
     cols = ["story_id", "design", "language", "model", "prompt_id", "text", TASK_COLUMN, OCCUPATION_COLUMN]
-    cols.append(ATTRIBUTE_COLUMN)
+    cols += [ATTRIBUTE_COLUMN, "cond_scenario", "prompt"]
     data = extractions.merge(filtered[[c for c in cols if c in filtered.columns]], on="story_id", how="inner")
     data = data[data["parse_ok"].fillna(False).astype(bool)]
     if stereotales_attribute is not None:
@@ -324,10 +321,10 @@ def probe_frame(
             "markers": data["markers"].to_numpy() if "markers" in data else None,
         }
     )
-    occupation = data[OCCUPATION_COLUMN].astype(object).where(data[OCCUPATION_COLUMN].notna(), "").to_numpy()
-    out["group"] = np.where(
-        out["design"] == "occupations", out["model"] + "|" + occupation, out["model"] + "|" + out["prompt_id"]
+    grouped = data.reindex(
+        columns=["story_id", "design", "model", "prompt_id", OCCUPATION_COLUMN, "cond_scenario", "prompt"]
     )
+    out["group"], out["grouping"] = probe_groups(grouped.reset_index(drop=True))
     return out[out["genre"].notna()].reset_index(drop=True)
 
 

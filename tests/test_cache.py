@@ -101,9 +101,14 @@ def test_an_endpoint_or_model_id_change_regenerates_but_its_key_variable_and_pac
 
 
 def test_every_model_and_engine_field_is_classified_once():
-    """A new field of ModelSpec or EngineSettings must say whether it shapes outputs."""
+    """A new field of ModelSpec or EngineSettings must say whether it shapes outputs, and whether it is a
+    loading setting: the cache key and the local server key both come from this one classification."""
     model_fields = set(ModelSpec.model_fields)
-    assert cache.OUTPUT_MODEL_FIELDS | cache.OPERATIONAL_MODEL_FIELDS == model_fields
+    classes = list(cache.MODEL_FIELD_CLASSES.values())
+    assert set().union(*classes) == model_fields
+    assert sum(len(c) for c in classes) == len(model_fields)  # exactly one class each
+    assert cache.OUTPUT_MODEL_FIELDS == cache.LOADED_OUTPUT_FIELDS | cache.REQUEST_OUTPUT_FIELDS
+    assert cache.SERVER_MODEL_FIELDS == cache.LOADED_OUTPUT_FIELDS | cache.LOADED_ONLY_FIELDS
     assert not cache.OUTPUT_MODEL_FIELDS & cache.OPERATIONAL_MODEL_FIELDS
     engine_fields = set(EngineSettings.model_fields)
     assert cache.OUTPUT_ENGINE_FIELDS | cache.OPERATIONAL_ENGINE_FIELDS == engine_fields

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import os
 import subprocess
 import sys
@@ -407,6 +408,36 @@ def test_with_servers_registers_one_server_and_leaves_no_process(smoke, tmp_path
     assert _group_members(pid) == [], "the server and its children are gone"
     assert not serve.registry_path("serve-unit").exists()
     assert (paths.reports_dir("serve-unit") / "server-qwen2.5-coder-1.5b.log").is_file()
+
+
+def test_two_embedded_models_get_two_servers_and_the_log_counts_them(tmp_path):
+    """The default profile's two models differ only in ``embedded:`` (1.5B and 0.5B): one server each, each
+    registered under its own name with its own weights' key (issue #42: one server used to answer both)."""
+    raw = yaml.safe_load((paths.params_dir() / "default.yaml").read_text())
+    raw["run_name"] = "serve-two"
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    p = params.load(path)
+    specs = {m.name: m for m in serve.local_models(p)}
+    assert set(specs) == {"qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"}
+    assert len({serve.serve_key(m) for m in specs.values()}) == 2
+    seen, lines = tmp_path / "seen.json", []
+    probe = (
+        f"import json; from storybias.config import params; from storybias.engines import serve; "
+        f"p = params.load({str(path)!r}); "
+        f"json.dump({{m.name: serve.lookup(p.run_name, m) for m in serve.local_models(p)}}, open({str(seen)!r}, 'w'))"
+    )
+    try:
+        code = serve.with_servers(
+            p, [sys.executable, "-c", probe], log=lines.append, server_command_override=FAKE_SERVER
+        )
+    finally:
+        shutil.rmtree(paths.reports_dir("serve-two"), ignore_errors=True)
+    assert code == 0
+    entries = json.loads(seen.read_text())
+    assert {e["serve_key"] for e in entries.values()} == {serve.serve_key(m) for m in specs.values()}
+    assert len({e["base_url"] for e in entries.values()}) == 2 and all(entries.values())
+    assert any(line.startswith("with-servers: 2 server(s) up") for line in lines)
 
 
 def test_with_servers_stops_the_server_when_the_command_fails_or_is_killed(smoke, tmp_path):

@@ -49,8 +49,31 @@ from storybias.core import paths
 from storybias.core.io import ShardStore
 from storybias.engines.base import ChatEngine, ChatRequest, ChatResult, EngineError, EngineInfo
 
-# ModelSpec fields that do not change what the model writes (how it is reached and paced, its price,
-# its display name): left out of the model part of the key.
+# How every ModelSpec field bears on a model's identity: one classification, from which both the cache
+# key (what shapes an answer: OUTPUT_MODEL_FIELDS) and the local server key (which weights are loaded,
+# and how: SERVER_MODEL_FIELDS, storybias.engines.serve.serve_key) are derived. Every field is in exactly
+# one class (tests/test_cache.py), so a new field has to be classified before it can be used.
+#
+# which weights are loaded and how they read a prompt: they shape the answers and make a server
+LOADED_OUTPUT_FIELDS = frozenset(
+    {
+        "source",
+        "embedded",  # the embedded weights (replaced by their pinned sha256)
+        "path",
+        "hub_id",
+        "device",
+        "dtype",
+        "tensor_parallel_size",
+        "max_model_len",
+        "chat_template",  # replaced by the template file's content
+    }
+)
+# how the weights are loaded, not what they write: a server's setting, not the cache's
+LOADED_ONLY_FIELDS = frozenset({"gpu_memory_utilization"})
+# what each request carries: it shapes the answer, and any server of the same weights can serve it
+# (an API model's base_url and model_id name a remote model no local server serves)
+REQUEST_OUTPUT_FIELDS = frozenset({"chat_template_kwargs", "base_url", "model_id", "constraints"})
+# how the model is reached and paced, its price, its display name: neither answers nor servers
 OPERATIONAL_MODEL_FIELDS = frozenset(
     {
         "name",  # a label: renaming a model reuses its answers (its stories' ids still change)
@@ -61,28 +84,16 @@ OPERATIONAL_MODEL_FIELDS = frozenset(
         "max_retries",
         "price_input_per_mtok",
         "price_output_per_mtok",
-        "gpu_memory_utilization",
     }
 )
-# ModelSpec fields that shape outputs (``embedded`` is replaced by the weights' sha256 and
-# ``chat_template`` by the template file's content).
-OUTPUT_MODEL_FIELDS = frozenset(
-    {
-        "source",
-        "embedded",
-        "path",
-        "hub_id",
-        "device",
-        "dtype",
-        "tensor_parallel_size",
-        "max_model_len",
-        "chat_template",
-        "chat_template_kwargs",
-        "base_url",
-        "model_id",
-        "constraints",
-    }
-)
+MODEL_FIELD_CLASSES = {
+    "loaded_output": LOADED_OUTPUT_FIELDS,
+    "loaded_only": LOADED_ONLY_FIELDS,
+    "request_output": REQUEST_OUTPUT_FIELDS,
+    "operational": OPERATIONAL_MODEL_FIELDS,
+}
+OUTPUT_MODEL_FIELDS = LOADED_OUTPUT_FIELDS | REQUEST_OUTPUT_FIELDS  # the model part of the cache key
+SERVER_MODEL_FIELDS = LOADED_OUTPUT_FIELDS | LOADED_ONLY_FIELDS  # what two specs must share to share a server
 # EngineSettings fields that can change an output: ``compact_json`` switches vLLM's structured-output
 # backend to whitespace-free JSON (another answer, measured on the gold set); ``enforce_eager`` skips
 # torch.compile (other kernels, other float sums); ``deterministic_cpu_attention`` fixes the order of
@@ -100,11 +111,12 @@ def _digest(payload: Any) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:16]
 
 
-def model_identity(spec: ModelSpec) -> dict[str, Any]:
-    """What of ``spec`` shapes its outputs: every field of :data:`OUTPUT_MODEL_FIELDS`, with an embedded
-    model named by its weights' pinned sha256 and a chat template by its file's content."""
+def model_identity(spec: ModelSpec, fields: frozenset[str] = OUTPUT_MODEL_FIELDS) -> dict[str, Any]:
+    """What of ``spec`` shapes its outputs (``fields``: :data:`OUTPUT_MODEL_FIELDS`; the server key reads
+    :data:`SERVER_MODEL_FIELDS`), with an embedded model named by its weights' pinned sha256 and a chat
+    template by its file's content."""
     dumped = spec.model_dump(mode="json")
-    identity = {k: dumped[k] for k in sorted(OUTPUT_MODEL_FIELDS)}
+    identity = {k: dumped[k] for k in sorted(fields)}
     if spec.source == "embedded":
         identity["embedded"] = models.embedded_weights(spec.embedded).sha256
     else:

@@ -39,6 +39,7 @@ from typing import Any
 from storybias.config.params import EngineSettings, ModelSpec, Params
 from storybias.core import paths
 from storybias.core.locks import RunBusy, run_lock
+from storybias.engines.cache import SERVER_MODEL_FIELDS, model_identity
 from storybias.engines.inprocess import cpu_core_list, cpu_scheduler_kwargs, preflight
 
 HEALTH_TIMEOUT_S = 1800.0  # vLLM's CPU start-up took > 8 min on a 2-core machine without AVX-512
@@ -54,21 +55,11 @@ def registry_path(run_name: str) -> Path:
 
 
 def serve_key(spec: ModelSpec) -> str:
-    """What makes two local model specs the same server (the weights and how they are loaded), so a
-    model used for generation, extraction and judging under one name or several starts once."""
-    dumped = spec.model_dump(mode="json")
-    keep = (
-        "source",
-        "path",
-        "hub_id",
-        "device",
-        "dtype",
-        "tensor_parallel_size",
-        "max_model_len",
-        "gpu_memory_utilization",
-        "chat_template",
-    )
-    return json.dumps({k: dumped[k] for k in keep}, sort_keys=True)
+    """What makes two local model specs the same server: the weights and how they are loaded
+    (``cache.SERVER_MODEL_FIELDS``, the embedded weights by their sha256, from the one classification of
+    model settings the cache key also reads), so a model used for generation, extraction and judging under
+    one name or several starts once, and two models that differ in any of these get a server each."""
+    return json.dumps(model_identity(spec, SERVER_MODEL_FIELDS), sort_keys=True)
 
 
 def local_models(params: Params) -> list[ModelSpec]:

@@ -6,14 +6,20 @@ from __future__ import annotations
 import io
 import re
 import shutil
+import time
 from pathlib import Path
 
 import nbformat
 import yaml
 from tqdm import tqdm
 
+from fake_engine import FakeEngine
 from stage_notebooks import tiny_stage_notebook
+from storybias.config.params import EngineSettings, ModelSpec, Sampling
 from storybias.core import paths
+from storybias.engines import ChatRequest
+from storybias.engines.cache import CachingEngine, ResponseCache
+from storybias.engines.runner import run_requests
 from storybias.tools.notebook_runner import ProgressFollower, latest_progress, run_stage
 
 ROOT = paths.repo_root()
@@ -140,3 +146,41 @@ def test_run_stage_echoes_the_notebooks_progress_bar(tmp_path, monkeypatch):
         assert "tiny [m]" in (ROOT / "reports" / run / "tiny.log").read_text()  # the log keeps everything
     finally:
         shutil.rmtree(ROOT / "reports" / run, ignore_errors=True)
+
+
+class _SlowStart(FakeEngine):
+    """A scripted engine whose start (vLLM's load) takes ``seconds``."""
+
+    def __init__(self, spec, seconds: float, **kwargs):
+        super().__init__(spec, **kwargs)
+        self.seconds = seconds
+
+    def __enter__(self):
+        time.sleep(self.seconds)
+        return super().__enter__()
+
+
+def test_the_engine_start_up_is_its_own_phase_and_the_items_bar_starts_after_it(tmp_path, capsys):
+    """Issue #42: the bar used to start before the engine, and its first item carried vLLM's start-up
+    ("1/280 [03:03<14:13:41, 183.59s/story]"). Now a start-up line counts the load's elapsed time and the
+    items bar starts when the first request is sent."""
+    spec = ModelSpec(name="m", source="embedded")
+    batch = [
+        ChatRequest(key=f"k{i}", messages=[{"role": "user", "content": str(i)}], sampling=Sampling(), seed=1)
+        for i in range(3)
+    ]
+    engine = CachingEngine(lambda: _SlowStart(spec, 2.2), spec, EngineSettings(), ResponseCache(tmp_path / "c", 2))
+    with engine:
+        stats = run_requests(engine, batch, lambda r: None, None, 10, desc="generate [m]", unit="story")
+    err = capsys.readouterr().err
+    assert stats.n_results == 3 and engine.model_loaded
+    phase = [s for s in re.split(r"[\r\n]", err) if "starting the engine [" in s or "engine started [" in s]
+    assert phase and phase[-1].strip() == "generate [m]: engine started [00:02]"
+    assert latest_progress("generate [m]: starting the engine [00:01]") is not None  # echoed like a bar
+    final = [s for s in re.split(r"[\r\n]", err) if "3/3 [" in s][-1]
+    assert "3/3 [00:00<00:00" in final, final  # the start-up is not in the items bar's time
+    # a second run answers from the store: no engine, no start-up line
+    again = CachingEngine(lambda: _SlowStart(spec, 2.2), spec, EngineSettings(), ResponseCache(tmp_path / "c", 2))
+    with again:
+        run_requests(again, batch, lambda r: None, None, 10, desc="generate [m]", unit="story")
+    assert "starting the engine" not in capsys.readouterr().err and not again.model_loaded

@@ -37,6 +37,7 @@ import json
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -324,6 +325,7 @@ class CachingEngine:
         self._tokenizer: Any = None
         self.model_loaded = False  # whether a request missed and the inner engine was started
         self.info: EngineInfo | None = None
+        self._prepared: tuple[Sequence[ChatRequest], Lookup] | None = None  # prepare()'s lookup, for stream()
 
     def __enter__(self) -> CachingEngine:
         self.model_loaded = False
@@ -358,10 +360,24 @@ class CachingEngine:
             self.info = inner.info
         return inner
 
+    def prepare(
+        self, requests: Sequence[ChatRequest], phase: Callable[[], AbstractContextManager[Any]] = nullcontext
+    ) -> Lookup:
+        """Look ``requests`` up and, when one misses, start the inner engine inside ``phase()`` (the
+        runner's start-up line): the start-up is over before anything is streamed. ``stream`` of the same
+        requests then reuses this lookup."""
+        found = self.lookup(requests)
+        self._prepared = (requests, found)
+        if found.misses and not self.model_loaded:
+            with phase():
+                self._start()
+        return found
+
     def stream(self, requests: Sequence[ChatRequest]) -> Iterator[ChatResult]:
         """Stored answers first, then the inner engine's, each stored as it arrives (in shards of the
         cache's ``shard_size``; what arrived before a crash or an interrupt is stored too)."""
-        found = self.lookup(requests)
+        prepared, self._prepared = self._prepared, None
+        found = prepared[1] if prepared is not None and prepared[0] is requests else self.lookup(requests)
         self.stats.reasons.update(found.reasons.values())
         yield from found.hits.values()
         if not found.misses:

@@ -1,6 +1,8 @@
 """The one resumable loop of every LLM stage: requests in, results streamed to a row builder,
 buffered and flushed as atomic shards every ``shard_size`` rows, with a progress bar (items/s and
-output tokens/s).
+output tokens/s). An engine that starts only when a request needs it (``CachingEngine``) is started
+first, in a phase of its own that shows its elapsed time (``startup_phase``: vLLM's start-up takes
+minutes on a CPU), so the items bar and its estimate start with the first request.
 
 Stage 01 (stories), stage 03 (extraction answers) and stage 04's judge (ratings) all run through
 :func:`run_requests`; each decides what a stored row is and which stored rows a rerun skips. Rows
@@ -10,9 +12,11 @@ unreachable endpoint), so a rerun never asks again for an answer that was receiv
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,6 +71,29 @@ class RunStats:
 
 
 MAX_ERRORS_KEPT = 5
+STARTUP_REFRESH_S = 1.0  # how often the start-up line's elapsed time is redrawn
+
+
+@contextmanager
+def startup_phase(desc: str, progress: bool = True) -> Iterator[None]:
+    """A line ``<desc>: starting the engine [elapsed]`` redrawn every second until the block ends (tqdm's
+    bar format, so the terminal echo of a stage's log shows it like a bar: storybias.tools.notebook_runner)."""
+    line = tqdm(total=None, desc=desc, bar_format="{desc}: starting the engine [{elapsed}]", disable=not progress)
+    stop = threading.Event()
+
+    def tick() -> None:
+        while not stop.wait(STARTUP_REFRESH_S):
+            line.refresh()
+
+    ticker = threading.Thread(target=tick, daemon=True)
+    ticker.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        ticker.join()
+        line.bar_format = "{desc}: engine started [{elapsed}]"
+        line.close()
 
 
 def run_requests(
@@ -84,6 +111,9 @@ def run_requests(
     several, or None) and the rows to ``store`` in shards of ``shard_size``. Returns what was received."""
     stats = RunStats()
     buffer: list[dict[str, Any]] = []
+    prepare = getattr(engine, "prepare", None)  # an engine that starts only when a request needs it
+    if callable(prepare):
+        prepare(requests, lambda: startup_phase(desc, progress))
     started = time.time()
     bar = tqdm(total=len(requests), desc=desc, unit=unit, disable=not progress)
 

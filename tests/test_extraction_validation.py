@@ -52,15 +52,15 @@ def test_the_example_file_is_valid_and_loads_with_integer_scores():
         ("s1,en,adjectives,brave,a1,3\n", "row 2, column score: '3' is not 0, 1 or 2"),
         ("s1,en,adjectives,brave,a1,2.0\n", "row 2, column score: '2.0'"),
         ("s1,en,adjectives,brave,a1,true\n", "row 2, column score: 'true'"),
-        ("s1,en,adjectives,brave,a1,\n", "row 2, column score: ''"),
+        ("s1,en,adjectives,brave,a1,\n", "row 2, column score: empty"),
         ("s1,en,adjectives,brave,a1,2\ns1,en,traits,brave,a1,2\n", "row 3, column field: 'traits' is not one of"),
         ("s1,en,adjectives,,a1,2\n", "row 2, column item: empty"),
         ("s1,en,adjectives,brave,,2\n", "row 2, column annotator_id: empty"),
         ("s1,en,adjectives,brave,a1,2\ns1,fr,settings,forest,a1,2\n", "row 3, column language: 'fr', but story"),
         (
             "s1,en,adjectives,brave,a1,2\ns1,en,adjectives,kind,a1,1\ns1,en,adjectives,brave,a1,1\n",
-            "row 4, column annotator_id: a second judgement of adjectives item 'brave' of story 's1' by 'a1' "
-            "(first on row 2)",
+            "row 4, column annotator_id: a second judgement of story_id 's1', field 'adjectives', item 'brave', "
+            "annotator_id 'a1' (first on row 2)",
         ),
         ("s1,en,adjectives,brave,a1\n", "row 2: 5 fields, the header has 6"),
     ],
@@ -94,7 +94,7 @@ def test_row_numbers_count_the_header_as_row_1_and_every_problem_is_listed(tmp_p
 )
 def test_a_bad_header_is_named(tmp_path, header, message):
     problems = validation.validate_extraction_validation(write(tmp_path, header + "s1,en,adjectives,brave,a1,2\n"))
-    assert len(problems) == 1 and message in problems[0] and "(expected exactly story_id," in problems[0]
+    assert len(problems) == 1 and message in problems[0] and "(expected story_id, language," in problems[0]
 
 
 def test_empty_missing_and_headless_files(tmp_path):

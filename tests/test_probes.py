@@ -592,7 +592,7 @@ def test_run_reads_the_human_validation_files_first(tmp_path, monkeypatch):
 
     bad = tmp_path / "bad.csv"
     bad.write_text("marker_id,language,rater_id,human,automated\nm1,en,r1,9,3\n")
-    with pytest.raises(ValueError, match=r"bad.csv, row 2, column human"):
+    with pytest.raises(ValueError, match=r"bad.csv: row 2, column human"):
         probes.run(profile(bad))
     assert embedder.texts == 0  # checked before any work
     out = probes.run(profile(markers))

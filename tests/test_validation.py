@@ -9,6 +9,7 @@ import pytest
 from scipy import stats
 from sklearn.metrics import cohen_kappa_score
 
+from storybias.evidence.human_files import HumanFileError
 from storybias.stages.probes import validation
 from storybias.stats.bootstrap import bootstrap_group_counts
 
@@ -198,7 +199,7 @@ def test_fleiss_kappa_by_hand():
 )
 def test_marker_csv_problems_name_file_row_and_column(tmp_path, text, message):
     path = write(tmp_path, text)
-    with pytest.raises(validation.ValidationFileError) as err:
+    with pytest.raises(HumanFileError) as err:
         validation.load_marker_ratings(path)
     assert str(path) in str(err.value) and message in str(err.value)
 
@@ -209,19 +210,19 @@ def test_marker_csv_problems_name_file_row_and_column(tmp_path, text, message):
         ("i9,en,poem,female,a,female", "column genre: 'poem' is not story or news"),
         ("i9,en,story,woman,a,female", "column automated: 'woman' is not female, male or unknown"),
         ("i9,en,story,female,a,maybe", "column human: 'maybe'"),
-        ("i1,en,news,female,d,female", "column genre: 'news' is not the same"),
+        ("i1,en,news,female,d,female", "column genre: 'news', but item_id 'i1' has 'story'"),
     ],
 )
 def test_label_csv_problems_name_file_row_and_column(tmp_path, row, message):
     path = write(tmp_path, LABELS + row + "\n")
-    with pytest.raises(validation.ValidationFileError) as err:
+    with pytest.raises(HumanFileError) as err:
         validation.load_label_ratings(path)
     assert str(path) in str(err.value) and f"row {len(LABELS.splitlines()) + 1}" in str(err.value)
     assert message in str(err.value)
 
 
 def test_a_missing_file_is_named(tmp_path):
-    with pytest.raises(validation.ValidationFileError, match="no such file"):
+    with pytest.raises(HumanFileError, match="file not found"):
         validation.load_label_ratings(tmp_path / "absent.csv")
 
 
@@ -269,5 +270,5 @@ def test_high_agreement_subset_by_hand(tmp_path):
     without = validation.marker_agreement(validation.load_marker_ratings(write(tmp_path, MARKERS)), 100, 100)
     assert validation.SUBSET_ADVANTAGE not in set(without["metric"])  # no context scores, no subset
     partial = "marker_id,language,rater_id,human,automated,automated_en,automated_fr\nA,en,r1,6,6,6,3\n"
-    with pytest.raises(validation.ValidationFileError, match=r"row 1 \(header\).*without automated_zh"):
+    with pytest.raises(HumanFileError, match=r"row 1 \(header\).*without automated_zh"):
         validation.load_marker_ratings(write(tmp_path, partial, "partial.csv"))

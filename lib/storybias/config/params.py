@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -67,10 +66,12 @@ from storybias.core import paths
 from storybias.core.artifacts import STAGES
 from storybias.core.io import DuplicateKeyError, read_yaml_strict
 from storybias.core.paths import RUN_NAME
-from storybias.evidence.extraction_validation import validate_extraction_validation
+from storybias.evidence.extraction_validation import EXTRACTION_VALIDATION
+from storybias.evidence.human_files import HumanFile, check_file
 from storybias.evidence.published import PublishedFormatError
-from storybias.evidence.ratings import validate_human_ratings
+from storybias.evidence.ratings import HUMAN_RATINGS
 from storybias.evidence.released_associations import RELEASED_LANGUAGES, load_associations
+from storybias.evidence.validation_ratings import LABEL_RATINGS, MARKER_RATINGS
 
 __all__ = [
     # the sections (story_sections, analysis_sections) and their types
@@ -350,21 +351,25 @@ def _check_comparisons(profile: Profile) -> list[str]:
     return problems
 
 
-def _check_csv(key: str, value: str | None, validate: Callable[[Path], list[str]]) -> list[str]:
-    """The problems of the CSV file a key names (none when unset), each prefixed with the key."""
+def _check_csv(key: str, value: str | None, spec: HumanFile) -> list[str]:
+    """The problems of the human-input CSV a key names (none when unset), each prefixed with the key."""
     if value is None:
         return []
     path = paths.resolve(value)
     if not path.is_file():
         return [f"{key}: {path} does not exist"]
-    return [f"{key}: {p}" for p in validate(path)]
+    return [f"{key}: {p}" for p in check_file(path, spec)]
 
 
 def _check_evidence_files(profile: Profile) -> list[str]:
-    """Stage 03's human validation and stage 04's human ratings and published associations: the files
-    exist and are well formed."""
-    problems = _check_csv("extract.human_validation", profile.extract.human_validation, validate_extraction_validation)
-    problems += _check_csv("associations.human_ratings", profile.associations.human_ratings, validate_human_ratings)
+    """Every file people fill in (stage 03's human validation, stage 04's human ratings, stage 06's marker
+    and label ratings: one checker, storybias.evidence.human_files) and the published associations: the
+    files exist and are well formed, before any stage runs."""
+    validation = profile.probes.human_validation
+    problems = _check_csv("extract.human_validation", profile.extract.human_validation, EXTRACTION_VALIDATION)
+    problems += _check_csv("associations.human_ratings", profile.associations.human_ratings, HUMAN_RATINGS)
+    problems += _check_csv("probes.human_validation.markers", validation.markers, MARKER_RATINGS)
+    problems += _check_csv("probes.human_validation.labels", validation.labels, LABEL_RATINGS)
     if profile.associations.published is not None:
         try:
             load_associations(paths.resolve(profile.associations.published))

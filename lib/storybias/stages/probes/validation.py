@@ -1,8 +1,9 @@
 """Human validation of the automated judgements (Feng et al., *Beyond Surface Cues*, arXiv:2608.23026, App. D.2).
 
-Two CSV files, both optional (``probes.human_validation``), are read and checked before stage 06 does
-any work; every problem names the file, the row (as a spreadsheet shows it: the header is row 1) and
-the column.
+Two CSV files, both optional (``probes.human_validation``), described in
+``storybias.evidence.validation_ratings`` and checked by the one checker of human-input files
+(``storybias.evidence.human_files``) when the profile loads, before any work; every problem names the
+file, the row (as a spreadsheet shows it: the header is row 1) and the column.
 
 **Cultural-marker ratings** (App. D.2.1), one row per rater x marker comparison:
 
@@ -47,13 +48,15 @@ genre x automated-label distribution of the full implicit corpus, and Fleiss' ka
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 from scipy import stats
 
+from storybias.evidence.validation_ratings import CONTEXT_SCORES, CONTEXTS, GENRES, LABELS, SCALE
+from storybias.evidence.validation_ratings import load_label_ratings as load_label_ratings
+from storybias.evidence.validation_ratings import load_marker_ratings as load_marker_ratings
 from storybias.stats.agreement import (
     cohen_kappa,
     fleiss_kappa_counts,
@@ -63,128 +66,10 @@ from storybias.stats.agreement import (
 )
 from storybias.stats.bootstrap import bootstrap_group_counts, percentile_interval
 
-MARKER_COLUMNS: tuple[str, ...] = ("marker_id", "language", "rater_id", "human", "automated")
-CONTEXTS: tuple[str, ...] = ("en", "fr", "zh")  # the three language-linked contexts of the scores
-CONTEXT_SCORES: tuple[str, ...] = tuple(f"automated_{c}" for c in CONTEXTS)  # optional marker columns
 SUBSET_ADVANTAGE = "high_agreement_advantage"  # rows of marker_agreement (figure 19 reads these names)
 SUBSET_SELF_HIGHEST = "high_agreement_self_highest"
-LABEL_COLUMNS: tuple[str, ...] = ("item_id", "language", "genre", "automated", "rater_id", "human")
-SCALE: tuple[int, ...] = tuple(range(1, 8))  # the 1-7 relevance scale
-LABELS: tuple[str, ...] = ("female", "male", "unknown")
-GENRES: tuple[str, ...] = ("story", "news")
-# App. D.2.2: the five finer outcomes were mapped to unknown after annotation
-UNKNOWN_OUTCOMES: tuple[str, ...] = ("unclear", "non_binary", "multiple", "no_individual", "unable")
 MARKER_METRICS: tuple[str, ...] = ("within_two", "kappa_quadratic", "mae", "spearman")
 HIGHER_IS_BETTER: Mapping[str, bool] = {"within_two": True, "kappa_quadratic": True, "mae": False, "spearman": True}
-
-
-class ValidationFileError(ValueError):
-    """A human-validation CSV that cannot be used; the message names the file, row and column."""
-
-
-# --- reading and checking -----------------------------------------------------------------------
-
-
-def _read(path: str | Path, columns: tuple[str, ...], optional: tuple[str, ...] = ()) -> pd.DataFrame:
-    path = Path(path)
-    if not path.is_file():
-        raise ValidationFileError(f"{path}: no such file")
-    try:
-        frame = pd.read_csv(path, dtype=str, keep_default_na=False)
-    except (pd.errors.ParserError, UnicodeDecodeError, pd.errors.EmptyDataError) as exc:
-        raise ValidationFileError(f"{path}: not a readable CSV ({exc})") from exc
-    frame.columns = [c.strip() for c in frame.columns]
-    missing = [c for c in columns if c not in frame.columns]
-    if missing:
-        raise ValidationFileError(
-            f"{path}, row 1 (header): missing column(s) {', '.join(missing)} "
-            f"(expected {', '.join(columns)}{'; optional ' + ', '.join(optional) if optional else ''})"
-        )
-    if frame.empty:
-        raise ValidationFileError(f"{path}: no rows below the header")
-    frame = frame[[c for c in (*columns, *optional) if c in frame.columns]].apply(lambda s: s.str.strip())
-    for column in frame.columns:
-        blank = frame[column] == ""
-        if blank.any() and column not in optional:
-            raise ValidationFileError(f"{path}, row {int(blank.idxmax()) + 2}, column {column}: empty")
-    return frame
-
-
-def _bad(path: str | Path, frame: pd.DataFrame, mask: pd.Series, column: str, expected: str) -> None:
-    if mask.any():
-        row = int(mask.idxmax())
-        raise ValidationFileError(
-            f"{path}, row {row + 2}, column {column}: {frame.loc[row, column]!r} is not {expected}"
-        )
-
-
-def _scale(path: str | Path, frame: pd.DataFrame, column: str) -> pd.Series:
-    values = pd.to_numeric(frame[column], errors="coerce")
-    _bad(path, frame, ~values.isin(SCALE), column, "an integer from 1 to 7")
-    return values.astype(int)
-
-
-def _one_per(path: str | Path, frame: pd.DataFrame, key: str, column: str) -> None:
-    """Every ``key`` has a single value of ``column``; else name the first row that contradicts it."""
-    first = frame.groupby(key, sort=False)[column].transform("first")
-    _bad(path, frame, frame[column] != first, column, f"the same as on the {key}'s first row ({key} has one {column})")
-
-
-def _no_duplicates(path: str | Path, frame: pd.DataFrame, keys: list[str]) -> None:
-    dup = frame.duplicated(keys)
-    if dup.any():
-        row = int(dup.idxmax())
-        raise ValidationFileError(
-            f"{path}, row {row + 2}, column {keys[-1]}: a second rating of "
-            f"{keys[0]} {frame.loc[row, keys[0]]!r} by {keys[-1]} {frame.loc[row, keys[-1]]!r}"
-        )
-
-
-def load_marker_ratings(path: str | Path) -> pd.DataFrame:
-    """The marker-rating CSV, checked: columns, 1-7 integers, one language and automated score per
-    marker, one rating per rater and marker, ``keep`` (optional) in keep/remove."""
-    frame = _read(path, MARKER_COLUMNS, optional=("keep", *CONTEXT_SCORES))
-    given = [c for c in CONTEXT_SCORES if c in frame.columns]
-    if given and len(given) < len(CONTEXT_SCORES):
-        missing = ", ".join(c for c in CONTEXT_SCORES if c not in given)
-        raise ValidationFileError(
-            f"{path}, row 1 (header): {', '.join(given)} without {missing}: all three context scores or none"
-        )
-    frame["human"] = _scale(path, frame, "human")
-    for column in ("automated", *given):
-        frame[column] = _scale(path, frame, column)
-    for column in ("language", "automated", *given):
-        _one_per(path, frame, "marker_id", column)
-    _no_duplicates(path, frame, ["marker_id", "rater_id"])
-    if "keep" in frame.columns:
-        frame["keep"] = frame["keep"].str.lower()
-        _bad(path, frame, ~frame["keep"].isin(["keep", "remove", ""]), "keep", "keep, remove or empty")
-        frame["keep"] = frame["keep"].replace("", np.nan)
-    return frame
-
-
-def load_label_ratings(path: str | Path) -> pd.DataFrame:
-    """The protagonist-label CSV, checked: columns, genre story/news, automated label in
-    female/male/unknown, human label in those or a finer outcome (kept in ``human_raw``, mapped to
-    unknown in ``human``), one language, genre and automated label per item, one rating per rater and item."""
-    frame = _read(path, LABEL_COLUMNS)
-    for column in ("genre", "automated", "human"):
-        frame[column] = frame[column].str.lower()
-    _bad(path, frame, ~frame["genre"].isin(GENRES), "genre", "story or news")
-    _bad(path, frame, ~frame["automated"].isin(LABELS), "automated", "female, male or unknown")
-    _bad(
-        path,
-        frame,
-        ~frame["human"].isin((*LABELS, *UNKNOWN_OUTCOMES)),
-        "human",
-        f"one of {', '.join((*LABELS, *UNKNOWN_OUTCOMES))}",
-    )
-    for column in ("language", "genre", "automated"):
-        _one_per(path, frame, "item_id", column)
-    _no_duplicates(path, frame, ["item_id", "rater_id"])
-    frame["human_raw"] = frame["human"]
-    frame["human"] = frame["human"].where(frame["human"].isin(LABELS), "unknown")
-    return frame
 
 
 # --- cultural markers (App. D.2.1) -------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The story explorer (storybias.stages.figures.explorer and its data, explorer_data): payload counts, the
+"""The story explorer (storybias.stages.explorer: its page and its data): payload counts, the
 prompt key and the per-cell sample, safe embedding of hostile story text, missing artifacts, the CLI, and
 the page itself (its list, associations and compare view) driven in headless Chromium through Selenium.
 
@@ -26,7 +26,8 @@ from storybias import cli
 from storybias.config.params import load
 from storybias.config.prompts import LANGUAGES
 from storybias.core import paths
-from storybias.stages.figures import explorer, explorer_data
+from storybias.stages.explorer import data as explorer_data
+from storybias.stages.explorer import page as explorer
 
 HOSTILE = '</script><img src=x onerror="window.__xss=1"><!--<script>alert(1)</script>'
 HOSTILE_ID = "st-m1-en-stereotales_gender=woman_s0-0"
@@ -829,12 +830,12 @@ def test_page_parts_are_package_files_and_the_csp_is_unchanged(frames):
     import tomllib
     from importlib import resources
 
-    folder = resources.files("storybias.stages.figures") / "explorer_assets"
+    folder = resources.files("storybias.stages.explorer") / "assets"
     names = sorted(p.name for p in folder.iterdir())
     assert names == ["explorer.js", "page.html", "style.css"]
     globs = tomllib.loads((paths.repo_root() / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
     for name in names:
-        assert any(fnmatch.fnmatch(f"stages/figures/explorer_assets/{name}", g) for g in globs["storybias"]), name
+        assert any(fnmatch.fnmatch(f"stages/explorer/assets/{name}", g) for g in globs["storybias"]), name
     script = (folder / "explorer.js").read_text(encoding="utf-8")
     page = explorer.render_html(explorer.explorer_payload(*frames, run_name="syn"))
     digest = base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode("ascii")

@@ -44,7 +44,7 @@ from storybias.engines.serve import ServerError, local_models, with_servers
 from storybias.stages import generate
 from storybias.stages.associations.power import format_planned, planned_power
 from storybias.stages.associations.tables import MIN_ROW_TOTAL
-from storybias.stages.figures.explorer import build_explorer
+from storybias.stages.explorer import build_explorer
 from storybias.tools.bench import bench_associations, bench_generate, bench_served
 from storybias.tools.bench import bench_ray as run_bench_ray
 from storybias.tools.bench_import import bench_import

@@ -1,4 +1,4 @@
-"""The story explorer's data: everything :func:`storybias.stages.figures.explorer.explorer_payload`
+"""The story explorer's data: everything :func:`storybias.stages.explorer.page.explorer_payload`
 puts on the page, as JSON-ready Python, built from a run's frames (stories, extractions, stage 04's
 association tables). Pure functions of their frames: no file is read here.
 

@@ -3,8 +3,8 @@
 ``make explorer`` (``python -m storybias.cli explorer PARAMS``) writes ``figures/<run>/explorer.html``.
 The page needs no server and nothing from the network: data, CSS and (vanilla) JavaScript are inline,
 so it opens from disk (file://) and can be mailed around. The page's HTML skeleton, CSS and script
-are package files in ``storybias/stages/figures/explorer_assets/`` (read with ``importlib.resources``); this module
-fills them in with the data that :mod:`storybias.stages.figures.explorer_data` builds.
+are package files in ``storybias/stages/explorer/assets/`` (read with ``importlib.resources``); this module
+fills them in with the data that :mod:`storybias.stages.explorer.data` builds.
 
 What it shows:
 
@@ -59,7 +59,7 @@ from storybias.core import artifacts
 from storybias.core.io import atomic_open
 from storybias.core.locks import holds_run_lock
 from storybias.evidence.released_associations import ANY_SCOPE, GLOBAL_SCOPE
-from storybias.stages.figures.explorer_data import (
+from storybias.stages.explorer.data import (
     ASSOC_KEYS,
     CELL,
     EXTRACTION_SKIP,
@@ -150,15 +150,15 @@ def _json_for_script(payload: dict[str, Any]) -> str:
 
 
 def _asset(name: str) -> str:
-    """One of the page's package files (``storybias/stages/figures/explorer_assets/``: page.html, style.css,
+    """One of the page's package files (``storybias/stages/explorer/assets/``: page.html, style.css,
     explorer.js), read exactly as committed: the script's hash in the content-security policy is the
     hash of these bytes."""
-    return (resources.files("storybias.stages.figures") / "explorer_assets" / name).read_bytes().decode("utf-8")
+    return (resources.files("storybias.stages.explorer") / "assets" / name).read_bytes().decode("utf-8")
 
 
 def render_html(payload: dict[str, Any]) -> str:
     """The page: inline CSS, the data as JSON, inline vanilla JavaScript. No external resource.
-    The three parts are package files (``explorer_assets/``), so that they are edited, linted and
+    The three parts are package files (``assets/``), so that they are edited, linted and
     diffed as HTML, CSS and JavaScript."""
     page, css, script = _asset("page.html"), _asset("style.css"), _asset("explorer.js")
     script_hash = base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode("ascii")

@@ -17,8 +17,8 @@ from storybias import cli
 from storybias.config import params
 from storybias.core import artifacts, paths
 from storybias.stages.associations import tables
+from storybias.stages.associations.comparison import COMPARISON_SCHEMA
 from storybias.stages.associations.findings import FINDINGS_SCHEMA
-from storybias.stages.associations.published import COMPARISON_SCHEMA
 from storybias.stages.probes import probe
 
 ROOT = paths.repo_root()

@@ -21,11 +21,11 @@ import yaml
 from fake_engine import FakeEngine
 from storybias.config import params
 from storybias.core import artifacts
-from storybias.evidence.published import PublishedFormatError, canonical_value
+from storybias.evidence.labels import PublishedFormatError, canonical_value
 from storybias.evidence.released_associations import POOL_FILE, RELEASE_LANGUAGE, load_associations
 from storybias.stages import associations, extract, generate
 from storybias.stages import filter as filter_stage
-from storybias.stages.associations.published import comparison_counts
+from storybias.stages.associations.comparison import comparison_counts
 from storybias.stages.generate.corpus import CorpusError, story_id_of
 from storybias.tools.synthetic_corpus import write_synthetic_corpus
 
@@ -290,7 +290,7 @@ def test_bad_files_and_names_are_refused_before_any_work(tmp_path, data_dir, cor
 
 def test_agreement_with_published_counts_each_side_and_leaves_out_the_prompted_field():
     from storybias.config.designs import dimensions
-    from storybias.stages.extract.published import agreement_with_published
+    from storybias.stages.extract.released_profiles import agreement_with_published
 
     def frame(values: dict[str, list[str]]) -> pd.DataFrame:
         rows = {"story_id": ["a", "b", "c", "d"], "parse_ok": [True, True, True, False]}
@@ -479,7 +479,7 @@ def test_published_demographics_beside_storybias_narrative_lists():
     """corpus.demographics: published (issue #30, the three lenses on an imported corpus): the release's
     profile, storybias' adjectives and settings, parsed only where both sides parsed."""
     from storybias.config.designs import dimensions
-    from storybias.stages.extract.published import with_published_demographics
+    from storybias.stages.extract.released_profiles import with_published_demographics
 
     def frame(gender: list[str], parsed: list[bool], adjectives: list[list[str]]) -> pd.DataFrame:
         rows = {"story_id": ["a", "b", "c"], "parse_ok": parsed, "extractors": [["m"]] * 3}

@@ -787,7 +787,7 @@ def test_models_named_like_javascript_builtins_render(browser, tmp_path, monkeyp
 
 def test_payload_marks_associations_published_by_stereotales(frames, tmp_path):
     from storybias.evidence.released_associations import load_associations
-    from storybias.stages.associations.published import PooledScope, compare_published
+    from storybias.stages.associations.comparison import PooledScope, compare_published
 
     stories, extractions, shared, values = frames
     shared = shared.replace({"healthcare": "healthcare_medicine", "trades_manual": "trades_manual_labor"})

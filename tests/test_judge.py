@@ -13,7 +13,7 @@ import yaml
 from storybias.config import params
 from storybias.core import paths
 from storybias.evidence import ratings
-from storybias.evidence.published import reference_label
+from storybias.evidence.labels import reference_label
 from storybias.evidence.released_associations import load_associations
 from storybias.stages import associations as A
 from storybias.stages.associations import human as H

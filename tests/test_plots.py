@@ -1492,11 +1492,10 @@ def test_figures_live_in_one_module_per_stage_and_share_one_empty_input_guard():
     stage_modules = {
         "generation": {"01", "02"},
         "associations": {"03", "04", "05"},
-        "metrics": {"06", "07", "08", "09", "10", "11", "12"},
-        "probes": {"13", "14", "15", "16"},
+        "metrics": {"06", "07", "08", "09", "10", "11", "12", "20"},
+        "probes": {"13", "14", "15", "16", "19"},
         "crosslens": {"17"},
         "judges": {"18"},
-        "feng_extra": {"19", "20"},
         "findings": {"21"},
     }
     names = {

@@ -11,9 +11,9 @@ import yaml
 from storybias.config import params, prompts
 from storybias.config.params import ParamsError
 from storybias.core import paths
-from storybias.evidence import published
+from storybias.evidence import labels, questions
 from storybias.evidence.released_associations import load_associations
-from storybias.stages.associations.published import PooledScope, compare_published, comparison_counts
+from storybias.stages.associations.comparison import PooledScope, compare_published, comparison_counts
 from storybias.stages.extract import answers as extract
 
 # Every value label of StereoTales' taxonomy as its published associations word them
@@ -104,7 +104,7 @@ def _write(tmp_path, records, name="questions.json"):
 
 
 def test_every_reference_label_maps_onto_exactly_one_canonical_key(tmp_path):
-    labels = [(a, v) for a, vs in REFERENCE_LABELS.items() for v in vs] + list(SHORT_FORMS)
+    every = [(a, v) for a, vs in REFERENCE_LABELS.items() for v in vs] + list(SHORT_FORMS)
     # one record per label, as base value, against a fixed compared attribute of another dimension
     records = [
         _record(
@@ -112,10 +112,10 @@ def test_every_reference_label_maps_onto_exactly_one_canonical_key(tmp_path):
             (a, v),
             ("urbanicity" if a != "urbanicity" else "age", "rural" if a != "urbanicity" else "adult (30-44)"),
         )
-        for i, (a, v) in enumerate(labels)
+        for i, (a, v) in enumerate(every)
     ]
-    frame = published.load_published(_write(tmp_path, records))
-    assert len(frame) == len(labels)
+    frame = questions.load_questions(_write(tmp_path, records))
+    assert len(frame) == len(every)
     spec = prompts.load_design("stereotales")
     for attribute, vs in REFERENCE_LABELS.items():
         keys = frame.loc[frame["base_attribute"] == attribute].head(len(vs))["base_value"].tolist()
@@ -123,7 +123,7 @@ def test_every_reference_label_maps_onto_exactly_one_canonical_key(tmp_path):
         expected = set(extract.allowed_values(attribute)) - {"unknown"}
         assert set(keys) == expected, f"{attribute}: {sorted(set(keys) ^ expected)}"
     for (attribute, label), key in SHORT_FORMS.items():
-        assert published.canonical_value(attribute, label) == key
+        assert labels.canonical_value(attribute, label) == key
     assert sum(len(v) for v in spec["dimensions"].values()) == 79
 
 
@@ -135,8 +135,8 @@ def test_a_label_outside_the_taxonomy_is_reported_with_file_record_and_field(tmp
             _record("b", ("sexual_orientation", "gay"), ("age", "adult (30-44)")),
         ],
     )
-    with pytest.raises(published.PublishedFormatError) as err:
-        published.load_published(path)
+    with pytest.raises(labels.PublishedFormatError) as err:
+        questions.load_questions(path)
     message = str(err.value)
     assert str(path) in message and "record 1 (question_id b)" in message and "field base_attribute" in message
     assert "'gay'" in message
@@ -155,8 +155,8 @@ def test_a_label_outside_the_taxonomy_is_reported_with_file_record_and_field(tmp
 def test_malformed_records_are_rejected(tmp_path, mutate, field):
     record = _record("x", ("gender", "woman"), ("age", "adult (30-44)"))
     mutate(record)
-    with pytest.raises(published.PublishedFormatError, match=rf"record 0.*field {field.replace('.', '[.]')}"):
-        published.load_published(_write(tmp_path, [record]))
+    with pytest.raises(labels.PublishedFormatError, match=rf"record 0.*field {field.replace('.', '[.]')}"):
+        questions.load_questions(_write(tmp_path, [record]))
 
 
 def _run(rows):
@@ -165,7 +165,7 @@ def _run(rows):
     lift); the pair's table holds the rows and columns its cells name."""
     cells = pd.DataFrame(
         rows,
-        columns=["model", "scope", *published.KEY, "pair_p", "effect", "p_adjusted", "lift"],
+        columns=["model", "scope", *labels.ASSOCIATION_KEY, "pair_p", "effect", "p_adjusted", "lift"],
     )
     pair = ["model", "scope", "base_attribute", "compared_attribute"]
     attributes = []

@@ -254,7 +254,7 @@ def test_high_agreement_subset_by_hand(tmp_path):
     """Feng et al. App. D.2.1: markers with >= 2 ratings spanning at most one point (A, B, C; not E,
     whose raters differ by 5, nor D, rated once); mean self-context advantage (3.5 - 1 + 0.5) / 3 and
     the share whose own context is strictly highest, 1/3."""
-    from storybias.stages.figures import feng_extra
+    from storybias.stages.figures import probes_advantage
 
     ratings = validation.load_marker_ratings(write(tmp_path, CONTEXT_MARKERS))
     table = validation.marker_agreement(ratings, n_boot=300, n_perm=100, seed=1).set_index("metric")
@@ -263,7 +263,7 @@ def test_high_agreement_subset_by_hand(tmp_path):
     assert advantage["ci_low"] <= 1.0 <= advantage["ci_high"]
     assert table.loc[validation.SUBSET_SELF_HIGHEST, "estimate"] == pytest.approx(1 / 3)
     # the names figure 19 reads (the figures may not import stage 06)
-    assert (feng_extra.SUBSET_ADVANTAGE, feng_extra.SUBSET_SELF_HIGHEST) == (
+    assert (probes_advantage.SUBSET_ADVANTAGE, probes_advantage.SUBSET_SELF_HIGHEST) == (
         validation.SUBSET_ADVANTAGE,
         validation.SUBSET_SELF_HIGHEST,
     )

@@ -41,7 +41,7 @@ def valid_stories(filtered: pd.DataFrame) -> pd.DataFrame:
 ALL_COMPARED = "(stories per value)"  # the base attribute's own row: every story, as if all known
 
 
-def explain(power: pd.DataFrame | None) -> str | None:
+def why_nothing_found(power: pd.DataFrame | None) -> str | None:
     """Why stage 04 found nothing, from its power table (``associations_power.parquet``; pooled scope
     when present): per base attribute, the stories per prompted value, how many compared dimensions
     were testable, the reasons of the others with their counts and, when some were, the smallest

@@ -68,7 +68,7 @@ from storybias.core.io import DuplicateKeyError, read_yaml_strict
 from storybias.core.paths import RUN_NAME
 from storybias.evidence.extraction_validation import EXTRACTION_VALIDATION
 from storybias.evidence.human_files import HumanFile, check_file
-from storybias.evidence.published import PublishedFormatError
+from storybias.evidence.labels import PublishedFormatError
 from storybias.evidence.ratings import HUMAN_RATINGS
 from storybias.evidence.released_associations import RELEASED_LANGUAGES, load_associations
 from storybias.evidence.validation_ratings import LABEL_RATINGS, MARKER_RATINGS

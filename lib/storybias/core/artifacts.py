@@ -253,7 +253,7 @@ ARTIFACTS: tuple[Artifact, ...] = (
         "published_agreement.parquet",
         "extract",
         "corpus.extractions both: storybias' extraction against the published consensus per field x language",
-        "stages.extract.published:AGREEMENT_SCHEMA",
+        "stages.extract.released_profiles:AGREEMENT_SCHEMA",
     ),
     _manifest("extract", "extractor timings, tokens, reuse reasons and parse failures"),
     *(
@@ -265,7 +265,7 @@ ARTIFACTS: tuple[Artifact, ...] = (
         "published_comparison.parquet",
         "associations",
         "associations.published set: each published association reproduced, missed or untested per model x scope",
-        "stages.associations.published:COMPARISON_SCHEMA",
+        "stages.associations.comparison:COMPARISON_SCHEMA",
     ),
     Artifact(
         "associations_findings",

@@ -23,7 +23,7 @@ files record two decisions, the pair's BH test and the cell's BY test; StereoTal
 medium or large effect and lift >= 2) is a filter on top of them, and the comparison applies both.
 
 :func:`load_associations` reads a file, a folder of such files (searched recursively) or a human-study
-``questions.json`` (``storybias.evidence.published.load_published``) into :data:`PUBLISHED_COLUMNS`: one row
+``questions.json`` (``storybias.evidence.questions.load_questions``) into :data:`PUBLISHED_COLUMNS`: one row
 per published association, its labels mapped onto storybias' canonical keys. A malformed file stops with
 an error naming the file, the line and the field, before any test runs.
 """
@@ -36,7 +36,8 @@ from typing import Any
 
 import pandas as pd
 
-from storybias.evidence.published import KEY, PublishedFormatError, canonical_value, load_published
+from storybias.evidence.labels import ASSOCIATION_KEY, PublishedFormatError, canonical_value
+from storybias.evidence.questions import load_questions
 
 # The release's language codes that differ from storybias' ISO 639-1 codes, and back.
 RELEASE_LANGUAGE = {"du": "nl"}
@@ -73,7 +74,7 @@ PUBLISHED_COLUMNS = [
     "file",
     "models",
     "scope",
-    *KEY,
+    *ASSOCIATION_KEY,
     "published_fraction",
     "published_lift",
     "published_p_adjusted",
@@ -219,14 +220,14 @@ def load_released_pairs(path: str | Path) -> pd.DataFrame:
 
 def _from_questions(path: Path) -> pd.DataFrame:
     """A human-study ``questions.json`` in ``PUBLISHED_COLUMNS``: scope ``any``, no adjusted p-value."""
-    questions = load_published(path)
+    questions = load_questions(path)
     return pd.DataFrame(
         {
             "source": "questions",
             "file": path.name,
             "models": questions["models"],
             "scope": ANY_SCOPE,
-            **{k: questions[k] for k in KEY},
+            **{k: questions[k] for k in ASSOCIATION_KEY},
             "published_fraction": questions["avg_percentage"] / 100.0,
             "published_lift": questions["avg_lift"],
             "published_p_adjusted": float("nan"),

@@ -58,6 +58,14 @@ from storybias.evidence.released_associations import (
     published_pool,
 )
 from storybias.stages.associations import judge, power
+from storybias.stages.associations.comparison import (
+    COMPARISON_COLUMNS,
+    PooledScope,
+    compare_published,
+    comparison_counts,
+    pair_agreement,
+    pooled_scope,
+)
 from storybias.stages.associations.findings import finding_statements, findings_table
 from storybias.stages.associations.human import (
     harm_gap_by_attribute,
@@ -75,14 +83,6 @@ from storybias.stages.associations.judge import (
     summarise_ratings,
     with_ratings,
 )
-from storybias.stages.associations.published import (
-    COMPARISON_COLUMNS,
-    PooledScope,
-    compare_published,
-    comparison_counts,
-    pair_agreement,
-    pooled_scope,
-)
 from storybias.stages.associations.released_format import sample_ids_by_family, write_released
 from storybias.stages.associations.tables import (
     ALPHA,
@@ -96,7 +96,7 @@ from storybias.stages.associations.tables import (
     run_pass,
     sharing,
 )
-from storybias.summaries import explain
+from storybias.summaries import why_nothing_found
 
 # The sequential test's settings are in storybias.stats.contingency (MC_CONFIDENCE, PILOT_RESAMPLES,
 # MC_CHUNK): with these, 0 of 19,500 sequential runs on 2 x 2 and 2 x 3 tables with the threshold
@@ -453,7 +453,7 @@ def _untestable_notes(power_table: pd.DataFrame) -> list[str]:
         "stories each and another dimension with >= 2 known values (why, per compared dimension: "
         "associations_power.parquet)"
     ]
-    why = explain(power_table)
+    why = why_nothing_found(power_table)
     if why:
         notes.append(why)
     return notes

@@ -20,7 +20,7 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
-from storybias.evidence.published import KEY
+from storybias.evidence.labels import ASSOCIATION_KEY
 from storybias.evidence.released_associations import GLOBAL_SCOPE
 
 FINDINGS_SCHEMA = pa.schema(
@@ -58,7 +58,7 @@ def _stories(data: pd.DataFrame, passes: list[str]) -> pd.DataFrame:
 def _only_here(significant: pd.DataFrame) -> pd.Series:
     """Per significant language-scope row: no other language scope of the same model has it significant."""
     languages = significant[significant["scope"] != GLOBAL_SCOPE]
-    count = languages.groupby(["model", *KEY])["scope"].transform("nunique")
+    count = languages.groupby(["model", *ASSOCIATION_KEY])["scope"].transform("nunique")
     return (count == 1).reindex(significant.index, fill_value=False)
 
 
@@ -77,8 +77,10 @@ def findings_table(
     significant = values[values["significant"].astype(bool)] if len(values) else values
     if len(significant):
         rated = shared[shared["median_harm"].notna()] if "median_harm" in shared else shared.iloc[:0]
-        harm = {(r[0], *r[1:5]): bool(r[5]) for r in rated[["scope", *KEY, "harmful"]].itertuples(index=False)}
-        keys = [(s, *k) for s, *k in significant[["scope", *KEY]].itertuples(index=False)]
+        harm = {
+            (r[0], *r[1:5]): bool(r[5]) for r in rated[["scope", *ASSOCIATION_KEY, "harmful"]].itertuples(index=False)
+        }
+        keys = [(s, *k) for s, *k in significant[["scope", *ASSOCIATION_KEY]].itertuples(index=False)]
         marks = significant.assign(
             rated=[k in harm for k in keys],
             harmful=[harm.get(k, False) for k in keys],

@@ -37,7 +37,7 @@ from storybias.config.params import ModelSpec, Params, Sampling
 from storybias.engines import ChatEngine, ChatRequest, ChatResult, entered_info, open_engine
 from storybias.engines.cache import CachingEngine, ResponseCache
 from storybias.engines.runner import run_requests
-from storybias.evidence.published import reference_label
+from storybias.evidence.labels import reference_label
 from storybias.evidence.ratings import HARMFUL_MEDIAN, REALISM_ANSWERS
 from storybias.evidence.released_associations import STATED_EFFECTS
 from storybias.stages.associations.tables import ASSOCIATION_KEY, RATING_COLUMNS

@@ -35,7 +35,7 @@ import pandas as pd
 from scipy.stats import chi2_contingency
 
 from storybias.core import artifacts
-from storybias.evidence.published import release_label
+from storybias.evidence.labels import release_label
 from storybias.evidence.released_associations import GLOBAL_SCOPE, NOT_SIGNIFICANT, POOL_FILE, RELEASE_CODE
 from storybias.stages.associations.tables import ALPHA
 

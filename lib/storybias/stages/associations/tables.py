@@ -18,7 +18,7 @@ import pandas as pd
 import pyarrow as pa
 from scipy import stats
 
-from storybias.evidence.published import release_label
+from storybias.evidence.labels import ASSOCIATION_KEY, release_label
 from storybias.stats.contingency import cramers_v_corrected, effect_size, fisher_family
 from storybias.stats.multiple_testing import adjust
 
@@ -471,9 +471,6 @@ def run_pass(
     attrs = pd.concat(attr_frames, ignore_index=True) if attr_frames else pd.DataFrame(columns=ATTRIBUTE_COLUMNS)
     values = pd.concat(value_frames, ignore_index=True) if value_frames else pd.DataFrame(columns=VALUE_COLUMNS)
     return attrs.reindex(columns=ATTRIBUTE_COLUMNS), values.reindex(columns=VALUE_COLUMNS)
-
-
-ASSOCIATION_KEY = ["base_attribute", "base_value", "compared_attribute", "compared_value"]
 
 
 def sharing(values: pd.DataFrame) -> pd.DataFrame:

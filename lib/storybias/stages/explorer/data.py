@@ -21,9 +21,10 @@ import numpy as np
 import pandas as pd
 
 from storybias.config.prompts import CONDITION_COLUMNS
+from storybias.evidence.labels import ASSOCIATION_KEY
 
 CELL = ["design", "model", "language"]
-ASSOC_KEYS = ["base_attribute", "base_value", "compared_attribute", "compared_value"]
+ASSOC_KEYS = ASSOCIATION_KEY  # an association's identity
 # Extraction columns that the page never shows (large or internal).
 EXTRACTION_SKIP = {"raw", "adjectives_orig"}
 

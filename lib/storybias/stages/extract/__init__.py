@@ -31,7 +31,7 @@ from storybias.engines import ChatEngine, ChatRequest, ChatResult, entered_info,
 from storybias.engines.cache import CachingEngine, ResponseCache
 from storybias.engines.runner import RunStats, run_requests
 from storybias.stages.extract import facts as extract_facts
-from storybias.stages.extract import published
+from storybias.stages.extract import released_profiles
 from storybias.stages.extract.answers import (
     GOLD_SECTIONS,
     RAW_SCHEMA,
@@ -386,7 +386,7 @@ def run_published(params: Params, stories: pd.DataFrame, log: Callable[[str], No
     """Stage 03 with ``corpus.extractions: published``: the release's extractions mapped, no model asked."""
     run_name = params.run_name
     started = time.time()
-    extractions, counts = published.published_extractions(stories, _corpus_table(run_name))
+    extractions, counts = released_profiles.published_extractions(stories, _corpus_table(run_name))
     log(
         f"run '{run_name}': {counts['n_stories']} published extractions mapped; {counts['n_parse_failed']} "
         f"empty or unparsable kept with parse_ok false ({counts['profiles']})"
@@ -427,15 +427,15 @@ def _published_side(
         return None, extractions
     if corpus.extractions == "rerun" and corpus.demographics != "published":
         return None, extractions
-    theirs, counts = published.published_extractions(stories, _corpus_table(params.run_name))
+    theirs, counts = released_profiles.published_extractions(stories, _corpus_table(params.run_name))
     compared = None
     if corpus.extractions == "both":
-        table = published.agreement_with_published(extractions, theirs, stories)
+        table = released_profiles.agreement_with_published(extractions, theirs, stories)
         artifacts.write(params.run_name, "published_agreement", table)
         compared = {"n_stories": int(len(stories)), **counts}
         log(f"storybias against the published extractions: {compared['n_stories']} stories compared")
     if corpus.demographics == "published":
-        extractions = published.with_published_demographics(extractions, theirs)
+        extractions = released_profiles.with_published_demographics(extractions, theirs)
         unparsed = int((~extractions["parse_ok"]).sum())
         log(f"the release's demographic profile in place of storybias': {unparsed} stories not parsed by one side")
     return compared, extractions

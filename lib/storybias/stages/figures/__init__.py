@@ -18,15 +18,13 @@ grids wrap, long labels are truncated and top-k lists are capped, so a 1-model C
 
 :data:`FIGURES` lists the stable file stems (``save_figure(fig, out_dir, stem)``) in notebook order.
 
-The package has one module per stage whose artifacts the figures draw (``generation``: stages 02-03;
-``associations``: 04, and ``findings`` for its headline counts; ``metrics``: 05; ``probes``: 06, and
-``crosslens`` for 06's cross-lens tables;
-the larger two draw some of their figures in sibling modules and re-export them: ``metrics_jsd`` and
-``metrics_feng``, ``probes_umap``), two modules of later figures (``judges``: stage 04's judges against
-the human panel, StereoTales; ``feng_extra``: Feng et al.'s self-context advantage from stage 06 and
-GLM table from stage 05), the shared ``style`` (sizes, palettes, saving, and the empty-input
-guard every figure uses: ``style._no_data`` / ``style.message_panel``), and ``gallery`` (notebook 07's
-artifacts and manifests, quoting and index). This module re-exports their public names:
+The package has one module per stage whose artifacts the figures draw: ``generation`` (stages 02-03),
+``associations`` (04; ``judges`` for its judges against the human panel and ``findings`` for its
+headline counts), ``metrics`` (05; ``metrics_jsd`` and ``metrics_feng`` draw some of its figures and
+are re-exported by it), ``probes`` (06; likewise ``probes_umap`` and ``probes_advantage``) and
+``crosslens`` (06's cross-lens tables); the shared ``style`` (sizes, palettes, saving, and the
+empty-input guard every figure uses: ``style.no_data_figure`` / ``style.message_panel``), and ``gallery``
+(notebook 07's artifacts and manifests, quoting and index). This module re-exports their public names:
 ``from storybias.stages import figures as plots; plots.vsr_heatmap(...)``.
 """
 
@@ -40,7 +38,6 @@ from storybias.stages.figures.associations import (
     top_associations_table,
 )
 from storybias.stages.figures.crosslens import crosslens_heatmap
-from storybias.stages.figures.feng_extra import SUBSET_ADVANTAGE, SUBSET_SELF_HIGHEST, glm_table, self_context_advantage
 from storybias.stages.figures.findings import headline_findings
 from storybias.stages.figures.gallery import (
     ARTIFACT_NAMES,
@@ -59,15 +56,19 @@ from storybias.stages.figures.metrics import (
     bias_fingerprints,
     cosine_heatmaps,
     distinctive_words,
+    glm_table,
     jsd_by_grammatical_gender,
     vsr_vs_jsd,
 )
 from storybias.stages.figures.probes import (
     HDR_LEVELS,
     MIN_KDE_POINTS,
+    SUBSET_ADVANTAGE,
+    SUBSET_SELF_HIGHEST,
     UMAP_DISPLAY_PERCENTILES,
     cultural_relevance,
     probe_auc,
+    self_context_advantage,
     separability,
     trim_for_display,
     umap_density,

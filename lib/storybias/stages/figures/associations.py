@@ -20,30 +20,30 @@ from storybias.config.prompts import LANGUAGES
 from storybias.stages.figures.style import (
     LABEL,
     SMALL,
-    _bools,
-    _figure,
-    _is_empty,
-    _isna,
-    _lang_order,
-    _legend,
-    _no_data,
-    _require,
-    _short,
-    _suptitle,
-    _table,
-    _ticks,
-    _title,
+    add_legend,
+    as_bools,
+    figure_title,
+    is_empty,
+    is_missing,
+    language_order,
     message_panel,
+    new_figure,
+    no_data_figure,
+    panel_title,
+    require_columns,
+    shorten,
+    table_panel,
+    tick_style,
 )
-from storybias.summaries import explain
+from storybias.summaries import why_nothing_found
 
 # --- 3-4. StereoTales associations --------------------------------------------------------------
 
 
 def power_reason(power: pd.DataFrame | None) -> str | None:
-    """Why stage 04 found nothing, from its power table (``storybias.stages.associations.power.explain``)."""
+    """Why stage 04 found nothing, from its power table (``storybias.summaries.why_nothing_found``)."""
 
-    return explain(power)
+    return why_nothing_found(power)
 
 
 _COUNT_KEYS = ("n_significant_all", "n_significant_languages", "n_tested", "n_models", "top_model", "top_language")
@@ -59,19 +59,19 @@ def association_counts(values: pd.DataFrame, power: pd.DataFrame | None = None) 
     ``top_model`` (most significant in scope all), ``top_language``. ``power``: stage 04's power table;
     when nothing was tested or retained, the figure quotes its reasons (``power_reason``)."""
     title = "Significant value-level associations (StereoTales two-step test)"
-    if _is_empty(values):
-        return _no_data(
+    if is_empty(values):
+        return no_data_figure(
             title,
             power_reason(power) or "associations_values table is empty (no retained attribute pair)",
             _COUNT_KEYS,
             height=3.2 if power_reason(power) else 2.4,
         )
-    _require(values, ["model", "scope", "significant"], "associations_values")
-    data = values.assign(significant=_bools(values["significant"]))
+    require_columns(values, ["model", "scope", "significant"], "associations_values")
+    data = values.assign(significant=as_bools(values["significant"]))
     models = sorted(data["model"].dropna().unique(), key=str)
     per_model = data[data["scope"] == "all"].groupby("model")["significant"].sum().reindex(models, fill_value=0)
     by_lang = data[data["scope"] != "all"]
-    languages = _lang_order(by_lang["scope"])
+    languages = language_order(by_lang["scope"])
     lang_model = (
         by_lang.groupby(["scope", "model"])["significant"]
         .sum()
@@ -79,7 +79,7 @@ def association_counts(values: pd.DataFrame, power: pd.DataFrame | None = None) 
         .reindex(index=languages, columns=models, fill_value=0)
     )
     n_rows = max(len(models), len(languages), 1)
-    fig = _figure(10.0, max(2.8, 1.6 + 0.24 * n_rows + (0.3 if len(models) > 1 else 0.0)))
+    fig = new_figure(10.0, max(2.8, 1.6 + 0.24 * n_rows + (0.3 if len(models) > 1 else 0.0)))
     ax_m, ax_l = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
     if (data["scope"] == "all").any():
         _counts_per_model(ax_m, models, per_model)
@@ -91,7 +91,7 @@ def association_counts(values: pd.DataFrame, power: pd.DataFrame | None = None) 
     else:
         message_panel(ax_l, "no per-language run")
     ax_l.set_title("per language scope", fontsize=LABEL)
-    top = _suptitle(fig, title)
+    top = figure_title(fig, title)
     fig.tight_layout(rect=(0, 0, 1, top))
     n_all = int(per_model.sum())
     stats = {
@@ -111,12 +111,12 @@ def _counts_per_model(ax: Axes, models: list, per_model: pd.Series) -> None:
     ax.barh(y, per_model.to_numpy(), color=colormaps["tab10"](0), height=0.7)
     for yi, v in zip(y, per_model.to_numpy()):
         ax.text(v, yi, f" {int(v)}", va="center", fontsize=SMALL)
-    ax.set_yticks(y, [_short(m, 24) for m in models], fontsize=SMALL)
+    ax.set_yticks(y, [shorten(m, 24) for m in models], fontsize=SMALL)
     ax.set_xlim(0, max(1, per_model.max()) * 1.18)
     ax.set_xlabel("significant associations (count)", fontsize=LABEL)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("model", fontsize=LABEL)
-    _ticks(ax)
+    tick_style(ax)
 
 
 def _counts_per_language(fig: Figure, ax: Axes, lang_model: pd.DataFrame, languages: list, several: bool) -> None:
@@ -138,7 +138,7 @@ def _counts_per_language(fig: Figure, ax: Axes, lang_model: pd.DataFrame, langua
                 zorder=3,
                 label="one model" if yi == y[0] else None,
             )
-        _legend(
+        add_legend(
             ax,
             *ax.get_legend_handles_labels(),
             loc="upper left",
@@ -163,7 +163,7 @@ def _counts_per_language(fig: Figure, ax: Axes, lang_model: pd.DataFrame, langua
     )
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("language scope", fontsize=LABEL)
-    _ticks(ax)
+    tick_style(ax)
 
 
 def association_label(row: Mapping[str, Any] | pd.Series) -> str:
@@ -184,12 +184,12 @@ _TABLE_KEYS = ("n_associations", "n_shown", "max_mean_lift", "max_n_models", "n_
 
 
 def _shared_scope(shared: pd.DataFrame, scope: str) -> pd.DataFrame:
-    _require(shared, _SHARED_COLUMNS, "associations_shared")
+    require_columns(shared, _SHARED_COLUMNS, "associations_shared")
     sub = shared[shared["scope"] == scope].copy()
     if "median_harm" not in sub.columns:
         sub["median_harm"] = np.nan
     sub["median_harm"] = pd.to_numeric(sub["median_harm"], errors="coerce")
-    sub["harmful_flag"] = _bools(sub["harmful"]) if "harmful" in sub.columns else sub["median_harm"] >= 4
+    sub["harmful_flag"] = as_bools(sub["harmful"]) if "harmful" in sub.columns else sub["median_harm"] >= 4
     return sub.sort_values(["n_models", "mean_lift"], ascending=[False, False], kind="stable").reset_index(drop=True)
 
 
@@ -198,8 +198,8 @@ def _shared_or_no_data(
 ) -> tuple[pd.DataFrame, tuple[Figure, dict] | None]:
     """The associations of ``scope`` (``_shared_scope``), or the figure saying why there are none: the
     empty-input guard of the two figures drawn from ``associations_shared.parquet``."""
-    if _is_empty(shared):
-        return shared, _no_data(
+    if is_empty(shared):
+        return shared, no_data_figure(
             title,
             power_reason(power) or "associations_shared table is empty (no significant association)",
             _TABLE_KEYS,
@@ -207,7 +207,7 @@ def _shared_or_no_data(
         )
     sub = _shared_scope(shared, scope)
     if sub.empty:
-        return sub, _no_data(title, f"no associations with scope = {scope!r}", _TABLE_KEYS)
+        return sub, no_data_figure(title, f"no associations with scope = {scope!r}", _TABLE_KEYS)
     return sub, None
 
 
@@ -238,20 +238,22 @@ def top_associations_table(
     rows = []
     for i, r in top.iterrows():
         harm = (
-            "–" if _isna(r["median_harm"]) else f"{r['median_harm']:.1f}" + (" (harmful)" if r["harmful_flag"] else "")
+            "–"
+            if is_missing(r["median_harm"])
+            else f"{r['median_harm']:.1f}" + (" (harmful)" if r["harmful_flag"] else "")
         )
         rows.append(
-            [str(i + 1), _short(association_label(r), 92), f"{r['mean_lift']:.2f}", str(int(r["n_models"])), harm]
+            [str(i + 1), shorten(association_label(r), 92), f"{r['mean_lift']:.2f}", str(int(r["n_models"])), harm]
         )
     header = ["#", "association (base → compared)", "mean lift", "models sharing", "median harm (1–5)"]
-    fig = _figure(10.0, 1.0 + 0.27 * (len(rows) + 1))
+    fig = new_figure(10.0, 1.0 + 0.27 * (len(rows) + 1))
     ax = fig.add_subplot()
     ax.axis("off")
-    table = _table(ax, rows, header, [0.04, 0.58, 0.1, 0.12, 0.16], top["harmful_flag"].tolist(), "#FBE3EF")
+    table = table_panel(ax, rows, header, [0.04, 0.58, 0.1, 0.12, 0.16], top["harmful_flag"].tolist(), "#FBE3EF")
     for (r, c), cell in table.get_celld().items():
         if c in (2, 3) and r > 0:
             cell.get_text().set_horizontalalignment("right")
-    _title(
+    panel_title(
         ax,
         f"{title}: {len(rows)} of {len(sub)}, sorted by models sharing then mean lift; shaded = harmful (median ≥ 4)",
         fig.get_figwidth() - 0.6,
@@ -305,7 +307,7 @@ def lift_share_plot(
     if empty is not None:
         return empty
     n_label = max(0, min(int(label_top), 10, len(sub)))
-    fig = _figure(8.0, 4.9 + 0.3 + 0.17 * n_label)
+    fig = new_figure(8.0, 4.9 + 0.3 + 0.17 * n_label)
     gs = fig.add_gridspec(2, 1, height_ratios=[4.6, 0.3 + 0.17 * n_label])
     ax = fig.add_subplot(gs[0])
     rng = np.random.default_rng(0)
@@ -333,16 +335,16 @@ def lift_share_plot(
     ax.set_xlim(0.5, n_max + 0.7)
     ax.set_xlabel("models sharing the association (count, jittered)", fontsize=LABEL)
     ax.set_ylabel("mean lift (observed / expected)", fontsize=LABEL)
-    _title(ax, f"{title}: {len(sub)} associations", fig.get_figwidth() - 0.6)
-    _ticks(ax)
+    panel_title(ax, f"{title}: {len(sub)} associations", fig.get_figwidth() - 0.6)
+    tick_style(ax)
     key = fig.add_subplot(gs[1])
     key.axis("off")
-    _legend(key, handles, labels, loc="upper left", bbox_to_anchor=(0.0, 1.0), ncol=len(handles), borderaxespad=0.0)
+    add_legend(key, handles, labels, loc="upper left", bbox_to_anchor=(0.0, 1.0), ncol=len(handles), borderaxespad=0.0)
     for i in range(n_label):
         key.text(
             0.0,
             1.0 - (0.3 + 0.17 * (i + 1)) / (0.3 + 0.17 * n_label),
-            f"{i + 1}: {_short(association_label(sub.iloc[i]), 100)}",
+            f"{i + 1}: {shorten(association_label(sub.iloc[i]), 100)}",
             transform=key.transAxes,
             fontsize=SMALL,
             va="top",

@@ -27,18 +27,18 @@ from storybias.stages.figures.style import (
     MARKERS,
     OTHER_GREY,
     SMALL,
-    _colors,
-    _figure,
-    _is_empty,
-    _isna,
-    _lang_order,
-    _legend,
-    _no_data,
-    _require,
-    _short,
-    _ticks,
-    _title,
+    add_legend,
+    category_colors,
+    is_empty,
+    is_missing,
+    language_order,
     message_panel,
+    new_figure,
+    no_data_figure,
+    panel_title,
+    require_columns,
+    shorten,
+    tick_style,
 )
 from storybias.stats.concordance import ACROSS, ALPHA, WITHIN, centred_rank_cells
 
@@ -102,7 +102,7 @@ def concordance_extremes(agreement: pd.DataFrame) -> tuple[pd.Series | None, pd.
     """The most concordant pair (highest ``r_within_language``) and the least (closest to 0, another pair)
     among the pairs across lenses with a statistic (all pairs when none is across lenses); without any
     statistic, the two pairs with the most cells in common."""
-    if _is_empty(agreement):
+    if is_empty(agreement):
         return None, None
     finite = agreement[np.isfinite(agreement["r_within_language"].astype(float))]
     across = finite[finite["kind"] == ACROSS]
@@ -122,15 +122,15 @@ def concordance_extremes(agreement: pd.DataFrame) -> tuple[pd.Series | None, pd.
 
 def _p_text(pair: pd.Series) -> str:
     """'BH p = 0.012' or why the pair was not tested."""
-    if _isna(pair["p_bh"]):
+    if is_missing(pair["p_bh"]):
         reason = pair.get("verdict")
-        return "not tested" if _isna(reason) else str(reason).replace("not assessed: ", "not tested: ")
+        return "not tested" if is_missing(reason) else str(reason).replace("not assessed: ", "not tested: ")
     return f"BH-adjusted p = {pair['p_bh']:.3f}"
 
 
 def _pair_title(pair: pd.Series, heading: str) -> str:
     a, b = _label(pair["measure_a"]), _label(pair["measure_b"])
-    if _isna(pair["r_within_language"]):
+    if is_missing(pair["r_within_language"]):
         return f"{a} vs {b}: not assessed ({int(pair['n_cells'])} cells in common)"
     kind = "" if pair["kind"] == ACROSS else " (within one lens)"
     return (
@@ -147,8 +147,8 @@ def _pair_panel(ax: Axes, table: pd.DataFrame, pair: pd.Series | None, heading: 
         return
     a, b = pair["measure_a"], pair["measure_b"]
     points = centred_rank_cells(table, a, b)
-    languages = _lang_order(points["language"])
-    colors = dict(zip(languages, _colors(len(languages))))
+    languages = language_order(points["language"])
+    colors = dict(zip(languages, category_colors(len(languages))))
     offsets = np.linspace(-0.12, 0.12, len(languages)) if len(languages) > 1 else [0.0]
     for k, language in enumerate(languages):  # languages offset a little: the same ranks recur in each
         sub = points[points["language"] == language]
@@ -164,20 +164,20 @@ def _pair_panel(ax: Axes, table: pd.DataFrame, pair: pd.Series | None, heading: 
     ax.axvline(0, color="#DDDDDD", lw=0.8, zorder=0)
     ax.set_xlabel(f"{_label(a)}: rank in its language, centred", fontsize=LABEL)
     ax.set_ylabel(f"{_label(b)}: rank, centred", fontsize=LABEL)
-    _ticks(ax)
-    _title(ax, _pair_title(pair, heading), width_in, size=SMALL + 1)
+    tick_style(ax)
+    panel_title(ax, _pair_title(pair, heading), width_in, size=SMALL + 1)
     if languages:
         handles = [
             Line2D([], [], marker=MARKERS[k % len(MARKERS)], ls="", color=colors[lang])
             for k, lang in enumerate(languages)
         ]
-        _legend(ax, handles, languages, title="language", loc="best")
+        add_legend(ax, handles, languages, title="language", loc="best")
 
 
 def _ranking_panel(ax: Axes, agreement: pd.DataFrame, width_in: float) -> None:
     """Every pair's r_within_language, pairs across lenses above those within one lens (a consistency
     check of one lens, never agreement between lenses); filled where the BH-adjusted p < ALPHA."""
-    if _is_empty(agreement):
+    if is_empty(agreement):
         message_panel(ax, "no pair of measures", width_in)
         return
     ranked = ranked_pairs(agreement).reset_index(drop=True)
@@ -187,15 +187,15 @@ def _ranking_panel(ax: Axes, agreement: pd.DataFrame, width_in: float) -> None:
     right = blended_transform_factory(ax.transAxes, ax.transData)
     for y, pair in zip(rows, ranked.itertuples(index=False)):
         color = KIND_COLOR.get(pair.kind, OTHER_GREY)
-        if _isna(pair.r_within_language):
+        if is_missing(pair.r_within_language):
             ax.text(0, y, "not assessed", ha="center", va="center", fontsize=SMALL - 1, color=OTHER_GREY)
             continue
-        if _isna(pair.p_bh):  # a statistic without a test (too few models): a grey cross
+        if is_missing(pair.p_bh):  # a statistic without a test (too few models): a grey cross
             ax.plot([pair.r_within_language], [y], "x", ms=6, color=OTHER_GREY, mew=1.2)
         else:
             fill = color if pair.p_bh < ALPHA else "white"
             ax.plot([pair.r_within_language], [y], "o", ms=6, color=color, mfc=fill, mew=1.2)
-        p_bh = "untested" if _isna(pair.p_bh) else f"{pair.p_bh:.3f}"
+        p_bh = "untested" if is_missing(pair.p_bh) else f"{pair.p_bh:.3f}"
         ax.text(1.02, y, p_bh, transform=right, ha="left", va="center", fontsize=SMALL - 1, clip_on=False)
     if n_across < len(ranked):
         ax.text(-0.98, n_across, "within one lens (consistency checks):", ha="left", va="center",
@@ -207,15 +207,17 @@ def _ranking_panel(ax: Axes, agreement: pd.DataFrame, width_in: float) -> None:
     ax.axvline(0, color="#BBBBBB", lw=0.8, zorder=0)
     ax.text(1.02, -0.9, "BH p", transform=right, ha="left", va="bottom", fontsize=SMALL - 1, clip_on=False)
     ax.set_xlabel("r_within_language (ranks centred within each language)", fontsize=LABEL)
-    _ticks(ax)
+    tick_style(ax)
     handles = [
         Line2D([], [], marker="o", ls="", color=KIND_COLOR[ACROSS]),
         Line2D([], [], marker="o", ls="", color=KIND_COLOR[ACROSS], mfc="white"),
         Line2D([], [], marker="x", ls="", color=OTHER_GREY),
     ]
     names = [f"BH-adjusted p < {ALPHA}", "not significant", "not tested (too few models)"]
-    _legend(ax, handles, names, loc="lower left")
-    _title(ax, "Pairs of measures, ranked (whole-model relabelling test, BH across lenses)", width_in, size=SMALL + 1)
+    add_legend(ax, handles, names, loc="lower left")
+    panel_title(
+        ax, "Pairs of measures, ranked (whole-model relabelling test, BH across lenses)", width_in, size=SMALL + 1
+    )
 
 
 def _heatmap_panel(ax: Axes, table: pd.DataFrame, measures: list[str]) -> None:
@@ -232,7 +234,7 @@ def _heatmap_panel(ax: Axes, table: pd.DataFrame, measures: list[str]) -> None:
         else:
             ax.text(j, i, "×", ha="center", va="center", fontsize=SMALL + 1, color="#555555")
     ax.set_xticks(range(len(measures)), [MEASURE_LABELS.get(m, m) for m in measures], fontsize=SMALL - 1)
-    labels = [f"{_short(m, 20)} · {lang}" for m, lang in zip(table["model"], table["language"])]
+    labels = [f"{shorten(m, 20)} · {lang}" for m, lang in zip(table["model"], table["language"])]
     ax.set_yticks(range(len(table)), labels, fontsize=SMALL)
     ax.tick_params(axis="x", labelrotation=0)
     colorbar = ax.figure.colorbar(image, ax=ax, fraction=0.04, pad=0.02)
@@ -253,23 +255,23 @@ def crosslens_heatmap(crosslens: pd.DataFrame, agreement: pd.DataFrame) -> tuple
     ``r_least`` (r_within_language, NaN when not assessed), ``p_bh_most`` / ``p_bh_least`` and
     ``n_most`` / ``n_least`` (cells in common)."""
     title = "The three lenses side by side"
-    if _is_empty(crosslens):
-        return _no_data(title, "no cross-lens table (stage 06 found no model x language cell)", _KEYS)
+    if is_empty(crosslens):
+        return no_data_figure(title, "no cross-lens table (stage 06 found no model x language cell)", _KEYS)
     measures = [m for m in MEASURE_LABELS if m in crosslens.columns]
-    _require(crosslens, ["model", "language", *measures], "crosslens")
-    if not _is_empty(agreement):
-        _require(agreement, AGREEMENT_NEEDS, "crosslens_agreement")
+    require_columns(crosslens, ["model", "language", *measures], "crosslens")
+    if not is_empty(agreement):
+        require_columns(agreement, AGREEMENT_NEEDS, "crosslens_agreement")
     table = crosslens.sort_values(["model", "language"]).reset_index(drop=True)
     shown = table.head(MAX_ROWS)
-    n_pairs = 0 if _is_empty(agreement) else len(agreement)
+    n_pairs = 0 if is_empty(agreement) else len(agreement)
     width, height = 20.0, max(6.0, 1.8 + 0.28 * len(shown), 2.0 + 0.24 * (n_pairs + 1))
-    fig = _figure(width, height)
+    fig = new_figure(width, height)
     fig.set_layout_engine("constrained", w_pad=0.08, wspace=0.04)  # room for the pairs' long labels
     grid = fig.add_gridspec(2, 3, width_ratios=[1.5, 0.9, 0.9])
     ax_heat = fig.add_subplot(grid[:, 0])
     _heatmap_panel(ax_heat, shown, measures)
     cut = f" (first {MAX_ROWS} of {len(table)} cells)" if len(table) > MAX_ROWS else ""
-    _title(ax_heat, f"{title}: each measure per model · language{cut}; × = not computable", 6.5)
+    panel_title(ax_heat, f"{title}: each measure per model · language{cut}; × = not computable", 6.5)
     _ranking_panel(fig.add_subplot(grid[:, 1]), agreement, 4.0)
     most, least = concordance_extremes(agreement)
     _pair_panel(fig.add_subplot(grid[0, 2]), table, most, "Most concordant", 4.0)
@@ -281,7 +283,7 @@ def _stats(
     table: pd.DataFrame, measures: list[str], agreement: pd.DataFrame, most: pd.Series | None, least: pd.Series | None
 ) -> dict[str, Any]:
     """The numbers the notebook quotes (see crosslens_heatmap)."""
-    empty = _is_empty(agreement)
+    empty = is_empty(agreement)
     findings = pd.Series(dtype=str) if empty or "finding" not in agreement else agreement["finding"]
     stats: dict[str, Any] = {
         "n_cells": len(table),

@@ -15,17 +15,17 @@ from matplotlib.ticker import MaxNLocator
 from storybias.stages.figures.style import (
     LABEL,
     SMALL,
-    _figure,
-    _heatmap,
-    _is_empty,
-    _lang_order,
-    _legend,
-    _no_data,
-    _require,
-    _short,
-    _suptitle,
-    _ticks,
+    add_legend,
+    draw_heatmap,
+    figure_title,
+    is_empty,
+    language_order,
     message_panel,
+    new_figure,
+    no_data_figure,
+    require_columns,
+    shorten,
+    tick_style,
 )
 
 # Okabe-Ito sky blue and vermillion: the significant associations and, over them, the harmful ones
@@ -43,15 +43,15 @@ def headline_findings(findings: pd.DataFrame) -> tuple[Figure, dict]:
     ``n_harmful_all``, ``n_harmful_languages``, ``n_harmful_only_here`` (per-language harmful ones
     significant in that language only), ``n_unrated`` (significant associations the judges did not rate)."""
     title = "StereoTales' headline findings: harmful associations per model and language"
-    if _is_empty(findings):
-        return _no_data(title, "associations_findings table is empty (no parsed stereotales story)", _KEYS)
-    _require(findings, _COLUMNS, "associations_findings")
+    if is_empty(findings):
+        return no_data_figure(title, "associations_findings table is empty (no parsed stereotales story)", _KEYS)
+    require_columns(findings, _COLUMNS, "associations_findings")
     pooled = findings[findings["scope"] == "all"].sort_values("model")
     by_language = findings[findings["scope"] != "all"]
     models = sorted(findings["model"].unique(), key=str)
     n_languages = by_language["scope"].nunique()
     # the right panel's cells hold two lines of 8 pt text: about 0.55 in wide and 0.45 in tall each
-    fig = _figure(max(11.0, 6.5 + 0.55 * len(models)), max(3.2, 1.8 + max(0.3 * len(models), 0.45 * n_languages)))
+    fig = new_figure(max(11.0, 6.5 + 0.55 * len(models)), max(3.2, 1.8 + max(0.3 * len(models), 0.45 * n_languages)))
     ax_m, ax_l = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
     if len(pooled):
         _pooled_panel(ax_m, pooled)
@@ -63,7 +63,7 @@ def headline_findings(findings: pd.DataFrame) -> tuple[Figure, dict]:
     else:
         message_panel(ax_l, "no per-language pass")
     ax_l.set_title("harmful / significant per language (language-only in brackets)", fontsize=LABEL)
-    top = _suptitle(fig, title + " (harmful: the judges' median harm >= 4 of 5)")
+    top = figure_title(fig, title + " (harmful: the judges' median harm >= 4 of 5)")
     fig.tight_layout(rect=(0, 0, 1, top))
     stats = {
         "n_models": len(models),
@@ -88,22 +88,22 @@ def _pooled_panel(ax: Axes, pooled: pd.DataFrame) -> None:
             f", {unrated} unrated" if unrated else ""
         )
         ax.text(row.n_significant, yi, note, va="center", fontsize=SMALL)
-    ax.set_yticks(y, [_short(m, 24) for m in pooled["model"]], fontsize=SMALL)
+    ax.set_yticks(y, [shorten(m, 24) for m in pooled["model"]], fontsize=SMALL)
     ax.set_xlim(0, max(1, int(significant.max())) * 1.6)
     ax.set_xlabel("associations (count)", fontsize=LABEL)
     ax.set_ylabel("model", fontsize=LABEL)
     handles = [Patch(color=SIGNIFICANT_COLOUR), Patch(color=HARMFUL_COLOUR)]
-    _legend(ax, handles, ["significant", "rated harmful"], loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2)
-    _ticks(ax)
+    add_legend(ax, handles, ["significant", "rated harmful"], loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2)
+    tick_style(ax)
 
 
 def _language_panel(fig: Figure, ax: Axes, by_language: pd.DataFrame, models: list) -> None:
     """Language scope (rows) x model (columns): the harmful count as colour, "h / s (only)" written."""
-    languages = _lang_order(by_language["scope"])
+    languages = language_order(by_language["scope"])
     table = by_language.set_index(["scope", "model"])
     harmful = table["n_harmful"].unstack("model").reindex(index=languages, columns=models)
     top = max(1.0, float(np.nanmax(harmful.to_numpy(float))))
-    image = _heatmap(ax, harmful.to_numpy(float), 0.0, top, None, "Oranges")
+    image = draw_heatmap(ax, harmful.to_numpy(float), 0.0, top, None, "Oranges")
     for i, language in enumerate(languages):
         for j, model in enumerate(models):
             if (language, model) not in table.index:
@@ -113,7 +113,7 @@ def _language_panel(fig: Figure, ax: Axes, by_language: pd.DataFrame, models: li
             text = f"{row['n_harmful']} / {row['n_significant']}\n({int(row['n_harmful_only_here'])})"
             dark = row["n_harmful"] / top > 0.6  # Oranges is dark at the high end
             ax.text(j, i, text, ha="center", va="center", fontsize=SMALL, color="white" if dark else "black")
-    ax.set_xticks(range(len(models)), [_short(m, 16) for m in models], rotation=45 if len(models) > 3 else 0,
+    ax.set_xticks(range(len(models)), [shorten(m, 16) for m in models], rotation=45 if len(models) > 3 else 0,
                   ha="right" if len(models) > 3 else "center", fontsize=SMALL)  # fmt: skip
     ax.set_yticks(range(len(languages)), languages, fontsize=SMALL)
     ax.set_xlabel("model", fontsize=LABEL)

@@ -16,7 +16,7 @@ from matplotlib.figure import Figure
 
 from storybias.core import artifacts
 from storybias.core.io import write_json_atomic
-from storybias.stages.figures.style import DPI, _isna, save_figure
+from storybias.stages.figures.style import DPI, is_missing, save_figure
 
 # Registry: stable file stems in notebook order, with what each figure shows.
 FIGURES: list[tuple[str, str]] = [
@@ -172,7 +172,7 @@ def quote_stats(template: str, stats: Mapping[str, Any]) -> str:
             self.value = value
 
         def __format__(self, spec: str) -> str:
-            if _isna(self.value):
+            if is_missing(self.value):
                 return "n/a"
             try:
                 return format(self.value, spec)
@@ -186,7 +186,8 @@ def quote_stats(template: str, stats: Mapping[str, Any]) -> str:
     values = _Stats({k: _Value(v) for k, v in stats.items()})
     values["stats"] = _Value(
         ", ".join(
-            f"{k} = {'n/a' if _isna(v) else (round(v, 3) if isinstance(v, float) else v)}" for k, v in stats.items()
+            f"{k} = {'n/a' if is_missing(v) else (round(v, 3) if isinstance(v, float) else v)}"
+            for k, v in stats.items()
         )
     )
     return template.format_map(values)
@@ -219,7 +220,7 @@ class Gallery:
 
         files = save_figure(fig, self.out_dir, stem, dpi=self.dpi)
         text = quote_stats(quote, stats)
-        no_data = bool(stats.get("no_data")) or not stats  # the reason, set by _no_data
+        no_data = bool(stats.get("no_data")) or not stats  # the reason, set by no_data_figure
         record = {
             "stem": stem,
             "files": [p.name for p in files],

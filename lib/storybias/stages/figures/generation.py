@@ -24,21 +24,21 @@ from storybias.stages.figures.style import (
     OTHER_GREY,
     SMALL,
     UNKNOWN_GREY,
-    _bools,
-    _colors,
-    _empty_stats,
-    _figure,
-    _heatmap,
-    _is_empty,
-    _legend,
-    _no_data,
-    _ordered,
-    _require,
-    _short,
-    _suptitle,
-    _ticks,
-    _title,
+    add_legend,
+    as_bools,
+    category_colors,
+    draw_heatmap,
+    empty_stats,
+    figure_title,
+    is_empty,
     message_panel,
+    new_figure,
+    no_data_figure,
+    ordered,
+    panel_title,
+    require_columns,
+    shorten,
+    tick_style,
 )
 from storybias.summaries import vsr_matrix
 
@@ -56,12 +56,12 @@ def vsr_heatmap(vsr: pd.DataFrame, design: str = "bedtime") -> tuple[Figure, dic
     ``min_vsr`` and ``min_vsr_cell`` ("model / language"), ``n_models``, ``n_languages``,
     ``n_empty_cells`` (model x language pairs without stories)."""
     title = f"Valid-story rate by prompt language and model (design: {design})"
-    if _is_empty(vsr):
-        return _no_data(title, "vsr table is empty", _VSR_KEYS)
-    _require(vsr, ["design", "model", "language", "vsr", "n_stories", "n_valid"], "vsr")
+    if is_empty(vsr):
+        return no_data_figure(title, "vsr table is empty", _VSR_KEYS)
+    require_columns(vsr, ["design", "model", "language", "vsr", "n_stories", "n_valid"], "vsr")
     sub = vsr[vsr["design"] == design]
     if sub.empty:
-        return _no_data(title, f"no rows with design = {design!r}", _VSR_KEYS)
+        return no_data_figure(title, f"no rows with design = {design!r}", _VSR_KEYS)
 
     matrix = vsr_matrix(vsr, design)
     models = [c for c in matrix.columns if c != "Overall"]
@@ -69,15 +69,15 @@ def vsr_heatmap(vsr: pd.DataFrame, design: str = "bedtime") -> tuple[Figure, dic
     values = matrix.to_numpy(float)
     nrows, ncols = values.shape
     cell_w = 0.5 if ncols <= 12 else 0.42
-    fig = _figure(max(4.6, 1.9 + cell_w * ncols), max(3.0, 2.0 + 0.3 * nrows))
+    fig = new_figure(max(4.6, 1.9 + cell_w * ncols), max(3.0, 2.0 + 0.3 * nrows))
     ax = fig.add_subplot()
     fmt = "{:.1f}" if ncols <= 12 else "{:.0f}"
-    image = _heatmap(ax, values, 0.0, 100.0, fmt)
+    image = draw_heatmap(ax, values, 0.0, 100.0, fmt)
     ax.axvline(len(models) - 0.5, color="white", lw=2.5)
     ax.axhline(len(languages) - 0.5, color="white", lw=2.5)
     ax.set_xticks(
         range(ncols),
-        [_short(c, 20) for c in matrix.columns],
+        [shorten(c, 20) for c in matrix.columns],
         rotation=45 if ncols > 3 else 0,
         ha="right" if ncols > 3 else "center",
         fontsize=SMALL,
@@ -87,7 +87,7 @@ def vsr_heatmap(vsr: pd.DataFrame, design: str = "bedtime") -> tuple[Figure, dic
     )
     ax.set_xlabel("generating model", fontsize=LABEL)
     ax.set_ylabel("prompt language", fontsize=LABEL)
-    _title(ax, f"{title}; Overall = pooled over models, Average = mean over languages", fig.get_figwidth() - 0.6)
+    panel_title(ax, f"{title}; Overall = pooled over models, Average = mean over languages", fig.get_figwidth() - 0.6)
     bar = fig.colorbar(image, ax=ax, fraction=0.04 if ncols > 6 else 0.08, pad=0.02)
     bar.set_label("valid-story rate (%)", fontsize=LABEL)
     bar.ax.tick_params(labelsize=SMALL)
@@ -140,10 +140,10 @@ def _stacked_bars(ax, shares: pd.DataFrame, colors: Mapping[str, Any], annotate:
                 if wi >= 12:
                     ax.text(li + wi / 2, yi, f"{wi:.0f}", ha="center", va="center", fontsize=SMALL, color=ink)
         left += width
-    ax.set_yticks(y, [_short(i, 28) for i in shares.index] if labels else [""] * len(y), fontsize=SMALL)
+    ax.set_yticks(y, [shorten(i, 28) for i in shares.index] if labels else [""] * len(y), fontsize=SMALL)
     ax.set_xlim(0, 100)
     ax.set_ylim(-0.6, len(shares) - 0.4)
-    _ticks(ax)
+    tick_style(ax)
 
 
 def _rgb(color: Any) -> tuple[float, float, float]:
@@ -152,7 +152,7 @@ def _rgb(color: Any) -> tuple[float, float, float]:
 
 def _value_colors(values: Sequence[str]) -> dict[str, Any]:
     regular = [v for v in values if v not in ("other", "unknown")]
-    colors = dict(zip(regular, _colors(len(regular))))
+    colors = dict(zip(regular, category_colors(len(regular))))
     colors["other"] = OTHER_GREY
     colors["unknown"] = UNKNOWN_GREY
     return colors
@@ -184,29 +184,29 @@ def attribute_distributions(
         "share_female",
         "share_male",
     ]
-    if _is_empty(extractions) or _is_empty(filtered):
-        return _no_data(title, "no extractions" if _is_empty(extractions) else "filtered table is empty", keys)
-    _require(
+    if is_empty(extractions) or is_empty(filtered):
+        return no_data_figure(title, "no extractions" if is_empty(extractions) else "filtered table is empty", keys)
+    require_columns(
         extractions,
         ["story_id", "parse_ok", "protagonist_gender", *[f"demo_{d}" for d in dimensions]],
         "extractions",
     )
-    _require(filtered, ["story_id", "design", "model"], "filtered")
+    require_columns(filtered, ["story_id", "design", "model"], "filtered")
     side = [c for c in ("story_id", "design", "model", "language", "cond_attribute") if c in filtered.columns]
     data = extractions.merge(filtered[side], on="story_id", how="inner")
-    data = data[_bools(data["parse_ok"])]
+    data = data[as_bools(data["parse_ok"])]
     if data.empty:
-        return _no_data(title, "no parsed extractions joined to filtered stories", keys)
+        return no_data_figure(title, "no parsed extractions joined to filtered stories", keys)
     models = sorted(data["model"].dropna().unique(), key=str)
     stereo = data[data["design"] == "stereotales"]
-    designs = _ordered(data["design"], ("stereotales", "bedtime", "occupations"))
+    designs = ordered(data["design"], ("stereotales", "bedtime", "occupations"))
 
     # value order and colours per dimension first: the legend heights size the figure
     panels = _dimension_panels(stereo, dimensions, exclude_prompted)
     ncols = max(1, min(ncols, len(dimensions))) if dimensions else 1
     dim_rows = math.ceil(len(dimensions) / ncols) if dimensions else 0
     fig, outer = _attribute_figure(panels, len(models), ncols, dim_rows, len(designs))
-    stats: dict[str, Any] = _empty_stats(keys)
+    stats: dict[str, Any] = empty_stats(keys)
     stats["n_stories"] = int(len(stereo))
     stats["n_models"] = len(models)
     annotate = len(models) <= 12
@@ -224,7 +224,7 @@ def attribute_distributions(
     labels = _gender_row(fig, row, data, designs, models, annotate)
     stats["share_female"] = float((labels == "female").mean())
     stats["share_male"] = float((labels == "male").mean())
-    top = _suptitle(fig, f"{title} (StereoTales; {len(stereo)} parsed stereotales stories)")
+    top = figure_title(fig, f"{title} (StereoTales; {len(stereo)} parsed stereotales stories)")
     fig.tight_layout(rect=(0, 0, 1, top))
     return fig, stats
 
@@ -258,7 +258,7 @@ def _attribute_figure(
     label_w = 1.9
     panel_w = 3.1
     width = label_w + panel_w * max(ncols, n_designs)
-    fig = _figure(width, dim_h * dim_rows + gender_h + 0.6)
+    fig = new_figure(width, dim_h * dim_rows + gender_h + 0.6)
     outer = fig.add_gridspec(dim_rows + 1, 1, height_ratios=[dim_h] * dim_rows + [gender_h])
     return fig, outer
 
@@ -281,7 +281,7 @@ def _dimension_bars(
     ax.set_xlabel("share of protagonists (%)", fontsize=LABEL)
     if first:
         ax.set_ylabel("model", fontsize=LABEL)
-    _legend(
+    add_legend(
         ax,
         *ax.get_legend_handles_labels(),
         loc="upper center",
@@ -311,7 +311,7 @@ def _gender_row(fig: Figure, row, data: pd.DataFrame, designs: list, models: lis
     """The bottom row: protagonist_gender shares per model, one panel per design, the legend right of
     the last. Returns every parsed story's gender label (missing as "unknown")."""
     labels = data["protagonist_gender"].fillna("unknown").astype(str)
-    order = _ordered(labels, ("female", "male", "unknown"))
+    order = ordered(labels, ("female", "male", "unknown"))
     colors = {**_value_colors(order), **{k: v for k, v in OKABE_ITO.items() if k != "unknown"}}
     for j, design in enumerate(designs):
         ax = fig.add_subplot(row[j])
@@ -324,7 +324,7 @@ def _gender_row(fig: Figure, row, data: pd.DataFrame, designs: list, models: lis
         if j == 0:
             ax.set_ylabel("model", fontsize=LABEL)
         if j == len(designs) - 1:
-            _legend(
+            add_legend(
                 ax, *ax.get_legend_handles_labels(), loc="upper left", bbox_to_anchor=(1.02, 1.0), title="protagonist"
             )
     return labels

@@ -26,16 +26,16 @@ from matplotlib.figure import Figure
 from storybias.stages.figures.style import (
     LABEL,
     SMALL,
-    _figure,
-    _is_empty,
-    _isna,
-    _no_data,
-    _require,
-    _short,
-    _suptitle,
-    _ticks,
-    _title,
+    figure_title,
+    is_empty,
+    is_missing,
     message_panel,
+    new_figure,
+    no_data_figure,
+    panel_title,
+    require_columns,
+    shorten,
+    tick_style,
 )
 
 __all__ = ["HARM_GAP_KEY", "HUMAN_SUMMARY_KEY", "SELF_JUDGEMENT_KEY", "harm_agreement"]
@@ -78,12 +78,12 @@ def _rows(manifest: Mapping[str, Any], key: str, columns: list[str]) -> pd.DataF
     if not isinstance(value, list) or not value:
         return pd.DataFrame(columns=columns)
     frame = pd.DataFrame(value)
-    _require(frame, columns, "manifest_associations")
+    require_columns(frame, columns, "manifest_associations")
     return frame
 
 
 def _num(value: Any) -> float:
-    return float("nan") if value is None or _isna(value) else float(value)
+    return float("nan") if value is None or is_missing(value) else float(value)
 
 
 def harm_agreement(shared: pd.DataFrame, manifest: Mapping[str, Any] | None = None) -> tuple[Figure, dict]:
@@ -100,12 +100,12 @@ def harm_agreement(shared: pd.DataFrame, manifest: Mapping[str, Any] | None = No
     ``max_gap`` / ``min_gap`` and their ``*_attribute``, ``n_self_judges``, ``mean_self_gap``,
     ``min_self_gap`` and ``min_self_gap_judge``."""
     title = "Harm of the associations: human panel vs LLM judges"
-    if _is_empty(shared):
-        return _no_data(title, "associations_shared table is empty (no significant association)", _KEYS)
-    _require(shared, ["association_id", "median_harm"], "associations_shared")
+    if is_empty(shared):
+        return no_data_figure(title, "associations_shared table is empty (no significant association)", _KEYS)
+    require_columns(shared, ["association_id", "median_harm"], "associations_shared")
     rated = shared.dropna(subset=["median_harm"]).drop_duplicates("association_id")
     if rated.empty:
-        return _no_data(
+        return no_data_figure(
             title, "no association was rated by the judges (harm_ratings.parquet has no parsed rating)", _KEYS
         )
     manifest = manifest or {}
@@ -113,14 +113,14 @@ def harm_agreement(shared: pd.DataFrame, manifest: Mapping[str, Any] | None = No
     human = _rows(manifest, HUMAN_SUMMARY_KEY, ["association_id", "median_harm"])
     gap = _rows(manifest, HARM_GAP_KEY, _GAP_COLUMNS)
     own = _rows(manifest, SELF_JUDGEMENT_KEY, _SELF_COLUMNS)
-    fig = _figure(14.0, max(4.2, 1.8 + 0.34 * max(len(gap), len(own))))
+    fig = new_figure(14.0, max(4.2, 1.8 + 0.34 * max(len(gap), len(own))))
     axes = fig.subplots(1, 3, gridspec_kw={"width_ratios": [1.0, 1.1, 1.2]})
     stats: dict[str, Any] = {"n_rated": int(len(rated))}
     width = fig.get_figwidth()
     stats |= _scatter_panel(axes[0], 0.28 * width, rated, human, agreement, manifest.get("harmful_human_vs_llm"))
     stats |= _gap_panel(axes[1], 0.3 * width, gap, humans=agreement is not None)
     stats |= _self_panel(axes[2], 0.32 * width, own)
-    top = _suptitle(fig, f"{title} ({len(rated)} association(s) rated by the judges; harmful: median ≥ {HARMFUL})")
+    top = figure_title(fig, f"{title} ({len(rated)} association(s) rated by the judges; harmful: median ≥ {HARMFUL})")
     fig.tight_layout(rect=(0, 0, 1, top))
     return fig, {k: stats[k] for k in _KEYS}
 
@@ -136,17 +136,17 @@ def _scatter_panel(
     out["n_rho"], out["kappa_harmful"] = 0, np.nan
     if agreement is None:
         message_panel(ax, NO_HUMANS, width_in=width)
-        _title(ax, "(a) per association", width, size=LABEL)
+        panel_title(ax, "(a) per association", width, size=LABEL)
         return out
     out |= {"rho": _num(agreement.get("rho")), "rho_ci_low": _num(agreement.get("ci_low"))}
     out |= {"rho_ci_high": _num(agreement.get("ci_high")), "n_rho": int(agreement.get("n") or 0)}
     if isinstance(harmful, Mapping):
         out["kappa_harmful"] = _num(harmful.get("cohen_kappa"))
-    rho = "ρ not computed" if _isna(out["rho"]) else f"Spearman ρ = {out['rho']:.2f}"
-    if not _isna(out["rho_ci_low"]):
+    rho = "ρ not computed" if is_missing(out["rho"]) else f"Spearman ρ = {out['rho']:.2f}"
+    if not is_missing(out["rho_ci_low"]):
         rho += f" [{out['rho_ci_low']:.2f}, {out['rho_ci_high']:.2f}]"
     rho += f", n = {out['n_rho']}"
-    if not _isna(out["kappa_harmful"]):
+    if not is_missing(out["kappa_harmful"]):
         rho += f"; κ(harmful) = {out['kappa_harmful']:.2f}"
     both = human[["association_id", "median_harm"]].merge(
         rated[["association_id", "median_harm"]], on="association_id", suffixes=("_human", "_llm")
@@ -155,7 +155,7 @@ def _scatter_panel(
     if both.empty:
         why = f"{rho}. Stage 04 writes no per-association human medians (manifest key '{HUMAN_SUMMARY_KEY}')"
         message_panel(ax, why, width_in=width)
-        _title(ax, "(a) per association", width, size=LABEL)
+        panel_title(ax, "(a) per association", width, size=LABEL)
         return out
     points = both.groupby(["median_harm_human", "median_harm_llm"]).size().rename("n").reset_index()
     ax.scatter(
@@ -174,8 +174,8 @@ def _scatter_panel(
     ax.set_xlim(0.8, 5.2)
     ax.set_ylim(0.8, 5.2)
     ax.set_aspect("equal")
-    _ticks(ax)
-    _title(ax, f"(a) per association (bubble area: associations): {rho}", width, size=LABEL)
+    tick_style(ax)
+    panel_title(ax, f"(a) per association (bubble area: associations): {rho}", width, size=LABEL)
     out["n_human_compared"] = int(len(both))
     return out
 
@@ -187,19 +187,19 @@ def _interval_rows(ax: Axes, table: pd.DataFrame, labels: list[str]) -> None:
     for yi, (_, row) in zip(y, table.iterrows()):
         negative = row["gap"] < 0
         color = colormaps["tab10"](1 if negative else 0)
-        if not _isna(row["gap_ci_low"]) and not _isna(row["gap_ci_high"]):
+        if not is_missing(row["gap_ci_low"]) and not is_missing(row["gap_ci_high"]):
             ax.plot([row["gap_ci_low"], row["gap_ci_high"]], [yi, yi], color=color, lw=1.6)
         ax.scatter([row["gap"]], [yi], color=color, marker="s" if negative else "o", s=30, edgecolors="black", zorder=3)
     ax.axvline(0, color="#444444", ls="--", lw=0.9)
     ax.set_yticks(y, labels, fontsize=SMALL)
     ax.set_ylim(-0.6, len(table) - 0.4)
-    _ticks(ax)
+    tick_style(ax)
 
 
 def _gap_panel(ax: Axes, width: float, gap: pd.DataFrame, humans: bool) -> dict[str, Any]:
     """(b): the human − judges harm gap per base attribute with its interval, or why there is none."""
     ax.set_xlabel("human − judges' mean harm (> 0: judges under-rate)", fontsize=LABEL)
-    _title(ax, "(b) harm gap per base attribute (95% bootstrap interval)", width, size=LABEL)
+    panel_title(ax, "(b) harm gap per base attribute (95% bootstrap interval)", width, size=LABEL)
     out: dict[str, Any] = {"n_attributes": 0, "max_gap": np.nan, "max_gap_attribute": None}
     out |= {"min_gap": np.nan, "min_gap_attribute": None}
     data = gap.dropna(subset=["gap"]) if len(gap) else gap
@@ -215,7 +215,7 @@ def _gap_panel(ax: Axes, width: float, gap: pd.DataFrame, humans: bool) -> dict[
         message_panel(ax, why, width_in=width)
         return out
     data = data.sort_values("gap", ascending=False, kind="stable").reset_index(drop=True)
-    labels = [f"{_short(r['base_attribute'], 24)} (n = {int(r['n_associations'])})" for _, r in data.iterrows()]
+    labels = [f"{shorten(r['base_attribute'], 24)} (n = {int(r['n_associations'])})" for _, r in data.iterrows()]
     _interval_rows(ax, data, labels)
     out |= {"n_attributes": int(len(data)), "max_gap": float(data["gap"].iloc[0])}
     out |= {"max_gap_attribute": str(data["base_attribute"].iloc[0]), "min_gap": float(data["gap"].iloc[-1])}
@@ -227,7 +227,7 @@ def _self_panel(ax: Axes, width: float, own: pd.DataFrame) -> dict[str, Any]:
     """(c): per judge, own − other judges' mean harm on the associations it generated, with its
     interval and the share it rates harmful itself; or why there is none."""
     ax.set_xlabel("own − other judges' mean harm on its own associations", fontsize=LABEL)
-    _title(ax, "(c) self-judgement: each model judging its own associations", width, size=LABEL)
+    panel_title(ax, "(c) self-judgement: each model judging its own associations", width, size=LABEL)
     out: dict[str, Any] = {"n_self_judges": 0, "mean_self_gap": np.nan, "min_self_gap": np.nan}
     out["min_self_gap_judge"] = None
     data = own.dropna(subset=["gap"]) if len(own) else own
@@ -240,8 +240,8 @@ def _self_panel(ax: Axes, width: float, own: pd.DataFrame) -> dict[str, Any]:
         return out
     data = data.sort_values("gap", kind="stable").reset_index(drop=True)
     labels = [
-        f"{_short(r['judge'], 24)}\nn = {int(r['n_compared'])}, "
-        + ("–" if _isna(r["self_share_harmful"]) else f"{r['self_share_harmful']:.0%}")
+        f"{shorten(r['judge'], 24)}\nn = {int(r['n_compared'])}, "
+        + ("–" if is_missing(r["self_share_harmful"]) else f"{r['self_share_harmful']:.0%}")
         + " self-rated harmful"
         for _, r in data.iterrows()
     ]

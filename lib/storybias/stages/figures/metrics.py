@@ -1,7 +1,7 @@
 """Figures of stage 05's artifacts. BiasedTales-ML's S_C and word figures are drawn here: bias
 fingerprints, cosine heat maps and distinctive words; its JSD figures (JSD by grammatical gender, VSR
 vs JSD) live in :mod:`storybias.stages.figures.metrics_jsd`, and Feng et al.'s balance/stereotype
-scatter and ANOVA table in :mod:`storybias.stages.figures.metrics_feng`. This module re-exports those
+scatter, ANOVA table and GLM table in :mod:`storybias.stages.figures.metrics_feng`. This module re-exports those
 four, so every stage-05 figure is importable from here."""
 
 from __future__ import annotations
@@ -20,32 +20,33 @@ from matplotlib.projections.polar import PolarAxes
 
 from storybias.config.prompts import LANGUAGES
 from storybias.config.studies import MIN_STORIES_FLAG, S_C_CLIP
-from storybias.stages.figures.metrics_feng import anova_table, balance_stereotype
+from storybias.stages.figures.metrics_feng import anova_table, balance_stereotype, glm_table
 from storybias.stages.figures.metrics_jsd import jsd_by_grammatical_gender, vsr_vs_jsd
 from storybias.stages.figures.style import (
     LABEL,
     MARKERS,
     SMALL,
-    _bools,
-    _colors,
-    _figure,
-    _grid,
-    _heatmap,
-    _is_empty,
-    _lang_order,
-    _legend,
-    _no_data,
-    _ordered,
-    _pick,
-    _require,
-    _short,
-    _suptitle,
-    _ticks,
-    _too_small_reason,
+    add_legend,
+    as_bools,
+    category_colors,
+    draw_heatmap,
+    figure_title,
+    is_empty,
+    language_order,
     message_panel,
+    new_figure,
+    no_data_figure,
+    ordered,
+    panel_grid,
+    pick_rows,
+    require_columns,
+    shorten,
+    tick_style,
+    too_small_reason,
 )
 
 __all__ = [
+    "glm_table",
     "anova_table",
     "balance_stereotype",
     "bias_fingerprints",
@@ -73,7 +74,7 @@ def _sc_too_small(panel: pd.DataFrame) -> tuple[bool, bool]:
     """(every S_C of the panel at the clip, every cell of the panel flagged small)."""
     finite = panel["s_c"].dropna().abs()
     clipped = bool(len(finite)) and bool((finite >= S_C_CLIP - 1e-9).all())
-    small = "small_sample" in panel.columns and len(panel) > 0 and bool(_bools(panel["small_sample"]).all())
+    small = "small_sample" in panel.columns and len(panel) > 0 and bool(as_bools(panel["small_sample"]).all())
     return clipped, small
 
 
@@ -99,23 +100,23 @@ def bias_fingerprints(
     are taken over the drawn panels only; when no panel is drawn they are NaN and ``too_small`` (and
     ``no_data``) hold the reason."""
     title = f"Bias fingerprints: S_C per {kind[:-1] if kind.endswith('s') else kind} category"
-    if _is_empty(sc):
-        return _no_data(title, "metrics_sc table is empty (no comparison had stories in both groups)", _FP_KEYS)
-    _require(sc, ["comparison", "model", "language", "kind", "category", "s_c"], "metrics_sc")
+    if is_empty(sc):
+        return no_data_figure(title, "metrics_sc table is empty (no comparison had stories in both groups)", _FP_KEYS)
+    require_columns(sc, ["comparison", "model", "language", "kind", "category", "s_c"], "metrics_sc")
     sub = sc[sc["kind"] == kind]
     if sub.empty:
-        return _no_data(title, f"no rows with kind = {kind!r}", _FP_KEYS)
-    sub, comparison, why = _pick(sub, "comparison", comparison, "comparison")
+        return no_data_figure(title, f"no rows with kind = {kind!r}", _FP_KEYS)
+    sub, comparison, why = pick_rows(sub, "comparison", comparison, "comparison")
     if why:
-        return _no_data(title, why, _FP_KEYS)
+        return no_data_figure(title, why, _FP_KEYS)
     cats = list(pd.unique(sub["category"]))
     models = sorted(sub["model"].unique(), key=str)
-    languages = _lang_order(sub["language"])
-    colors = dict(zip(languages, _colors(len(languages))))
+    languages = language_order(sub["language"])
+    colors = dict(zip(languages, category_colors(len(languages))))
     many = len(languages) > 10
     style = {lang: (MARKERS[i % len(MARKERS)] if many else "o") for i, lang in enumerate(languages)}
     n_cols = max(1, min(len(models), ncols))
-    fig, axes, _, _ = _grid(
+    fig, axes, _, _ = panel_grid(
         len(models),
         ncols,
         3.5,
@@ -130,12 +131,12 @@ def bias_fingerprints(
         m = sub[sub["model"] == model]
         clipped, all_small = _sc_too_small(m)
         if clipped or all_small:
-            too_small[model] = _too_small_reason(m, min_stories, clipped)
+            too_small[model] = too_small_reason(m, min_stories, clipped)
             message_panel(ax, too_small[model], 2.2)
-            ax.set_title(_short(model, 30), fontsize=LABEL, pad=14)
+            ax.set_title(shorten(model, 30), fontsize=LABEL, pad=14)
             continue
         small_cells |= {(model, lang) for lang in _fingerprint_panel(ax, m, cats, languages, colors, style)}
-        ax.set_title(_short(model, 30), fontsize=LABEL, pad=14)
+        ax.set_title(shorten(model, 30), fontsize=LABEL, pad=14)
         ax.tick_params(pad=1)
     _fingerprint_legend(fig, title, comparison, languages, colors, style, bool(small_cells))
     return fig, _fingerprint_stats(sub, comparison, models, languages, small_cells, too_small)
@@ -154,7 +155,7 @@ def _fingerprint_panel(ax: PolarAxes, m: pd.DataFrame, cats: list, languages: li
         if cell.empty:
             continue
         r = cell.set_index("category")["s_c"].reindex(cats).to_numpy(float)
-        small = "small_sample" in cell.columns and bool(_bools(cell["small_sample"]).any())
+        small = "small_sample" in cell.columns and bool(as_bools(cell["small_sample"]).any())
         if small:
             dashed.append(lang)
         ax.plot(
@@ -167,7 +168,7 @@ def _fingerprint_panel(ax: PolarAxes, m: pd.DataFrame, cats: list, languages: li
             markersize=3.5,
             zorder=2,
         )
-    ax.set_xticks(theta, [_short(c.replace("_", " "), 14) for c in cats], fontsize=SMALL)
+    ax.set_xticks(theta, [shorten(c.replace("_", " "), 14) for c in cats], fontsize=SMALL)
     ax.set_yticks([-2, -1, 0, 1, 2], ["", "−1", "0", "+1", "+2"], fontsize=SMALL, color="#333333")
     ax.set_rlabel_position(180 / max(1, len(cats)))  # between the first two categories
     return dashed
@@ -183,13 +184,13 @@ def _fingerprint_legend(
     if any_small:
         handles.append(Line2D([], [], color="#555555", ls="--", lw=1.4))
         labels.append("dashed: small sample")
-    top = _suptitle(
+    top = figure_title(
         fig,
         f"{title} (comparison: {comparison}); radius = S_C (ln ratio, −2…+2), outward = more frequent "
         f"in the first group; bold circle = 0",
     )
     ncol = max(1, min(7, len(handles), int(fig.get_figwidth() / 1.6)))
-    _legend(fig, handles, labels, title="prompt language", loc="lower center", ncol=ncol, bbox_to_anchor=(0.5, 0.0))
+    add_legend(fig, handles, labels, title="prompt language", loc="lower center", ncol=ncol, bbox_to_anchor=(0.5, 0.0))
     fig.tight_layout(rect=(0, (0.4 + 0.2 * math.ceil(len(handles) / ncol)) / fig.get_figheight(), 1, top))
 
 
@@ -227,19 +228,21 @@ def cosine_heatmaps(cosine: pd.DataFrame, comparison: str | None = None, ncols: 
     off-diagonal pairs), ``min_cosine`` and ``min_pair`` ("model: a–b"), ``most_consistent_model``
     (highest mean off-diagonal cosine)."""
     title = "Cross-lingual cosine similarity of bias fingerprints"
-    if _is_empty(cosine):
-        return _no_data(title, "metrics_cosine table is empty", _COS_KEYS)
-    _require(cosine, ["comparison", "model", "language_a", "language_b", "cosine"], "metrics_cosine")
-    sub, comparison, why = _pick(cosine, "comparison", comparison, "comparison")
+    if is_empty(cosine):
+        return no_data_figure(title, "metrics_cosine table is empty", _COS_KEYS)
+    require_columns(cosine, ["comparison", "model", "language_a", "language_b", "cosine"], "metrics_cosine")
+    sub, comparison, why = pick_rows(cosine, "comparison", comparison, "comparison")
     if why:
-        return _no_data(title, why, _COS_KEYS)
+        return no_data_figure(title, why, _COS_KEYS)
     models = sorted(sub["model"].unique(), key=str)
-    languages = _lang_order(pd.concat([sub["language_a"], sub["language_b"]]))
+    languages = language_order(pd.concat([sub["language_a"], sub["language_b"]]))
     n = len(languages)
     annotate = n <= 8  # beyond, the colour carries the value (a 14 x 14 grid of numbers per model is unreadable)
     panel = max(2.6, (0.42 if annotate else 0.2) * n + 1.1)
     n_cols = max(1, min(len(models), ncols))
-    fig, axes, _, _ = _grid(len(models), ncols, panel, panel, extra_w=0.9 + max(0.0, 5.0 - panel * n_cols), extra_h=1.0)
+    fig, axes, _, _ = panel_grid(
+        len(models), ncols, panel, panel, extra_w=0.9 + max(0.0, 5.0 - panel * n_cols), extra_h=1.0
+    )
     fmt = "{:.2f}" if annotate else None
     image: AxesImage | None = None
     off = sub[sub["language_a"] != sub["language_b"]].dropna(subset=["cosine"])
@@ -248,13 +251,13 @@ def cosine_heatmaps(cosine: pd.DataFrame, comparison: str | None = None, ncols: 
             index="language_a", columns="language_b", values="cosine", aggfunc="first"
         )
         matrix = matrix.reindex(index=languages, columns=languages)
-        image = _heatmap(ax, matrix.to_numpy(float), -1.0, 1.0, fmt, aspect="equal")
+        image = draw_heatmap(ax, matrix.to_numpy(float), -1.0, 1.0, fmt, aspect="equal")
         ax.set_xticks(range(n), languages, fontsize=SMALL, rotation=90 if n > 8 else 0)
         ax.set_yticks(range(n), languages, fontsize=SMALL)
         ax.set_xlabel("language", fontsize=LABEL)
         ax.set_ylabel("language", fontsize=LABEL)
-        ax.set_title(_short(model, 30), fontsize=LABEL)
-    top = _suptitle(fig, f"{title} (comparison: {comparison}; S_C vectors of adjective categories, missing = 0)")
+        ax.set_title(shorten(model, 30), fontsize=LABEL)
+    top = figure_title(fig, f"{title} (comparison: {comparison}; S_C vectors of adjective categories, missing = 0)")
     fig.tight_layout(rect=(0, 0, 1 - 0.8 / fig.get_figwidth(), top))
     cax = fig.add_axes((1 - 0.62 / fig.get_figwidth(), 0.12, 0.12 / fig.get_figwidth(), top - 0.2))
     assert image is not None  # the grid has at least one panel
@@ -294,30 +297,30 @@ def distinctive_words(
     stats: ``models`` (comma-separated), ``n_panels``, ``n_words`` (bars drawn), ``max_abs_z`` and
     ``max_abs_z_word`` ("word (comparison, model, field)")."""
     title = "Distinctive words (log-odds z with informative Dirichlet prior)"
-    if _is_empty(log_odds):
-        return _no_data(title, "metrics_log_odds table is empty", _LO_KEYS)
-    _require(log_odds, ["comparison", "model", "field", "group", "word", "z"], "metrics_log_odds")
+    if is_empty(log_odds):
+        return no_data_figure(title, "metrics_log_odds table is empty", _LO_KEYS)
+    require_columns(log_odds, ["comparison", "model", "field", "group", "word", "z"], "metrics_log_odds")
     sub = log_odds if model is None else log_odds[log_odds["model"] == model]
     if comparisons is not None:
         sub = sub[sub["comparison"].isin(list(comparisons))]
     if sub.empty:
-        return _no_data(title, f"no rows for model {model!r}", _LO_KEYS)
+        return no_data_figure(title, f"no rows for model {model!r}", _LO_KEYS)
     top = max(1, min(int(top), 25))
     models = sorted(sub["model"].unique(), key=str)
     rows = [(comp, m) for comp in pd.unique(sub["comparison"]) for m in models]
-    fields = _ordered(sub["field"], ("adjectives_en", "settings", "cultural_refs"))
+    fields = ordered(sub["field"], ("adjectives_en", "settings", "cultural_refs"))
     per_panel = sub.groupby(["comparison", "model", "field"]).apply(
         lambda p: sum(min(top, len(g)) for _, g in p.groupby("group")), include_groups=False
     )
     tallest = int(per_panel.max()) if len(per_panel) else top
     panel_h = 0.8 + 0.19 * tallest
-    fig = _figure(4.4 * len(fields) + 0.4, panel_h * len(rows) + 0.9)
+    fig = new_figure(4.4 * len(fields) + 0.4, panel_h * len(rows) + 0.9)
     n_words, best = 0, None
     for r, (comp, m) in enumerate(rows):
         for c, field in enumerate(fields):
             ax = fig.add_subplot(len(rows), len(fields), r * len(fields) + c + 1)
             part = sub[(sub["comparison"] == comp) & (sub["model"] == m) & (sub["field"] == field)]
-            who = f" · {_short(m, 24)}" if len(models) > 1 else ""
+            who = f" · {shorten(m, 24)}" if len(models) > 1 else ""
             ax.set_title(f"{comp}{who} · {_FIELD_NAMES.get(field, field)}", fontsize=LABEL)
             if part.empty:
                 message_panel(ax, "no words for this field")
@@ -327,8 +330,8 @@ def distinctive_words(
             i = chosen["z"].abs().idxmax()
             if best is None or abs(chosen.at[i, "z"]) > abs(best[0]):
                 best = (float(chosen.at[i, "z"]), f"{chosen.at[i, 'word']} ({comp}, {m}, {field})")
-    who = _short(models[0], 40) if len(models) == 1 else f"{len(models)} models"
-    upper = _suptitle(fig, f"{title}: {who}, top {top} per group")
+    who = shorten(models[0], 40) if len(models) == 1 else f"{len(models)} models"
+    upper = figure_title(fig, f"{title}: {who}, top {top} per group")
     fig.tight_layout(rect=(0, 0, 1, upper))
     stats = {
         "models": ", ".join(str(m) for m in models),
@@ -344,7 +347,7 @@ def _words_panel(ax: Axes, part: pd.DataFrame, top: int) -> pd.DataFrame:
     """One comparison x field panel: the ``top`` words by |z| of each group as horizontal bars
     (sorted by z, coloured by group, with a group legend). Returns the words drawn."""
     groups = list(pd.unique(part["group"]))
-    colors = dict(zip(groups, _colors(max(2, len(groups)))))
+    colors = dict(zip(groups, category_colors(max(2, len(groups)))))
     chosen = pd.concat(
         [
             g.reindex(g["z"].abs().sort_values(ascending=False).index).head(top)
@@ -354,10 +357,10 @@ def _words_panel(ax: Axes, part: pd.DataFrame, top: int) -> pd.DataFrame:
     chosen = chosen.sort_values("z")
     y = np.arange(len(chosen))
     ax.barh(y, chosen["z"], color=[colors[g] for g in chosen["group"]], height=0.75)
-    ax.set_yticks(y, [_short(w, 20) for w in chosen["word"]], fontsize=SMALL)
+    ax.set_yticks(y, [shorten(w, 20) for w in chosen["word"]], fontsize=SMALL)
     ax.axvline(0, color="black", lw=0.8)
     ax.set_xlabel("log-odds z (> 0: first group)", fontsize=LABEL)
     ax.set_ylim(-0.6, len(chosen) - 0.4)
-    _ticks(ax)
-    _legend(ax, [Patch(color=colors[g]) for g in groups], [str(g) for g in groups], loc="lower right", frameon=True)
+    tick_style(ax)
+    add_legend(ax, [Patch(color=colors[g]) for g in groups], [str(g) for g in groups], loc="lower right", frameon=True)
     return chosen

@@ -19,19 +19,19 @@ from storybias.stages.figures.style import (
     LABEL,
     MARKERS,
     SMALL,
-    _colors,
-    _figure,
-    _group_sizes,
-    _is_empty,
-    _lang_order,
-    _legend,
-    _no_data,
-    _pick,
-    _require,
-    _short,
-    _ticks,
-    _title,
-    _wrap,
+    add_legend,
+    category_colors,
+    group_sizes,
+    is_empty,
+    language_order,
+    new_figure,
+    no_data_figure,
+    panel_title,
+    pick_rows,
+    require_columns,
+    shorten,
+    tick_style,
+    wrap_text,
 )
 
 
@@ -43,12 +43,12 @@ def _jsd_too_small(title: str, jsd: pd.DataFrame, keys: Sequence[str], min_stori
         return None
     reason = (
         f"too few stories: JSD = ln 2 (the groups share no adjective) in every model x language; "
-        f"{_group_sizes(jsd)} (need ≥ {min_stories})"
+        f"{group_sizes(jsd)} (need ≥ {min_stories})"
     )
-    fig, stats = _no_data(title, reason, keys, height=2.8)
+    fig, stats = no_data_figure(title, reason, keys, height=2.8)
     for text in fig.axes[0].texts:
         text.set_text(
-            _wrap(reason, fig.get_figwidth() - 2.0, LABEL)
+            wrap_text(reason, fig.get_figwidth() - 2.0, LABEL)
         )  # the n, not "no data": the lens ran, its groups are too small
     stats["too_small"] = reason
     return fig, stats
@@ -98,17 +98,17 @@ def jsd_by_grammatical_gender(
     ``metrics.min_stories``), the JSD statistics are NaN and ``too_small`` (and ``no_data``) hold the
     reason."""
     title = "Bias strength (JSD) by grammatical gender"
-    if _is_empty(jsd):
-        return _no_data(title, "metrics_jsd table is empty", _GG_KEYS)
-    _require(jsd, ["model", "language", "jsd"], "metrics_jsd")
-    sub, comparison, why = _pick(jsd, "comparison", comparison, "comparison")
+    if is_empty(jsd):
+        return no_data_figure(title, "metrics_jsd table is empty", _GG_KEYS)
+    require_columns(jsd, ["model", "language", "jsd"], "metrics_jsd")
+    sub, comparison, why = pick_rows(jsd, "comparison", comparison, "comparison")
     if why:
-        return _no_data(title, why, _GG_KEYS)
+        return no_data_figure(title, why, _GG_KEYS)
     sub = _gg_assign(sub, grammatical_languages)
     ungrouped = sorted(sub.loc[sub["group"] == "", "language"].unique(), key=str)
     grouped = sub[sub["group"] != ""]
     if grouped.empty:
-        return _no_data(title, "no JSD values" if sub.empty else "no language in either group", _GG_KEYS)
+        return no_data_figure(title, "no JSD values" if sub.empty else "no language in either group", _GG_KEYS)
     small = _jsd_too_small(title, grouped, _GG_KEYS, min_stories)
     if small is not None:
         fig, stats = small
@@ -122,13 +122,13 @@ def jsd_by_grammatical_gender(
         return fig, stats
     models = sorted(grouped["model"].unique(), key=str)
     columns = (["all models"] if len(models) > 1 else []) + models
-    fig = _figure(max(5.5, 1.6 + 0.75 * len(columns)) + 2.6, 4.6)
+    fig = new_figure(max(5.5, 1.6 + 0.75 * len(columns)) + 2.6, 4.6)
     ax = fig.add_subplot()
     colors = {"G": colormaps["tab10"](0), "N": colormaps["tab10"](1)}
     _gg_boxes(ax, grouped, columns, colors)
     _gg_axes(ax, grouped, columns, colors)
     note = f"; not grouped: {', '.join(map(str, ungrouped))}" if ungrouped else ""
-    _title(ax, f"{title} (comparison: {comparison}; one point per language{note})", fig.get_figwidth() - 0.6)
+    panel_title(ax, f"{title} (comparison: {comparison}; one point per language{note})", fig.get_figwidth() - 0.6)
     fig.tight_layout()
     stats = {
         "comparison": comparison,
@@ -177,7 +177,7 @@ def _gg_axes(ax: Axes, grouped: pd.DataFrame, columns: list, colors: dict) -> No
     """The model ticks, axis labels and the G / N legend naming each group's languages."""
     ax.set_xticks(
         range(len(columns)),
-        [_short(c, 20) for c in columns],
+        [shorten(c, 20) for c in columns],
         rotation=30 if len(columns) > 4 else 0,
         ha="right" if len(columns) > 4 else "center",
         fontsize=SMALL,
@@ -185,15 +185,15 @@ def _gg_axes(ax: Axes, grouped: pd.DataFrame, columns: list, colors: dict) -> No
     ax.set_xlim(-0.6, len(columns) - 0.4)
     ax.set_ylabel("Jensen–Shannon divergence (nats)", fontsize=LABEL)
     ax.set_xlabel("model", fontsize=LABEL)
-    _ticks(ax)
-    g_present = [l for l in _lang_order(grouped.loc[grouped["group"] == "G", "language"])]
-    n_present = [l for l in _lang_order(grouped.loc[grouped["group"] == "N", "language"])]
+    tick_style(ax)
+    g_present = [l for l in language_order(grouped.loc[grouped["group"] == "G", "language"])]
+    n_present = [l for l in language_order(grouped.loc[grouped["group"] == "N", "language"])]
     handles = [Patch(facecolor=(*colors[g][:3], 0.35), edgecolor=colors[g]) for g in ("G", "N")]
     labels = [
         f"G: grammatical gender ({', '.join(g_present) or 'none'})",
         f"N: no grammatical gender ({', '.join(n_present) or 'none'})",
     ]
-    _legend(ax, handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0), ncol=1)
+    add_legend(ax, handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0), ncol=1)
 
 
 # --- VSR vs JSD ----------------------------------------------------------------------------------
@@ -212,16 +212,16 @@ def vsr_vs_jsd(
     ``mean_vsr`` (0-1), ``mean_jsd``, ``max_jsd`` and ``max_jsd_cell`` ("model / language").
     Every JSD at ln 2: "too few stories" with the n, as :func:`jsd_by_grammatical_gender`."""
     title = "Generation quality vs bias strength"
-    if _is_empty(vsr_jsd):
-        return _no_data(title, "metrics_vsr_jsd table is empty", _VJ_KEYS)
-    _require(vsr_jsd, ["model", "language", "jsd", "vsr"], "metrics_vsr_jsd")
-    sub, comparison, why = _pick(vsr_jsd, "comparison", comparison, "comparison")
+    if is_empty(vsr_jsd):
+        return no_data_figure(title, "metrics_vsr_jsd table is empty", _VJ_KEYS)
+    require_columns(vsr_jsd, ["model", "language", "jsd", "vsr"], "metrics_vsr_jsd")
+    sub, comparison, why = pick_rows(vsr_jsd, "comparison", comparison, "comparison")
     if why:
-        return _no_data(title, why, _VJ_KEYS)
+        return no_data_figure(title, why, _VJ_KEYS)
     points = sub.dropna(subset=["vsr", "jsd"])
     n_missing = len(sub) - len(points)
     if points.empty:
-        return _no_data(title, f"no row has both a VSR and a JSD ({n_missing} rows)", _VJ_KEYS)
+        return no_data_figure(title, f"no row has both a VSR and a JSD ({n_missing} rows)", _VJ_KEYS)
     small = _jsd_too_small(title, points, _VJ_KEYS, min_stories)
     if small is not None:
         fig, stats = small
@@ -230,9 +230,9 @@ def vsr_vs_jsd(
         )
         return fig, stats
     models = sorted(points["model"].unique(), key=str)
-    colors = dict(zip(models, _colors(len(models))))
+    colors = dict(zip(models, category_colors(len(models))))
     markers = {m: MARKERS[i % len(MARKERS)] for i, m in enumerate(models)}
-    fig = _figure(7.0 + (2.6 if len(models) > 12 else 1.6), 5.0)
+    fig = new_figure(7.0 + (2.6 if len(models) > 12 else 1.6), 5.0)
     ax = fig.add_subplot()
     label_idx = (
         set(points.index)
@@ -240,18 +240,18 @@ def vsr_vs_jsd(
         else (set(points["jsd"].nlargest(15).index) | set(points["vsr"].nsmallest(10).index))
     )
     for model in models:
-        _vj_model(ax, points[points["model"] == model], colors[model], markers[model], _short(model, 26), label_idx)
+        _vj_model(ax, points[points["model"] == model], colors[model], markers[model], shorten(model, 26), label_idx)
     ax.set_xlabel("valid-story rate (%)", fontsize=LABEL)
     ax.set_ylabel("Jensen–Shannon divergence (nats)", fontsize=LABEL)
     x_min = points["vsr"].min() * 100
     ax.set_xlim(max(0.0, x_min - 8), 103)
-    _title(
+    panel_title(
         ax,
         f"{title} (comparison: {comparison}; one point per model × language, bars = 95% CI)",
         fig.get_figwidth() - 0.6,
     )
-    _ticks(ax)
-    _legend(
+    tick_style(ax)
+    add_legend(
         ax,
         *ax.get_legend_handles_labels(),
         title="model",

@@ -18,6 +18,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 from matplotlib.transforms import ScaledTranslation
 
+from storybias.stages.figures.probes_advantage import SUBSET_ADVANTAGE, SUBSET_SELF_HIGHEST, self_context_advantage
 from storybias.stages.figures.probes_umap import (
     HDR_LEVELS,
     MIN_KDE_POINTS,
@@ -30,25 +31,28 @@ from storybias.stages.figures.style import (
     LABEL,
     SMALL,
     VERSION_ORDER,
-    _colors,
-    _figure,
-    _grid,
-    _heatmap,
-    _is_empty,
-    _isna,
-    _lang_name,
-    _lang_order,
-    _legend,
-    _no_data,
-    _ordered,
-    _require,
-    _short,
-    _suptitle,
-    _ticks,
-    _title,
+    add_legend,
+    category_colors,
+    draw_heatmap,
+    figure_title,
+    is_empty,
+    is_missing,
+    language_name,
+    language_order,
+    new_figure,
+    no_data_figure,
+    ordered,
+    panel_grid,
+    panel_title,
+    require_columns,
+    shorten,
+    tick_style,
 )
 
 __all__ = [
+    "SUBSET_ADVANTAGE",
+    "SUBSET_SELF_HIGHEST",
+    "self_context_advantage",
     "HDR_LEVELS",
     "MIN_KDE_POINTS",
     "UMAP_DISPLAY_PERCENTILES",
@@ -74,7 +78,7 @@ _PROBE_KEYS = (
 
 
 def _reason(status: Any) -> str:
-    text = "unknown reason" if _isna(status) else str(status)
+    text = "unknown reason" if is_missing(status) else str(status)
     return re.sub(r"^skipped\s*[:(\-–]?\s*", "", text).rstrip(")") or text
 
 
@@ -87,17 +91,17 @@ def probe_auc(probes: pd.DataFrame) -> tuple[Figure, dict]:
     ``mean_auc_cue_deleted`` (over ok rows), ``mean_delta`` (delta rows), ``largest_drop`` (most
     negative Δ) and ``largest_drop_cell`` ("language / genre")."""
     title = "Identity-label probe: full text vs cue-deleted"
-    if _is_empty(probes):
-        return _no_data(title, "probes table is empty", _PROBE_KEYS)
-    _require(probes, ["language", "genre", "variant", "auc", "ci_low", "ci_high", "status"], "probes")
+    if is_empty(probes):
+        return no_data_figure(title, "probes table is empty", _PROBE_KEYS)
+    require_columns(probes, ["language", "genre", "variant", "auc", "ci_low", "ci_high", "status"], "probes")
     data = probes.copy()
     data["ok"] = data["status"].astype(str).str.strip().str.lower().eq("ok") & data["auc"].notna()
-    languages = _lang_order(data["language"])
-    genres = _ordered(data["genre"], GENRE_ORDER)
+    languages = language_order(data["language"])
+    genres = ordered(data["genre"], GENRE_ORDER)
     cells = [
         (lang, g) for lang in languages for g in genres if ((data["language"] == lang) & (data["genre"] == g)).any()
     ]
-    fig = _figure(9.0, 1.5 + 0.5 * len(cells))
+    fig = new_figure(9.0, 1.5 + 0.5 * len(cells))
     ax = fig.add_subplot()
     lows = [0.5]
     ok_rows = data[data["ok"] & data["variant"].isin(list(_PROBE_VARIANTS))]
@@ -114,13 +118,13 @@ def probe_auc(probes: pd.DataFrame) -> tuple[Figure, dict]:
         if drop is not None:
             drops.append((drop, f"{lang} / {genre}"))
     ax.axvline(0.5, color="#444444", ls="--", lw=0.9)
-    ax.set_yticks(y_positions, [f"{_lang_name(lang)} · {genre}" for lang, genre in cells], fontsize=SMALL)
+    ax.set_yticks(y_positions, [f"{language_name(lang)} · {genre}" for lang, genre in cells], fontsize=SMALL)
     ax.set_ylim(-0.6, len(cells) - 0.4)
     ax.set_xlabel("ROC AUC (95% interval over held-out model–occupation groups)", fontsize=LABEL)
     ax.set_ylabel("language · genre", fontsize=LABEL)
-    _ticks(ax)
+    tick_style(ax)
     _probe_legend(fig, ax)
-    _title(ax, f"{title} (Δ = cue-deleted − full, right)", fig.get_figwidth() - 0.6)
+    panel_title(ax, f"{title} (Δ = cue-deleted − full, right)", fig.get_figwidth() - 0.6)
     fig.tight_layout()
     return fig, _probe_stats(data, cells, n_ok_cells, drops)
 
@@ -142,7 +146,7 @@ def _probe_cell(ax: Axes, cell: pd.DataFrame, y: float, text_x: float) -> bool:
         ax.text(
             text_x,
             y,
-            f"skipped ({_short(_reason(shown['status'].iloc[0]), 70)})",
+            f"skipped ({shorten(_reason(shown['status'].iloc[0]), 70)})",
             va="center",
             fontsize=SMALL,
             color="#555555",
@@ -162,7 +166,7 @@ def _probe_cell(ax: Axes, cell: pd.DataFrame, y: float, text_x: float) -> bool:
             ax.text(
                 text_x,
                 y + offset,
-                f"{variant.replace('_', '-')}: skipped ({_short(_reason(row['status']), 60)})",
+                f"{variant.replace('_', '-')}: skipped ({shorten(_reason(row['status']), 60)})",
                 va="center",
                 fontsize=SMALL,
                 color="#555555",
@@ -194,7 +198,7 @@ def _probe_delta(ax: Axes, cell: pd.DataFrame, y: float) -> float | None:
         text = f"Δ {d['auc']:+.2f}{ci}"
         drop = float(d["auc"])
     else:
-        text = f"Δ skipped ({_short(_reason(d['status']), 28)})"
+        text = f"Δ skipped ({shorten(_reason(d['status']), 28)})"
     ax.text(1.01, y, text, transform=ax.get_yaxis_transform(), va="center", fontsize=SMALL, clip_on=False)
     return drop
 
@@ -204,7 +208,7 @@ def _probe_legend(fig: Figure, ax: Axes) -> None:
         Line2D([], [], color=c, marker=m, lw=1.6, markeredgecolor="black") for _, c, m, _ in _PROBE_VARIANTS.values()
     ]
     handles.append(Line2D([], [], color="#444444", ls="--", lw=0.9))
-    _legend(
+    add_legend(
         ax,
         handles,
         [v[3] for v in _PROBE_VARIANTS.values()] + ["chance (0.5)"],
@@ -253,33 +257,33 @@ def cultural_relevance(cultural: pd.DataFrame) -> tuple[Figure, dict]:
     cells), ``mean_other_relevance`` (other cells), ``self_context_advantage`` (their difference),
     ``n_narratives`` and ``n_markers`` (summed over source language x genre)."""
     title = "Cultural-marker relevance by source language and context"
-    if _is_empty(cultural):
-        return _no_data(title, "cultural table is empty (no retained cultural markers)", _CULT_KEYS)
-    _require(cultural, ["source_language", "genre", "context", "relevance"], "cultural")
+    if is_empty(cultural):
+        return no_data_figure(title, "cultural table is empty (no retained cultural markers)", _CULT_KEYS)
+    require_columns(cultural, ["source_language", "genre", "context", "relevance"], "cultural")
     data = cultural.dropna(subset=["relevance"])
     if data.empty:
-        return _no_data(title, "no relevance scores", _CULT_KEYS)
-    genres = _ordered(data["genre"], GENRE_ORDER)
-    sources = _lang_order(data["source_language"])
-    contexts = _lang_order(data["context"])
+        return no_data_figure(title, "no relevance scores", _CULT_KEYS)
+    genres = ordered(data["genre"], GENRE_ORDER)
+    sources = language_order(data["source_language"])
+    contexts = language_order(data["context"])
     panel_w = 1.6 + 0.75 * len(contexts)
-    fig, axes, _, _ = _grid(len(genres), 3, panel_w, 1.4 + 0.42 * len(sources), extra_w=1.0, extra_h=0.5)
+    fig, axes, _, _ = panel_grid(len(genres), 3, panel_w, 1.4 + 0.42 * len(sources), extra_w=1.0, extra_h=0.5)
     image: AxesImage | None = None
     for ax, genre in zip(axes, genres):
         matrix = data[data["genre"] == genre].pivot_table(
             index="source_language", columns="context", values="relevance", aggfunc="mean"
         )
         matrix = matrix.reindex(index=sources, columns=contexts)
-        image = _heatmap(ax, matrix.to_numpy(float), 1.0, 7.0, "{:.2f}")
+        image = draw_heatmap(ax, matrix.to_numpy(float), 1.0, 7.0, "{:.2f}")
         for i, s in enumerate(sources):
             if s in contexts:
                 ax.add_patch(Rectangle((contexts.index(s) - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="black", lw=1.8))
         ax.set_xticks(range(len(contexts)), [f"{c}-linked" for c in contexts], fontsize=SMALL)
-        ax.set_yticks(range(len(sources)), [_lang_name(s) for s in sources], fontsize=SMALL)
+        ax.set_yticks(range(len(sources)), [language_name(s) for s in sources], fontsize=SMALL)
         ax.set_xlabel("reference context", fontsize=LABEL)
         ax.set_ylabel("source language", fontsize=LABEL)
         ax.set_title(str(genre), fontsize=LABEL)
-    top = _suptitle(fig, f"{title} (mean relevance 1–7; outlined: own context)")
+    top = figure_title(fig, f"{title} (mean relevance 1–7; outlined: own context)")
     fig.tight_layout(rect=(0, 0, 1 - 0.9 / fig.get_figwidth(), top))
     cax = fig.add_axes((1 - 0.7 / fig.get_figwidth(), 0.15, 0.12 / fig.get_figwidth(), top - 0.25))
     assert image is not None  # the grid has at least one panel
@@ -311,25 +315,25 @@ def separability(sep: pd.DataFrame) -> tuple[Figure, dict]:
     stats: ``ba_<version>`` for original / translated / masked (NaN when skipped or absent),
     ``chance`` (of the first ok version), ``n_ok``, ``n_skipped``."""
     title = "Source-language separability of cultural markers"
-    if _is_empty(sep):
-        return _no_data(title, "separability table is empty", _SEP_KEYS)
-    _require(sep, ["version", "balanced_accuracy", "ci_low", "ci_high", "chance", "status"], "separability")
+    if is_empty(sep):
+        return no_data_figure(title, "separability table is empty", _SEP_KEYS)
+    require_columns(sep, ["version", "balanced_accuracy", "ci_low", "ci_high", "chance", "status"], "separability")
     data = sep.drop_duplicates("version").copy()
     data["ok"] = data["status"].astype(str).str.strip().str.lower().eq("ok") & data["balanced_accuracy"].notna()
-    versions = _ordered(data["version"], VERSION_ORDER)
+    versions = ordered(data["version"], VERSION_ORDER)
     data = data.set_index("version").loc[versions]
-    fig = _figure(max(4.8, 2.2 + 1.3 * len(versions)), 4.2)
+    fig = new_figure(max(4.8, 2.2 + 1.3 * len(versions)), 4.2)
     ax = fig.add_subplot()
-    colors = dict(zip(versions, _colors(len(versions))))
+    colors = dict(zip(versions, category_colors(len(versions))))
     for i, version in enumerate(versions):
         row = data.loc[version]
-        if not _isna(row["chance"]):
+        if not is_missing(row["chance"]):
             ax.plot([i - 0.42, i + 0.42], [row["chance"]] * 2, color="#444444", ls="--", lw=1.0, zorder=4)
         if not row["ok"]:
             ax.text(
                 i,
                 0.5,
-                f"skipped\n({_short(_reason(row['status']), 40)})",
+                f"skipped\n({shorten(_reason(row['status']), 40)})",
                 ha="center",
                 va="center",
                 fontsize=SMALL,
@@ -347,11 +351,11 @@ def separability(sep: pd.DataFrame) -> tuple[Figure, dict]:
     ax.set_xlim(-0.6, len(versions) - 0.4)
     ax.set_xlabel("marker version", fontsize=LABEL)
     ax.set_ylabel("balanced accuracy (95% interval)", fontsize=LABEL)
-    _ticks(ax)
-    _legend(ax, [Line2D([], [], color="#444444", ls="--")], ["chance level"], loc="upper right", frameon=True)
+    tick_style(ax)
+    add_legend(ax, [Line2D([], [], color="#444444", ls="--")], ["chance level"], loc="upper right", frameon=True)
     n_lang = data["n_languages"].dropna().max() if "n_languages" in data.columns else None
-    extra = f"; {int(n_lang)} source languages" if n_lang is not None and not _isna(n_lang) else ""
-    _title(ax, f"{title}{extra}", fig.get_figwidth() - 0.6)
+    extra = f"; {int(n_lang)} source languages" if n_lang is not None and not is_missing(n_lang) else ""
+    panel_title(ax, f"{title}{extra}", fig.get_figwidth() - 0.6)
     fig.tight_layout()
     ok = data[data["ok"]]
     stats = {

@@ -20,15 +20,15 @@ from storybias.stages.figures.style import (
     LABEL,
     OKABE_ITO,
     SMALL,
-    _grid,
-    _is_empty,
-    _lang_name,
-    _lang_order,
-    _legend,
-    _no_data,
-    _ordered,
-    _require,
-    _suptitle,
+    add_legend,
+    figure_title,
+    is_empty,
+    language_name,
+    language_order,
+    no_data_figure,
+    ordered,
+    panel_grid,
+    require_columns,
 )
 
 _UMAP_KEYS = ("n_points", "n_female", "n_male", "n_panels", "n_contoured_groups", "n_skipped_groups", "n_trimmed")
@@ -82,23 +82,23 @@ def umap_density(
     ``n_skipped_groups`` (groups present but too small or degenerate for a KDE), ``n_trimmed``
     (female/male points left out of the display)."""
     title = "Shared UMAP projection of story embeddings"
-    if _is_empty(umap):
-        return _no_data(title, "umap table is empty", _UMAP_KEYS)
-    _require(umap, ["language", "genre", "label", "x", "y"], "umap")
+    if is_empty(umap):
+        return no_data_figure(title, "umap table is empty", _UMAP_KEYS)
+    require_columns(umap, ["language", "genre", "label", "x", "y"], "umap")
     data = umap.dropna(subset=["x", "y"])
     data = data[data["label"].isin(["female", "male"])]
     if data.empty:
-        return _no_data(title, "no female- or male-labelled points", _UMAP_KEYS)
+        return no_data_figure(title, "no female- or male-labelled points", _UMAP_KEYS)
     n_before = len(data)
     data = trim_for_display(data, percentiles)
     n_trimmed = n_before - len(data)
-    languages = _lang_order(data["language"])
-    genres = _ordered(data["genre"], GENRE_ORDER)
+    languages = language_order(data["language"])
+    genres = ordered(data["genre"], GENRE_ORDER)
     ncols = max(1, min(len(languages), 5) if ncols is None else ncols)
     rows_per_genre = math.ceil(len(languages) / ncols)
     slots = _umap_slots(data, languages, genres, ncols, rows_per_genre)
     cells = list(slots)
-    fig, grid_axes, _, _ = _grid(len(genres) * rows_per_genre * ncols, ncols, 3.3, 3.1, extra_h=1.1)
+    fig, grid_axes, _, _ = panel_grid(len(genres) * rows_per_genre * ncols, ncols, 3.3, 3.1, extra_h=1.1)
     for i, ax in enumerate(grid_axes):
         ax.set_visible(i in slots.values())
     axes = [grid_axes[slots[c]] for c in cells]
@@ -110,7 +110,7 @@ def umap_density(
         drawn, missed = _umap_panel(ax, part, extent, rng, max_points_kde)
         contoured += drawn
         skipped += missed
-        ax.set_title(f"{_lang_name(lang)} · {genre} (n = {len(part)})", fontsize=LABEL)
+        ax.set_title(f"{language_name(lang)} · {genre} (n = {len(part)})", fontsize=LABEL)
     _umap_legend_and_title(fig, title, percentiles)
     stats = {
         "n_points": int(len(data)),
@@ -232,7 +232,7 @@ def _umap_legend_and_title(fig: Figure, title: str, percentiles: tuple[float, fl
         Line2D([], [], marker="s", ls="", color=OKABE_ITO["male"]),
         Line2D([], [], color=OKABE_ITO["male"], ls="--"),
     ]
-    _legend(
+    add_legend(
         fig,
         handles,
         ["female", "female density (20/50/80% HDR)", "male", "male density (20/50/80% HDR)"],
@@ -245,7 +245,7 @@ def _umap_legend_and_title(fig: Figure, title: str, percentiles: tuple[float, fl
         if percentiles is not None
         else ""
     )
-    top = _suptitle(
+    top = figure_title(
         fig,
         f"{title} (display only; contours: 20/50/80% highest-density regions, "
         f"none below {MIN_KDE_POINTS} points{trim})",

@@ -1,6 +1,6 @@
 """Stage 07 figures' shared style: text sizes and palettes, the Agg figure factory, layout helpers
 (grids, wrapped titles, heat maps, legends), saving as PNG + PDF (``save_figure``), and the empty-input
-guard written once: ``_no_data`` (a whole figure) and ``message_panel`` (one panel), which every
+guard written once: ``no_data_figure`` (a whole figure) and ``message_panel`` (one panel), which every
 figure draws instead of raising or drawing degenerate values.
 """
 
@@ -42,13 +42,13 @@ VERSION_ORDER = ("original", "translated", "masked")
 # --- helpers ------------------------------------------------------------------------------------
 
 
-def _figure(width: float, height: float) -> Figure:
+def new_figure(width: float, height: float) -> Figure:
     fig = Figure(figsize=(width, height))
     FigureCanvasAgg(fig)
     return fig
 
 
-def _short(label: Any, n: int = 22) -> str:
+def shorten(label: Any, n: int = 22) -> str:
     """``label`` cut to ``n`` characters with an ellipsis in the middle: model names differ at their
     ends ('vendor/model-8b-instruct') as often as at their starts."""
     text = str(label)
@@ -58,7 +58,7 @@ def _short(label: Any, n: int = 22) -> str:
     return text[:head] + "…" + text[len(text) - (n - 1 - head) :]
 
 
-def _colors(n: int) -> list:
+def category_colors(n: int) -> list:
     """n categorical colours: tab10 up to ten, tab20 up to twenty, viridis samples beyond."""
     if n <= 10:
         return [colormaps["tab10"](i) for i in range(n)]
@@ -68,36 +68,36 @@ def _colors(n: int) -> list:
     return [colormaps["viridis"](x) for x in np.linspace(0, 0.95, n)]
 
 
-def _lang_order(values: Iterable[Any]) -> list:
+def language_order(values: Iterable[Any]) -> list:
     """Languages in the canonical order of prompts.LANGUAGES, unknown codes after, ``all`` last."""
-    present = list(dict.fromkeys(v for v in values if not _isna(v)))
+    present = list(dict.fromkeys(v for v in values if not is_missing(v)))
     known = [code for code in LANGUAGES if code in present]
     rest = sorted((v for v in present if v not in LANGUAGES and v != "all"), key=str)
     return known + rest + (["all"] if "all" in present else [])
 
 
-def _lang_name(code: Any) -> str:
+def language_name(code: Any) -> str:
     """'English' for 'en'; 'all languages' for the pooled scope; other codes as they are."""
     return "all languages" if code == "all" else LANGUAGES.get(code, str(code))
 
 
-def _ordered(values: Iterable[Any], preferred: Sequence[str]) -> list:
-    present = list(dict.fromkeys(v for v in values if not _isna(v)))
+def ordered(values: Iterable[Any], preferred: Sequence[str]) -> list:
+    present = list(dict.fromkeys(v for v in values if not is_missing(v)))
     return [v for v in preferred if v in present] + sorted((v for v in present if v not in preferred), key=str)
 
 
-def _isna(value: Any) -> bool:
+def is_missing(value: Any) -> bool:
     try:
         return bool(pd.isna(value))
     except (TypeError, ValueError):
         return False
 
 
-def _is_empty(frame: pd.DataFrame | None) -> bool:
+def is_empty(frame: pd.DataFrame | None) -> bool:
     return frame is None or len(frame) == 0
 
 
-def _require(frame: pd.DataFrame, columns: Sequence[str], artifact_name: str) -> None:
+def require_columns(frame: pd.DataFrame, columns: Sequence[str], artifact_name: str) -> None:
     """Refuse a table that lacks ``columns``, naming its file through the artifact registry."""
     missing = [c for c in columns if c not in frame.columns]
     if missing:
@@ -105,25 +105,25 @@ def _require(frame: pd.DataFrame, columns: Sequence[str], artifact_name: str) ->
         raise KeyError(f"{file}: missing column(s) {', '.join(missing)} (see docs/data-contract.md)")
 
 
-def _bools(series: pd.Series) -> pd.Series:
+def as_bools(series: pd.Series) -> pd.Series:
     """A boolean column that may hold missing values (object dtype): missing counts as False."""
-    return series.map(lambda v: False if _isna(v) else bool(v)).astype(bool)
+    return series.map(lambda v: False if is_missing(v) else bool(v)).astype(bool)
 
 
-def _empty_stats(keys: Sequence[str]) -> dict[str, Any]:
+def empty_stats(keys: Sequence[str]) -> dict[str, Any]:
     return {k: (0 if k.startswith("n_") else float("nan")) for k in keys}
 
 
-def _no_data(
+def no_data_figure(
     title: str, reason: str, keys: Sequence[str], width: float = 6.4, height: float = 2.4
 ) -> tuple[Figure, dict]:
     """A whole figure that is one ``message_panel`` (no data: ``reason``), with ``keys`` set to NaN
     (counts ``n_*`` to 0) and ``stats["no_data"] = reason``: what every figure returns for an empty input."""
-    fig = _figure(width, height)
+    fig = new_figure(width, height)
     ax = fig.add_subplot()
     message_panel(ax, reason)
-    _title(ax, title, width - 0.4)
-    stats = _empty_stats(keys)
+    panel_title(ax, title, width - 0.4)
+    stats = empty_stats(keys)
     stats["no_data"] = reason
     return fig, stats
 
@@ -141,7 +141,7 @@ def message_panel(ax, text: str, width_in: float | None = None) -> None:
             spine.set_color(UNKNOWN_GREY)
         text = f"no data: {text}"
         if len(text) > 80:
-            text = _wrap(text, ax.figure.get_figwidth() - 2.0, LABEL)
+            text = wrap_text(text, ax.figure.get_figwidth() - 2.0, LABEL)
         ax.text(
             0.5, 0.5, text, ha="center", va="center", fontsize=LABEL, wrap=True, transform=ax.transAxes, color="#333333"
         )
@@ -152,7 +152,7 @@ def message_panel(ax, text: str, width_in: float | None = None) -> None:
     ax.text(
         0.5,
         0.5,
-        _wrap(text, width_in, LABEL),
+        wrap_text(text, width_in, LABEL),
         ha="center",
         va="center",
         fontsize=LABEL,
@@ -161,12 +161,12 @@ def message_panel(ax, text: str, width_in: float | None = None) -> None:
     )
 
 
-def _group_sizes(frame: pd.DataFrame) -> str:
+def group_sizes(frame: pd.DataFrame) -> str:
     """ "n_m = 2, n_f = 2" per language of ``frame`` (columns language, n_m, n_f), languages in order."""
     if not {"n_m", "n_f"} <= set(frame.columns):
         return "group sizes unknown"
     cells = frame.drop_duplicates(subset=["language"]).set_index("language")
-    languages = _lang_order(cells.index)
+    languages = language_order(cells.index)
     one = len(languages) == 1
     return "; ".join(
         f"{'' if one else str(lang) + ' '}n_m = {int(cells.loc[lang, 'n_m'])}, n_f = {int(cells.loc[lang, 'n_f'])}"
@@ -174,13 +174,13 @@ def _group_sizes(frame: pd.DataFrame) -> str:
     )
 
 
-def _too_small_reason(frame: pd.DataFrame, min_stories: int, clipped: bool) -> str:
+def too_small_reason(frame: pd.DataFrame, min_stories: int, clipped: bool) -> str:
     """The text of a too-small panel: the group sizes, the minimum and, when so, that every value sits at the clip."""
     tail = f"; every S_C at the ±{S_C_CLIP:g} clip" if clipped else ""
-    return f"too few stories: {_group_sizes(frame)} (need ≥ {min_stories}){tail}"
+    return f"too few stories: {group_sizes(frame)} (need ≥ {min_stories}){tail}"
 
 
-def _grid(
+def panel_grid(
     n: int,
     ncols_max: int,
     panel_w: float,
@@ -192,7 +192,7 @@ def _grid(
     """A figure with ``n`` panels wrapped in rows of at most ``ncols_max``; unused cells hidden."""
     ncols = max(1, min(n, ncols_max))
     nrows = max(1, math.ceil(n / ncols))
-    fig = _figure(panel_w * ncols + extra_w, panel_h * nrows + extra_h)
+    fig = new_figure(panel_w * ncols + extra_w, panel_h * nrows + extra_h)
     axes = []
     for i in range(nrows * ncols):
         ax = fig.add_subplot(nrows, ncols, i + 1, projection="polar" if polar else None)
@@ -202,34 +202,34 @@ def _grid(
     return fig, axes, nrows, ncols
 
 
-def _wrap(text: str, width_in: float, size: float = TITLE) -> str:
+def wrap_text(text: str, width_in: float, size: float = TITLE) -> str:
     """``text`` wrapped to lines that fit ``width_in`` inches at ``size`` points (~0.55 em a character)."""
     return textwrap.fill(text, max(24, int(width_in * 72 / (0.55 * size))))
 
 
-def _suptitle(fig: Figure, text: str) -> float:
+def figure_title(fig: Figure, text: str) -> float:
     """A figure title wrapped to the figure's width; returns the top of the area left for the panels
     (a figure fraction, for ``tight_layout(rect=...)``)."""
-    wrapped = _wrap(text, fig.get_figwidth() - 0.3)
+    wrapped = wrap_text(text, fig.get_figwidth() - 0.3)
     fig.suptitle(wrapped, fontsize=TITLE)
     return 1 - (0.12 + 0.2 * (wrapped.count("\n") + 1)) / fig.get_figheight()
 
 
-def _title(ax, text: str, width_in: float, size: int = TITLE, **kwargs) -> None:
-    ax.set_title(_wrap(text, width_in, size), fontsize=size, **kwargs)
+def panel_title(ax, text: str, width_in: float, size: int = TITLE, **kwargs) -> None:
+    ax.set_title(wrap_text(text, width_in, size), fontsize=size, **kwargs)
 
 
-def _ticks(ax, size: int = SMALL) -> None:
+def tick_style(ax, size: int = SMALL) -> None:
     ax.tick_params(labelsize=size)
 
 
-def _pick(frame: pd.DataFrame, column: str, value: Any, what: str) -> tuple[pd.DataFrame, Any, str | None]:
+def pick_rows(frame: pd.DataFrame, column: str, value: Any, what: str) -> tuple[pd.DataFrame, Any, str | None]:
     """Rows with ``column == value`` (``value`` None: the first value in file order). Returns the rows,
     the value used, and a reason when nothing matched."""
     if column not in frame.columns:
         return frame, None, None
     if value is None:
-        values = [v for v in pd.unique(frame[column]) if not _isna(v)]
+        values = [v for v in pd.unique(frame[column]) if not is_missing(v)]
         if not values:
             return frame.iloc[0:0], None, f"no {what}"
         value = values[0]
@@ -237,7 +237,7 @@ def _pick(frame: pd.DataFrame, column: str, value: Any, what: str) -> tuple[pd.D
     return sub, value, (None if len(sub) else f"no rows with {column} = {value!r}")
 
 
-def _heatmap(
+def draw_heatmap(
     ax,
     matrix: np.ndarray,
     vmin: float,
@@ -271,7 +271,7 @@ def _heatmap(
     return image
 
 
-def _legend(ax_or_fig, handles, labels, title: str | None = None, **kwargs):
+def add_legend(ax_or_fig, handles, labels, title: str | None = None, **kwargs):
     kwargs.setdefault("fontsize", SMALL)
     kwargs.setdefault("frameon", False)
     legend = ax_or_fig.legend(handles, labels, title=title, **kwargs)
@@ -280,7 +280,7 @@ def _legend(ax_or_fig, handles, labels, title: str | None = None, **kwargs):
     return legend
 
 
-def _table(
+def table_panel(
     ax, rows: list[list[str]], header: list[str], col_widths: Sequence[float], shaded: Sequence[bool], shade: str
 ):
     """A table drawn as a figure, in the house style: small text, grey bold header row, light cell

@@ -45,7 +45,7 @@ from storybias.config.corpus import (
 from storybias.config.plan import stories_schema
 from storybias.config.prompts import LANGUAGES
 from storybias.core import artifacts
-from storybias.evidence.published import canonical_value, published_profile, scenario_of
+from storybias.evidence.labels import canonical_value, published_profile, scenario_of
 
 PLAN_READ = [
     "sample_id",

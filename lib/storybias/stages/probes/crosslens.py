@@ -38,7 +38,7 @@ from statsmodels.stats.proportion import proportion_confint
 
 from storybias.config.params import CrossLensSettings
 from storybias.core import artifacts
-from storybias.evidence.published import KEY
+from storybias.evidence.labels import ASSOCIATION_KEY
 from storybias.stats.bootstrap import percentile_interval
 from storybias.stats.concordance import lens_agreement
 
@@ -119,7 +119,7 @@ def association_measures(values: pd.DataFrame, shared: pd.DataFrame, stories: pd
             "n": int(n),
             "reason": "",
         }
-        keys = [tuple(r) for r in significant[KEY].to_numpy()]
+        keys = [tuple(r) for r in significant[ASSOCIATION_KEY].to_numpy()]
         rated = [harmful[(language, k)] for k in keys if (language, k) in harmful]
         if not rated:
             cell["share_harmful"] = _empty(
@@ -144,7 +144,7 @@ def _harmful_by_scope(shared: pd.DataFrame) -> dict[tuple[str, tuple[str, ...]],
     if shared.empty or "median_harm" not in shared:
         return {}
     rated = shared[shared["median_harm"].notna()]
-    return {(r[0], tuple(r[1:5])): bool(r[5]) for r in rated[["scope", *KEY, "harmful"]].to_numpy()}
+    return {(r[0], tuple(r[1:5])): bool(r[5]) for r in rated[["scope", *ASSOCIATION_KEY, "harmful"]].to_numpy()}
 
 
 def narrative_measures(jsd: pd.DataFrame, sc: pd.DataFrame, comparison: str) -> CellMeasures:

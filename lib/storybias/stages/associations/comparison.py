@@ -40,7 +40,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from storybias.evidence.published import KEY, model_key
+from storybias.evidence.labels import ASSOCIATION_KEY, model_key
 from storybias.evidence.released_associations import ANY_SCOPE, GLOBAL_SCOPE, STATED_EFFECTS
 from storybias.stages.associations.tables import ALPHA, MIN_LIFT
 
@@ -56,7 +56,7 @@ COMPARISON_SCHEMA = pa.schema(
         ("run_model", pa.string()),  # the run model compared (null: the published model is not in the run)
         ("run_scope", pa.string()),  # the run's scope of this outcome
         ("counted", pa.bool_()),  # the outcome the counts use (a question's other scopes: false)
-        *[(k, pa.string()) for k in KEY],
+        *[(k, pa.string()) for k in ASSOCIATION_KEY],
         ("published_fraction", pa.float64()),
         ("published_lift", pa.float64()),
         ("published_p_adjusted", pa.float64()),
@@ -134,7 +134,7 @@ def _run_index(attributes: pd.DataFrame, values: pd.DataFrame) -> _RunIndex:
             frozenset(table["cols"]),
         )
     cells = {
-        (r.model, r.scope, *(getattr(r, k) for k in KEY)): (float(r.p_adjusted), float(r.lift))
+        (r.model, r.scope, *(getattr(r, k) for k in ASSOCIATION_KEY)): (float(r.p_adjusted), float(r.lift))
         for r in values.itertuples(index=False)
     }
     scopes: dict[str, set[str]] = {}
@@ -232,7 +232,7 @@ def _compared_models(
 def _rows_of(row: Any, run: _RunIndex, same_model: bool, pooled: PooledScope) -> list[dict[str, Any]]:
     """Every outcome row of one published association: one per compared run model, and for a question
     (scope any) one per scope that model was tested in, its pooled scope the counted one."""
-    key = tuple(getattr(row, k) for k in KEY)
+    key = tuple(getattr(row, k) for k in ASSOCIATION_KEY)
     stated = bool(row.published_stated)
     home = GLOBAL_SCOPE if row.scope == ANY_SCOPE else row.scope
     out = []
@@ -251,7 +251,7 @@ def _rows_of(row: Any, run: _RunIndex, same_model: bool, pooled: PooledScope) ->
 
 def _outcome_row(row: Any, label: str, run_model: str | None, scope: str, o: _Outcome, counted: bool) -> dict[str, Any]:
     return {
-        **{c: getattr(row, c) for c in ("source", "file", "models", "scope", *KEY)},
+        **{c: getattr(row, c) for c in ("source", "file", "models", "scope", *ASSOCIATION_KEY)},
         **{c: getattr(row, c) for c in ("published_fraction", "published_lift", "published_p_adjusted")},
         "published_effect": row.published_effect,
         "published_stated": bool(row.published_stated),
@@ -285,12 +285,13 @@ def _unlisted(published: pd.DataFrame, cells: pd.DataFrame, same_model: bool, an
         return (model_key(model) if same_model else "", "" if any_scope else scope)
 
     listed = {
-        (*where(m, r.scope), *(getattr(r, k) for k in KEY))
+        (*where(m, r.scope), *(getattr(r, k) for k in ASSOCIATION_KEY))
         for r in published.itertuples(index=False)
         for m in (r.models if same_model else [""])
     }
     return [
-        (*where(r.model, r.scope), *(getattr(r, k) for k in KEY)) not in listed for r in cells.itertuples(index=False)
+        (*where(r.model, r.scope), *(getattr(r, k) for k in ASSOCIATION_KEY)) not in listed
+        for r in cells.itertuples(index=False)
     ]
 
 
@@ -329,7 +330,7 @@ def _not_published(
             "run_model": rows["model"],
             "run_scope": rows["scope"],
             "counted": True,
-            **{k: rows[k] for k in KEY},
+            **{k: rows[k] for k in ASSOCIATION_KEY},
             "published_stated": False,
             "status": "not_published",
             "reason": reason,

@@ -1,7 +1,7 @@
 # storybias: `make paper` runs the pipeline, `make test` runs the tests. Both set up .venv first.
 #
 #   make paper [PARAMS=params/default.yaml]   every stage, notebooks executed into reports/<run>/
-#   make generate|filter|extract|associations|metrics|probes|figures|explorer   one stage (and what it needs)
+#   make generate|filter|extract|associations|metrics|probes|crosslens|figures|explorer   one stage (and what it needs)
 #   SERVE=1|0   LLM stages behind one shared local vLLM server per run | one in-process engine per stage
 #   make check-params PARAMS=params/x.yaml     validate a profile only
 #   make where | clean-run [PARAMS=...]        print the run's folders | delete exactly those folders
@@ -71,7 +71,7 @@ REPORTS := reports/$(RUN)
 STAMPS := $(DATA)/.params
 KERNEL := storybias
 STAGE_STAMPS := $(STAMPS)/generate.params $(STAMPS)/filter.params $(STAMPS)/extract.params $(STAMPS)/metrics.params \
-                $(STAMPS)/associations.params $(STAMPS)/probes.params $(STAMPS)/figures.params
+                $(STAMPS)/associations.params $(STAMPS)/probes.params $(STAMPS)/crosslens.params $(STAMPS)/figures.params
 FIGURES := $(if $(STORYBIAS_FIGURES),$(STORYBIAS_FIGURES),figures)/$(RUN)
 
 # The data files each stage reads besides its parameters: editing one reruns that stage (a stage
@@ -90,7 +90,7 @@ EXTRACT_FILES := $(wildcard params/extract/*.yaml)
 # second `make` would delete the good file the first had just written.
 STAGE_TARGETS := $(DATA)/stories.parquet $(DATA)/filtered.parquet $(DATA)/extractions.parquet \
                  $(DATA)/manifest_metrics.json $(DATA)/manifest_associations.json $(DATA)/manifest_probes.json \
-                 $(FIGURES)/figures.json $(FIGURES)/explorer.html
+                 $(DATA)/manifest_crosslens.json $(FIGURES)/figures.json $(FIGURES)/explorer.html
 .PRECIOUS: $(STAGE_TARGETS)
 
 # Execute notebook $(1) for stage $(2) (papermill into reports/<run>/, moved into place on success).
@@ -98,7 +98,7 @@ define run_notebook
 	@$(PY) -m storybias.cli run-stage $(2) notebooks/$(1).ipynb $(PARAMS) --target $@
 endef
 
-.PHONY: help where venv model check-params stamps generate filter extract associations metrics probes figures explorer paper _paper test test-fast lint format typecheck bench-generate bench-ray plan bench-associations bench-import publish-notebooks lab clean-run FORCE
+.PHONY: help where venv model check-params stamps generate filter extract associations metrics probes crosslens figures explorer paper _paper test test-fast lint format typecheck bench-generate bench-ray plan bench-associations bench-import publish-notebooks lab clean-run FORCE
 
 # $(call served,TARGETS,LLM_TARGETS): make TARGETS in a sub-make; behind the run's shared local vLLM
 # server(s) (`storybias.cli with-servers`, started once, stopped when the sub-make ends or fails) when
@@ -186,19 +186,27 @@ $(DATA)/manifest_associations.json: $(DATA)/extractions.parquet notebooks/04_ass
 associations: | $(VENV_STAMP)  ## stage 04: StereoTales associations and harm (notebooks/04_associations.ipynb)
 	$(call served,$(DATA)/manifest_associations.json,$(LLM_TARGETS))
 
-$(DATA)/manifest_probes.json: $(DATA)/extractions.parquet $(DATA)/manifest_associations.json $(DATA)/manifest_metrics.json \
-                              notebooks/06_probes.ipynb $(STAMPS)/probes.params \
+$(DATA)/manifest_probes.json: $(DATA)/extractions.parquet notebooks/06_probes.ipynb $(STAMPS)/probes.params \
                               $(CUE_FILES) | $(VENV_STAMP)
 	$(call run_notebook,06_probes,probes)
 
 probes: $(DATA)/manifest_probes.json  ## stage 06: Feng et al. probes (notebooks/06_probes.ipynb)
 
-# Notebook 07 only draws: it reruns when an artifact it reads or a `figures:` parameter changes.
-$(FIGURES)/figures.json: $(DATA)/filtered.parquet $(DATA)/manifest_associations.json $(DATA)/manifest_metrics.json \
-                         $(DATA)/manifest_probes.json notebooks/07_figures.ipynb $(STAMPS)/figures.params | $(VENV_STAMP)
-	$(call run_notebook,07_figures,figures)
+# The cross-lens stage reads stages 04-06's tables and computes no lens: a change in one of them reruns
+# that stage and this one only.
+$(DATA)/manifest_crosslens.json: $(DATA)/manifest_associations.json $(DATA)/manifest_metrics.json $(DATA)/manifest_probes.json \
+                                 notebooks/07_crosslens.ipynb $(STAMPS)/crosslens.params | $(VENV_STAMP)
+	$(call run_notebook,07_crosslens,crosslens)
 
-figures: $(FIGURES)/figures.json  ## stage 07: every figure, PNG + PDF, into figures/<run>/ (notebooks/07_figures.ipynb)
+crosslens: $(DATA)/manifest_crosslens.json  ## stage 07: the three lenses side by side (notebooks/07_crosslens.ipynb)
+
+# Notebook 08 only draws: it reruns when an artifact it reads or a `figures:` parameter changes.
+$(FIGURES)/figures.json: $(DATA)/filtered.parquet $(DATA)/manifest_associations.json $(DATA)/manifest_metrics.json \
+                         $(DATA)/manifest_probes.json $(DATA)/manifest_crosslens.json notebooks/08_figures.ipynb \
+                         $(STAMPS)/figures.params | $(VENV_STAMP)
+	$(call run_notebook,08_figures,figures)
+
+figures: $(FIGURES)/figures.json  ## stage 08: every figure, PNG + PDF, into figures/<run>/ (notebooks/08_figures.ipynb)
 
 $(FIGURES)/explorer.html: $(DATA)/filtered.parquet $(DATA)/extractions.parquet $(DATA)/manifest_associations.json \
                           $(STAMPS)/figures.params | $(VENV_STAMP)

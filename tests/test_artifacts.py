@@ -22,10 +22,10 @@ from storybias.stages.associations.findings import FINDINGS_SCHEMA
 from storybias.stages.probes import probe
 
 ROOT = paths.repo_root()
-TOKENS = ("generate", "filter", "extract", "associations", "metrics", "probes", "figures")
+TOKENS = ("generate", "filter", "extract", "associations", "metrics", "probes", "crosslens", "figures")
 
 
-def test_seven_stages_one_token_each():
+def test_eight_stages_one_token_each():
     assert tuple(s.token for s in artifacts.STAGES) == TOKENS
     assert sorted(p.name for p in (ROOT / "notebooks").glob("0*.ipynb")) == sorted(
         Path(s.notebook).name for s in artifacts.STAGES
@@ -34,7 +34,7 @@ def test_seven_stages_one_token_each():
     for stage in artifacts.STAGES:
         # notebook notebooks/NN_<token>.ipynb
         assert (ROOT / stage.notebook).is_file(), stage.notebook
-        # package storybias.stages.<token> with the stage's run() (stage 07's package draws the figures
+        # package storybias.stages.<token> with the stage's run() (stage 08's package draws the figures
         # the notebook asks for; it has no run())
         assert stage.module == f"stages.{stage.token}", stage.token
         module = importlib.import_module(f"storybias.{stage.module}")
@@ -46,7 +46,7 @@ def test_seven_stages_one_token_each():
         assert params.STAGE_SECTIONS[stage.token] == stage.sections
         assert all(s.split(".")[0] in fields for s in stage.sections)  # "generation.engine": a subsection
         assert stage.token in stage.sections or stage.token == "generate"
-        # manifest: manifest_<token>.json (stage 07's is figures/<run>/figures.json, written by plots)
+        # manifest: manifest_<token>.json (stage 08's is figures/<run>/figures.json, written by plots)
         manifest = artifacts.artifact(stage.manifest)
         assert manifest.stage == stage.token
         if stage.token != "figures":

@@ -521,4 +521,4 @@ def test_the_three_lens_profile_names_what_each_lens_reads(tmp_path, corpus_root
     assert (comparison.design, comparison.condition) == ("stereotales", "value")
     assert comparison.where == {"attribute": "gender"}
     assert p.crosslens_comparison() == comparison.name
-    assert p.probes.stereotales_attribute == "gender" and p.probes.crosslens.probe_genre == "stereotales"
+    assert p.probes.stereotales_attribute == "gender" and p.probes.per_model_genre == "stereotales"

@@ -1,4 +1,4 @@
-"""The cross-lens table (issue #30 items 1 and 5; storybias.stages.probes.crosslens): each lens's measure per
+"""The cross-lens table (issue #30 items 1 and 5; storybias.stages.crosslens.measures): each lens's measure per
 model x language from the stage tables, with intervals, n and reasons, and a planted run in which one model
 is biased through every lens and another through one lens only."""
 
@@ -8,7 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from storybias.stages.probes import crosslens as X
+from storybias.stages.crosslens import measures as X
+from storybias.stages.metrics.feng import aggregate_intervals, aggregate_scores
 from storybias.stats.concordance import lens_agreement
 
 LANGUAGES = ["en", "fr", "zh"]
@@ -97,12 +98,19 @@ def _run(models: dict[str, tuple[float, float, float]], seed: int = 0):
     return tuple(pd.DataFrame(f) for f in frames)  # fmt: skip
 
 
+def _aggregates(occupations: pd.DataFrame) -> pd.DataFrame:
+    """Stage 05's metrics_aggregates of the occupations table, with its intervals (computed there, once)."""
+    keys = ["model", "language", "task"]
+    scores = aggregate_scores(occupations).merge(aggregate_intervals(occupations, 200, 1), on=keys)
+    return scores.assign(denominator="all outputs")
+
+
 def _table(models):
     values, shared, stories, jsd, sc, occupations, probes = _run(models)
     parts = [
         X.association_measures(values, shared, stories),
         X.narrative_measures(jsd, sc, "child_gender"),
-        X.occupation_measures(occupations, "story", n_boot=200, seed=1),
+        X.occupation_measures(_aggregates(occupations), "story"),
         X.probe_measures(probes),
     ]
     return X.crosslens_table(parts, {})
@@ -175,16 +183,15 @@ def test_the_comparison_must_be_one_with_s_c_and_the_default_is_the_first(tmp_pa
     with open(paths.params_dir() / "smoke.yaml", encoding="utf-8") as fh:
         base = yaml.safe_load(fh)
     profile = tmp_path / "bad.yaml"
-    profile.write_text(
-        yaml.safe_dump({**base, "probes": {**(base.get("probes") or {}), "crosslens": {"comparison": "nope"}}})
-    )
-    with pytest.raises(ParamsError, match=r"probes\.crosslens\.comparison: 'nope'"):
+    profile.write_text(yaml.safe_dump({**base, "crosslens": {"comparison": "nope"}}))
+    with pytest.raises(ParamsError, match=r"crosslens\.comparison: 'nope'"):
         params.load(profile)
 
 
-def test_stage_06_writes_the_tables_from_a_runs_artifacts(tmp_path, monkeypatch):
-    """run_tables reads the run's stage 04 and 05 tables (the registry's paths), takes the parsed stories
-    from stage 06's frame, and writes what a missing stage table leaves out as reasons."""
+def test_the_crosslens_stage_reads_the_runs_artifacts(tmp_path, monkeypatch):
+    """run_tables reads the run's stage 03-06 tables (the registry's paths): the parsed stories from
+    extractions and filtered, stage 04's associations, stage 05's narrative metrics and aggregates (with
+    their M_s / M_b intervals), stage 06's per-model probes; a table a stage did not write gives reasons."""
     from storybias.config.params import CrossLensSettings
 
     monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path / "data"))
@@ -192,21 +199,26 @@ def test_stage_06_writes_the_tables_from_a_runs_artifacts(tmp_path, monkeypatch)
     stories = stories.assign(story_id=[f"s{i}" for i in range(len(stories))], design="stereotales")
     run = tmp_path / "data" / "x"
     run.mkdir(parents=True)
+    stories.to_parquet(run / "filtered.parquet")
+    stories[["story_id"]].assign(parse_ok=True).to_parquet(run / "extractions.parquet")
     values.to_parquet(run / "associations_values.parquet")
     shared.to_parquet(run / "associations_shared.parquet")
     jsd.to_parquet(run / "metrics_jsd.parquet")
     sc.to_parquet(run / "metrics_sc.parquet")
-    settings = CrossLensSettings(n_permutations=100, n_bootstrap=100)
-    table, agreement = X.run_tables("x", stories, "child_gender", settings)
+    _aggregates(occupations).to_parquet(run / "metrics_aggregates.parquet")
+    table, agreement = X.run_tables("x", "child_gender", CrossLensSettings(n_permutations=100))
     assert len(table) == 6 and table["assoc_per_1000"].notna().all() and table["jsd"].notna().all()
-    assert set(table["reason_m_s"]) == {"no occupations outputs by this model in this language"}
-    assert list(agreement.columns) == X.AGREEMENT_SCHEMA.names and len(agreement) == 28
+    assert table["m_s"].notna().all() and (table["m_s_low"] <= table["m_s"]).all()
+    assert set(table["reason_auc_full"]) == {X.LENS_REASONS["auc_full"]}  # stage 06 wrote no per-model probe
+    probes.to_parquet(run / "probes_per_model.parquet")
+    table, agreement = X.run_tables("x", "child_gender", CrossLensSettings(n_permutations=100))
+    assert table["auc_full"].notna().all()
+    assert list(agreement.columns) == X.CROSSLENS_AGREEMENT_SCHEMA.names and len(agreement) == 28
     within = agreement[agreement["kind"] == "within one lens"]
     assert sorted(zip(within["measure_a"], within["measure_b"])) == [
         ("assoc_per_1000", "share_harmful"), ("auc_full", "delta_auc"), ("jsd", "max_abs_sc"), ("m_s", "m_b")
     ]  # fmt: skip
     assert set(agreement["finding"]) == {"not assessed"}  # two models cannot be relabelled into a test
-    assert set(table["reason_auc_full"]) == {X.LENS_REASONS["auc_full"]}
 
 
 def test_a_probe_that_could_not_be_fitted_gives_its_status():

@@ -112,7 +112,8 @@ def test_a_new_design_is_files_only_and_runs_stages_01_02(tmp_path, monkeypatch)
     assert artifacts.path("toy", "manifest_generate").is_file()
 
     # stage 02: the design's own rule from design.yaml (empty and refusal exclude; language counted only)
-    filtered, vsr = filter_stage.run(p)
+    out = filter_stage.run(p)
+    filtered, vsr = out["filtered"], out["vsr"]
     reasons = filtered.set_index("prompt_id")["invalid_reason"]
     assert reasons["toy/cat/calm"] == "empty" and reasons.drop("toy/cat/calm").isna().all()
     assert vsr[["design", "n_stories", "n_valid"]].values.tolist() == [["toy", 4, 3]]

@@ -124,7 +124,7 @@ def test_crash_then_resume_generates_only_the_rest(tmp_path, data_dir, monkeypat
     ScriptedEngine.calls = []
     result = generate.run(p, progress=False, engine_factory=ScriptedEngine, log=lambda m: None)
     regenerated = set(ScriptedEngine.calls)
-    stories = result.stories
+    stories = result["stories"]
     assert len(stories) == len(generate.plan(p)) and stories["story_id"].is_unique
     assert len(regenerated) == len(stories) - persisted
     assert not regenerated & set(first[:persisted]), "stories already on disk must not be generated again"
@@ -138,7 +138,7 @@ def test_rerun_after_completion_generates_nothing(tmp_path, data_dir, monkeypatc
     ScriptedEngine.calls = []
     result = generate.run(p, progress=False, engine_factory=ScriptedEngine, log=lambda m: None)
     assert ScriptedEngine.calls == []
-    assert len(result.stories) == len(generate.plan(p))
+    assert len(result["stories"]) == len(generate.plan(p))
 
 
 def test_changed_sampling_regenerates_instead_of_reusing(tmp_path, data_dir, monkeypatch):
@@ -148,7 +148,7 @@ def test_changed_sampling_regenerates_instead_of_reusing(tmp_path, data_dir, mon
     result = generate.run(
         profile(tmp_path, temperature=0.5), progress=False, engine_factory=ScriptedEngine, log=lambda m: None
     )
-    stories = result.stories
+    stories = result["stories"]
     free_text = stories[stories["cond_task"].fillna("") != "explicit"]
     assert len(ScriptedEngine.calls) == len(stories)
     assert free_text["text"].str.contains("temperature 0.5").all()
@@ -218,11 +218,11 @@ def test_changed_seed_regenerates_and_the_manifest_says_why(tmp_path, data_dir, 
     first = quiet_run(full_small_grid(42))
     ScriptedEngine.calls = []
     second = quiet_run(full_small_grid(7))
-    stories = second.stories
+    stories = second["stories"]
     assert len(stories) == 2 and sorted(ScriptedEngine.calls) == sorted(stories["story_id"])
     assert second.manifest["base_seed"] == 7
     assert second.manifest["reuse"] == {"sampling changed": 2}  # the seed is part of the sampling
-    assert set(stories["seed"]).isdisjoint(set(first.stories["seed"]))
+    assert set(stories["seed"]).isdisjoint(set(first["stories"]["seed"]))
     planned = generate.plan(full_small_grid(7))
     assert stories.set_index("story_id")["seed"].to_dict() == planned.set_index("story_id")["seed"].to_dict()
 
@@ -239,11 +239,11 @@ def test_edited_template_regenerates_with_the_new_prompt(tmp_path, data_dir, mon
         lambda cell, lang: original(cell, lang) + " (edited)" if cell.design == "bedtime" else original(cell, lang),
     )
     result = quiet_run(p)
-    bedtime = result.stories[result.stories["design"] == "bedtime"]
+    bedtime = result["stories"][result["stories"]["design"] == "bedtime"]
     assert bedtime["prompt"].str.endswith("(edited)").all()
     assert sorted(ScriptedEngine.calls) == sorted(bedtime["story_id"])
     assert result.manifest["reuse"] == {
-        "reused": len(result.stories) - len(bedtime),
+        "reused": len(result["stories"]) - len(bedtime),
         "prompt changed": len(bedtime),
     }
 
@@ -262,12 +262,12 @@ def test_narrowed_profile_keeps_its_stories_and_widening_restores_without_genera
     ScriptedEngine.calls = []
     narrow = quiet_run(profile_with(tmp_path, samples(1)))
     assert ScriptedEngine.calls == []
-    assert len(narrow.stories) == len(wide.stories) // 2
+    assert len(narrow["stories"]) == len(wide["stories"]) // 2
     assert (pd.read_parquet(artifacts.stories_path("unit"))["sample"] == 0).all(), (
         "stories.parquet holds the planned stories only"
     )
     restored = quiet_run(profile_with(tmp_path, samples(2)))
     assert ScriptedEngine.calls == [], "widening again must not generate anything"
-    assert restored.manifest["reuse"] == {"reused": len(wide.stories)}
-    pd.testing.assert_frame_equal(restored.stories.reset_index(drop=True), wide.stories.reset_index(drop=True))
-    assert len(ResponseCache.for_run("unit")) == len(wide.stories), "every story is stored exactly once"
+    assert restored.manifest["reuse"] == {"reused": len(wide["stories"])}
+    pd.testing.assert_frame_equal(restored["stories"].reset_index(drop=True), wide["stories"].reset_index(drop=True))
+    assert len(ResponseCache.for_run("unit")) == len(wide["stories"]), "every story is stored exactly once"

@@ -263,7 +263,7 @@ def test_stage_writes_typed_columns_when_every_story_is_valid(tmp_path, monkeypa
             "designs": {"bedtime": {"languages": ["en"]}},
         }
     )
-    filtered, _ = filter_stage.run(params.Params(profile, tmp_path / "typed.yaml"))
+    filtered = filter_stage.run(params.Params(profile, tmp_path / "typed.yaml"))["filtered"]
     assert filtered["is_valid"].all() and filtered["refusal_rule"].isna().all()
     schema = pq.read_schema(artifacts.filtered_path("typed"))
     assert schema.field("refusal_rule").type == pa.string() and schema.field("invalid_reason").type == pa.string()

@@ -28,7 +28,16 @@ from storybias.stages import figures as plots
 pytestmark = pytest.mark.slow
 NOTEBOOKS = [
     f"notebooks/{n}.ipynb"
-    for n in ("01_generate", "02_filter", "03_extract", "04_associations", "05_metrics", "06_probes", "07_figures")
+    for n in (
+        "01_generate",
+        "02_filter",
+        "03_extract",
+        "04_associations",
+        "05_metrics",
+        "06_probes",
+        "07_crosslens",
+        "08_figures",
+    )
 ]
 
 
@@ -106,7 +115,7 @@ def test_named_values_of_stage_06_are_what_its_tables_say(nbval_run):
     assert values["separability"] == {r.version: _nan_to_none(r.balanced_accuracy) for r in separability.itertuples()}
     ok = probes[probes["variant"].isin(["full", "cue_deleted", "delta"]) & (probes["status"] == "ok")]
     assert values["auc"] == {f"{r.language}/{r.genre}/{r.variant}": _nan_to_none(r.auc) for r in ok.itertuples()}
-    figures = _values(data, "07_figures")
+    figures = _values(data, "08_figures")
     assert figures["n_figures"] == len(plots.FIGURES) and figures["stems"][0] == "01_vsr_heatmap"
 
 

@@ -1,4 +1,4 @@
-"""Stage 07 figures: every figure function on small (1 model, 3 languages, some cells empty), large
+"""Stage 08 figures: every figure function on small (1 model, 3 languages, some cells empty), large
 (23 models x 10-14 languages) and empty synthetic artifacts; the stats each returns against values
 computed by hand from its input; save_figure's files."""
 
@@ -1136,7 +1136,7 @@ def test_every_figure_saves(tmp_path):
 def make_crosslens() -> tuple[pd.DataFrame, pd.DataFrame]:
     """A cross-lens table of 3 models x 2 languages whose measures rise with the model's index (one
     cell without M_s), and its agreement table."""
-    from storybias.stages.probes import crosslens as X
+    from storybias.stages.crosslens import measures as X
     from storybias.stats.concordance import lens_agreement
 
     rows = []
@@ -1413,7 +1413,7 @@ def test_glm_table_shades_significant_terms_and_flags_negative_wald_statistics()
     check_no_data(*plots.glm_table(pd.DataFrame()))
 
 
-# --- notebook 07 helpers -----------------------------------------------------------------------------
+# --- notebook 08 helpers -----------------------------------------------------------------------------
 
 
 def test_quote_stats_formats_and_marks_missing_values():

@@ -5,7 +5,6 @@ scripts), narrative-weighted relevance by hand, NER masking, the backends and th
 from __future__ import annotations
 
 import time
-import typing
 
 import numpy as np
 import pandas as pd
@@ -17,6 +16,7 @@ from sklearn.metrics import balanced_accuracy_score, roc_auc_score
 
 from storybias.config import params
 from storybias.core import paths
+from storybias.core.results import StageResult
 from storybias.stages import probes
 from storybias.stages.probes import cultural, embeddings, probe
 from storybias.stats.bootstrap import bootstrap_group_counts
@@ -483,9 +483,10 @@ def test_run_writes_the_contract_tables(tmp_path, monkeypatch):
     )
     p = params.Params(profile, tmp_path / "synthetic.yaml")
     out = probes.run(p)
-    # issue #16: the stage's result is a typed dict whose declared keys are exactly the ones returned
-    assert list(out) == list(probes.ProbesResult.__annotations__)
-    assert typing.get_type_hints(probes.run)["return"] is probes.ProbesResult
+    # issue #42: the one stage result, with the tables the stage wrote and the values its notebook records
+    assert isinstance(out, StageResult) and out.stage == "probes" and out.manifest["stage"] == "probes"
+    assert set(probe.OUTPUT_SCHEMAS) <= set(out.tables) and set(out.artifacts) >= set(probe.OUTPUT_SCHEMAS)
+    assert out.values["n_probe_rows"] == len(out["probes"]) and out.values["backend"] == out.manifest["backend"]
     run_dir = tmp_path / "data" / "synthetic"
     contract = {
         "probes": [

@@ -69,12 +69,12 @@ def test_publish_checks_every_report_before_writing_any(tmp_path, monkeypatch):
     for stage in STAGES[:-1]:
         nbformat.write(_executed(_notebook(), str(tmp_path)), reports / stage.notebook.split("/")[1])
     before = {p.name: p.read_text() for p in notebooks.iterdir()}
-    with pytest.raises(FileNotFoundError, match=r"07_figures.ipynb: no executed notebook; run `make paper`"):
+    with pytest.raises(FileNotFoundError, match=r"08_figures.ipynb: no executed notebook; run `make paper`"):
         publish_notebooks("default")
     assert {p.name: p.read_text() for p in notebooks.iterdir()} == before  # nothing written
-    shutil.copy(reports / "01_generate.ipynb", reports / "07_figures.ipynb")
+    shutil.copy(reports / "01_generate.ipynb", reports / "08_figures.ipynb")
     written = publish_notebooks("default")
     assert [p.name for p in written] == [s.notebook.split("/")[1] for s in STAGES]
-    published = nbformat.read(notebooks / "07_figures.ipynb", as_version=4)
+    published = nbformat.read(notebooks / "08_figures.ipynb", as_version=4)
     assert published.cells[2].outputs[0]["text"] == "wrote data/default/x.parquet\n"
     nbformat.validate(published)

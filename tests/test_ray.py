@@ -347,5 +347,5 @@ def test_stage01_killed_after_its_first_shard_resumes_like_the_slow_test(tmp_pat
     before = pd.concat([pd.read_parquet(f) for f in sorted(work.glob("part-*.parquet"))])
     assert len(before) == 2
     result = generate.run(p, progress=False, log=lambda m: None, engine_factory=lambda s: FakeEngine(s, calls=calls))
-    assert len(result.stories) == 4 and result.stories["story_id"].is_unique
+    assert len(result["stories"]) == 4 and result["stories"]["story_id"].is_unique
     assert result.manifest["reuse"] == {"reused": 2, "new": 2}

@@ -86,11 +86,11 @@ def killed_and_resumed(ray_profile):
 def test_killed_after_the_first_shard_resumes_with_nothing_lost_or_duplicated(killed_and_resumed, ray_profile):
     before, result, _ = killed_and_resumed
     assert len(before) == 2 and before["story_id"].is_unique  # the first shard (shard_size 2) survived the kill
-    stories = result.stories
+    stories = result["stories"]
     assert len(stories) == 4 and stories["story_id"].is_unique
     assert set(before["story_id"]) <= set(stories["story_id"])
     assert result.manifest["reuse"] == {"reused": 2, "new": 2}
-    [run] = result.runs
+    [run] = result["runs"]
     assert run.n_generated == 2 and run.endpoint == "ray:local" and "ray" in run.versions
     # the stories.parquet contract: finish_reason derived from the token count
     assert set(STORIES_SCHEMA.names) == set(stories.columns)
@@ -105,7 +105,7 @@ def test_same_texts_as_the_in_process_engine(killed_and_resumed, ray_profile):
     planned = generate.plan(p).to_dict("records")
     with Engine(spec, p.generation.engine, p.generation.seed) as engine:
         local = {r.key: r for r in engine.stream([generate.story_request(row) for row in planned])}
-    on_ray = result.stories.set_index("story_id")
+    on_ray = result["stories"].set_index("story_id")
     for key, r in local.items():
         assert on_ray.loc[key, "text"] == r.text, key
         assert on_ray.loc[key, "n_tokens"] == r.n_tokens and on_ray.loc[key, "n_prompt_tokens"] == r.n_prompt_tokens

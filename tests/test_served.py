@@ -275,14 +275,14 @@ def test_failed_stories_are_stored_counted_marked_invalid_and_retried_alone(tmp_
             s, calls=calls, fail=lambda r: "HTTP 400: flagged by moderation" if r.key in doomed else None
         ),
     )
-    stories = result.stories.set_index("story_id")
+    stories = result["stories"].set_index("story_id")
     assert len(stories) == len(planned)
     assert set(stories.index[stories["finish_reason"] == "error"]) == doomed
     assert stories.loc[list(doomed), "error"].str.contains("moderation").all() and stories["error"].notna().sum() == 2
     assert result.manifest["errors_per_model"] == {"qwen2.5-coder-1.5b": 2}
     assert result.manifest["models"][0]["n_errors_this_run"] == 2
     # stage 02: invalid with reason "error", whatever the design's rule (occupations excludes nothing)
-    classified = langid.apply_rules(result.stories.assign(lid_lang="en", lid_prob=0.99, is_refusal=False))
+    classified = langid.apply_rules(result["stories"].assign(lid_lang="en", lid_prob=0.99, is_refusal=False))
     marked = classified.set_index("story_id")
     assert (marked.loc[list(doomed), "invalid_reason"] == "error").all() and not marked.loc[
         list(doomed), "is_valid"
@@ -292,7 +292,7 @@ def test_failed_stories_are_stored_counted_marked_invalid_and_retried_alone(tmp_
     again = generate.run(p, progress=False, log=lambda m: None, engine_factory=lambda s: FakeEngine(s, calls=calls))
     assert sorted(calls) == sorted(doomed)
     assert again.manifest["reuse"] == {"reused": len(planned) - 2, "new": 2}  # an error is never cached
-    assert (again.stories["finish_reason"] != "error").all() and again.stories["error"].isna().all()
+    assert (again["stories"]["finish_reason"] != "error").all() and again["stories"]["error"].isna().all()
     assert again.manifest["errors_per_model"] == {}
 
 

@@ -217,7 +217,7 @@ def test_a_429_and_500_burst_is_retried_and_the_run_completes(local_server, monk
     finally:
         proxy.close()
     assert proxy.injected == [429, 429, 429, 500, 502], "every injected fault was served"
-    stories = result.stories
+    stories = result["stories"]
     assert len(stories) == len(generate.plan(p)) and stories["story_id"].is_unique
     assert (stories["finish_reason"] != "error").all() and result.manifest["errors_per_model"] == {}
     assert result.manifest["models"][0]["endpoint"] == proxy.base_url

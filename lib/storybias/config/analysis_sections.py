@@ -1,6 +1,6 @@
 """The profile sections of the stages that analyse the corpus: the association tests and their harm
 judges (stage 04), the distributional metrics (stage 05), the embedding probes (stage 06), the figures
-(stage 07), and the sizing of a cluster before a run (planning).
+(stage 08), and the sizing of a cluster before a run (planning).
 
 ``storybias.config.params`` assembles these and the story sections (``story_sections``) into the one
 ``Profile`` schema and re-exports them: import them from there.
@@ -142,22 +142,18 @@ class HumanValidationSettings(Strict):
 
 
 class CrossLensSettings(Strict):
-    """The three lenses side by side (stage 06, ``storybias.stages.probes.crosslens``): per model x language,
-    each lens's headline measure, and the rank agreement of every pair of measures
-    (``storybias.stats.concordance``: within-language rank correlation, whole-model relabelling test)."""
+    """The three lenses side by side (its own stage, ``storybias.stages.crosslens``, after stages 04-06): per
+    model x language, each lens's headline measure read from its stage's tables, and the agreement of every
+    pair of measures (``storybias.stats.concordance``: within-language rank correlation, whole-model
+    relabelling test, BH across lenses)."""
 
     # BiasedTales-ML's comparison the narrative measures read (null: the first of metrics.comparisons
     # that is not log_odds_only)
     comparison: str | None = None
     task: Literal["explicit", "story", "news"] = "story"  # Feng et al.'s genre whose M_s and M_b are read
-    # the genre whose per-model gender probe (AUC, Delta AUC) is read: an occupations task, or a design's
-    # stories (stereotales on an imported StereoTales corpus, with probes.stereotales_attribute: gender)
-    probe_genre: Literal["stereotales", "bedtime", "story", "news"] = "story"
     # relabellings of the models (the same in every language) in the agreement test; all of them when
     # there are fewer (7 models: 5,040)
     n_permutations: Annotated[int, Field(ge=100)] = 2000
-    # resamples of the per-cell M_s / M_b intervals (the agreement table has no interval: see concordance)
-    n_bootstrap: Annotated[int, Field(ge=100)] = 1000
     seed: int = 42
 
 
@@ -189,13 +185,16 @@ class ProbeSettings(Strict):
     # stereotales stories enter the probes only where the prompt fixed this attribute (e.g. gender: does a
     # story still carry its prompted gender once the cues are deleted?); null: every stereotales story
     stereotales_attribute: str | None = None
+    # the genre whose gender probe stage 06 also refits on each model's stories (AUC and Delta AUC per model
+    # x language, probes_per_model.parquet, read by the cross-lens stage): an occupations task, or a design's
+    # stories (stereotales on an imported StereoTales corpus, with stereotales_attribute: gender)
+    per_model_genre: Literal["stereotales", "bedtime", "story", "news"] = "story"
     umap: UmapSettings = UmapSettings()
     human_validation: HumanValidationSettings = HumanValidationSettings()
-    crosslens: CrossLensSettings = CrossLensSettings()
 
 
 class FigureSettings(Strict):
-    """Stage 07: drawing only (no statistic is recomputed); changing these reruns only notebook 07."""
+    """Stage 08: drawing only (no statistic is recomputed); changing these reruns only notebook 08."""
 
     dpi: Annotated[int, Field(ge=72, le=600)] = 200  # PNG resolution (the PDF is vector)
     top_associations: Annotated[int, Field(ge=1)] = 20  # rows of the top-associations table figure

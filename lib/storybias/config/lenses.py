@@ -170,7 +170,7 @@ def probe_shortfalls(params: Params, stories: pd.DataFrame) -> list[str]:
     lines = []
     for scope, by in (("", ["language"]), ("per-model refit (cross-lens table), ", ["model", "language"])):
         for genre, part in frame.groupby("genre", sort=True):
-            if by[0] == "model" and genre != settings.crosslens.probe_genre:
+            if by[0] == "model" and genre != settings.per_model_genre:
                 continue
             groups, sizes = _cell_sizes(part, by)
             what = f"{genre} cells ({' x '.join(groups.index.names)})"

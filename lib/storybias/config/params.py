@@ -138,6 +138,7 @@ class Profile(Strict):
     metrics: MetricsSettings = MetricsSettings()
     probes: ProbeSettings = ProbeSettings()
     associations: AssociationSettings = AssociationSettings()
+    crosslens: CrossLensSettings = CrossLensSettings()
     figures: FigureSettings = FigureSettings()
     planning: PlanningSettings = PlanningSettings()
 
@@ -155,20 +156,20 @@ class Profile(Strict):
 
     @model_validator(mode="after")
     def _crosslens_comparison_exists(self) -> Profile:
-        name = self.probes.crosslens.comparison
+        name = self.crosslens.comparison
         names = [c.name for c in self.metrics.comparisons if not c.log_odds_only]
         if name is not None and name not in names:
             raise ValueError(
-                f"probes.crosslens.comparison: {name!r} is not a comparison of metrics.comparisons with S_C and "
+                f"crosslens.comparison: {name!r} is not a comparison of metrics.comparisons with S_C and "
                 f"JSD (those: {', '.join(names) or 'none'})"
             )
         return self
 
     def crosslens_comparison(self) -> str | None:
-        """The BiasedTales-ML comparison the cross-lens table reads: ``probes.crosslens.comparison``, else
+        """The BiasedTales-ML comparison the cross-lens table reads: ``crosslens.comparison``, else
         the first of ``metrics.comparisons`` that computes S_C and JSD (None when there is none)."""
-        if self.probes.crosslens.comparison is not None:
-            return self.probes.crosslens.comparison
+        if self.crosslens.comparison is not None:
+            return self.crosslens.comparison
         return next((c.name for c in self.metrics.comparisons if not c.log_odds_only), None)
 
     @model_validator(mode="before")

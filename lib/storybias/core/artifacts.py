@@ -2,7 +2,7 @@
 
 Each stage has one token (``generate``, ``filter``, ``extract``, ``associations``, ``metrics``,
 ``probes``, ``figures``) used as its Make target, notebook name (``notebooks/NN_<token>.ipynb``),
-``lib`` module (``storybias.<token>``; stage 07's figures are drawn by ``storybias.stages.figures``), params
+``lib`` module (``storybias.<token>``; stage 08's figures are drawn by ``storybias.stages.figures``), params
 section and manifest (``manifest_<token>.json``). :data:`STAGES` lists them; tests check that the
 Makefile, the notebooks, the modules and the params schema agree with it.
 
@@ -107,17 +107,26 @@ STAGES: tuple[Stage, ...] = (
         "probes",
         "stages.probes",
         ("probes",),
-        "Feng et al. probes and cultural markers; the three lenses side by side",
-        ("extractions", "manifest_associations", "manifest_metrics"),
+        "Feng et al. probes and cultural markers",
+        ("extractions",),
         ("params/cues/*.yaml",),
     ),
+    # reads the metrics section for the default comparison (the first of metrics.comparisons)
     Stage(
         7,
+        "crosslens",
+        "stages.crosslens",
+        ("crosslens", "metrics.comparisons"),
+        "the three lenses side by side",
+        ("manifest_associations", "manifest_metrics", "manifest_probes"),
+    ),
+    Stage(
+        8,
         "figures",
         "stages.figures",
         ("figures",),
         "every figure, and the stories explorer",
-        ("filtered", "manifest_associations", "manifest_metrics", "manifest_probes"),
+        ("filtered", "manifest_associations", "manifest_metrics", "manifest_probes", "manifest_crosslens"),
     ),
 )
 STAGE_BY_TOKEN: dict[str, Stage] = {s.token: s for s in STAGES}
@@ -184,6 +193,9 @@ _PROBES = {
     "cultural": "narrative-weighted cultural-marker relevance per source language x genre x context",
     "cultural_advantage": "self-context advantage per source language x genre, with bootstrap CI",
     "separability": "balanced accuracy of the marker source-language probe per marker version",
+    "probes_per_model": "the gender probe refitted per model x language (AUC, Delta AUC) for the cross-lens stage",
+}
+_CROSSLENS = {
     "crosslens": "each lens's headline measure per model x language, with interval, n and why it is missing",
     "crosslens_agreement": "every pair of cross-lens measures: within-language rank r, whole-model permutation p, BH",
 }
@@ -293,6 +305,11 @@ ARTIFACTS: tuple[Artifact, ...] = (
         for name, meaning in _PROBES.items()
     ),
     _manifest("probes", "embedding backend, timings, counts, notes and parameters of stage 06"),
+    *(
+        Artifact(name, f"{name}.parquet", "crosslens", meaning, f"stages.crosslens.measures:{name.upper()}_SCHEMA")
+        for name, meaning in _CROSSLENS.items()
+    ),
+    _manifest("crosslens", "the comparison read, the lenses, counts, missing measures and parameters of stage 07"),
     Artifact(
         "manifest_figures",
         "figures.json",
@@ -307,7 +324,7 @@ ARTIFACTS: tuple[Artifact, ...] = (
 ARTIFACT_BY_NAME: dict[str, Artifact] = {a.name: a for a in ARTIFACTS}
 
 # The file Make tracks for each stage (written last by the stage): `make <stage>` is up to date when
-# it is. Stage 07 has two (the figures and the explorer, separate Make targets).
+# it is. Stage 08 has two (the figures and the explorer, separate Make targets).
 MAKE_TARGETS: dict[str, tuple[str, ...]] = {
     "generate": ("stories",),
     "filter": ("filtered",),
@@ -315,6 +332,7 @@ MAKE_TARGETS: dict[str, tuple[str, ...]] = {
     "associations": ("manifest_associations",),
     "metrics": ("manifest_metrics",),
     "probes": ("manifest_probes",),
+    "crosslens": ("manifest_crosslens",),
     "figures": ("manifest_figures", "explorer"),
 }
 
@@ -489,6 +507,6 @@ def extractions_path(run_name: str) -> Path:
 
 
 def manifest_path(run_name: str, stage: str) -> Path:
-    """manifest_<stage>.json (stage 07's is figures/<run>/figures.json)."""
+    """manifest_<stage>.json (stage 08's is figures/<run>/figures.json)."""
 
     return path(run_name, STAGE_BY_TOKEN[stage].manifest)

@@ -40,7 +40,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple, TypedDict
+from typing import Any, NamedTuple
 
 import pandas as pd
 
@@ -49,6 +49,7 @@ from storybias.config.params import AssociationSettings, ModelSpec, Params
 from storybias.core import artifacts, paths
 from storybias.core.io import write_json_atomic
 from storybias.core.locks import holds_run_lock
+from storybias.core.results import StageResult
 from storybias.engines import ChatEngine
 from storybias.evidence.ratings import load_human_ratings
 from storybias.evidence.released_associations import (
@@ -163,36 +164,24 @@ def _power_report(
     )
 
 
-class AssociationsResult(TypedDict):
-    """What stage 04's :func:`run` returns to notebook 04 (the parquet files hold the same tables)."""
-
-    attributes: pd.DataFrame  # associations_attributes.parquet
-    values: pd.DataFrame  # associations_values.parquet
-    shared: pd.DataFrame  # associations_shared.parquet (with the judges' ratings)
-    by_language: pd.DataFrame
-    ratings: pd.DataFrame  # every judge answer (harm_ratings.parquet plus rating_key)
-    self_gap: pd.DataFrame
-    power: pd.DataFrame  # associations_power.parquet
-    harm_by_attribute: pd.DataFrame
-    human: pd.DataFrame | None  # the human ratings file, when given
-    agreement: dict[str, Any] | None
-    notes: list[str]
-    counts: dict[str, int]
-    manifest: dict[str, Any]  # manifest_associations.json
-    human_summary: pd.DataFrame | None
-    llm_summary: pd.DataFrame
-    harm_gap: pd.DataFrame | None
-    harmful_human_vs_llm: dict[str, Any] | None
-    realism: pd.DataFrame
-    published: pd.DataFrame  # published_comparison.parquet (empty without associations.published)
-    findings: pd.DataFrame  # associations_findings.parquet: StereoTales' headline counts per model x scope
-    finding_statements: dict[str, dict[str, Any]]  # finding 1 and 3 stated from them
+def _values(manifest: dict[str, Any], counts: dict[str, int], notes: list[str]) -> dict[str, Any]:
+    """The named values notebook 04 records: the counts of each step, the findings stated (True, False
+    or None) and the published comparison's counts under the files' rule."""
+    published = manifest["published"]
+    return {
+        "n_stories": counts["analysed"],
+        **{k: manifest[k] for k in ("n_tables", "n_retained", "n_significant", "n_judged", "n_ratings")},
+        "n_ratings_unparsed": manifest["n_ratings_unparsed"],
+        "notes": notes,
+        "findings": {k: v["holds"] for k, v in manifest["findings"].items()},
+        "published": None if published is None else published["status_files_rule"],
+    }
 
 
 @holds_run_lock("associations")
 def run(
     params: Params, progress: bool = True, engine_factory: Callable[[ModelSpec], ChatEngine] | None = None
-) -> AssociationsResult:
+) -> StageResult:
     """Stage 04: both passes for every model, sharing, the LLM harm judge and (optionally) human
     ratings; writes data/<run>/associations_*.parquet, harm_ratings.parquet, manifest_associations.json.
     ``engine_factory(spec)``: the judges' engines, as for stages 01 and 03 (default engines.open_engine)."""
@@ -246,29 +235,45 @@ def run(
         "fisher": settings.fisher,
     }
     write_json_atomic(manifest, artifacts.manifest_path(run_name, "associations"))
-    return AssociationsResult(
-        attributes=attributes,
-        values=values,
-        shared=shared,
-        by_language=languages,
-        ratings=ratings,
-        self_gap=gap,
-        power=power_table,
-        harm_by_attribute=harm_by_attribute(shared),
-        human=human,
-        agreement=humans.agreement,
-        notes=notes,
-        counts=counts,
-        manifest=manifest,
-        human_summary=humans.table,
-        llm_summary=llm_table,
-        harm_gap=humans.harm_gap,
-        harmful_human_vs_llm=humans.harmful_vs,
-        realism=realism_summary(human, parsed),
-        published=comparison,
-        findings=findings,
-        finding_statements=manifest["findings"],
-    )
+    tables = {
+        "attributes": attributes,
+        "values": values,
+        "shared": shared,
+        "by_language": languages,
+        "ratings": ratings,
+        "self_gap": gap,
+        "power": power_table,
+        "harm_by_attribute": harm_by_attribute(shared),
+        "llm_summary": llm_table,
+        "realism": realism_summary(human, parsed),
+        "published": comparison,
+        "findings": findings,
+    }
+    return _result(run_name, tables, manifest, counts, notes, human, humans)
+
+
+def _result(
+    run_name: str,
+    tables: dict[str, pd.DataFrame],
+    manifest: dict[str, Any],
+    counts: dict[str, int],
+    notes: list[str],
+    human: pd.DataFrame | None,
+    humans: _HumanComparison,
+) -> StageResult:
+    """Stage 04's result: its tables, and as details the human ratings file (None without one) and what
+    is compared with it, the counts and the findings stated."""
+    details = {
+        "human": human,
+        "human_summary": humans.table,
+        "harm_gap": humans.harm_gap,
+        "agreement": humans.agreement,
+        "harmful_human_vs_llm": humans.harmful_vs,
+        "counts": counts,
+        "finding_statements": manifest["findings"],
+    }
+    values = _values(manifest, counts, notes)
+    return StageResult("associations", run_name, tables, manifest, values, notes, details)
 
 
 def _records(frame: pd.DataFrame | None) -> list[dict[str, Any]] | None:

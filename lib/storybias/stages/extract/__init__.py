@@ -27,6 +27,7 @@ from storybias.config.designs import extraction_defaults
 from storybias.config.params import ExtractionSettings, ModelSpec, Params
 from storybias.core import artifacts
 from storybias.core.locks import holds_run_lock
+from storybias.core.results import StageResult
 from storybias.engines import ChatEngine, ChatRequest, ChatResult, entered_info, open_engine, preflight
 from storybias.engines.cache import CachingEngine, ResponseCache
 from storybias.engines.runner import RunStats, run_requests
@@ -307,13 +308,32 @@ def _manifest(
     }
 
 
+def extract_result(
+    run_name: str, manifest: dict[str, Any], tables: dict[str, pd.DataFrame], details: dict[str, Any]
+) -> StageResult:
+    """Stage 03's result, with the values notebook 03 records: counts, the agreement's method and, when the
+    gold set ran, the primary extractor's gender accuracy against its majority baseline."""
+    extractions, gold = tables["extractions"], details["gold"]
+    values: dict[str, Any] = {
+        "n_extracted": int(len(extractions)),
+        "n_parse_failed": int((~extractions["parse_ok"].astype(bool)).sum()),
+        "n_story_cut": int(extractions["story_cut"].astype(bool).sum()) if "story_cut" in extractions else 0,
+        "agreement": details["agreement_how"],
+    }
+    if gold is not None:
+        scores = gold["scores"].set_index("field")
+        values["gold_gender_accuracy"] = float(scores.loc["protagonist_gender", "accuracy"])
+        values["gold_gender_majority_baseline"] = float(scores.loc["protagonist_gender", "majority_baseline"])
+    return StageResult("extract", run_name, tables=tables, manifest=manifest, values=values, details=details)
+
+
 @holds_run_lock("extract")
 def run(
     params: Params,
     progress: bool = True,
     engine_factory: Callable[[ModelSpec], ChatEngine] | None = None,
     log: Callable[[str], None] = print,
-) -> dict[str, Any]:
+) -> StageResult:
     """Stage 03: extract every valid story (resumable through the cache), write extractions.parquet
     and its tables."""
     run_name, settings = params.run_name, params.extract
@@ -359,20 +379,19 @@ def run(
     agree, agreement_how = agreement_table(stories, resolved, settings)
     artifacts.write(run_name, "extraction_raw", raw)
     artifacts.write(run_name, "extraction_agreement", agree)
-    artifacts.write(run_name, "manifest_extract", _manifest(params, extractions, raw, resolved, timings, agreement_how))
+    manifest = _manifest(params, extractions, raw, resolved, timings, agreement_how)
+    artifacts.write(run_name, "manifest_extract", manifest)
     compared, extractions = _published_side(params, stories, extractions, log)
     artifacts.write(run_name, "extractions", extractions)  # last: Make's target
-    return {
+    tables = {
         "stories": stories,
         "extractions": extractions,
         "raw": raw,
         "agreement": agree,
-        "agreement_how": agreement_how,
         "failures": parse_failure_table(stories, extractions),
-        "timings": timings,
-        "gold": gold,
-        "published": compared,
     }
+    details = {"agreement_how": agreement_how, "timings": timings, "gold": gold, "published": compared}
+    return extract_result(run_name, manifest, tables, details)
 
 
 def _corpus_table(run_name: str) -> pd.DataFrame:
@@ -382,7 +401,7 @@ def _corpus_table(run_name: str) -> pd.DataFrame:
     return pd.read_parquet(source, columns=["story_id", "published_extraction"])
 
 
-def run_published(params: Params, stories: pd.DataFrame, log: Callable[[str], None] = print) -> dict[str, Any]:
+def run_published(params: Params, stories: pd.DataFrame, log: Callable[[str], None] = print) -> StageResult:
     """Stage 03 with ``corpus.extractions: published``: the release's extractions mapped, no model asked."""
     run_name = params.run_name
     started = time.time()
@@ -403,17 +422,17 @@ def run_published(params: Params, stories: pd.DataFrame, log: Callable[[str], No
     }
     artifacts.write(run_name, "manifest_extract", manifest)
     artifacts.write(run_name, "extractions", extractions)  # last: Make's target
-    return {
+    tables = {
         "stories": stories,
         "extractions": extractions,
         "raw": pd.DataFrame(columns=RAW_SCHEMA.names),
         "agreement": pd.DataFrame(),
-        "agreement_how": "published extractions: the release's three-extractor consensus, one answer per story",
         "failures": parse_failure_table(stories, extractions),
-        "timings": {},
-        "gold": None,
-        "published": counts,
     }
+    how = "published extractions: the release's three-extractor consensus, one answer per story"
+    return extract_result(
+        run_name, manifest, tables, {"agreement_how": how, "timings": {}, "gold": None, "published": counts}
+    )
 
 
 def _published_side(

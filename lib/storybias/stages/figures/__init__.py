@@ -1,4 +1,4 @@
-"""Stage 07 figures: one function per figure of the three studies, drawn from the stage artifacts.
+"""Stage 08 figures: one function per figure of the three studies, drawn from the stage artifacts.
 
 Every function takes artifact DataFrames (docs/data-contract.md) and returns ``(fig, stats)``: a
 :class:`matplotlib.figure.Figure` and a dict of a few named values the figure shows (counts, means,
@@ -24,7 +24,7 @@ headline counts), ``metrics`` (05; ``metrics_jsd`` and ``metrics_feng`` draw som
 are re-exported by it), ``probes`` (06; likewise ``probes_umap`` and ``probes_advantage``) and
 ``crosslens`` (06's cross-lens tables); the shared ``style`` (sizes, palettes, saving, and the
 empty-input guard every figure uses: ``style.no_data_figure`` / ``style.message_panel``), and ``gallery``
-(notebook 07's artifacts and manifests, quoting and index). This module re-exports their public names:
+(notebook 08's artifacts and manifests, quoting and index). This module re-exports their public names:
 ``from storybias.stages import figures as plots; plots.vsr_heatmap(...)``.
 """
 

@@ -6,7 +6,7 @@ centred ranks of the most and the least concordant pair across lenses.
 
 The standardisation is for display only (each measure's z-score over the cells that have it, so that a
 share and a count share one colour scale); the cell's own value is written in it. Every number comes
-from ``crosslens.parquet`` and ``crosslens_agreement.parquet`` (``storybias.stages.probes.crosslens``,
+from ``crosslens.parquet`` and ``crosslens_agreement.parquet`` (``storybias.stages.crosslens.measures``,
 ``storybias.stats.concordance``); the centred ranks of the pair panels are those the statistic
 correlates (``concordance.centred_rank_cells``)."""
 

@@ -1,4 +1,4 @@
-"""Notebook 07's plumbing: the figure registry (:data:`FIGURES`, stable file stems in notebook order),
+"""Notebook 08's plumbing: the figure registry (:data:`FIGURES`, stable file stems in notebook order),
 the run's artifacts read in one call, statistics quoted into text, and the ``Gallery`` that saves,
 shows and indexes the figures (``figures.json``)."""
 
@@ -15,7 +15,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from storybias.core import artifacts
-from storybias.core.io import write_json_atomic
+from storybias.core.io import record_values, write_json_atomic
 from storybias.stages.figures.style import DPI, is_missing, save_figure
 
 # Registry: stable file stems in notebook order, with what each figure shows.
@@ -82,10 +82,10 @@ FIGURES: list[tuple[str, str]] = [
 ]
 
 
-# --- notebook 07: artifacts in, figures + index out -----------------------------------------------
+# --- notebook 08: artifacts in, figures + index out -----------------------------------------------
 
 ARTIFACT_NAMES: tuple[str, ...] = (
-    # everything notebook 07 reads: names in storybias.core.artifacts (the registry says where each file lives)
+    # everything notebook 08 reads: names in storybias.core.artifacts (the registry says where each file lives)
     "vsr",
     "filtered",
     "extractions",
@@ -111,7 +111,7 @@ ARTIFACT_NAMES: tuple[str, ...] = (
 )
 
 MANIFEST_NAMES: tuple[str, ...] = (
-    # the manifests whose values notebook 07 draws (stage 04's human agreement, stage 06's human validation)
+    # the manifests whose values notebook 08 draws (stage 04's human agreement, stage 06's human validation)
     "manifest_associations",
     "manifest_probes",
 )
@@ -203,7 +203,7 @@ def _plain(value: Any) -> Any:
 
 
 class Gallery:
-    """Notebook 07's figures: ``show`` saves one (PNG + PDF), displays the PNG and prints its quoted
+    """Notebook 08's figures: ``show`` saves one (PNG + PDF), displays the PNG and prints its quoted
     statistic; ``write_index`` writes ``figures.json`` (files, statistics, parameters) last, atomically:
     the Make target of the stage."""
 
@@ -241,6 +241,17 @@ class Gallery:
             "params": dict(params or {}),
         }
         return write_json_atomic(index, self.out_dir / "figures.json")
+
+    def record(self, run_name: str) -> dict[str, Any]:
+        """The values notebook 08 records (data/<run>/values/08_figures.json): how many figures, how many
+        say "no data", their stems."""
+        return record_values(
+            run_name,
+            "08_figures",
+            n_figures=len(self.records),
+            n_no_data=sum(r["no_data"] for r in self.records),
+            stems=[r["stem"] for r in self.records],
+        )
 
     def table(self) -> pd.DataFrame:
         return pd.DataFrame(

@@ -1,4 +1,4 @@
-"""Stage 07 figures' shared style: text sizes and palettes, the Agg figure factory, layout helpers
+"""Stage 08 figures' shared style: text sizes and palettes, the Agg figure factory, layout helpers
 (grids, wrapped titles, heat maps, legends), saving as PNG + PDF (``save_figure``), and the empty-input
 guard written once: ``no_data_figure`` (a whole figure) and ``message_panel`` (one panel), which every
 figure draws instead of raising or drawing degenerate values.

@@ -17,10 +17,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm.auto import tqdm
 
+from storybias.config.params import Params
 from storybias.config.plan import stories_schema
 from storybias.core import artifacts
 from storybias.core.locks import holds_run_lock
+from storybias.core.results import StageResult
 from storybias.stages.filter.langid import INVALID_REASONS, classify, summary, vsr_table
+from storybias.summaries import vsr_by_language
 
 BATCH_ROWS = 20_000  # stories classified and written at a time
 SHOWN_TEXT = 240  # characters of each text in the frame run() returns (notebook 02 shows 160)
@@ -60,11 +63,11 @@ def filtered_schema() -> pa.Schema:
 
 
 @holds_run_lock("filter")
-def run(params, progress: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
+def run(params: Params, progress: bool = True) -> StageResult:
     """Stage 02: classify every story of the run, write filtered.parquet, vsr.parquet and its manifest.
 
     The stories are read and written ``BATCH_ROWS`` at a time, so an imported corpus of 650,000 stories
-    is never held whole. The returned frame is filtered.parquet without ``prompt`` and with each text
+    is never held whole. The result's ``filtered`` is filtered.parquet without ``prompt`` and with each text
     cut to its first ``SHOWN_TEXT`` characters after leading white space (emptiness, the only check read
     back from the text, is unchanged); the file holds every text whole."""
     run_name = params.run_name
@@ -86,11 +89,11 @@ def run(params, progress: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
             bar.update(len(classified))
     filtered = pd.concat(shown, ignore_index=True) if shown else _shown(filtered_schema().empty_table().to_pandas())
     vsr = vsr_table(filtered)
-    artifacts.write(
-        run_name, "manifest_filter", {"stage": "filter", **summary(filtered), "params": params.resolved()["filter"]}
-    )
+    manifest = {"stage": "filter", **summary(filtered), "params": params.resolved()["filter"]}
+    artifacts.write(run_name, "manifest_filter", manifest)
     artifacts.write(run_name, "vsr", vsr)
-    return filtered, vsr
+    values = {**summary(filtered), "vsr_overall": vsr_by_language(vsr, "bedtime")}
+    return StageResult("filter", run_name, tables={"filtered": filtered, "vsr": vsr}, manifest=manifest, values=values)
 
 
 def _shown(classified: pd.DataFrame) -> pd.DataFrame:

@@ -34,6 +34,7 @@ from storybias.config.params import ModelSpec, Params, Sampling
 from storybias.config.plan import ERROR, plan_columns, stories_schema
 from storybias.core import artifacts, paths
 from storybias.core.locks import holds_run_lock
+from storybias.core.results import StageResult
 from storybias.engines import ChatEngine, ChatRequest, ChatResult, entered_info, open_engine, preflight
 from storybias.engines.cache import REUSED, CachingEngine, ResponseCache, cache_dir
 from storybias.engines.runner import run_requests
@@ -82,11 +83,20 @@ class ModelRun:
         return round(self.output_tokens / self.generation_seconds, 2) if self.generation_seconds else 0.0
 
 
-@dataclass
-class GenerateResult:
-    stories: pd.DataFrame
-    runs: list[ModelRun]
-    manifest: dict[str, Any]
+def generate_result(
+    run_name: str, stories: pd.DataFrame, runs: list[ModelRun], manifest: dict[str, Any]
+) -> StageResult:
+    """Stage 01's result: the stories (``stories``; without the text of an imported corpus), the per-model
+    records (``runs``) and the values notebook 01 records."""
+    values = {
+        "n_planned": int(manifest.get("n_planned", len(stories))),
+        "n_stories": int(len(stories)),
+        "n_unique_story_ids": int(stories["story_id"].nunique()),
+        "stories_per_design": {str(d): int(n) for d, n in stories["design"].value_counts().items()},
+        "n_truncated": int((stories["finish_reason"] == "length").sum()),
+    }
+    return StageResult("generate", run_name, tables={"stories": stories}, manifest=manifest, values=values,
+                       details={"runs": runs})  # fmt: skip
 
 
 def _null(value: Any) -> Any:
@@ -155,7 +165,7 @@ def run(
     progress: bool = True,
     engine_factory: Callable[[ModelSpec], ChatEngine] | None = None,
     log: Callable[[str], None] = print,
-) -> GenerateResult:
+) -> StageResult:
     """Generate every planned story the run's cache does not hold, then write stories.parquet and
     manifest_generate.json."""
     started = time.time()
@@ -206,10 +216,10 @@ def run(
         f"wrote {artifacts.stories_path(run_name)} ({len(frame)} stories"
         + (f"; {n_errors} failed requests stored as errors: a rerun asks for them again)" if n_errors else ")")
     )
-    return GenerateResult(stories=frame, runs=runs, manifest=manifest)
+    return generate_result(run_name, frame, runs, manifest)
 
 
-def import_corpus(params: Params, progress: bool = True, log: Callable[[str], None] = print) -> GenerateResult:
+def import_corpus(params: Params, progress: bool = True, log: Callable[[str], None] = print) -> StageResult:
     """Stage 01 on a corpus profile: the corpus' kept rows, checked, written as stories.parquet and corpus.parquet."""
     started = time.time()
     settings = params.corpus
@@ -226,7 +236,7 @@ def import_corpus(params: Params, progress: bool = True, log: Callable[[str], No
     log(f"wrote {artifacts.stories_path(params.run_name)} ({counts['rows']} imported stories)")
     # the text stays in the file (a corpus can be large); no model ran, so no token count (null, as in the file)
     stories = planned.assign(finish_reason=corpus.IMPORTED, n_tokens=pd.NA)
-    return GenerateResult(stories=stories[[*plan_columns(), "finish_reason", "n_tokens"]], runs=[], manifest=manifest)
+    return generate_result(params.run_name, stories[[*plan_columns(), "finish_reason", "n_tokens"]], [], manifest)
 
 
 def _assemble(planned: pd.DataFrame, stories: list[dict[str, Any]]) -> pd.DataFrame:

@@ -19,6 +19,7 @@ from storybias.config.params import Comparison, MetricsSettings, Params
 from storybias.config.studies import GRAMMATICAL_GENDER, MIN_STORIES_FLAG, S_C_CLIP
 from storybias.core import artifacts
 from storybias.core.locks import holds_run_lock
+from storybias.core.results import StageResult
 from storybias.stages.metrics.biasedtales import (
     JSD_EPSILON,
     GroupData,
@@ -43,6 +44,7 @@ from storybias.stages.metrics.biasedtales import (
 from storybias.stages.metrics.feng import (
     ANOVA_SPEC_KEYS,
     GLM_GENRES,
+    aggregate_intervals,
     aggregate_scores,
     bh_adjust,
     common_models,
@@ -81,6 +83,7 @@ __all__ = [
     # B. stereotype and balance (Feng et al.)
     "ANOVA_SPEC_KEYS",
     "GLM_GENRES",
+    "aggregate_intervals",
     "aggregate_scores",
     "bh_adjust",
     "common_models",
@@ -186,6 +189,11 @@ OUTPUT_SCHEMAS: dict[str, pa.Schema] = {
             *_SCORE_KEYS,
             ("m_s", _REAL),
             ("m_b", _REAL),
+            # 95% percentile intervals over resamples of each occupation's outputs (feng.aggregate_intervals)
+            ("m_s_low", _REAL),
+            ("m_s_high", _REAL),
+            ("m_b_low", _REAL),
+            ("m_b_high", _REAL),
             ("n_occupations", _COUNT),
             ("n_outputs", _COUNT),
             ("denominator", _TEXT),
@@ -408,10 +416,16 @@ def _stereotype_tables(data: pd.DataFrame, settings: MetricsSettings, notes: lis
     occupations = pd.concat(
         [occ_all.assign(denominator="all outputs"), occ_ident.assign(denominator="identified only")]
     )
+    keys = ["model", "language", "task"]
     aggregates = pd.concat(
         [
-            aggregate_scores(occ_all).assign(denominator="all outputs"),
-            aggregate_scores(occ_ident).assign(denominator="identified only"),
+            aggregate_scores(table)
+            .merge(aggregate_intervals(table, settings.bootstrap, settings.seed, identified), on=keys, how="left")
+            .assign(denominator=denominator)
+            for table, identified, denominator in (
+                (occ_all, False, "all outputs"),
+                (occ_ident, True, "identified only"),
+            )
         ]
     )
     common = common_models(aggregate_scores(occ_all))
@@ -423,8 +437,24 @@ def _stereotype_tables(data: pd.DataFrame, settings: MetricsSettings, notes: lis
     }
 
 
+def _values(tables: dict[str, pd.DataFrame], notes: list[str], n_excluded: int) -> dict[str, Any]:
+    """The named values notebook 05 records: exclusions, notes, table sizes and the mean M_s and M_b (all
+    outputs in the denominator) when the run has occupations outputs."""
+    values: dict[str, Any] = {
+        "n_excluded": n_excluded,
+        "notes": notes,
+        "n_sc_rows": int(len(tables["sc"])),
+        "n_jsd_rows": int(len(tables["jsd"])),
+    }
+    aggregates = tables["aggregates"]
+    if not aggregates.empty:
+        pooled = aggregates[aggregates["denominator"] == "all outputs"]
+        values.update(mean_m_s=float(pooled["m_s"].mean()), mean_m_b=float(pooled["m_b"].mean()))
+    return values
+
+
 @holds_run_lock("metrics")
-def run(params: Params) -> dict[str, Any]:
+def run(params: Params) -> StageResult:
     """Stage 05: read extractions + conditions, compute every table, write data/<run>/metrics_*.parquet."""
 
     run_name, settings = params.run_name, params.metrics
@@ -438,14 +468,19 @@ def run(params: Params) -> dict[str, Any]:
     for name, table in tables.items():
         artifacts.write(run_name, f"metrics_{name}", to_contract(table, name))
         tables[name] = table.reset_index(drop=True).reindex(columns=OUTPUT_SCHEMAS[name].names)
-    artifacts.write(
+    manifest = {
+        "stage": "metrics",
+        "notes": notes,
+        "n_parse_failed_excluded": n_excluded,
+        "params": params.resolved()["metrics"],
+    }
+    artifacts.write(run_name, "manifest_metrics", manifest)
+    return StageResult(
+        "metrics",
         run_name,
-        "manifest_metrics",
-        {
-            "stage": "metrics",
-            "notes": notes,
-            "n_parse_failed_excluded": n_excluded,
-            "params": params.resolved()["metrics"],
-        },
+        tables=tables,
+        manifest=manifest,
+        values=_values(tables, notes, n_excluded),
+        notes=notes,
+        details={"n_excluded": n_excluded},
     )
-    return {**tables, "notes": notes, "n_excluded": n_excluded}

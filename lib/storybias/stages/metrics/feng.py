@@ -15,6 +15,7 @@ import statsmodels.formula.api as smf
 from statsmodels.stats.anova import anova_lm
 
 from storybias.config.designs import with_lens
+from storybias.stats.bootstrap import percentile_interval
 from storybias.stats.multiple_testing import adjust
 
 
@@ -58,6 +59,41 @@ def aggregate_scores(occupation_table: pd.DataFrame) -> pd.DataFrame:
         )
         .reset_index()
     )
+
+
+def _occupation_draws(group: pd.DataFrame, n_boot: int, rng: np.random.Generator, identified_only: bool) -> np.ndarray:
+    """Bootstrap replicates (n_boot x 2: M_s, M_b) of one model x language x task: each occupation's
+    outputs redrawn (multinomially over female / male / unidentified, or female / male among the
+    identified with ``identified_only``), scored as ``occupation_scores`` scores them and averaged over the
+    occupations as ``aggregate_scores`` does."""
+    totals = np.zeros((n_boot, 2))
+    for r in group.itertuples(index=False):
+        n = int(r.n_female + r.n_male) if identified_only else int(r.n)
+        counts = [r.n_female, r.n_male] if identified_only else [r.n_female, r.n_male, r.n - r.n_female - r.n_male]
+        draws = rng.multinomial(n, np.asarray(counts, float) / n, size=n_boot) / n
+        p_female, p_male = draws[:, 0], draws[:, 1]
+        stereo, anti = (p_female, p_male) if r.occupation_gender == "female" else (p_male, p_female)
+        totals[:, 0] += stereo - anti
+        totals[:, 1] += p_female - p_male
+    return totals / len(group)
+
+
+def aggregate_intervals(
+    occupation_table: pd.DataFrame, n_boot: int, seed: int, identified_only: bool = False
+) -> pd.DataFrame:
+    """Per model x language x task (the rows of ``aggregate_scores``): 95% percentile intervals of M_s and
+    M_b (``m_s_low``, ``m_s_high``, ``m_b_low``, ``m_b_high``) over ``n_boot`` resamples of each
+    occupation's outputs (``_occupation_draws``), the occupations fixed; the cross-lens table reads them."""
+    valid = occupation_table.dropna(subset=["m_s", "m_b"])
+    valid = valid[(valid["n_female"] + valid["n_male"] > 0) if identified_only else (valid["n"] > 0)]
+    rng = np.random.default_rng(seed)
+    rows = []
+    for (model, language, task), group in valid.groupby(["model", "language", "task"], observed=True, sort=True):
+        draws = _occupation_draws(group, n_boot, rng, identified_only)
+        (s_low, s_high), (b_low, b_high) = percentile_interval(draws[:, 0]), percentile_interval(draws[:, 1])
+        rows.append({"model": model, "language": language, "task": task,
+                     "m_s_low": s_low, "m_s_high": s_high, "m_b_low": b_low, "m_b_high": b_high})  # fmt: skip
+    return pd.DataFrame(rows, columns=["model", "language", "task", "m_s_low", "m_s_high", "m_b_low", "m_b_high"])
 
 
 def partial_omega_squared(f_value: float, df_effect: float, df_error: float) -> float:

@@ -29,10 +29,11 @@ is computed at once from weighted rank sums.
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -43,7 +44,8 @@ from storybias.config.prompts import CONDITION_COLUMNS
 from storybias.core import artifacts, paths
 from storybias.core.io import write_json_atomic
 from storybias.core.locks import holds_run_lock
-from storybias.stages.probes import crosslens, validation
+from storybias.core.results import StageResult
+from storybias.stages.probes import validation
 from storybias.stages.probes.cues import delete_cues
 from storybias.stages.probes.cultural import (
     NER_MASK_LABELS,
@@ -61,6 +63,7 @@ from storybias.stages.probes.probe import (
     GENRES,
     LABELS,
     OCCUPATION_COLUMN,
+    OUTPUT_SCHEMAS,
     PROBE_COLUMNS,
     TASK_COLUMN,
     UMAP_COLUMNS,
@@ -179,7 +182,7 @@ def model_probes(
 ) -> pd.DataFrame:
     """The probes of :func:`identity_probes` refitted on each model's part of each language's ``genre``
     sample (the embeddings already computed; no re-embedding), for the cross-lens table: the full-sample
-    AUC and the paired Delta AUC, one row per model x language x variant (``crosslens.MODEL_PROBE_COLUMNS``).
+    AUC and the paired Delta AUC, one row per model x language x variant (``probes_per_model.parquet``).
     Feng et al. pool the models; this per-model split is storybias' own, so a cell has fewer stories and
     says so in ``status`` when it cannot be probed."""
     rows = []
@@ -190,30 +193,11 @@ def model_probes(
         delta = pairs[2]  # full, cue_deleted, delta
         rows.append({"model": model, "language": language, "variant": "full_sample", **_probe_values(full)})
         rows.append({"model": model, "language": language, "variant": "delta", **_probe_values(delta)})
-    return pd.DataFrame(rows, columns=crosslens.MODEL_PROBE_COLUMNS)
+    return pd.DataFrame(rows, columns=OUTPUT_SCHEMAS["probes_per_model"].names)
 
 
 def _probe_values(r: Mapping[str, Any]) -> dict[str, Any]:
     return {k: r[k] for k in ("n", "auc", "ci_low", "ci_high", "status")}
-
-
-class ProbesResult(TypedDict):
-    """What stage 06's :func:`run` returns to notebook 06 (the first seven are its parquet files)."""
-
-    probes: pd.DataFrame
-    umap: pd.DataFrame
-    cultural: pd.DataFrame
-    cultural_advantage: pd.DataFrame
-    separability: pd.DataFrame
-    crosslens: pd.DataFrame  # the three lenses per model x language (storybias.stages.probes.crosslens)
-    crosslens_agreement: pd.DataFrame  # rank agreement of every pair of its measures
-    validation_markers: pd.DataFrame  # empty without probes.human_validation.markers
-    validation_labels: pd.DataFrame  # empty without probes.human_validation.labels
-    per_story_relevance: pd.DataFrame
-    marker_versions: pd.DataFrame
-    notes: list[str]
-    manifest: dict[str, Any]  # manifest_probes.json
-    deleted_examples: pd.DataFrame  # a few stories before and after cue deletion
 
 
 @dataclass
@@ -338,7 +322,7 @@ def _identity_lens(
     )
     X_deleted = dict(zip(paired["story_id"], X_del))
     probes_table = identity_probes(narratives.probed, paired, X_sample, X_deleted, settings, timings)
-    per_model = model_probes(narratives.probed, paired, X_sample, X_deleted, settings, settings.crosslens.probe_genre)
+    per_model = model_probes(narratives.probed, paired, X_sample, X_deleted, settings, settings.per_model_genre)
     return probes_table, per_model, X_all, deleted_texts
 
 
@@ -437,11 +421,36 @@ def _write_tables(run_name: str, tables: Mapping[str, pd.DataFrame]) -> None:
         artifacts.write(run_name, name, table.reset_index(drop=True))  # the registry's schema and path
 
 
+def _values(manifest: dict[str, Any], tables: Mapping[str, pd.DataFrame], notes: list[str]) -> dict[str, Any]:
+    """The named values notebook 06 records: counts, each paired probe's AUC, the separability per marker
+    version and the self-context advantage per source language x genre (None where not computed)."""
+
+    def number(x: Any) -> float | None:
+        return None if x is None or (isinstance(x, float) and math.isnan(x)) else float(x)
+
+    probes_table, sep, adv = tables["probes"], tables["separability"], tables["cultural_advantage"]
+    ok = probes_table[probes_table["status"] == "ok"] if not probes_table.empty else probes_table
+    paired = ok[ok["variant"].isin(["full", "cue_deleted", "delta"])] if not ok.empty else ok
+    return {
+        "backend": manifest["backend"],
+        "n_sampled": manifest["counts"]["sampled"],
+        "n_paired": manifest["counts"]["paired"],
+        "n_kept_markers": manifest["counts"]["kept_markers"],
+        "n_probe_rows": int(len(probes_table)),
+        "n_probe_rows_ok": int(len(ok)),
+        "auc": {f"{x.language}/{x.genre}/{x.variant}": number(x.auc) for x in paired.itertuples()},
+        "separability": {x.version: number(x.balanced_accuracy) for x in sep.itertuples()},
+        "self_context_advantage": {f"{x.source_language}/{x.genre}": number(x.advantage) for x in adv.itertuples()},
+        "timings": manifest["timings"],
+        "notes": notes,
+    }
+
+
 @holds_run_lock("probes")
-def run(params: Params) -> ProbesResult:
-    """Stage 06: read extractions + stories, embed (cached), probe, project, score markers, and set the
-    three lenses side by side; write probes / umap / cultural / cultural_advantage / separability /
-    crosslens / crosslens_agreement parquet files, manifest last."""
+def run(params: Params) -> StageResult:
+    """Stage 06: read extractions + stories, embed (cached), probe (pooled, and per model in
+    ``probes.per_model_genre``), project, score markers; write probes / probes_per_model / umap / cultural /
+    cultural_advantage / separability parquet files, manifest last."""
 
     started = time.perf_counter()
     run_name, settings = params.run_name, params.probes
@@ -459,22 +468,15 @@ def run(params: Params) -> ProbesResult:
     umap_table, umap_status = _umap_table(narratives.sampled, X_all, settings.umap, timings, notes)
     cultural = _cultural_lens(narratives.frame, embedding, settings, timings, notes)
     validation_tables = human_validation(human, narratives.frame, settings.human_validation, notes)
-    lenses, agreement = crosslens.run_tables(
-        run_name, narratives.frame, params.crosslens_comparison(), settings.crosslens, per_model
-    )
-
-    _write_tables(
-        run_name,
-        {
-            "probes": probes_table,
-            "umap": umap_table,
-            "cultural": cultural.cultural,
-            "cultural_advantage": cultural.advantage,
-            "separability": cultural.separability,
-            "crosslens": lenses,
-            "crosslens_agreement": agreement,
-        },
-    )
+    written = {
+        "probes": probes_table,
+        "probes_per_model": per_model,
+        "umap": umap_table,
+        "cultural": cultural.cultural,
+        "cultural_advantage": cultural.advantage,
+        "separability": cultural.separability,
+    }
+    _write_tables(run_name, written)
     manifest = {
         "stage": "probes",
         "backend": settings.backend,
@@ -491,21 +493,19 @@ def run(params: Params) -> ProbesResult:
         "params": params.resolved()["probes"],
     }
     write_json_atomic(manifest, artifacts.manifest_path(run_name, "probes"))
-    return ProbesResult(
-        probes=probes_table,
-        umap=umap_table,
-        cultural=cultural.cultural,
-        cultural_advantage=cultural.advantage,
-        separability=cultural.separability,
-        crosslens=lenses,
-        crosslens_agreement=agreement,
-        validation_markers=validation_tables["validation_markers"],
-        validation_labels=validation_tables["validation_labels"],
-        per_story_relevance=cultural.per_story,
-        marker_versions=cultural.versions,
-        notes=notes,
+    deleted = narratives.paired.assign(cue_deleted=deleted_texts)
+    shown = {
+        **validation_tables,  # validation_markers, validation_labels: empty without probes.human_validation
+        "per_story_relevance": cultural.per_story,
+        "marker_versions": cultural.versions,
+        # a few stories before and after cue deletion
+        "deleted_examples": deleted[["story_id", "language", "genre", "label", "name", "text", "cue_deleted"]].head(6),
+    }
+    return StageResult(
+        "probes",
+        run_name,
+        tables={**written, **shown},
         manifest=manifest,
-        deleted_examples=narratives.paired.assign(cue_deleted=deleted_texts)[
-            ["story_id", "language", "genre", "label", "name", "text", "cue_deleted"]
-        ].head(6),
+        values=_values(manifest, written, notes),
+        notes=notes,
     )

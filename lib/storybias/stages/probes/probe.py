@@ -25,7 +25,6 @@ from storybias.config import lenses
 from storybias.config.lenses import genre_of as genre_of
 from storybias.config.lenses import probe_groups
 from storybias.config.params import UmapSettings
-from storybias.stages.probes.crosslens import AGREEMENT_SCHEMA, CROSSLENS_SCHEMA
 from storybias.stages.probes.cues import ARABIC_OPTIONAL as ARABIC_OPTIONAL
 from storybias.stages.probes.cues import MIN_NAME_COMPONENT as MIN_NAME_COMPONENT
 from storybias.stages.probes.cues import NAME_SEPARATORS as NAME_SEPARATORS
@@ -413,8 +412,20 @@ def table1(probes: pd.DataFrame) -> pd.DataFrame:
 # Arrow schemas of the stage's parquet files: written with them, so that a cell too small to probe
 # (an empty table) has the same column types as a full run and the data contract holds.
 OUTPUT_SCHEMAS: dict[str, pa.Schema] = {
-    "crosslens": CROSSLENS_SCHEMA,
-    "crosslens_agreement": AGREEMENT_SCHEMA,
+    # the probes refitted per model x language in probes.per_model_genre (the cross-lens stage reads them):
+    # variant full_sample (the AUC) or delta (the paired Delta AUC)
+    "probes_per_model": pa.schema(
+        [
+            ("model", _TEXT),
+            ("language", _TEXT),
+            ("variant", _TEXT),
+            ("n", _COUNT),
+            ("auc", _REAL),
+            ("ci_low", _REAL),
+            ("ci_high", _REAL),
+            ("status", _TEXT),
+        ]
+    ),
     "probes": pa.schema(
         [
             ("language", _TEXT),

@@ -1,4 +1,4 @@
-"""The three studies' headline measures side by side, one row per model x language (issue #30).
+"""The three studies' headline measures side by side, one row per model x language (issues #30, #41, #42).
 
 Each lens reads its own design's stories of the same run, and each measure comes with an interval and
 its n; where a lens cannot be computed for a cell, ``reason_<measure>`` says why (no stories of the
@@ -12,14 +12,14 @@ design, too few, an input missing), never a silent blank. The measures:
   distributions and the largest |S_C| over the adjective categories, each with its bootstrap interval
   over stories (``metrics_jsd``, ``metrics_sc``);
 - Feng et al. (stage 05, occupations design, all outputs in the denominator, the ``task`` genre): M_s and
-  M_b averaged over occupations, with a bootstrap over each occupation's outputs (multinomial redraws of
-  its female / male / unidentified counts, ``metrics_occupations``);
-- Feng et al. (stage 06, the ``task`` genre): the full-text probe AUC and the cue-deletion Delta AUC
-  refitted on each model's stories of the language (``probes.model_probes``), with their group-bootstrap
-  intervals. Feng et al. pool the models in one probe per language x genre (``probes.parquet`` keeps
-  that); the per-model refit is storybias' own, on fewer stories per probe.
+  M_b averaged over occupations, with stage 05's bootstrap over each occupation's outputs
+  (``metrics_aggregates``: computed once, there);
+- Feng et al. (stage 06, its ``probes.per_model_genre``): the full-text probe AUC and the cue-deletion
+  Delta AUC refitted on each model's stories of the language (``probes_per_model.parquet``), with their
+  group-bootstrap intervals. Feng et al. pool the models in one probe per language x genre
+  (``probes.parquet`` keeps that); the per-model refit is storybias' own, on fewer stories per probe.
 
-:func:`run_tables` builds the table from a run's artifacts (stage 06 writes it as ``crosslens.parquet``)
+:func:`run_tables` builds the table from a run's artifacts (the cross-lens stage writes it as ``crosslens.parquet``)
 and the agreement of every pair of measures (``storybias.stats.concordance``, ``crosslens_agreement.parquet``):
 the rank correlation centred within each language, a test that relabels whole models, Benjamini-Hochberg
 over the pairs across lenses. ``LENS_OF`` says which lens each measure reads, so that two readings of one
@@ -33,14 +33,13 @@ from typing import TypedDict
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-from scipy.stats import chi2
 from statsmodels.stats.proportion import proportion_confint
 
 from storybias.config.params import CrossLensSettings
 from storybias.core import artifacts
 from storybias.evidence.labels import ASSOCIATION_KEY
-from storybias.stats.bootstrap import percentile_interval
 from storybias.stats.concordance import lens_agreement
+from storybias.stats.intervals import poisson_interval
 
 CELL = ["model", "language"]
 
@@ -77,13 +76,6 @@ LENS_OF = {
 MODEL_PROBE_COLUMNS = ["model", "language", "variant", "n", "auc", "ci_low", "ci_high", "status"]
 PROBE_MEASURE = {"full_sample": "auc_full", "delta": "delta_auc"}
 MIN_STORIES = 10  # fewer stories of the lens's design in a cell: the measure is not computed
-
-
-def poisson_interval(count: int, level: float = 0.95) -> tuple[float, float]:
-    """Garwood's exact interval for a Poisson count."""
-    alpha = 1 - level
-    low = 0.0 if count == 0 else chi2.ppf(alpha / 2, 2 * count) / 2
-    return float(low), float(chi2.ppf(1 - alpha / 2, 2 * (count + 1)) / 2)
 
 
 def _empty(reason: str, n: int = 0) -> Measure:
@@ -180,42 +172,28 @@ def narrative_measures(jsd: pd.DataFrame, sc: pd.DataFrame, comparison: str) -> 
     return out
 
 
-def _occupation_draws(group: pd.DataFrame, n_boot: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """Bootstrap replicates of M_s and M_b over the outputs of each occupation (multinomial redraws of
-    its female / male / unidentified counts), averaged over occupations as the point estimates are."""
-    m_s = np.zeros(n_boot)
-    m_b = np.zeros(n_boot)
-    for r in group.itertuples(index=False):
-        n = int(r.n)
-        shares = np.array([r.n_female, r.n_male, n - r.n_female - r.n_male], float) / n
-        draws = rng.multinomial(n, shares, size=n_boot) / n
-        p_f, p_m = draws[:, 0], draws[:, 1]
-        stereo, anti = (p_f, p_m) if r.occupation_gender == "female" else (p_m, p_f)
-        m_s += stereo - anti
-        m_b += p_f - p_m
-    return m_s / len(group), m_b / len(group)
-
-
-def occupation_measures(occupations: pd.DataFrame, task: str, n_boot: int, seed: int) -> CellMeasures:
+def occupation_measures(aggregates: pd.DataFrame, task: str) -> CellMeasures:
     """Per (model, language): Feng et al.'s M_s and M_b over the occupations of ``task`` (all outputs in
-    the denominator), with bootstrap intervals over each occupation's outputs."""
+    the denominator) with their intervals, as stage 05 computed them (``metrics_aggregates``)."""
     out: CellMeasures = {}
-    if occupations.empty:
+    if aggregates.empty:
         return out
-    rows = occupations[(occupations["task"] == task) & (occupations["denominator"] == "all outputs")]
-    rng = np.random.default_rng(seed)
-    for (model, language), group in rows.groupby(CELL):
-        group = group[group["n"] > 0]
-        n = int(group["n"].sum())
+    rows = aggregates[(aggregates["task"] == task) & (aggregates["denominator"] == "all outputs")]
+    for r in rows.itertuples(index=False):
+        n = int(r.n_outputs)
         if n < MIN_STORIES:
-            out[(model, language)] = {m: _empty(f"{n} {task} outputs (< {MIN_STORIES})", n) for m in ("m_s", "m_b")}
+            out[(r.model, r.language)] = {m: _empty(f"{n} {task} outputs (< {MIN_STORIES})", n) for m in ("m_s", "m_b")}
             continue
-        draws = _occupation_draws(group, n_boot, rng)
-        cell: dict[str, Measure] = {}
-        for name, point, boot in (("m_s", group["m_s"].mean(), draws[0]), ("m_b", group["m_b"].mean(), draws[1])):
-            low, high = percentile_interval(boot)
-            cell[name] = {"value": float(point), "low": low, "high": high, "n": n, "reason": ""}
-        out[(model, language)] = cell
+        out[(r.model, r.language)] = {
+            name: {
+                "value": float(getattr(r, name)),
+                "low": float(getattr(r, f"{name}_low")),
+                "high": float(getattr(r, f"{name}_high")),
+                "n": n,
+                "reason": "",
+            }
+            for name in ("m_s", "m_b")
+        }
     return out
 
 
@@ -274,7 +252,7 @@ def _schema() -> pa.Schema:
 
 
 CROSSLENS_SCHEMA = _schema()
-AGREEMENT_SCHEMA = pa.schema(
+CROSSLENS_AGREEMENT_SCHEMA = pa.schema(
     [
         ("measure_a", pa.string()),
         ("measure_b", pa.string()),
@@ -311,34 +289,35 @@ def _read(run_name: str, name: str) -> pd.DataFrame:
     return pd.read_parquet(path) if path.is_file() else pd.DataFrame()
 
 
-def run_tables(
-    run_name: str,
-    parsed: pd.DataFrame,
-    comparison: str | None,
-    settings: CrossLensSettings,
-    model_probes: pd.DataFrame | None = None,
-) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The cross-lens table and the agreement of its measures, from the run's stage 04 and 05 tables
-    (a table a stage did not write gives that lens's reasons). ``parsed``: the run's parsed stories
-    (design, model, language; stage 06's narrative frame, read once). ``comparison``: BiasedTales-ML's
-    comparison the narrative measures read (None: no comparison, no narrative measure).
-    ``model_probes``: stage 06's per-model probes (``MODEL_PROBE_COLUMNS``; None: no probe measure)."""
+def parsed_stories(run_name: str) -> pd.DataFrame:
+    """The run's stories whose extraction parsed (design, model, language): the n of the association lens."""
+    extractions, filtered = _read(run_name, "extractions"), _read(run_name, "filtered")
+    if extractions.empty or filtered.empty:
+        return pd.DataFrame(columns=["story_id", "design", "model", "language"])
+    parsed = extractions.loc[extractions["parse_ok"].astype(bool), ["story_id"]]
+    return parsed.merge(filtered[["story_id", "design", "model", "language"]], on="story_id")
+
+
+def run_tables(run_name: str, comparison: str | None, settings: CrossLensSettings) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The cross-lens table and the agreement of its measures, from the run's stage 04, 05 and 06 tables
+    (a table a stage did not write gives that lens's reasons). ``comparison``: BiasedTales-ML's comparison
+    the narrative measures read (None: no comparison, no narrative measure)."""
     parts: list[CellMeasures] = []
-    stories = parsed[parsed["design"] == "stereotales"]
+    stories = parsed_stories(run_name)
+    stories = stories[stories["design"] == "stereotales"]
     values, shared = _read(run_name, "associations_values"), _read(run_name, "associations_shared")
     if not values.empty or not stories.empty:
         parts.append(association_measures(values, shared, stories))
     jsd, sc = _read(run_name, "metrics_jsd"), _read(run_name, "metrics_sc")
     if comparison is not None and not jsd.empty:
         parts.append(narrative_measures(jsd, sc, comparison))
-    parts.append(
-        occupation_measures(_read(run_name, "metrics_occupations"), settings.task, settings.n_bootstrap, settings.seed)
-    )
-    if model_probes is not None and not model_probes.empty:
+    parts.append(occupation_measures(_read(run_name, "metrics_aggregates"), settings.task))
+    model_probes = _read(run_name, "probes_per_model")
+    if not model_probes.empty:
         parts.append(probe_measures(model_probes))
     table = crosslens_table(parts, LENS_REASONS)
     if table.empty:
-        return pd.DataFrame(columns=CROSSLENS_SCHEMA.names), pd.DataFrame(columns=AGREEMENT_SCHEMA.names)
+        return pd.DataFrame(columns=CROSSLENS_SCHEMA.names), pd.DataFrame(columns=CROSSLENS_AGREEMENT_SCHEMA.names)
     agreement = lens_agreement(
         table, list(MEASURES), "language", settings.n_permutations, settings.seed, unit="model", lenses=LENS_OF
     )

@@ -1,5 +1,5 @@
 """The design registry (storybias.config.designs): the built-in designs unchanged, and a new design added as
-files only (the README's "Adding a design") runs through stages 01-02 with a scripted engine."""
+files only (docs/extending.md, "Adding a design") runs through stages 01-02 with a scripted engine."""
 
 from __future__ import annotations
 

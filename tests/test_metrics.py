@@ -560,3 +560,19 @@ def test_a_negative_wald_statistic_is_no_test():
     out, unusable = drop_unusable_wald(wald)
     assert unusable == ["Intercept"] and np.isnan(out.loc[0, "chi2"]) and np.isnan(out.loc[0, "p_value"])
     assert out.loc[1, "chi2"] == 5.72 and wald.loc[0, "chi2"] == -132.7  # the input is not changed
+
+
+def test_answers_at_the_list_cap_are_counted_per_list_among_parsed_answers():
+    from storybias import summaries
+
+    extractions = pd.DataFrame(
+        {
+            "parse_ok": [True, True, True, False],
+            "adjectives_en": [["a", "b", "c"], ["a"], None, ["a", "b", "c", "d"]],
+            "settings": [["x"], ["x", "y", "z"], ["x", "y", "z", "w"], ["x", "y", "z"]],
+        }
+    )
+    counts = summaries.answers_at_list_cap(extractions, 3, ["adjectives_en", "settings", "cultural_refs"])
+    assert counts.to_dict() == {"adjectives_en": 1, "settings": 2}  # the unparsed answer and a missing list left out
+    assert counts.name == "answers at the cap (3) of 3 parsed"
+    assert summaries.answers_at_list_cap(extractions, None, ["settings"]).to_dict() == {"settings": 0}

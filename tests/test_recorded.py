@@ -44,3 +44,11 @@ def test_step2_fills_are_counts_and_an_unknown_table_or_bad_columns_fail(tmp_pat
     monkeypatch.setattr(paths, "repo_root", lambda: tmp_path)
     with pytest.raises(ValueError, match=r"step2_fills.csv: columns \['field', 'n'\]"):
         recorded("step2_fills")
+
+
+def test_step2_known_share_is_a_share_per_field_that_step_2_raised():
+    known = recorded("step2_known_share")
+    assert known["field"].is_unique and (known["stories"] > 0).all()
+    shares = known[["known_step1", "known_after_step2"]]
+    assert ((shares >= 0) & (shares <= 1)).all().all()
+    assert (known["known_after_step2"] > known["known_step1"]).all()

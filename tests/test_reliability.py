@@ -307,3 +307,24 @@ def test_editing_a_params_data_file_reruns_the_stage_that_reads_it(tmp_path, edi
     assert "run-stage" not in up_to_date.stdout, up_to_date.stdout
     after_edit = make("-n", "-W", edited, "probes", "metrics", f"PARAMS={params_file}", env=env)
     assert f"notebooks/{stage_notebook}.ipynb" in after_edit.stdout, after_edit.stdout
+
+
+def test_changing_stage_04s_parameters_reruns_04_and_the_cross_lens_stage_not_the_probes(tmp_path):
+    """Issue #42: the cross-lens table lived in stage 06, so Make made the probes depend on stage 04's and
+    05's manifests and a change of associations: reran the embeddings. Now only 04 and 07 (and the figures)."""
+    run = "pytest-crosslens"
+    data = tmp_path / "data"
+    env = dict(os.environ, STORYBIAS_DATA=str(data))
+    params_file = profile(tmp_path, run)
+    assert make("stamps", f"PARAMS={params_file}", env=env).returncode == 0
+    names = ["stories.parquet", "filtered.parquet", "extractions.parquet", "manifest_associations.json",
+             "manifest_metrics.json", "manifest_probes.json", "manifest_crosslens.json"]  # fmt: skip
+    for name in names:  # every stage finished, in order
+        (data / run / name).write_text("stand-in")
+        time.sleep(0.01)
+    stamp = data / run / ".params" / "associations.params"
+    up_to_date = make("-n", "crosslens", f"PARAMS={params_file}", "STAMPS_FORCE=", env=env)
+    assert "run-stage" not in up_to_date.stdout, up_to_date.stdout
+    after = make("-n", "-W", str(stamp), "crosslens", "probes", f"PARAMS={params_file}", "STAMPS_FORCE=", env=env)
+    assert "notebooks/04_associations.ipynb" in after.stdout and "notebooks/07_crosslens.ipynb" in after.stdout
+    assert "06_probes" not in after.stdout, after.stdout

@@ -5,6 +5,8 @@ no stage imports another."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pandas as pd
 
 from storybias.config.prompts import LANGUAGES
@@ -78,3 +80,15 @@ def why_nothing_found(power: pd.DataFrame | None) -> str | None:
             f"{int(testable.sum())} of {len(dims)} compared dimensions testable{tail}" + (f"; {why}" if why else "")
         )
     return "stage 04 found nothing to show — " + " | ".join(parts) if parts else None
+
+
+def answers_at_list_cap(extractions: pd.DataFrame, cap: int | None, lists: Sequence[str]) -> pd.Series:
+    """Per list column of ``lists``: how many parsed answers (``parse_ok``) hold ``cap`` items or more, i.e.
+    reached stage 03's list cap (``extract.max_list_items``; None: no cap, so none did)."""
+    parsed = extractions[extractions["parse_ok"].astype(bool)]
+    counts = {
+        column: 0 if cap is None else int(parsed[column].map(lambda v: v is not None and len(v) >= cap).sum())
+        for column in lists
+        if column in parsed
+    }
+    return pd.Series(counts, name=f"answers at the cap ({cap}) of {len(parsed)} parsed", dtype="int64")

@@ -97,7 +97,7 @@ class AssociationSettings(Strict):
     # reference pipeline computes it (scipy's MonteCarloMethod, max_resamples, a generator seeded `seed`
     # per table): a re-test of the released data gives the released p-values. sequential: resamples only
     # until BH's decisions are settled, the same decisions at a fraction of the cost (paper scale on 2
-    # cores: 7 minutes instead of 12 CPU-hours, see README), p-values estimates where decided early.
+    # cores: 7 minutes instead of 12 CPU-hours, see docs/benchmarks.md), p-values estimates where decided early.
     fisher: Literal["reference", "sequential"] = "reference"
     # `check-params` estimates the smallest lift stage 04 could detect (stages.associations.power) before a run,
     # from the planned stories per prompted value times this assumed share of answers the extractor

@@ -4,7 +4,7 @@ Some measurements cannot be recomputed from the repository: the extraction desig
 deleted with their code (issue #27), and the gold evaluation of every design takes hours on CPU. Their
 numbers are kept as small CSV files, each described in ``docs/measurements/README.md``, and the
 notebooks read them through :func:`recorded` instead of typing them into markdown, so a number shown
-is a number stored once.
+is a number stored once (``tests/test_measured_numbers.py`` checks that no notebook's markdown types one).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ RECORDED_COLUMNS: dict[str, tuple[str, ...]] = {
         "design", "accuracy", "answered", "unknown_kept", "gender", "adjective_f1", "relative_speed", "status", "why",
     ),
     "step2_fills": ("field", "fills", "right"),
+    "step2_known_share": ("field", "stories", "known_step1", "known_after_step2"),
     "extraction_rules": (
         "design_rules", "truth", "macro_accuracy_known", "answered_known", "unknown_kept", "macro_known_no_health",
         "answered_no_health", "unknown_kept_no_health", "health_accuracy", "gender", "adjective_f1",

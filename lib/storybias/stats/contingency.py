@@ -128,7 +128,7 @@ MC_CHUNK = 20_000  # resamples per look at the reference stream (a Patefield tab
 # A table scipy draws with Boyett's algorithm (small n) gets the reference's resamples only in one call of
 # max_resamples (and memory for all of them): before that, these further stages of its own stream. Measured
 # with make bench-associations: without them the per-language pass drew 967 tables in full (889 s); with
-# them see README, Benchmark.
+# them see docs/benchmarks.md.
 BOYETT_PILOT_RESAMPLES = (25_000, 50_000, 100_000)
 
 

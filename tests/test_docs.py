@@ -1,0 +1,238 @@
+"""Issue #42 item 9, a front door: README.md stays short and links every page of docs/, and whatever
+README.md and docs/ name exists: repository paths, `storybias.*` modules, `make` targets and the targets
+of their links (anchors included).
+
+The README used to name files that had moved (``lib/storybias/artifacts.py``, ``notebooks/07_figures.ipynb``)
+for weeks; these tests read the documents as a newcomer would and fail on such a name.
+
+What counts as a named path: a word of a code span or of a fenced block that starts with one of
+``PREFIXES`` or is one of ``TOP_LEVEL``, and every relative link target (resolved against the linking
+file's folder, as GitHub does). A word with a placeholder (``<run>``, ``NN_name``, ``...``) is skipped; a
+glob (``params/designs/*/design.yaml``) must match at least one file.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+DOC_FILES = [README, *sorted(DOCS.rglob("*.md"))]
+MAX_README_LINES = 200
+
+PREFIXES = (
+    "lib/",
+    "notebooks/",
+    "params/",
+    "tests/",
+    "docs/",
+    "figures/",
+    "scripts/",
+    "requirements/",
+    "tools/",
+    ".ci/",
+)
+TOP_LEVEL = {
+    "Makefile",
+    "pyproject.toml",
+    "environment.yml",
+    "CITATION.cff",
+    "CHANGELOG.md",
+    "LICENSE",
+    "README.md",
+    ".pre-commit-config.yaml",
+    ".gitignore",
+}
+PLACEHOLDER = re.compile(r"<[^>]*>|NN|\.\.\.|…")
+
+FENCE = re.compile(r"^[ \t]*```[^\n]*\n(.*?)^[ \t]*```[ \t]*$", re.M | re.S)
+CODE_SPAN = re.compile(r"`([^`]+)`")
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+HEADING = re.compile(r"^#{1,6}[ \t]+(.+?)[ \t]*#*[ \t]*$", re.M)
+# `make` followed by its words, up to a comment, a pipe, a command separator or the end of the span
+MAKE = re.compile(r"(?:^|[\s(])make((?:[ \t]+[^\s`#|;&)]+)*)", re.M)
+MODULE = re.compile(r"\bstorybias(?:\.[A-Za-z_]\w*)+")
+WORD_SPLIT = re.compile(r"[\s=,;:()\[\]{}\"'|]+")
+
+
+# --- reading a document ----------------------------------------------------------------------------
+
+
+def _code(text: str) -> list[str]:
+    """The code a document shows: each fenced block, then each code span outside them."""
+    blocks = [m.group(1) for m in FENCE.finditer(text)]
+    prose = FENCE.sub("", text)
+    return blocks + [m.group(1) for m in CODE_SPAN.finditer(prose)]
+
+
+def _path_words(code: list[str]) -> set[str]:
+    words = set()
+    for chunk in code:
+        for word in WORD_SPLIT.split(chunk):
+            word = word.strip(".`*,").removeprefix("./")
+            if word.startswith(PREFIXES) or word in TOP_LEVEL:
+                words.add(word)
+    return words
+
+
+def missing_paths(text: str) -> list[str]:
+    """The repository paths a document's code names that do not exist (globs: that match nothing)."""
+    missing = []
+    for word in sorted(_path_words(_code(text))):
+        if PLACEHOLDER.search(word):
+            continue
+        if "*" in word or "?" in word:
+            if not any(ROOT.glob(word.rstrip("/"))):
+                missing.append(word)
+        elif not (ROOT / word).exists():
+            missing.append(word)
+    return missing
+
+
+def makefile_targets() -> set[str]:
+    text = (ROOT / "Makefile").read_text(encoding="utf-8").replace("\\\n", " ")
+    targets = set(re.findall(r"^([A-Za-z0-9_][A-Za-z0-9_.-]*)[ \t]*:(?!=)", text, re.M))
+    for line in text.splitlines():
+        if line.startswith(".PHONY:"):
+            targets.update(line.split(":", 1)[1].split())
+    return targets
+
+
+def named_make_targets(text: str) -> set[str]:
+    """Every target of every `make ...` command in a document's code (variables and flags left out)."""
+    targets = set()
+    for chunk in _code(text):
+        for m in MAKE.finditer(chunk):
+            for word in m.group(1).split():
+                word = word.strip("`.,:")
+                if word and "=" not in word and not word.startswith(("-", "$")):
+                    targets.add(word)
+    return targets
+
+
+def missing_modules(text: str) -> list[str]:
+    """The ``storybias.*`` names a document's code gives that are neither a module of lib/ nor a name
+    defined in one (the last part may be a function, class or constant of the module before it)."""
+    missing = []
+    for name in sorted({m.group(0) for chunk in _code(text) for m in MODULE.finditer(chunk)}):
+        parts = name.split(".")
+        source = None
+        for i in range(len(parts), 0, -1):
+            base = ROOT / "lib" / Path(*parts[:i])
+            if (base / "__init__.py").is_file():
+                source = (i, base / "__init__.py")
+                break
+            if base.with_suffix(".py").is_file():
+                source = (i, base.with_suffix(".py"))
+                break
+        if source is None or source[0] < len(parts) - 1:
+            missing.append(name)
+        elif source[0] == len(parts) - 1 and not re.search(rf"\b{parts[-1]}\b", source[1].read_text("utf-8")):
+            missing.append(name)
+    return missing
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, formatting and punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)
+    text = re.sub(r"[`*]", "", text).strip().lower()
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def anchors(text: str) -> set[str]:
+    return {slug(h) for h in HEADING.findall(FENCE.sub("", text))}
+
+
+def broken_links(text: str, folder: Path) -> list[str]:
+    """Relative link targets of a document in ``folder`` that do not exist, and #anchors (in the document
+    itself or in another Markdown file) that name no heading."""
+    broken = []
+    for target in sorted({m.group(1) for m in LINK.finditer(FENCE.sub("", text))}):
+        if re.match(r"[a-z][a-z0-9+.-]*:", target):  # https:, mailto:
+            continue
+        where, _, anchor = target.partition("#")
+        path = (folder / where).resolve()
+        if where and not path.exists():
+            broken.append(target)
+        elif anchor and not where and anchor not in anchors(text):
+            broken.append(target)
+        elif anchor and path.suffix == ".md" and anchor not in anchors(path.read_text(encoding="utf-8")):
+            broken.append(target)
+    return broken
+
+
+# --- the documents ---------------------------------------------------------------------------------
+
+
+def _id(path: Path) -> str:
+    return str(path.relative_to(ROOT))
+
+
+def test_readme_is_a_front_door():
+    lines = README.read_text(encoding="utf-8").splitlines()
+    assert len(lines) < MAX_README_LINES, (
+        f"README.md has {len(lines)} lines (limit {MAX_README_LINES}): move detail to a page of docs/"
+    )
+
+
+def test_readme_links_every_page_of_docs():
+    text = README.read_text(encoding="utf-8")
+    linked = {(ROOT / m.group(1).partition("#")[0]).resolve() for m in LINK.finditer(text)}
+    unlinked = [_id(p) for p in sorted(DOCS.glob("*.md")) if p.resolve() not in linked]
+    assert unlinked == [], f"README.md links no page {unlinked}"
+
+
+def test_readme_shows_a_committed_figure():
+    text = README.read_text(encoding="utf-8")
+    images = re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", text)
+    assert any(i.startswith("figures/default/") and i.endswith(".png") for i in images), images
+
+
+@pytest.mark.parametrize("doc", DOC_FILES, ids=_id)
+def test_named_paths_exist(doc: Path):
+    assert missing_paths(doc.read_text(encoding="utf-8")) == []
+
+
+@pytest.mark.parametrize("doc", DOC_FILES, ids=_id)
+def test_named_make_targets_exist(doc: Path):
+    unknown = named_make_targets(doc.read_text(encoding="utf-8")) - makefile_targets()
+    assert unknown == set()
+
+
+@pytest.mark.parametrize("doc", DOC_FILES, ids=_id)
+def test_named_modules_exist(doc: Path):
+    assert missing_modules(doc.read_text(encoding="utf-8")) == []
+
+
+@pytest.mark.parametrize("doc", DOC_FILES, ids=_id)
+def test_links_resolve(doc: Path):
+    assert broken_links(doc.read_text(encoding="utf-8"), doc.parent) == []
+
+
+# --- the checks themselves -------------------------------------------------------------------------
+
+
+def test_the_checks_catch_what_the_old_readme_named():
+    """Names the README gave before issue #42, and a glob and placeholders that must not be flagged."""
+    text = """
+The registry `lib/storybias/artifacts.py`; stage 07 is `notebooks/07_figures.ipynb`.
+Run `make notebook-outputs` then `make paper PARAMS=params/default.yaml`.
+```bash
+make bench-generate SERVE=1   # fine
+python -m storybias.probes
+```
+Placeholders: `lib/storybias/stages/<stage>/`, `figures/<run>/NN_name.png`, `params/designs/*/design.yaml`,
+`storybias.core.artifacts.STAGES`, `storybias.stats.concordance`, `storybias.core.artifacts.NO_SUCH_NAME`.
+[docs](docs/no-such-page.md), [here](README.md#the-studies), [there](README.md#no-such-section).
+## A heading, with `code`
+[up](#a-heading-with-code), [down](#no-heading).
+"""
+    assert missing_paths(text) == ["lib/storybias/artifacts.py", "notebooks/07_figures.ipynb"]
+    assert named_make_targets(text) - makefile_targets() == {"notebook-outputs"}
+    assert missing_modules(text) == ["storybias.core.artifacts.NO_SUCH_NAME", "storybias.probes"]
+    assert broken_links(text, ROOT) == ["#no-heading", "README.md#no-such-section", "docs/no-such-page.md"]
+    assert missing_paths("`params/designs/*/no-such-file.yaml`") == ["params/designs/*/no-such-file.yaml"]

@@ -415,3 +415,11 @@ def test_the_import_graph_has_no_cycle_and_keeps_the_layer_contracts():
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert "0 broken" in done.stdout and done.stdout.count(" KEPT") == 3
+
+
+def test_notebooks_use_no_undefined_or_unused_name():
+    """Pyflakes' name checks (ruff F821 undefined, F401 unused import, F811 redefined) over every
+    notebook: a schema cell once called ``io.artifact_schema`` after the import had moved, and only the
+    slow nbval run noticed, 40 minutes into ``make paper``."""
+    check = _tool("ruff", "check", "--no-cache", "--select", "F821,F401,F811", "notebooks")
+    assert check.returncode == 0, check.stdout[-4000:] + check.stderr[-2000:]

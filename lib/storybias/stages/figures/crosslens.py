@@ -214,7 +214,8 @@ def _ranking_panel(ax: Axes, agreement: pd.DataFrame, width_in: float) -> None:
         Line2D([], [], marker="x", ls="", color=OTHER_GREY),
     ]
     names = [f"BH-adjusted p < {ALPHA}", "not significant", "not tested (too few models)"]
-    add_legend(ax, handles, names, loc="lower left")
+    # below the x-axis label: inside the panel it covered the last pairs' rows
+    add_legend(ax, handles, names, loc="upper center", bbox_to_anchor=(0.5, -0.09), ncol=3)
     panel_title(
         ax, "Pairs of measures, ranked (whole-model relabelling test, BH across lenses)", width_in, size=SMALL + 1
     )

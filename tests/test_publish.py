@@ -78,3 +78,14 @@ def test_publish_checks_every_report_before_writing_any(tmp_path, monkeypatch):
     published = nbformat.read(notebooks / "08_figures.ipynb", as_version=4)
     assert published.cells[2].outputs[0]["text"] == "wrote data/default/x.parquet\n"
     nbformat.validate(published)
+
+
+def test_a_kernels_virtual_environment_outside_the_repository_is_shortened_too():
+    """A kernel installed from another checkout (a worktree) warns from its own .venv: that machine
+    path is not the repository's, and is shortened all the same."""
+    committed = _notebook()
+    executed = _executed(committed, str(paths.repo_root()))
+    warning = "/home/someone/wt42/.venv/lib/python3.11/site-packages/tqdm/auto.py:21: TqdmWarning: x\n"
+    executed.cells[3].outputs.append(nbformat.v4.new_output("stream", name="stderr", text=warning))
+    merged = merge_outputs(committed, executed, "x.ipynb")
+    assert merged.cells[2].outputs[1]["text"] == ".venv/lib/python3.11/site-packages/tqdm/auto.py:21: TqdmWarning: x\n"

@@ -15,6 +15,7 @@ notebook on the smoke profile, comparing only the cells whose output is the same
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 
 import nbformat
@@ -24,6 +25,8 @@ from storybias.core.artifacts import STAGES
 from storybias.core.io import atomic_open
 
 INJECTED = "injected-parameters"  # papermill's tag on the cell it adds after the parameters cell
+# a virtual environment's absolute path (the kernel's may live outside the repository, e.g. a worktree's)
+VENV_PATH = re.compile(r"/[^\s'\"]*/\.venv/")
 
 
 class StaleRun(ValueError):
@@ -37,7 +40,7 @@ def _without_injected(cells: list) -> list:
 def _shorten_paths(value: object, root: str) -> object:
     """Every string inside an output with the repository's absolute path made relative."""
     if isinstance(value, str):
-        return value.replace(root + "/", "").replace(root, ".")
+        return VENV_PATH.sub(".venv/", value.replace(root + "/", "").replace(root, "."))
     if isinstance(value, list):
         return [_shorten_paths(v, root) for v in value]
     if isinstance(value, dict):

@@ -1,10 +1,11 @@
 # storybias: `make paper` runs the pipeline, `make test` runs the tests. Both set up .venv first.
 #
 #   make paper [PARAMS=params/default.yaml]   every stage, notebooks executed into reports/<run>/
+#                                              (into $STORYBIAS_DATA/<run>/reports/ when STORYBIAS_DATA is set)
 #   make generate|filter|extract|associations|metrics|probes|crosslens|figures|explorer   one stage (and what it needs)
 #   SERVE=1|0   LLM stages behind one shared local vLLM server per run | one in-process engine per stage
 #   make check-params PARAMS=params/x.yaml     validate a profile only
-#   make where | clean-run [PARAMS=...]        print the run's folders | delete exactly those folders
+#   make where | clean-run [PARAMS=...]        print the run's folders | delete them, if they are the run's own
 #   make test | test-fast                      every test | those that need no model, browser or GPU
 #   make lint | format | typecheck             ruff check + format check | apply ruff | mypy on lib/
 #   make help                                  every target, one line each
@@ -67,7 +68,9 @@ RUN_FROM_FILE := $(shell sed -n 's/^run_name:[[:space:]]*["'"'"']\{0,1\}\([A-Za-
 RUN := $(if $(RUN_FROM_FILE),$(RUN_FROM_FILE),$(basename $(notdir $(PARAMS))))
 DATA_ROOT := $(if $(STORYBIAS_DATA),$(STORYBIAS_DATA),data)
 DATA := $(DATA_ROOT)/$(RUN)
-REPORTS := reports/$(RUN)
+# The executed notebooks follow STORYBIAS_DATA (storybias.core.paths.reports_dir), so two runs of one name
+# under two data roots never share one, and the run's lock covers them.
+REPORTS := $(if $(STORYBIAS_DATA),$(DATA)/reports,reports/$(RUN))
 STAMPS := $(DATA)/.params
 KERNEL := storybias
 STAGE_STAMPS := $(STAMPS)/generate.params $(STAMPS)/filter.params $(STAMPS)/extract.params $(STAMPS)/metrics.params \
@@ -92,10 +95,23 @@ STAGE_TARGETS := $(DATA)/stories.parquet $(DATA)/filtered.parquet $(DATA)/extrac
                  $(DATA)/manifest_metrics.json $(DATA)/manifest_associations.json $(DATA)/manifest_probes.json \
                  $(DATA)/manifest_crosslens.json $(FIGURES)/figures.json $(FIGURES)/explorer.html
 .PRECIOUS: $(STAGE_TARGETS)
+# The executed notebook of each stage, in stage order (written by the stage's run, after its target).
+STAGE_REPORTS := $(REPORTS)/01_generate.ipynb $(REPORTS)/02_filter.ipynb $(REPORTS)/03_extract.ipynb \
+                 $(REPORTS)/04_associations.ipynb $(REPORTS)/05_metrics.ipynb $(REPORTS)/06_probes.ipynb \
+                 $(REPORTS)/07_crosslens.ipynb $(REPORTS)/08_figures.ipynb
+.PRECIOUS: $(STAGE_REPORTS)
 
 # Execute notebook $(1) for stage $(2) (papermill into reports/<run>/, moved into place on success).
 define run_notebook
 	@$(PY) -m storybias.cli run-stage $(2) notebooks/$(1).ipynb $(PARAMS) --target $@
+endef
+
+# A stage's executed notebook is written by the stage's run (the rules below it), after the target. When
+# it is missing or older than the target (a kill between the two, or the stage run from JupyterLab), the
+# notebook runs again to write it: model answers and embeddings come from the run's caches, and the
+# target keeps its modification time, so no later stage reruns (`run-stage --report-only`).
+define report_only
+	@$(PY) -m storybias.cli run-stage $(2) notebooks/$(1).ipynb $(PARAMS) --target $< --report-only
 endef
 
 .PHONY: help where venv model check-params stamps generate filter extract associations metrics probes crosslens figures explorer paper _paper test test-fast lint format typecheck bench-generate bench-ray plan bench-associations bench-import publish-notebooks lab clean-run FORCE
@@ -159,38 +175,38 @@ $(DATA)/stories.parquet: notebooks/01_generate.ipynb $(STAMPS)/generate.params $
 	$(call run_notebook,01_generate,generate)
 
 generate: | $(VENV_STAMP)  ## stage 01: generate the stories (notebooks/01_generate.ipynb)
-	$(call served,$(DATA)/stories.parquet,$(DATA)/stories.parquet)
+	$(call served,$(DATA)/stories.parquet $(REPORTS)/01_generate.ipynb,$(DATA)/stories.parquet)
 
 $(DATA)/filtered.parquet: $(DATA)/stories.parquet notebooks/02_filter.ipynb $(STAMPS)/filter.params $(REFUSAL_FILES) | $(VENV_STAMP)
 	$(call run_notebook,02_filter,filter)
 
-filter: $(DATA)/filtered.parquet  ## stage 02: empty, truncated, refusal and language checks (notebooks/02_filter.ipynb)
+filter: $(DATA)/filtered.parquet $(REPORTS)/02_filter.ipynb  ## stage 02: empty, truncated, refusal and language checks (notebooks/02_filter.ipynb)
 
 $(DATA)/extractions.parquet: $(DATA)/filtered.parquet notebooks/03_extract.ipynb $(STAMPS)/extract.params \
                              $(DESIGN_SPECS) $(GOLD_FILES) $(EXTRACT_FILES) | $(VENV_STAMP)
 	$(call run_notebook,03_extract,extract)
 
 extract: | $(VENV_STAMP)  ## stage 03: extract attributes from each story (notebooks/03_extract.ipynb)
-	$(call served,$(DATA)/extractions.parquet,$(DATA)/stories.parquet $(DATA)/extractions.parquet)
+	$(call served,$(DATA)/extractions.parquet $(REPORTS)/03_extract.ipynb,$(DATA)/stories.parquet $(DATA)/extractions.parquet)
 
 $(DATA)/manifest_metrics.json: $(DATA)/extractions.parquet notebooks/05_metrics.ipynb $(STAMPS)/metrics.params \
                                $(LEXICON_FILES) $(DESIGN_SPECS) | $(VENV_STAMP)
 	$(call run_notebook,05_metrics,metrics)
 
-metrics: $(DATA)/manifest_metrics.json  ## stage 05: BiasedTales-ML metrics (notebooks/05_metrics.ipynb)
+metrics: $(DATA)/manifest_metrics.json $(REPORTS)/05_metrics.ipynb  ## stage 05: BiasedTales-ML metrics (notebooks/05_metrics.ipynb)
 
 $(DATA)/manifest_associations.json: $(DATA)/extractions.parquet notebooks/04_associations.ipynb $(STAMPS)/associations.params \
                                     $(DESIGN_FILES) | $(VENV_STAMP)
 	$(call run_notebook,04_associations,associations)
 
 associations: | $(VENV_STAMP)  ## stage 04: StereoTales associations and harm (notebooks/04_associations.ipynb)
-	$(call served,$(DATA)/manifest_associations.json,$(LLM_TARGETS))
+	$(call served,$(DATA)/manifest_associations.json $(REPORTS)/04_associations.ipynb,$(LLM_TARGETS))
 
 $(DATA)/manifest_probes.json: $(DATA)/extractions.parquet notebooks/06_probes.ipynb $(STAMPS)/probes.params \
                               $(CUE_FILES) | $(VENV_STAMP)
 	$(call run_notebook,06_probes,probes)
 
-probes: $(DATA)/manifest_probes.json  ## stage 06: Feng et al. probes (notebooks/06_probes.ipynb)
+probes: $(DATA)/manifest_probes.json $(REPORTS)/06_probes.ipynb  ## stage 06: Feng et al. probes (notebooks/06_probes.ipynb)
 
 # The cross-lens stage reads stages 04-06's tables and computes no lens: a change in one of them reruns
 # that stage and this one only.
@@ -198,7 +214,7 @@ $(DATA)/manifest_crosslens.json: $(DATA)/manifest_associations.json $(DATA)/mani
                                  notebooks/07_crosslens.ipynb $(STAMPS)/crosslens.params | $(VENV_STAMP)
 	$(call run_notebook,07_crosslens,crosslens)
 
-crosslens: $(DATA)/manifest_crosslens.json  ## stage 07: the three lenses side by side (notebooks/07_crosslens.ipynb)
+crosslens: $(DATA)/manifest_crosslens.json $(REPORTS)/07_crosslens.ipynb  ## stage 07: the three lenses side by side (notebooks/07_crosslens.ipynb)
 
 # Notebook 08 only draws: it reruns when an artifact it reads or a `figures:` parameter changes.
 $(FIGURES)/figures.json: $(DATA)/filtered.parquet $(DATA)/manifest_associations.json $(DATA)/manifest_metrics.json \
@@ -206,7 +222,7 @@ $(FIGURES)/figures.json: $(DATA)/filtered.parquet $(DATA)/manifest_associations.
                          $(STAMPS)/figures.params | $(VENV_STAMP)
 	$(call run_notebook,08_figures,figures)
 
-figures: $(FIGURES)/figures.json  ## stage 08: every figure, PNG + PDF, into figures/<run>/ (notebooks/08_figures.ipynb)
+figures: $(FIGURES)/figures.json $(REPORTS)/08_figures.ipynb  ## stage 08: every figure, PNG + PDF, into figures/<run>/ (notebooks/08_figures.ipynb)
 
 $(FIGURES)/explorer.html: $(DATA)/filtered.parquet $(DATA)/extractions.parquet $(DATA)/manifest_associations.json \
                           $(STAMPS)/figures.params | $(VENV_STAMP)
@@ -215,10 +231,27 @@ $(FIGURES)/explorer.html: $(DATA)/filtered.parquet $(DATA)/extractions.parquet $
 
 explorer: $(FIGURES)/explorer.html  ## the stories explorer, one HTML page in figures/<run>/
 
+$(REPORTS)/01_generate.ipynb: $(DATA)/stories.parquet | $(VENV_STAMP)
+	$(call report_only,01_generate,generate)
+$(REPORTS)/02_filter.ipynb: $(DATA)/filtered.parquet | $(VENV_STAMP)
+	$(call report_only,02_filter,filter)
+$(REPORTS)/03_extract.ipynb: $(DATA)/extractions.parquet | $(VENV_STAMP)
+	$(call report_only,03_extract,extract)
+$(REPORTS)/04_associations.ipynb: $(DATA)/manifest_associations.json | $(VENV_STAMP)
+	$(call report_only,04_associations,associations)
+$(REPORTS)/05_metrics.ipynb: $(DATA)/manifest_metrics.json | $(VENV_STAMP)
+	$(call report_only,05_metrics,metrics)
+$(REPORTS)/06_probes.ipynb: $(DATA)/manifest_probes.json | $(VENV_STAMP)
+	$(call report_only,06_probes,probes)
+$(REPORTS)/07_crosslens.ipynb: $(DATA)/manifest_crosslens.json | $(VENV_STAMP)
+	$(call report_only,07_crosslens,crosslens)
+$(REPORTS)/08_figures.ipynb: $(FIGURES)/figures.json | $(VENV_STAMP)
+	$(call report_only,08_figures,figures)
+
 paper: | $(VENV_STAMP)  ## every stage for PARAMS (default params/default.yaml), notebooks executed into reports/<run>/
 	$(call served,_paper,$(LLM_TARGETS))
 
-_paper: $(STAGE_TARGETS)
+_paper: $(STAGE_TARGETS) $(STAGE_REPORTS)
 	@echo "run '$(RUN)' complete:"
 	@echo "  figures (PNG + PDF) and explorer.html: $(FIGURES)/"
 	@echo "  executed notebooks and logs:           $(REPORTS)/"
@@ -273,8 +306,10 @@ lab: $(VENV_STAMP)  ## JupyterLab on notebooks/ with the storybias kernel
 publish-notebooks: $(VENV_STAMP)  ## copy the outputs of PARAMS' executed notebooks (reports/<run>/, from make paper) into notebooks/
 	$(PY) -m storybias.cli publish-notebooks $(PARAMS)
 
-# Deletes only the run's own folders (data/<run>, reports/<run>, figures/<run>), and says which.
-clean-run: $(VENV_STAMP)  ## delete exactly this run's folders: data/<run>, reports/<run>, figures/<run>
+# Deletes only the run's own folders (data/<run>, reports/<run>, figures/<run>), and says which; refuses,
+# deleting nothing, a folder that is not the run's own (storybias.core.run_folders: no .storybias-run
+# marker of the run, or a place where runs do not live: lib/, params/, the model weights, ...).
+clean-run: $(VENV_STAMP)  ## delete exactly this run's folders (data/<run>, reports/<run>, figures/<run>), if they are its own
 	@$(PY) -m storybias.cli clean-run $(PARAMS)
 
 # The run's name and absolute folders, as every stage will see them.

@@ -46,6 +46,13 @@ def profile(tmp_path: Path, run_name: str, name: str = "p.yaml") -> Path:
     return path
 
 
+def finished_reports(folder: Path, *names: str) -> None:
+    """Stand-ins for the executed notebooks of finished stages (written after their targets)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        (folder / f"{name}.ipynb").write_text("{}")
+
+
 def hold_lock(run_name: str, env: dict, stage: str = "generate") -> subprocess.Popen:
     """Another process holding the run's lock (until killed)."""
     code = (
@@ -77,19 +84,20 @@ def test_space_in_the_data_folder_is_refused_and_nothing_is_deleted(tmp_path):
 
 
 def test_clean_run_deletes_only_the_runs_own_folders_and_says_which(tmp_path):
+    """(Under STORYBIAS_DATA the run's reports are inside its data folder; the layout without it, and
+    the folders clean-run refuses, are tested in a copy of the repository: tests/test_run_folders.py.)"""
     run = "pytest-clean-run"
     data, figures = tmp_path / "data", tmp_path / "figs"
-    for folder in (data / run / "work", data / "other-run", figures / run, ROOT / "reports" / run):
+    for folder in (data / run / "work", data / run / "reports", data / "other-run", figures / run):
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / "file.txt").write_text("x")
+    (data / run / ".storybias-run").write_text(run + "\n")  # the run's marker, written when a stage made it
+    (data / run / "reports" / "01_generate.ipynb").write_text("{}")
+    (data / "other-run" / "file.txt").write_text("x")
+    (figures / run / "01_vsr_heatmap.png").write_text("x")
     env = dict(os.environ, STORYBIAS_DATA=str(data), STORYBIAS_FIGURES=str(figures))
     result = make("clean-run", f"PARAMS={profile(tmp_path, run)}", env=env)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines() == [
-        f"removed {data / run}",
-        f"removed {ROOT / 'reports' / run}",
-        f"removed {figures / run}",
-    ]
+    assert result.stdout.splitlines() == [f"removed {data / run}", f"removed {figures / run}"]
     assert not (data / run).exists() and not (figures / run).exists() and not (ROOT / "reports" / run).exists()
     assert (data / "other-run" / "file.txt").is_file() and data.is_dir() and figures.is_dir()
     again = make("clean-run", f"PARAMS={profile(tmp_path, run)}", env=env)
@@ -111,7 +119,13 @@ def test_checkout_path_with_a_space(tmp_path):
     """A checkout under a folder with a space: Make's own paths are relative and work there."""
     checkout = tmp_path / "my checkout"
     checkout.mkdir()
-    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    tracked = subprocess.run(  # the working tree: tracked files and new ones git does not ignore
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     for name in filter(None, tracked.split("\0")):
         if (ROOT / name).is_file():
             (checkout / name).parent.mkdir(parents=True, exist_ok=True)
@@ -142,19 +156,21 @@ def test_run_stage_runs_papermill_without_a_shell(tmp_path, monkeypatch):
     params_file = profile(folder, run, name="my profile.yaml")
     from storybias.tools.notebook_runner import run_stage
 
+    reports = paths.reports_dir(run)
+    assert reports == tmp_path / "data" / run / "reports", "the reports follow STORYBIAS_DATA"
     try:
         assert run_stage("tiny", folder / "tiny stage.ipynb", params_file, run, target=target, log=lambda m: None) == 0
         assert json.loads(target.read_text()) == {"run": run}
-        assert (ROOT / "reports" / run / "tiny stage.ipynb").is_file()
-        assert not (ROOT / "reports" / run / "tiny stage.tmp.ipynb").exists()
+        assert (reports / "tiny stage.ipynb").is_file()
+        assert not (reports / "tiny stage.tmp.ipynb").exists()
         # the same notebook failing after writing the target: the target goes, so Make reruns the stage
         nb.cells[1].source += "\nraise RuntimeError('stage failed after writing its target')"
         nbformat.write(nb, folder / "tiny stage.ipynb")
         assert run_stage("tiny", folder / "tiny stage.ipynb", params_file, run, target=target, log=lambda m: None) == 1
         assert not target.exists()
-        assert "stage failed after writing its target" in (ROOT / "reports" / run / "tiny stage.log").read_text()
+        assert "stage failed after writing its target" in (reports / "tiny stage.log").read_text()
     finally:
-        shutil.rmtree(ROOT / "reports" / run, ignore_errors=True)
+        shutil.rmtree(ROOT / "reports" / run, ignore_errors=True)  # (an older layout's place)
 
 
 # --- 4. one writer per run ------------------------------------------------------------------
@@ -181,7 +197,8 @@ def test_second_generator_is_refused_while_the_first_holds_the_run(tmp_path):
         }
         assert "storybias.stages.generate" in imported, "the listing is read (the stage was imported)"
         assert not imported & {"vllm", "torch", "ray", "openai"}, "refused before any engine or model loads"
-        assert sorted(p.name for p in (tmp_path / "data" / run).iterdir()) == [".lock"], "nothing else was touched"
+        touched = sorted(p.name for p in (tmp_path / "data" / run).iterdir())
+        assert touched == [".lock", ".storybias-run"], "nothing but the holder's lock and marker"
     finally:
         holder.kill()
         holder.wait()
@@ -207,7 +224,8 @@ def test_make_refuses_a_second_stage_and_keeps_the_first_ones_target(tmp_path):
         assert result.returncode != 0
         assert f"run '{run}' is busy (pid {holder.pid}, stage metrics" in result.stderr
         assert manifest.read_text() == '{"from": "the first run"}'
-        assert not (ROOT / "reports" / run).exists(), "the refused process wrote no notebook"
+        assert not (data / run / "reports").exists(), "the refused process wrote no notebook"
+        assert not (ROOT / "reports" / run).exists()
     finally:
         holder.kill()
         holder.wait()
@@ -303,6 +321,7 @@ def test_editing_a_params_data_file_reruns_the_stage_that_reads_it(tmp_path, edi
     for name in targets:  # every stage finished, in order
         (data / run / name).write_text("stand-in")
         time.sleep(0.01)
+    finished_reports(data / run / "reports", "04_associations", "05_metrics", "06_probes")
     up_to_date = make("-n", "probes", "metrics", f"PARAMS={params_file}", env=env)
     assert "run-stage" not in up_to_date.stdout, up_to_date.stdout
     after_edit = make("-n", "-W", edited, "probes", "metrics", f"PARAMS={params_file}", env=env)
@@ -322,6 +341,7 @@ def test_changing_stage_04s_parameters_reruns_04_and_the_cross_lens_stage_not_th
     for name in names:  # every stage finished, in order
         (data / run / name).write_text("stand-in")
         time.sleep(0.01)
+    finished_reports(data / run / "reports", "04_associations", "05_metrics", "06_probes", "07_crosslens")
     stamp = data / run / ".params" / "associations.params"
     up_to_date = make("-n", "crosslens", f"PARAMS={params_file}", "STAMPS_FORCE=", env=env)
     assert "run-stage" not in up_to_date.stdout, up_to_date.stdout

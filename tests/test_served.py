@@ -410,9 +410,10 @@ def test_with_servers_registers_one_server_and_leaves_no_process(smoke, tmp_path
     assert (paths.reports_dir("serve-unit") / "server-qwen2.5-coder-1.5b.log").is_file()
 
 
-def test_two_embedded_models_get_two_servers_and_the_log_counts_them(tmp_path):
+def test_two_embedded_models_get_two_servers_and_the_log_counts_them(tmp_path, monkeypatch):
     """The default profile's two models differ only in ``embedded:`` (1.5B and 0.5B): one server each, each
     registered under its own name with its own weights' key (issue #42: one server used to answer both)."""
+    monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path / "data"))  # its lock, marker and logs stay out of data/
     raw = yaml.safe_load((paths.params_dir() / "default.yaml").read_text())
     raw["run_name"] = "serve-two"
     path = tmp_path / "p.yaml"

@@ -18,8 +18,11 @@ plan PARAMS                stage 01's work per design and model: requests, token
 bench-associations         time stage 04's association tests at paper scale on synthetic extractions
 bench-import               time importing a paper-scale synthetic StereoTales release and stages 02-04 on it
 explorer PARAMS [--max-stories N]   write figures/<run>/explorer.html (stories + associations browser)
-run-stage STAGE NOTEBOOK PARAMS [--target FILE]   what Make runs: the notebook under the run's lock
-clean-run PARAMS           delete the run's own folders (data/<run>, reports/<run>, figures/<run>)
+run-stage STAGE NOTEBOOK PARAMS [--target FILE] [--report-only]   what Make runs: the notebook under
+                           the run's lock (--report-only: the target is up to date, only its executed
+                           notebook is missing; the target keeps its time)
+clean-run PARAMS           delete the run's own folders (data/<run>, reports/<run>, figures/<run>), each
+                           only if it is the run's own (storybias.core.run_folders)
 where PARAMS               print the run's name and folders (absolute paths)
 data-contract              print docs/data-contract.md, generated from the artifact registry
 outputs STAGE PARAMS       print the files Make tracks for STAGE (storybias.core.artifacts.MAKE_TARGETS)
@@ -39,6 +42,7 @@ from storybias.core import paths
 from storybias.core.artifacts import data_contract
 from storybias.core.artifacts import outputs as stage_outputs
 from storybias.core.locks import RunBusy, clean_run
+from storybias.core.run_folders import RunFolderError, claim
 from storybias.engines import EngineError
 from storybias.engines.serve import ServerError, local_models, with_servers
 from storybias.stages import generate
@@ -123,6 +127,12 @@ def _add_run_commands(sub: argparse._SubParsersAction) -> None:
     stage.add_argument(
         "--target", default=None, help="the Make target this stage writes (removed if this run fails after writing it)"
     )
+    stage.add_argument(
+        "--report-only",
+        action="store_true",
+        help="the target is up to date but the executed notebook is missing: run the notebook to write it, "
+        "keeping the target's time so later stages do not rerun",
+    )
     sub.add_parser("data-contract")
     outputs = sub.add_parser("outputs")
     outputs.add_argument("stage")
@@ -202,6 +212,7 @@ def _run_stage(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
         p.source,
         p.run_name,
         target=paths.resolve(args.target) if args.target else None,
+        report_only=args.report_only,
     )
 
 
@@ -212,6 +223,9 @@ def _clean_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     except RunBusy as exc:
         print(f"storybias: {exc}", file=sys.stderr)
         return 3
+    except ValueError as exc:  # a folder that is not the run's own (RunFolderError) or a bad name
+        print(f"storybias: {exc}", file=sys.stderr)
+        return 2
     print("\n".join(f"removed {path}" for path in removed) if removed else f"run '{p.run_name}': nothing to remove")
     return 0
 
@@ -232,7 +246,7 @@ def _run_name(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 def _stamps(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     p = _load(args.params)
-    write_stage_stamps(p, paths.run_dir(p.run_name) / ".params")
+    write_stage_stamps(p, claim(p.run_name) / ".params")
     return 0
 
 
@@ -348,13 +362,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def entry(argv: list[str] | None = None) -> int:
-    """``main`` with a busy run reported as one line (exit 3) instead of a traceback."""
+    """``main`` with a busy run (exit 3) or a run folder that is not the run's (exit 2) reported as a
+    message instead of a traceback."""
 
     try:
         return main(argv)
     except RunBusy as exc:
         print(f"storybias: {exc}", file=sys.stderr)
         return 3
+    except RunFolderError as exc:
+        print(f"storybias: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

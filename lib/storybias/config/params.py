@@ -62,7 +62,7 @@ from storybias.config.story_sections import (
     SamplingOverride,
     Strict,
 )
-from storybias.core import paths
+from storybias.core import paths, run_folders
 from storybias.core.artifacts import STAGES
 from storybias.core.io import DuplicateKeyError, read_yaml_strict
 from storybias.core.paths import RUN_NAME
@@ -452,6 +452,9 @@ def load(path: str | Path) -> Params:
     except ValidationError as exc:
         raise ParamsError(_format_validation_error(exc, source)) from None
     problems = _check_semantics(profile, source)
+    run_name = profile.run_name or source.stem
+    if RUN_NAME.match(run_name):  # the run's folders: only where runs live (storybias.core.run_folders)
+        problems += run_folders.problems(run_name)
     if problems:
         raise ParamsError(f"{source}: invalid parameters:\n" + "\n".join(f"  - {p}" for p in problems))
     return Params(profile, source)

@@ -9,6 +9,11 @@ The kernel releases a flock when its process dies, so a lock left by a killed pr
 "stuck": the next stage takes it over and says whose it was. The lock file's content (pid, stage,
 start time) is only for those messages.
 
+Taking the lock first checks that the run's folders are the run's to write
+(:func:`storybias.core.run_folders.claim`: a run folder in ``lib/`` or the model weights is refused before
+anything is created) and marks a new data folder as the run's; once the lock is held, the temporary files
+a killed stage left are removed (:func:`storybias.core.run_folders.remove_stale_temporaries`).
+
 The Make wrapper (``storybias.cli run-stage``) takes the lock and then runs the notebook in a child
 kernel; it passes ``STORYBIAS_RUN_LOCK=<lock file>:<pid>`` down so the stage code inside that kernel
 knows its parent holds the lock for it and does not wait on itself.
@@ -27,7 +32,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from storybias.core import paths
+from storybias.core import paths, run_folders
 from storybias.core.io import current_umask
 
 LOCK_ENV = "STORYBIAS_RUN_LOCK"
@@ -72,12 +77,13 @@ def _inherited(path: Path) -> bool:
 @contextmanager
 def run_lock(run_name: str, stage: str, log: Callable[[str], None] = print) -> Iterator[Path]:
     """Hold the run's lock for the duration of the block. Raises RunBusy when another live process
-    holds it; re-entrant within one process and for children started inside the block."""
+    holds it; re-entrant within one process and for children started inside the block. Raises
+    RunFolderError, creating nothing, when the run's folders are not the run's to write."""
     path = lock_path(run_name)
     if _inherited(path):
         yield path
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
+    run_folders.claim(run_name)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666 & ~current_umask())
     try:
         try:
@@ -94,6 +100,13 @@ def run_lock(run_name: str, stage: str, log: Callable[[str], None] = print) -> I
             log(
                 f"run {run_name!r}: taking over the lock left by pid {previous['pid']} "
                 f"(stage {previous.get('stage', '?')}), which is no longer running"
+            )
+        leftovers = run_folders.remove_stale_temporaries(run_name)
+        if leftovers:
+            log(
+                f"run {run_name!r}: removed {len(leftovers)} temporary file(s) an interrupted stage left: "
+                + ", ".join(str(p) for p in leftovers[:5])
+                + (" ..." if len(leftovers) > 5 else "")
             )
         os.ftruncate(fd, 0)
         os.lseek(fd, 0, os.SEEK_SET)
@@ -134,24 +147,23 @@ def holds_run_lock(stage: str) -> Callable[[Callable[..., T]], Callable[..., T]]
 def clean_run(run_name: str) -> list[Path]:
     """Delete the run's own folders (data, reports, figures) and return what was deleted.
 
-    Refuses anything that is not exactly ``<root>/<run_name>`` after resolving links, so a bad name
-    or a link can never reach a folder outside the run; takes the run's lock first, so a running
-    stage is never pulled out from under.
+    Refuses, deleting nothing, unless every folder is the run's own (:func:`storybias.core.run_folders.
+    deletable`: where runs live, marked with the run's name, or made by an earlier version and holding
+    only what a run writes) and exactly ``<root>/<run_name>`` after resolving links; takes the run's lock
+    first, so a running stage is never pulled out from under.
     """
 
     if not paths.RUN_NAME.match(run_name) or run_name in (".", ".."):
         raise ValueError(f"refusing to clean run {run_name!r}: not a valid run name")
-    if paths.run_dir(run_name).resolve() == paths.models_dir().resolve():
-        raise ValueError(f"refusing to clean run {run_name!r}: {paths.models_dir()} holds the model weights")
-    present = [(f, r) for f, r in paths.run_folders(run_name) if f.exists() or f.is_symlink()]
-    for folder, root in present:
-        if folder.is_symlink() or folder.resolve().parent != root.resolve() or folder.name != run_name:
-            raise ValueError(f"refusing to delete {folder}: it is not a folder directly inside {root}")
+    present = run_folders.deletable(run_name)
     removed: list[Path] = []
     if not present:
         return removed
     with run_lock(run_name, "clean-run"):
-        for folder, _ in present:
+        for folder in present:
             shutil.rmtree(folder, ignore_errors=False)
             removed.append(folder)
+    data = paths.run_dir(run_name)
+    if data not in present and {p.name for p in data.iterdir()} <= {".lock", run_folders.MARKER}:
+        shutil.rmtree(data)  # made only to hold the lock
     return removed

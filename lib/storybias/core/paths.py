@@ -8,13 +8,17 @@ Layout (relative to the repository root):
     data/<run>/stories.parquet          stage 01 output, and the other stage artifacts
                                         (names, patterns and schemas: storybias.core.artifacts)
     data/<run>/work/<stage>/            resumable shards of an unfinished stage
-    reports/<run>/NN_name.ipynb         executed notebooks
+    data/<run>/.storybias-run           the run's marker: this folder is run <run>'s own
+    reports/<run>/NN_name.ipynb         executed notebooks (<run folder>/reports/ under STORYBIAS_DATA)
     figures/<run>/                      figures (PNG + PDF)
 
-``STORYBIAS_DATA`` moves the run folders elsewhere (e.g. a bigger disk); ``STORYBIAS_MODELS`` moves
-data/models/; ``STORYBIAS_FIGURES`` moves figures/. A relative value is taken relative to the repository
-root (where Make runs), never to the current directory: notebooks run with notebooks/ as their working
-directory, and must see the same folders as Make.
+``STORYBIAS_DATA`` moves the run folders elsewhere (e.g. a bigger disk), and the run's executed notebooks
+with them, into ``$STORYBIAS_DATA/<run>/reports/``: two runs of one name under two data roots never
+share a reports folder, and the run's lock covers it. ``STORYBIAS_MODELS`` moves data/models/;
+``STORYBIAS_FIGURES`` moves figures/. A relative value is taken relative to the repository root (where
+Make runs), never to the current directory: notebooks run with notebooks/ as their working directory,
+and must see the same folders as Make. Where a run's folders may be, and which folder ``clean-run`` may
+delete: :mod:`storybias.core.run_folders`.
 """
 
 from __future__ import annotations
@@ -82,22 +86,36 @@ def work_dir(run_name: str, stage: str) -> Path:
     return run_dir(run_name) / "work" / stage
 
 
+def reports_root() -> Path:
+    """reports/: the executed notebooks of the runs under the default data root."""
+    return repo_root() / "reports"
+
+
 def reports_dir(run_name: str) -> Path:
-    return repo_root() / "reports" / run_name
+    """Where the run's executed notebooks and logs go: reports/<run>/ under the default data root,
+    ``$STORYBIAS_DATA/<run>/reports/`` when STORYBIAS_DATA is set (the Makefile's REPORTS says the same)."""
+    if os.environ.get("STORYBIAS_DATA"):
+        return run_dir(run_name) / "reports"
+    return reports_root() / run_name
+
+
+def figures_root() -> Path:
+    """figures/ (or $STORYBIAS_FIGURES: the tests keep their figures out of the repository)."""
+    return _from_env("STORYBIAS_FIGURES", repo_root() / "figures")
 
 
 def figures_dir(run_name: str) -> Path:
-    """figures/<run>/ (or $STORYBIAS_FIGURES/<run>/: the tests keep their figures out of the repository)."""
-    return _from_env("STORYBIAS_FIGURES", repo_root() / "figures") / run_name
+    """figures/<run>/ (or $STORYBIAS_FIGURES/<run>/)."""
+    return figures_root() / run_name
 
 
 def run_folders(run_name: str) -> list[tuple[Path, Path]]:
-    """(folder, the root it must sit directly in) for every folder that belongs to one run only."""
-    return [
-        (run_dir(run_name), data_root()),
-        (reports_dir(run_name), repo_root() / "reports"),
-        (figures_dir(run_name), figures_dir(run_name).parent),
-    ]
+    """(folder, the root it must sit directly in) for every folder that belongs to one run only; the
+    reports folder is listed only where it is not inside the run's data folder."""
+    folders = [(run_dir(run_name), data_root())]
+    if not os.environ.get("STORYBIAS_DATA"):
+        folders.append((reports_dir(run_name), reports_root()))
+    return [*folders, (figures_dir(run_name), figures_root())]
 
 
 RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")

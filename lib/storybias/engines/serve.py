@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from storybias.config.params import EngineSettings, ModelSpec, Params
-from storybias.core import paths
+from storybias.core import paths, run_folders
 from storybias.core.locks import RunBusy, run_lock
 from storybias.engines.cache import SERVER_MODEL_FIELDS, model_identity
 from storybias.engines.inprocess import cpu_core_list, cpu_scheduler_kwargs, preflight
@@ -273,7 +273,7 @@ def start_server(
     else:
         described = "test server"
         command = [c.replace("{port}", str(port)).replace("{key}", key) for c in command]
-    logfile = (log_dir or paths.reports_dir(run_name)) / f"server-{spec.name}.log"
+    logfile = (log_dir or run_folders.claim_reports(run_name)) / f"server-{spec.name}.log"
     logfile.parent.mkdir(parents=True, exist_ok=True)
     started = time.time()
     with open(logfile, "w", encoding="utf-8") as fh:

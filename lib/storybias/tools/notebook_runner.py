@@ -5,13 +5,21 @@ recipe used to do in shell, without a shell command line (a checkout or profile 
 it is just an argument):
 
 1. take the run's lock (storybias.core.locks): a second process on the same run is refused at once with
-   the holder's pid and stage, and touches nothing (not the temporary notebook, not the target);
-2. execute the notebook with papermill into ``reports/<run>/NN_name.tmp.ipynb``, its log in
-   ``reports/<run>/NN_name.log``;
-3. on success, rename the executed notebook to ``reports/<run>/NN_name.ipynb``; on failure, show the
+   the holder's pid and stage, and touches nothing (not the temporary notebook, not the target); a run
+   folder that is not the run's own is refused (storybias.core.run_folders); the temporary files a
+   killed stage left (``NN_name.tmp.ipynb``, ``.<artifact>.<random>.tmp``) are removed;
+2. execute the notebook with papermill into ``<reports>/NN_name.tmp.ipynb``, its log in
+   ``<reports>/NN_name.log`` (``<reports>``: :func:`storybias.core.paths.reports_dir`, reports/<run>/
+   or, under STORYBIAS_DATA, the run folder's reports/);
+3. on success, rename the executed notebook to ``<reports>/NN_name.ipynb``; on failure, show the
    log's tail and remove the Make target *if this process wrote it*, so Make reruns the stage next
    time. (The Makefile marks the stage targets .PRECIOUS: Make itself never deletes them, because a
    refused second process must not delete the target that the first one just wrote.)
+
+``--report-only`` is Make's answer to a stage whose target is up to date but whose executed notebook is
+missing or older (a kill between the target's write and the notebook's rename, or the stage run from
+JupyterLab): the notebook runs again, its model calls and embeddings answered from the run's caches,
+and the target gets back its modification time afterwards, so the stages after it do not rerun.
 
 While papermill runs, the log is followed and its latest tqdm progress line (items done of planned,
 rate, ETA: the bars of generation, extraction, the judge and the embeddings) is echoed to the
@@ -33,6 +41,7 @@ from typing import TextIO
 
 from storybias.core import paths
 from storybias.core.locks import RunBusy, run_lock
+from storybias.core.run_folders import RunFolderError, claim_reports
 
 
 def papermill_command(notebook: Path, output: Path, params_file: Path) -> list[str]:
@@ -134,6 +143,30 @@ def _mtime(path: Path | None) -> float | None:
     return path.stat().st_mtime_ns if path is not None and path.exists() else None
 
 
+def _papermill(notebook: Path, output: Path, params_file: Path, log_file: Path, follower: ProgressFollower) -> int:
+    """Run papermill into ``output``, its log in ``log_file``, echoing its progress; returns its exit code."""
+    with open(log_file, "w", encoding="utf-8") as fh:
+        proc = subprocess.Popen(
+            papermill_command(notebook, output, params_file),
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        )
+        try:
+            while True:
+                try:
+                    proc.wait(timeout=0.5)
+                    break
+                except subprocess.TimeoutExpired:
+                    follower.poll()
+        finally:
+            if proc.poll() is None:  # interrupted (Ctrl-C): stop papermill too
+                proc.terminate()
+                proc.wait()
+            follower.close()
+    return proc.returncode
+
+
 def run_stage(
     stage: str,
     notebook: Path,
@@ -143,11 +176,14 @@ def run_stage(
     log: Callable[[str], None] = print,
     progress: TextIO | None = None,
     progress_interval: float = 30.0,
+    report_only: bool = False,
 ) -> int:
     """Execute one stage notebook for ``run_name``; returns the process exit code (0 = success).
 
     ``progress`` (default: stdout) receives the stage's latest tqdm line while it runs (see
     :class:`ProgressFollower`; ``progress_interval`` is the seconds between lines off a terminal).
+    ``report_only``: ``target`` is up to date and only the executed notebook is wanted (see the module
+    docstring): the target's modification time is restored after a successful run.
     """
     reports = paths.reports_dir(run_name)
     name = notebook.stem
@@ -158,33 +194,23 @@ def run_stage(
     )
     try:
         with run_lock(run_name, stage, log=log):
-            reports.mkdir(parents=True, exist_ok=True)
+            claim_reports(run_name)
             target_before = _mtime(target)
+            if report_only and (target is None or target_before is None):
+                print(f"stage {stage}: --report-only needs its target, and {target} does not exist", file=sys.stderr)
+                return 2
             shown = notebook.relative_to(paths.repo_root()) if notebook.is_relative_to(paths.repo_root()) else notebook
             log(f"== stage {stage}: {shown} (params {params_file}, run {run_name}); log: {log_file}")
+            if report_only:
+                log(
+                    f"   {target} is up to date but {final_notebook} is missing or older: running the notebook "
+                    "again for it (model answers and embeddings come from the run's caches)"
+                )
+            stat_before = target.stat() if report_only and target is not None else None
             follower = ProgressFollower(
                 log_file, sys.stdout if progress is None else progress, interval=progress_interval
             )
-            with open(log_file, "w", encoding="utf-8") as fh:
-                proc = subprocess.Popen(
-                    papermill_command(notebook, tmp_notebook, params_file),
-                    stdout=fh,
-                    stderr=subprocess.STDOUT,
-                    env=dict(os.environ, PYTHONUNBUFFERED="1"),
-                )
-                try:
-                    while True:
-                        try:
-                            proc.wait(timeout=0.5)
-                            break
-                        except subprocess.TimeoutExpired:
-                            follower.poll()
-                finally:
-                    if proc.poll() is None:  # interrupted (Ctrl-C): stop papermill too
-                        proc.terminate()
-                        proc.wait()
-                    follower.close()
-            if proc.returncode != 0:
+            if _papermill(notebook, tmp_notebook, params_file, log_file, follower) != 0:
                 tail = log_file.read_text(encoding="utf-8", errors="replace").splitlines()[-25:]
                 print(f"stage {stage} FAILED: see {log_file} and {tmp_notebook}", file=sys.stderr)
                 print("\n".join(tail), file=sys.stderr)
@@ -193,7 +219,12 @@ def run_stage(
                     print(f"removed {target} (written by this failed run)", file=sys.stderr)
                 return 1
             os.replace(tmp_notebook, final_notebook)
+            if stat_before is not None and target is not None and target.exists():
+                os.utime(target, ns=(stat_before.st_atime_ns, stat_before.st_mtime_ns))
             return 0
     except RunBusy as exc:
         print(f"storybias: {exc}", file=sys.stderr)
         return 3
+    except RunFolderError as exc:
+        print(f"storybias: {exc}", file=sys.stderr)
+        return 2

@@ -76,7 +76,7 @@ def publish_notebooks(run_name: str, notebooks: Path | None = None) -> list[Path
     """Copy the outputs of ``reports/<run_name>/``'s executed notebooks into ``notebooks/``; returns
     the notebooks written. Every executed notebook is checked before any is written."""
     notebooks = notebooks or paths.repo_root() / "notebooks"
-    reports = paths.repo_root() / "reports" / run_name
+    reports = paths.reports_dir(run_name)  # reports/<run>/, or the run folder's reports/ under STORYBIAS_DATA
     merged = {}
     for stage in STAGES:
         name = Path(stage.notebook).name

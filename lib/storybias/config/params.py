@@ -36,6 +36,7 @@ from storybias.config.analysis_sections import (
     ProbeSettings,
     UmapSettings,
 )
+from storybias.config.checks import repeated_items
 from storybias.config.corpus import CorpusSettings, check_files
 from storybias.config.designs import design_cells, get
 from storybias.config.designs import get as get_design
@@ -64,7 +65,7 @@ from storybias.config.story_sections import (
 )
 from storybias.core import paths
 from storybias.core.artifacts import STAGES
-from storybias.core.io import DuplicateKeyError, read_yaml_strict
+from storybias.core.io import YamlRefusedError, read_yaml_strict
 from storybias.core.paths import RUN_NAME
 from storybias.evidence.extraction_validation import EXTRACTION_VALIDATION
 from storybias.evidence.human_files import HumanFile, check_file
@@ -271,8 +272,10 @@ def _format_validation_error(exc: ValidationError, source: Path) -> str:
 
 
 def _check_semantics(profile: Profile, source: Path) -> list[str]:
-    """Checks that need the design files or the file system."""
-    problems = _check_design_runs(profile)
+    """Checks that need the design files or the file system, and a repeated item in any list."""
+    # a corpus profile's designs are made from corpus.languages: a repeat is reported there, once
+    problems = repeated_items(profile, skip=("designs",) if profile.corpus is not None else ())
+    problems += _check_design_runs(profile)
     problems += _check_comparisons(profile)
     if profile.corpus is not None:
         problems += check_files(profile.corpus)
@@ -428,11 +431,12 @@ def _condition_values(design: str) -> dict[str, list[str]]:
 
 
 def load_yaml_strict(source: Path) -> Any:
-    """Parse a YAML file refusing duplicate keys (storybias.core.io.read_yaml_strict), as a ParamsError."""
+    """Parse a YAML file with storybias' one loader (storybias.core.io.read_yaml_strict: no repeated key,
+    no anchor or alias, bounded nesting); a refused file is a ParamsError naming the file and the line."""
 
     try:
         return read_yaml_strict(source)
-    except DuplicateKeyError as exc:
+    except YamlRefusedError as exc:
         raise ParamsError(str(exc)) from None
 
 

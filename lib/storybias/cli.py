@@ -8,7 +8,8 @@ check-params PARAMS        validate a profile (exit 2 with the problems, naming 
 with-servers PARAMS -- CMD ...   run CMD with one local vLLM server per local model of the profile
                            (storybias.engines.serve), stopped when CMD ends, fails or is interrupted
 serve-mode PARAMS          print 1 when the profile asks for the shared local server, else 0
-stamps PARAMS              write data/<run>/.params/<stage>.params (content changes only)
+stamps PARAMS              write data/<run>/.params/<stage>.params (content changes only): each stage's
+                           parameters digest and the sha256 of every file the profile names that it reads
 run-name PARAMS            print the run's name
 prepare-model [--model K]  assemble, verify and convert the embedded models (once; default: every one)
 generate PARAMS            stage 01 outside a notebook (the notebook calls the same function)
@@ -238,7 +239,11 @@ def _run_name(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 def _stamps(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     p = _load(args.params)
-    write_stage_stamps(p, paths.run_dir(p.run_name) / ".params")
+    try:
+        write_stage_stamps(p, paths.run_dir(p.run_name) / ".params")
+    except ParamsError as exc:  # a file the profile names vanished after it loaded
+        print(f"storybias: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -40,6 +40,7 @@ from storybias.config.checks import repeated_items
 from storybias.config.corpus import CorpusSettings, check_files
 from storybias.config.designs import design_cells, get
 from storybias.config.designs import get as get_design
+from storybias.config.input_stamps import HASH_STORE, InputFileError, stage_files, stage_stamp
 from storybias.config.prompts import available_languages
 from storybias.config.prompts import names as design_names
 from storybias.config.story_sections import (
@@ -65,6 +66,7 @@ from storybias.config.story_sections import (
 )
 from storybias.core import paths
 from storybias.core.artifacts import STAGES
+from storybias.core.fingerprint import FileHashes
 from storybias.core.io import YamlRefusedError, read_yaml_strict
 from storybias.core.paths import RUN_NAME
 from storybias.evidence.extraction_validation import EXTRACTION_VALIDATION
@@ -199,7 +201,8 @@ class Profile(Strict):
 # stamp changes only when one of them does, so Make reruns a stage only when its own parameters changed.
 STAGE_SECTIONS: dict[str, tuple[str, ...]] = {stage.token: stage.sections for stage in STAGES}
 # Keys of a stage's sections that its artifacts do not depend on (only its notebook reads them), left
-# out of the stage's digest so that setting one does not make Make rerun the stage.
+# out of the stage's digest. The file such a key names still enters the stage's stamp by its content
+# (storybias.config.input_stamps), so notebook 03 reports on the file as it is.
 NOT_IN_DIGEST: dict[str, tuple[str, ...]] = {"extract": ("human_validation",)}
 
 
@@ -464,17 +467,25 @@ def load(path: str | Path) -> Params:
 def write_stage_stamps(params: Params, folder: Path) -> list[Path]:
     """Write ``<folder>/<stage>.params`` for every stage, touching a file only when its content changes.
 
-    Make depends on these files, so editing one stage's parameters reruns that stage (and what reads
-    its output), not the whole pipeline.
+    A stamp holds the stage's parameters digest and the sha256 of every file the profile names that the
+    stage reads (storybias.config.input_stamps; cached in ``<folder>/input-hashes.json``). Make depends on
+    these files, so editing one stage's parameters, or a file it reads, reruns that stage (and what reads
+    its output), not the whole pipeline. A named file that vanished since the profile loaded is a
+    ParamsError naming the setting.
     """
     folder.mkdir(parents=True, exist_ok=True)
+    hashes = FileHashes(folder / HASH_STORE)
     written = []
     for stage in STAGE_SECTIONS:
         path = folder / f"{stage}.params"
-        content = params.stage_digest(stage) + "\n"
+        try:
+            content = stage_stamp(params.stage_digest(stage), stage_files(params.profile, stage), hashes)
+        except (InputFileError, OSError) as exc:
+            raise ParamsError(f"{params.source}: {exc}") from None
         if not path.is_file() or path.read_text() != content:
             path.write_text(content)
         written.append(path)
+    hashes.save()
     return written
 
 

@@ -29,6 +29,21 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
+class _NamesInputFile:
+    """The mark of a setting that names a file (or a folder of files) a stage reads (:data:`InputFile`)."""
+
+    def __repr__(self) -> str:
+        return "INPUT_FILE"
+
+
+INPUT_FILE = _NamesInputFile()
+# A setting naming a file or folder a stage reads: its content (a sha256 per file) enters the params stamp
+# of exactly the stages that read it (storybias.config.input_stamps; which stages: the stage registry's
+# ``profile_files``), so editing the file reruns them. A model's weights folder (``path``) is not one: it
+# is identified by its path (hashing gigabytes of weights before every `make` is not worth it).
+InputFile = Annotated[str, INPUT_FILE]
+
+
 # A free-form mapping (``chat_template_kwargs``: whatever a model's chat template reads) is bounded: far
 # more than {enable_thinking: false} needs, and too little to grow a request or a stage stamp past reason.
 FREE_FORM_MAX_DEPTH = 4  # mappings and lists nested in it
@@ -121,7 +136,7 @@ class ModelSpec(Strict):
     tensor_parallel_size: Annotated[int, Field(ge=1)] = 1
     max_model_len: Annotated[int, Field(ge=256)] = 4096
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.9
-    chat_template: str | None = None  # a Jinja chat template file, for models that ship none
+    chat_template: InputFile | None = None  # a Jinja chat template file, for models that ship none
     chat_template_kwargs: FreeForm = {}  # e.g. {enable_thinking: false} for Qwen3 (bounded: FREE_FORM_*)
     # --- source: openai only ---
     base_url: str | None = None  # e.g. https://openrouter.ai/api/v1 or http://gpu-node:8000/v1
@@ -423,7 +438,7 @@ class ExtractionSettings(Strict):
     # score 0/1/2: unsupported / partially / clearly supported), after BiasedTales-ML's extractor validation
     # (arXiv:2604.17008, Sec. 3); notebook 03 reports kappa and precision (storybias.stages.extract.validation).
     # Checked by check-params; null: no human validation.
-    human_validation: str | None = None
+    human_validation: InputFile | None = None
 
     @field_validator("models")
     @classmethod

@@ -292,7 +292,7 @@ def test_the_api_cost_estimate_counts_step_2_for_the_stories_asked_demographics(
         "occupations": {"languages": ["en"], "n_prompts": 4},
     }
     raw["extract"] = {
-        "models": [served],
+        "models": [dict(served)],  # a copy: one object twice would be dumped as a YAML alias, which is refused
         "self_consistency_sample": 0,
         "gold_sample": 0,
         "sections": {"stereotales": ["demographics"], "occupations": ["markers"]},

@@ -98,7 +98,8 @@ def test_unknown_restrict_value_is_named(tmp_path):
 
 def test_duplicate_model_names_rejected(tmp_path):
     m = {"name": "a", "source": "embedded"}
-    msg = _error(tmp_path, lambda r: r["generation"].update(models=[m, m]))
+    # two copies: one object twice would be dumped as a YAML anchor and alias, which the loader refuses
+    msg = _error(tmp_path, lambda r: r["generation"].update(models=[m, dict(m)]))
     assert "generation.models" in msg and "unique" in msg
 
 

@@ -335,7 +335,7 @@ def test_api_example_profile_validates_and_prints_a_cost_estimate():
         cwd=ROOT,
         capture_output=True,
         text=True,
-        env=dict(os.environ),
+        env=dict(os.environ, OPENROUTER_API_KEY="sk-test"),  # check-params refuses an unset key variable
     )
     assert proc.returncode == 0, proc.stderr
     from storybias.tools.cost import estimate

@@ -1,13 +1,15 @@
 """Command line used by the Makefile: ``python -m storybias.cli <command> ...``.
 
-check-params PARAMS        validate a profile (exit 2 with the problems, naming key and file), then
+check-params PARAMS        validate a profile (exit 2 with the problems, naming key and file; every key
+                           variable a served model's api_key_env names must be set), then
                            print stage 04's minimum detectable lift for its planned stories (a corpus:
                            its own rows, read without the text), the lenses its size cannot feed and, for
                            served models, the requests and tokens the run will ask for (its cost when priced)
 with-servers PARAMS -- CMD ...   run CMD with one local vLLM server per local model of the profile
                            (storybias.engines.serve), stopped when CMD ends, fails or is interrupted
 serve-mode PARAMS          print 1 when the profile asks for the shared local server, else 0
-stamps PARAMS              write data/<run>/.params/<stage>.params (content changes only)
+stamps PARAMS              write data/<run>/.params/<stage>.params (content changes only): each stage's
+                           parameters digest and the sha256 of every file the profile names that it reads
 run-name PARAMS            print the run's name
 prepare-model [--model K]  assemble, verify and convert the embedded models (once; default: every one)
 generate PARAMS            stage 01 outside a notebook (the notebook calls the same function)
@@ -35,6 +37,7 @@ import argparse
 import sys
 from collections.abc import Callable
 
+from storybias.config.checks import missing_key_variables
 from storybias.config.lenses import format_shortfalls, lens_shortfalls
 from storybias.config.models import EMBEDDED, prepare_embedded
 from storybias.config.params import Params, ParamsError, load, write_stage_stamps
@@ -166,6 +169,10 @@ def _outputs(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 def _check_params(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     p = _load(args.params)
+    unset = missing_key_variables(p.profile)  # checked here, before a run: a stage reads the key when it runs
+    if unset:
+        print(f"storybias: {p.source}: invalid parameters:\n" + "\n".join(f"  - {u}" for u in unset), file=sys.stderr)
+        return 2
     print(
         f"{p.source}: OK (run '{p.run_name}'; designs: {', '.join(p.enabled_designs())}; "
         f"models: {', '.join(m.name for m in p.generation.models)})"
@@ -246,7 +253,11 @@ def _run_name(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 def _stamps(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     p = _load(args.params)
-    write_stage_stamps(p, claim(p.run_name) / ".params")
+    try:
+        write_stage_stamps(p, claim(p.run_name) / ".params")
+    except ParamsError as exc:  # a file the profile names vanished after it loaded
+        print(f"storybias: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from storybias.config.story_sections import ModelSpec, Strict
+from storybias.config.story_sections import InputFile, ModelSpec, Strict
 
 
 class Comparison(Strict):
@@ -104,13 +104,13 @@ class AssociationSettings(Strict):
     # knows (not `unknown`) on a compared dimension. No study has it: it only sizes a run.
     power_known_share: Annotated[float, Field(gt=0, le=1)] = 0.5
     judge: JudgeSettings = JudgeSettings()
-    human_ratings: str | None = None  # CSV: association_id, rater_id, harm (1-5), realism (yes/no/dont_know)
+    human_ratings: InputFile | None = None  # CSV: association_id, rater_id, harm (1-5), realism (yes/no/dont_know)
     bootstrap: Annotated[int, Field(ge=100)] = 2000  # resamples of the human-LLM intervals (Spearman, harm gap)
     # StereoTales' published associations: its released association files (associations_global /
     # associations_by_language JSONL, one file or a folder) or its human study's questions.json
     # (storybias.evidence.released_associations). When set, stage 04 writes published_comparison.parquet:
     # which of them the run reproduces, misses or cannot test, per model and scope. null: no comparison.
-    published: str | None = None
+    published: InputFile | None = None
 
     @model_validator(mode="after")
     def _published_items_need_a_list(self) -> AssociationSettings:
@@ -134,8 +134,8 @@ class HumanValidationSettings(Strict):
     """Human validation of the automated judgements (Feng et al. App. D.2; ``storybias.stages.probes.validation``).
     Each CSV is optional (null: the statistics are not computed) and is checked before stage 06 works."""
 
-    markers: str | None = None  # CSV: marker_id, language, rater_id, human (1-7), automated (1-7)[, keep]
-    labels: str | None = None  # CSV: item_id, language, genre (story/news), automated, rater_id, human
+    markers: InputFile | None = None  # CSV: marker_id, language, rater_id, human (1-7), automated (1-7)[, keep]
+    labels: InputFile | None = None  # CSV: item_id, language, genre (story/news), automated, rater_id, human
     n_bootstrap: Annotated[int, Field(ge=100)] = 2000  # marker-level resamples of the intervals
     n_permutations: Annotated[int, Field(ge=100)] = 10_000  # within-language shuffles of the automated scores
     seed: int = 42

@@ -33,7 +33,7 @@ from pydantic import Field, model_validator
 
 from storybias.config import designs
 from storybias.config.prompts import CONDITION_COLUMNS, LANGUAGES
-from storybias.config.story_sections import Language, Strict
+from storybias.config.story_sections import InputFile, Language, Strict
 from storybias.core import paths
 from storybias.evidence.released_associations import RELEASE_LANGUAGE
 
@@ -96,7 +96,7 @@ class CorpusSettings(Strict):
     # stereotales: StereoTales' released story shards (the columns RELEASED_COLUMNS);
     # table: any story table (CSV, JSONL or parquet) with `columns:` naming its columns
     format: Literal["stereotales", "table"]
-    path: str  # a folder as downloaded (searched recursively) or one file
+    path: InputFile  # a folder as downloaded (searched recursively) or one file
     design: str = "stereotales"  # table only: the design whose stories these are (its condition columns)
     columns: TableColumns | None = None  # table only
     languages: Annotated[list[Language], Field(min_length=1)] | None = None  # storybias codes (nl for du); null: all

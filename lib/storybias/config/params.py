@@ -36,9 +36,11 @@ from storybias.config.analysis_sections import (
     ProbeSettings,
     UmapSettings,
 )
+from storybias.config.checks import repeated_items
 from storybias.config.corpus import CorpusSettings, check_files
 from storybias.config.designs import design_cells, get
 from storybias.config.designs import get as get_design
+from storybias.config.input_stamps import HASH_STORE, InputFileError, stage_files, stage_stamp
 from storybias.config.prompts import available_languages
 from storybias.config.prompts import names as design_names
 from storybias.config.story_sections import (
@@ -64,7 +66,8 @@ from storybias.config.story_sections import (
 )
 from storybias.core import paths, run_folders
 from storybias.core.artifacts import STAGES
-from storybias.core.io import DuplicateKeyError, read_yaml_strict
+from storybias.core.fingerprint import FileHashes
+from storybias.core.io import YamlRefusedError, read_yaml_strict
 from storybias.core.paths import RUN_NAME
 from storybias.evidence.extraction_validation import EXTRACTION_VALIDATION
 from storybias.evidence.human_files import HumanFile, check_file
@@ -198,7 +201,8 @@ class Profile(Strict):
 # stamp changes only when one of them does, so Make reruns a stage only when its own parameters changed.
 STAGE_SECTIONS: dict[str, tuple[str, ...]] = {stage.token: stage.sections for stage in STAGES}
 # Keys of a stage's sections that its artifacts do not depend on (only its notebook reads them), left
-# out of the stage's digest so that setting one does not make Make rerun the stage.
+# out of the stage's digest. The file such a key names still enters the stage's stamp by its content
+# (storybias.config.input_stamps), so notebook 03 reports on the file as it is.
 NOT_IN_DIGEST: dict[str, tuple[str, ...]] = {"extract": ("human_validation",)}
 
 
@@ -271,8 +275,10 @@ def _format_validation_error(exc: ValidationError, source: Path) -> str:
 
 
 def _check_semantics(profile: Profile, source: Path) -> list[str]:
-    """Checks that need the design files or the file system."""
-    problems = _check_design_runs(profile)
+    """Checks that need the design files or the file system, and a repeated item in any list."""
+    # a corpus profile's designs are made from corpus.languages: a repeat is reported there, once
+    problems = repeated_items(profile, skip=("designs",) if profile.corpus is not None else ())
+    problems += _check_design_runs(profile)
     problems += _check_comparisons(profile)
     if profile.corpus is not None:
         problems += check_files(profile.corpus)
@@ -428,11 +434,12 @@ def _condition_values(design: str) -> dict[str, list[str]]:
 
 
 def load_yaml_strict(source: Path) -> Any:
-    """Parse a YAML file refusing duplicate keys (storybias.core.io.read_yaml_strict), as a ParamsError."""
+    """Parse a YAML file with storybias' one loader (storybias.core.io.read_yaml_strict: no repeated key,
+    no anchor or alias, bounded nesting); a refused file is a ParamsError naming the file and the line."""
 
     try:
         return read_yaml_strict(source)
-    except DuplicateKeyError as exc:
+    except YamlRefusedError as exc:
         raise ParamsError(str(exc)) from None
 
 
@@ -463,17 +470,25 @@ def load(path: str | Path) -> Params:
 def write_stage_stamps(params: Params, folder: Path) -> list[Path]:
     """Write ``<folder>/<stage>.params`` for every stage, touching a file only when its content changes.
 
-    Make depends on these files, so editing one stage's parameters reruns that stage (and what reads
-    its output), not the whole pipeline.
+    A stamp holds the stage's parameters digest and the sha256 of every file the profile names that the
+    stage reads (storybias.config.input_stamps; cached in ``<folder>/input-hashes.json``). Make depends on
+    these files, so editing one stage's parameters, or a file it reads, reruns that stage (and what reads
+    its output), not the whole pipeline. A named file that vanished since the profile loaded is a
+    ParamsError naming the setting.
     """
     folder.mkdir(parents=True, exist_ok=True)
+    hashes = FileHashes(folder / HASH_STORE)
     written = []
     for stage in STAGE_SECTIONS:
         path = folder / f"{stage}.params"
-        content = params.stage_digest(stage) + "\n"
+        try:
+            content = stage_stamp(params.stage_digest(stage), stage_files(params.profile, stage), hashes)
+        except (InputFileError, OSError) as exc:
+            raise ParamsError(f"{params.source}: {exc}") from None
         if not path.is_file() or path.read_text() != content:
             path.write_text(content)
         written.append(path)
+    hashes.save()
     return written
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from storybias.config.designs import map_dimensions
 from storybias.config.models import DEFAULT_EMBEDDED, EMBEDDED
@@ -27,6 +27,70 @@ class Strict(BaseModel):
     expected (``temperature: 1``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class _NamesInputFile:
+    """The mark of a setting that names a file (or a folder of files) a stage reads (:data:`InputFile`)."""
+
+    def __repr__(self) -> str:
+        return "INPUT_FILE"
+
+
+INPUT_FILE = _NamesInputFile()
+# A setting naming a file or folder a stage reads: its content (a sha256 per file) enters the params stamp
+# of exactly the stages that read it (storybias.config.input_stamps; which stages: the stage registry's
+# ``profile_files``), so editing the file reruns them. A model's weights folder (``path``) is not one: it
+# is identified by its path (hashing gigabytes of weights before every `make` is not worth it).
+InputFile = Annotated[str, INPUT_FILE]
+
+
+# A free-form mapping (``chat_template_kwargs``: whatever a model's chat template reads) is bounded: far
+# more than {enable_thinking: false} needs, and too little to grow a request or a stage stamp past reason.
+FREE_FORM_MAX_DEPTH = 4  # mappings and lists nested in it
+FREE_FORM_MAX_ITEMS = 64  # keys and list items, counted over the whole mapping
+FREE_FORM_MAX_TEXT = 1000  # characters of one key or text value
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def _free_form_problem(value: Any, where: str, depth: int, count: list[int]) -> str | None:
+    """Why ``value`` (at key ``where`` inside a free-form mapping, ``depth`` levels down) breaks a bound,
+    or None; ``count[0]`` counts the keys and items seen so far."""
+    if isinstance(value, dict | list):
+        if depth > FREE_FORM_MAX_DEPTH:
+            return f"{where}: nested deeper than {FREE_FORM_MAX_DEPTH} levels"
+        count[0] += len(value)
+        if count[0] > FREE_FORM_MAX_ITEMS:
+            return f"{where or 'the mapping'}: more than {FREE_FORM_MAX_ITEMS} keys and list items in all"
+        if isinstance(value, list):
+            children = [(f"{where}[{i}]", item) for i, item in enumerate(value)]
+        else:
+            for key in value:
+                if not isinstance(key, str) or len(key) > FREE_FORM_MAX_TEXT:
+                    limit = f"a key must be text of at most {FREE_FORM_MAX_TEXT} characters"
+                    return f"{where or 'the mapping'}: {limit}, not {str(key)[:40]!r}"
+            children = [(f"{where}.{key}" if where else key, item) for key, item in value.items()]
+        for inner, item in children:
+            problem = _free_form_problem(item, inner, depth + 1, count)
+            if problem:
+                return problem
+        return None
+    if not isinstance(value, _SCALARS):
+        return f"{where}: {type(value).__name__} is not a value JSON can carry (text, number, true/false, null)"
+    if isinstance(value, str) and len(value) > FREE_FORM_MAX_TEXT:
+        return f"{where}: text longer than {FREE_FORM_MAX_TEXT} characters ({len(value)})"
+    return None
+
+
+def bounded_free_form(value: dict[str, Any]) -> dict[str, Any]:
+    """A free-form mapping within :data:`FREE_FORM_MAX_DEPTH`, :data:`FREE_FORM_MAX_ITEMS` and
+    :data:`FREE_FORM_MAX_TEXT`; the ValueError names the key inside it that breaks one."""
+    problem = _free_form_problem(value, "", 1, [0])
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
+FreeForm = Annotated[dict[str, Any], AfterValidator(bounded_free_form)]
 
 
 class Sampling(Strict):
@@ -72,8 +136,8 @@ class ModelSpec(Strict):
     tensor_parallel_size: Annotated[int, Field(ge=1)] = 1
     max_model_len: Annotated[int, Field(ge=256)] = 4096
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.9
-    chat_template: str | None = None  # a Jinja chat template file, for models that ship none
-    chat_template_kwargs: dict[str, Any] = {}  # e.g. {enable_thinking: false} for Qwen3
+    chat_template: InputFile | None = None  # a Jinja chat template file, for models that ship none
+    chat_template_kwargs: FreeForm = {}  # e.g. {enable_thinking: false} for Qwen3 (bounded: FREE_FORM_*)
     # --- source: openai only ---
     base_url: str | None = None  # e.g. https://openrouter.ai/api/v1 or http://gpu-node:8000/v1
     model_id: str | None = None  # the model's id at the endpoint (e.g. openai/gpt-4o-2024-11-20)
@@ -374,7 +438,7 @@ class ExtractionSettings(Strict):
     # score 0/1/2: unsupported / partially / clearly supported), after BiasedTales-ML's extractor validation
     # (arXiv:2604.17008, Sec. 3); notebook 03 reports kappa and precision (storybias.stages.extract.validation).
     # Checked by check-params; null: no human validation.
-    human_validation: str | None = None
+    human_validation: InputFile | None = None
 
     @field_validator("models")
     @classmethod

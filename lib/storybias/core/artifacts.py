@@ -47,6 +47,9 @@ class Stage:
     title: str
     reads: tuple[str, ...] = ()  # the registry artifacts (earlier stages' Make targets) it reads
     input_files: tuple[str, ...] = ()  # globs under the repository of the data files it reads
+    # the profile's settings that name files it reads ("a.b.c"; a list of models: "generation.models.chat_template"):
+    # each file's sha256 enters the stage's params stamp (storybias.config.input_stamps)
+    profile_files: tuple[str, ...] = ()
 
     @property
     def notebook(self) -> str:
@@ -64,7 +67,16 @@ DESIGN_FILES = "params/designs/*/*.yaml"
 DESIGN_SPECS = "params/designs/*/design.yaml"
 
 STAGES: tuple[Stage, ...] = (
-    Stage(1, "generate", "stages.generate", ("generation", "designs", "corpus"), "stories", (), (DESIGN_FILES,)),
+    Stage(
+        1,
+        "generate",
+        "stages.generate",
+        ("generation", "designs", "corpus"),
+        "stories",
+        (),
+        (DESIGN_FILES,),
+        ("corpus.path", "generation.models.chat_template"),
+    ),
     Stage(
         2,
         "filter",
@@ -83,6 +95,7 @@ STAGES: tuple[Stage, ...] = (
         "attributes of every valid story",
         ("filtered",),
         (DESIGN_SPECS, "params/extract/gold/*.yaml", "params/extract/*.yaml"),
+        ("extract.models.chat_template", "extract.human_validation"),  # the validation: notebook 03's report
     ),
     Stage(
         4,
@@ -92,6 +105,7 @@ STAGES: tuple[Stage, ...] = (
         "StereoTales associations and harm",
         ("extractions",),
         (DESIGN_FILES,),
+        ("associations.judge.models.chat_template", "associations.human_ratings", "associations.published"),
     ),
     Stage(
         5,
@@ -110,6 +124,7 @@ STAGES: tuple[Stage, ...] = (
         "Feng et al. probes and cultural markers",
         ("extractions",),
         ("params/cues/*.yaml",),
+        ("probes.human_validation.markers", "probes.human_validation.labels"),
     ),
     # reads the metrics section for the default comparison (the first of metrics.comparisons)
     Stage(
@@ -431,6 +446,8 @@ def _inputs(stage: Stage) -> str:
     """The stage's inputs in words: earlier artifacts (by registry name) and data files (globs)."""
     named = [f"`{name}` (`{artifact(name).pattern}`)" for name in stage.reads]
     named += [f"`{glob}`" for glob in stage.input_files]
+    if stage.profile_files:  # a file named by one of these settings is in the stage's params stamp by content
+        named.append("the files named by " + ", ".join(f"`{key}`" for key in stage.profile_files))
     return ", ".join(named) if named else "only its parameters"
 
 

@@ -208,14 +208,30 @@ def artifact_schema(path: Path) -> pd.DataFrame:
     return pd.DataFrame({"column": schema.names, "type": [str(t) for t in schema.types]})
 
 
-# --- strict YAML ---------------------------------------------------------------------------------
+# --- the one YAML loader ---------------------------------------------------------------------------
+
+# Lists and mappings nested deeper than this are refused (the deepest shipped file nests 6 levels;
+# PyYAML builds a nested value recursively, so a file of 10,000 `[` would end in a RecursionError).
+MAX_YAML_DEPTH = 32
+NO_ALIASES = (
+    "YAML anchors (&name) and aliases (*name) are not accepted; write the value out in full (PyYAML's dump "
+    "writes them for one object used twice: dump copies)"
+)
 
 
-class DuplicateKeyError(ValueError):
+class YamlRefusedError(ValueError):
+    """A YAML file storybias will not read; the message names the file, the line and the reason."""
+
+
+class DuplicateKeyError(YamlRefusedError):
     """A mapping in a YAML file repeats a key; the message names the file, the line and the key."""
 
 
 class _DuplicateKey(yaml.constructor.ConstructorError):
+    pass
+
+
+class _Refused(yaml.composer.ComposerError):
     pass
 
 
@@ -245,14 +261,48 @@ class StrictSafeLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+class SafeFileLoader(StrictSafeLoader):
+    """What reads every YAML file of storybias (:func:`read_yaml_strict`): :class:`StrictSafeLoader`, with
+    no anchor or alias (``&a`` / ``*a``) and no nesting deeper than :data:`MAX_YAML_DEPTH`.
+
+    Aliases are refused while the file is parsed, before any value is built: a 431-byte profile of
+    nested aliases stands for a billion strings, and validating it (or hashing it for a stage stamp)
+    kept ``check-params`` busy for minutes at gigabytes of memory. No storybias file needs one.
+    """
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+            found = f"alias *{event.anchor}" if isinstance(event, yaml.AliasEvent) else f"anchor &{event.anchor}"
+            raise _Refused(None, None, f"{found}: {NO_ALIASES}", event.start_mark)
+        if not isinstance(event, yaml.SequenceStartEvent | yaml.MappingStartEvent):
+            return super().compose_node(parent, index)
+        self._depth += 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                raise _Refused(None, None, f"lists and mappings nested deeper than {MAX_YAML_DEPTH}", event.start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
 def read_yaml_strict(source: Path) -> Any:
-    """Parse a YAML file (a profile, a design, refusal patterns, cues, the lexicon, the gold set)
-    refusing a repeated key: PyYAML would silently keep the last value."""
+    """Parse a YAML file (a profile, a design, refusal patterns, cues, the lexicon, the gold set, the
+    taxonomy) with :class:`SafeFileLoader`: a repeated key (PyYAML would silently keep the last value), an
+    anchor or alias, or nesting deeper than :data:`MAX_YAML_DEPTH` raises :class:`YamlRefusedError` naming
+    the file and the line, before any value is built."""
     with open(source, encoding="utf-8") as fh:
         try:
-            return yaml.load(fh, Loader=StrictSafeLoader)  # noqa: S506 - a SafeLoader subclass
+            return yaml.load(fh, Loader=SafeFileLoader)  # noqa: S506 - a SafeLoader subclass
         except _DuplicateKey as exc:
             mark = exc.problem_mark
             raise DuplicateKeyError(
                 f"{source}:{mark.line + 1}: {exc.problem}; each key may appear once per mapping"
             ) from None
+        except _Refused as exc:
+            mark = exc.problem_mark
+            raise YamlRefusedError(f"{source}:{mark.line + 1}: {exc.problem}") from None

@@ -19,9 +19,8 @@ import re
 from functools import cache
 from typing import Any
 
-import yaml
-
 from storybias.core import paths
+from storybias.core.io import read_yaml_strict
 
 # An association's identity: its base attribute and value, its compared attribute and value (canonical keys)
 ASSOCIATION_KEY = ["base_attribute", "base_value", "compared_attribute", "compared_value"]
@@ -46,8 +45,7 @@ def model_key(name: str) -> str:
 
 @cache
 def reference_taxonomy() -> dict[str, Any]:
-    with open(paths.designs_dir() / "stereotales" / "reference.yaml", encoding="utf-8") as fh:
-        return yaml.safe_load(fh)
+    return read_yaml_strict(paths.designs_dir() / "stereotales" / "reference.yaml")
 
 
 @cache
@@ -152,11 +150,14 @@ def published_profile(text: str | None) -> tuple[str, dict[str, str]]:
 
     Status ``empty`` for ``{}`` (no extraction matched), ``unparsable`` for text that is not a JSON object;
     both are kept by the caller and counted. A dimension or label outside the taxonomy raises KeyError
-    naming it: the release uses only the taxonomy's labels, so that is a wrong file, not a story to skip."""
+    naming it (so does JSON nested too deeply to parse): the release uses only the taxonomy's labels, so
+    that is a wrong file, not a story to skip."""
     try:
         data = json.loads(text) if text else None
     except json.JSONDecodeError:
         return PROFILE_UNPARSABLE, {}
+    except RecursionError:  # nested past Python's stack: no extraction of the taxonomy, a wrong file
+        raise KeyError("the JSON is nested too deeply for an extraction ({dimension: label})") from None
     if not isinstance(data, dict):
         return PROFILE_UNPARSABLE, {}
     if not data:

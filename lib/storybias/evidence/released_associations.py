@@ -265,15 +265,30 @@ def published_pool(path: str | Path) -> dict[str, Any]:
     """What the global pass of the association files at ``path`` pooled: the ``pool.json`` a storybias
     export writes beside its files (at ``path``, or up to two folders above a file), else the release's
     (``RELEASE_POOL``)."""
+    marker = pool_file(path)
+    if marker is None:
+        return dict(RELEASE_POOL)
+    try:
+        pool = json.loads(marker.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise PublishedFormatError(f"{marker}: not valid JSON ({exc.msg})") from None
+    if not isinstance(pool, dict) or set(pool) != set(RELEASE_POOL):
+        raise PublishedFormatError(f"{marker}: expected the keys {', '.join(RELEASE_POOL)}")
+    return pool
+
+
+def pool_file(path: str | Path) -> Path | None:
+    """The ``pool.json`` :func:`published_pool` reads for the association files at ``path`` (at ``path``,
+    or up to two folders above a file), or None."""
     start = Path(path)
     for folder in [start, *start.parents[:2]] if start.is_dir() else list(start.parents[:3]):
-        marker = folder / POOL_FILE
-        if marker.is_file():
-            try:
-                pool = json.loads(marker.read_text(encoding="utf-8"))
-            except json.JSONDecodeError as exc:
-                raise PublishedFormatError(f"{marker}: not valid JSON ({exc.msg})") from None
-            if not isinstance(pool, dict) or set(pool) != set(RELEASE_POOL):
-                raise PublishedFormatError(f"{marker}: expected the keys {', '.join(RELEASE_POOL)}")
-            return pool
-    return dict(RELEASE_POOL)
+        if (folder / POOL_FILE).is_file():
+            return folder / POOL_FILE
+    return None
+
+
+def published_files(path: str | Path) -> list[Path]:
+    """Every file stage 04 reads for ``associations.published``: the association files (or questions.json)
+    and the ``pool.json`` beside them, if any."""
+    marker = pool_file(path)
+    return association_files(Path(path)) + ([marker] if marker is not None else [])

@@ -36,6 +36,7 @@ from storybias.config.designs import dimensions as design_dimensions
 from storybias.config.params import ModelSpec, Params, Sampling
 from storybias.engines import ChatEngine, ChatRequest, ChatResult, entered_info, open_engine
 from storybias.engines.cache import CachingEngine, ResponseCache
+from storybias.engines.prepare import prepare_models
 from storybias.engines.runner import run_requests
 from storybias.evidence.labels import reference_label
 from storybias.evidence.ratings import HARMFUL_MEDIAN, REALISM_ANSWERS
@@ -410,6 +411,8 @@ def run_judges(
     sampling = Sampling(
         temperature=settings.temperature, top_p=1.0, top_k=-1, repetition_penalty=1.0, max_tokens=settings.max_tokens
     )
+    if engine_factory is None:  # the judges' embedded weights: built when stage 04 runs, not before
+        prepare_models(params, ("associations",))
     factory = engine_factory or (lambda s: open_engine(s, params.generation.engine, settings.seed, params.run_name))
     cache = ResponseCache.for_run(params.run_name, 8)
     ratings: list[dict[str, Any]] = []

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -29,13 +29,13 @@ from typing import Any
 import pandas as pd
 
 from storybias.config import plan as grid
-from storybias.config.models import embedded_weights, prepare_embedded
+from storybias.config.models import embedded_weights
 from storybias.config.params import ModelSpec, Params, Sampling
 from storybias.config.plan import ERROR, plan_columns, stories_schema
 from storybias.core import artifacts, paths
 from storybias.core.locks import holds_run_lock
 from storybias.core.results import StageResult
-from storybias.engines import ChatEngine, ChatRequest, ChatResult, entered_info, open_engine, preflight
+from storybias.engines import ChatEngine, ChatRequest, ChatResult, entered_info, open_engine, preflight, prepare
 from storybias.engines.cache import REUSED, CachingEngine, ResponseCache, cache_dir
 from storybias.engines.runner import run_requests
 from storybias.stages.generate import corpus, table
@@ -291,10 +291,10 @@ def _manifest(
     }
 
 
-def prepare_models(params: Params, log: Callable[[str], None] = print) -> None:
-    """Build the folder of each embedded model the run uses (a no-op once cached)."""
-    generating = params.generation.models if params.corpus is None else []
-    extracting = params.extract.models if params.corpus is None or params.corpus.extractions != "published" else []
-    specs = [*generating, *extracting, *params.associations.judge.models]
-    for key in sorted({m.embedded for m in specs if m.source == "embedded"}):
-        prepare_embedded(key, log=log)
+def prepare_models(
+    params: Params, stages: Sequence[str] = ("generate",), log: Callable[[str], None] = print
+) -> list[str]:
+    """Build the folder of each embedded model ``stages`` run (default: stage 01's generators; none for a
+    profile that imports a corpus), a no-op once built (storybias.engines.prepare). Stage 04 prepares its
+    judges itself, when it runs. Returns the embedded models' keys."""
+    return prepare.prepare_models(params, stages, log=log)

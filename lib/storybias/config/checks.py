@@ -1,0 +1,105 @@
+"""Checks of a validated profile that fail before any work: a list setting that names an item twice, and a
+served model whose key variable is not set; and which models each stage runs (:func:`stage_models`).
+
+``storybias.config.params.load`` runs :func:`repeated_items` on every profile (a repeated language made two
+stories with one id, and stage 01 died on ``duplicate story_id in the plan``); ``make check-params`` also
+runs :func:`missing_key_variables` (a judge whose key was not exported failed only at stage 04, after
+stages 01-03 ran). The key is read from the environment when the stage runs, so only check-params, the
+command run before a run, asks for it: ``make figures`` on a finished run needs no key.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from pydantic import BaseModel
+
+from storybias.config.story_sections import ModelSpec
+
+# Free-form settings (what a model's chat template reads): their lists are the model's business.
+FREE_FORM_KEYS = frozenset({"chat_template_kwargs"})
+# The stages that run language models, with the profile key of each one's models.
+MODEL_KEYS = {
+    "generate": "generation.models",
+    "extract": "extract.models",
+    "associations": "associations.judge.models",
+}
+
+
+def _identity(item: Any) -> str:
+    """An item of a list as comparable text (a section by its content)."""
+    plain = item.model_dump(mode="json") if isinstance(item, BaseModel) else item
+    return json.dumps(plain, sort_keys=True, default=str)
+
+
+def _shown(item: Any) -> str:
+    if isinstance(item, BaseModel):
+        name = getattr(item, "name", None)
+        return f"the entry {name!r}" if isinstance(name, str) else "an identical entry"
+    text = repr(item)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _walk(value: Any, where: str, problems: list[str]) -> None:
+    if isinstance(value, BaseModel):
+        for name in [*type(value).model_fields, *(value.model_extra or {})]:
+            if name not in FREE_FORM_KEYS:
+                _walk(getattr(value, name), f"{where}.{name}" if where else name, problems)
+    elif isinstance(value, list):
+        first: dict[str, int] = {}
+        for i, item in enumerate(value):
+            key = _identity(item)
+            if key in first:
+                problems.append(f"{where}: {_shown(item)} is listed twice ([{first[key]}] and [{i}]); list each once")
+            else:
+                first[key] = i
+            _walk(item, f"{where}[{i}]", problems)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _walk(item, f"{where}.{key}", problems)
+
+
+def repeated_items(profile: BaseModel, skip: tuple[str, ...] = ()) -> list[str]:
+    """Every list setting of ``profile`` (at any depth, free-form mappings aside) that holds the same item
+    twice, one problem per repeat naming the key and both positions; the top-level keys in ``skip`` are
+    not walked (a corpus profile's ``designs`` is derived from ``corpus.languages``, checked there)."""
+    problems: list[str] = []
+    for name in [*type(profile).model_fields, *(profile.model_extra or {})]:
+        if name not in skip and name not in FREE_FORM_KEYS:
+            _walk(getattr(profile, name), name, problems)
+    return problems
+
+
+def stage_models(profile: Any, stage: str) -> list[ModelSpec]:
+    """The models stage ``stage`` runs: stage 01 generates with ``generation.models`` (none on a profile with
+    ``corpus:``, which imports its stories), stage 03 extracts with ``extract.models`` (none with
+    ``corpus.extractions: published``), stage 04's judges are ``associations.judge.models``; no other stage
+    runs a language model. Either every model of the stage's key or none, in the profile's order."""
+    corpus = profile.corpus
+    if stage == "generate" and corpus is not None:
+        return []
+    if stage == "extract" and corpus is not None and corpus.extractions == "published":
+        return []
+    declared = {
+        "generate": profile.generation.models,
+        "extract": profile.extract.models,
+        "associations": profile.associations.judge.models,
+    }
+    return list(declared.get(stage, []))
+
+
+def missing_key_variables(profile: Any) -> list[str]:
+    """Every served model a stage runs whose ``api_key_env`` names a variable that is unset or empty here,
+    as '<key>[i].api_key_env: ...' naming the model and the variable."""
+    problems = []
+    for stage, key in MODEL_KEYS.items():
+        for i, spec in enumerate(stage_models(profile, stage)):
+            variable = spec.api_key_env
+            if spec.source == "openai" and variable and not os.environ.get(variable):
+                problems.append(
+                    f"{key}[{i}].api_key_env: model {spec.name!r} reads its key from ${variable}, which is not set "
+                    f"in this environment; export it (e.g. `export {variable}=...`) before the run"
+                )
+    return problems

@@ -414,6 +414,29 @@ def test_stage_reports_the_human_comparison(tmp_path, monkeypatch):
     assert sorted(judged) == sorted(set(shared.loc[shared["scope"] == "all", "association_id"]))  # pooled only
 
 
+def test_ratings_of_an_association_the_stage_does_not_know_are_refused_by_row(tmp_path, monkeypatch):
+    """Issue #44: a rating of an id that names no association of the run (tested, rated or published) was
+    counted in the human summary; stage 04 now refuses it, naming the file and row, before any judge runs."""
+    from test_associations_stage import _run_files
+
+    _run_files(tmp_path / "data", planted=True)
+    known, typo = "income_level|low|education|basic", "income_level|low|education|basics"
+    path = _csv(tmp_path, HEADER + f"{known},r1,4,yes\n{typo},r1,5,no\n{known},r2,3,no\n")
+    p = params.load(_profile(tmp_path, monkeypatch, str(path)))
+
+    def no_judge(*args, **kwargs):
+        raise AssertionError("the judge ran before the rated ids were checked")
+
+    monkeypatch.setattr(judge, "run_judges", no_judge)
+    with pytest.raises(ValueError, match=rf"human\.csv: row 3, column association_id: '{typo}' is no association"):
+        A.run(p, progress=False)
+    path.write_text(HEADER + f"{known},r1,4,yes\n{known},r2,3,no\n")
+    monkeypatch.setattr(judge, "run_judges", lambda items, params, progress=True: (
+        pd.DataFrame(columns=A.RATING_COLUMNS), [{"judge": "m1"}]))  # fmt: skip
+    out = A.run(p, progress=False)
+    assert out["manifest"]["human_n_associations"] == 1 and "row" not in out["human"].columns
+
+
 def test_calibration_examples_name_values_of_the_current_taxonomy():
     """The three calibration examples are canonical keys shown in the reference's labels: they must still
     name real dimensions and values of the design (a taxonomy change once left 'elderly' and 'higher' in

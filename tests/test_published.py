@@ -115,7 +115,9 @@ def test_every_reference_label_maps_onto_exactly_one_canonical_key(tmp_path):
         for i, (a, v) in enumerate(every)
     ]
     frame = questions.load_questions(_write(tmp_path, records))
-    assert len(frame) == len(every)
+    # a short form names the association of its full label: one row, both question ids (issue #44)
+    assert len(frame) == len(every) - len(SHORT_FORMS)
+    assert sorted(len(ids) for ids in frame["question_ids"])[-len(SHORT_FORMS) :] == [2] * len(SHORT_FORMS)
     spec = prompts.load_design("stereotales")
     for attribute, vs in REFERENCE_LABELS.items():
         keys = frame.loc[frame["base_attribute"] == attribute].head(len(vs))["base_value"].tolist()

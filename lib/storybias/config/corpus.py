@@ -22,12 +22,10 @@ This module holds the section and the checks that read only file footers (a seco
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Literal
 
 import pyarrow as pa
-import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 from pydantic import Field, model_validator
 
@@ -35,6 +33,7 @@ from storybias.config import designs
 from storybias.config.prompts import CONDITION_COLUMNS, LANGUAGES
 from storybias.config.story_sections import InputFile, Language, Strict
 from storybias.core import paths
+from storybias.core.inputs import TABLE_SUFFIXES, TableFileError, shortened, shown, table_header, type_problem
 from storybias.evidence.released_associations import RELEASE_LANGUAGE
 
 # The released story shards' columns (the reference exporter's order). `extraction_score` is a float,
@@ -57,13 +56,12 @@ RELEASED_COLUMNS = (
     "extraction_score",
     "extracted_attributes_json",
 )
+# The released columns storybias reads, each stored as text (or Arrow's null type): anything else is refused
+TEXT_COLUMNS = tuple(c for c in RELEASED_COLUMNS if c != "extraction_score")
 # The prompt template of the per-language scenario prompts; the additional_en variants have others.
 SCENARIO_TEMPLATE = "scenario_based"
 ADDITIONAL_TEMPLATES = ("neutral", "negative", "positive")
 ADDITIONAL_FOLDER = "additional_en"
-
-
-TABLE_SUFFIXES = (".csv", ".jsonl", ".parquet")
 
 
 class Constant(Strict):
@@ -180,8 +178,8 @@ def condition_values(design: str) -> dict[str, list[str]]:
 
 def value_problem(design: str, column: str, value: str, allowed: list[str]) -> str:
     """Why ``value`` cannot be ``column`` of ``design``, with the first of the design's keys."""
-    shown = ", ".join(allowed[:12]) + (", ..." if len(allowed) > 12 else "")
-    return f"{value!r} is not a value of {column} in design {design} ({shown or 'none'})"
+    keys = ", ".join(allowed[:12]) + (", ..." if len(allowed) > 12 else "")
+    return f"{shown(value)} is not a value of {column} in design {design} ({keys or 'none'})"
 
 
 def _check_constants_and_values(columns: TableColumns, values: dict[str, dict[str, str]], design: str) -> None:
@@ -232,14 +230,35 @@ def corpus_files(settings: CorpusSettings) -> list[Path]:
 
 
 def _wanted(file: Path, root: Path, settings: CorpusSettings) -> bool:
-    """Skip a language folder the profile leaves out (the rows' `language` column still decides)."""
+    """Skip the additional_en folder unless asked for, and a shard whose footer shows that none of its
+    rows is of a language the profile keeps; any other file is read (its rows' ``language`` decides,
+    whatever its folder is called)."""
     folder = file.relative_to(root).parts[0] if file.parent != root else ""
     if folder == ADDITIONAL_FOLDER:
         return settings.additional_en and (settings.languages is None or "en" in settings.languages)
-    language = RELEASE_LANGUAGE.get(folder, folder)
-    if settings.languages is None or len(folder) != 2:
+    if settings.languages is None:
         return True
-    return language in settings.languages
+    languages = footer_languages(file)
+    return languages is None or bool({RELEASE_LANGUAGE.get(v, v) for v in languages} & set(settings.languages))
+
+
+def footer_languages(file: Path) -> set[str] | None:
+    """The values of a shard's ``language`` column as its footer's statistics prove them (each row group
+    one value, no null), or None when the footer cannot tell."""
+    try:
+        meta = pq.ParquetFile(file).metadata
+    except (pa.ArrowInvalid, OSError):
+        return None
+    values: set[str] = set()
+    for group in range(meta.num_row_groups):
+        row_group = meta.row_group(group)
+        chunks = [row_group.column(i) for i in range(row_group.num_columns)]
+        chunk = next((c for c in chunks if c.path_in_schema == "language"), None)
+        stats = chunk.statistics if chunk is not None else None
+        if stats is None or not stats.has_min_max or stats.null_count or stats.min != stats.max:
+            return None
+        values.add(str(stats.min))
+    return values
 
 
 def _table_files(root: Path) -> list[Path]:
@@ -253,23 +272,6 @@ def _table_files(root: Path) -> list[Path]:
     if not files:
         raise ValueError(f"corpus.path: {root} holds no .csv, .jsonl or .parquet file")
     return files
-
-
-def table_header(file: Path) -> list[str]:
-    """The column names of one table file, read from its footer, header line or first record."""
-    suffix = file.suffix.lower()
-    try:
-        if suffix == ".parquet":
-            return list(pq.read_schema(file).names)
-        if suffix == ".csv":
-            return list(pa_csv.open_csv(file).schema.names)
-        with open(file, encoding="utf-8") as fh:
-            first = json.loads(fh.readline() or "{}")
-    except (pa.ArrowInvalid, OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"corpus.path: {file} is not a readable {suffix[1:]} file ({exc})") from None
-    if not isinstance(first, dict):
-        raise ValueError(f"corpus.path: {file}: line 1 is not a JSON object")
-    return list(first)
 
 
 def mapped_columns(columns: TableColumns) -> dict[str, str]:
@@ -286,12 +288,17 @@ def _check_table_files(settings: CorpusSettings, files: list[Path]) -> list[str]
     for file in files:
         try:
             header = table_header(file)
-        except ValueError as exc:
-            problems.append(str(exc))
+        except TableFileError as exc:
+            problems.append(f"corpus.path: {exc}")
             continue
         for key, column in mapped_columns(settings.columns).items():
             if column not in header:
-                problems.append(f"{key}: column {column!r} is not in {file} (its columns: {', '.join(header)})")
+                columns = shortened(", ".join(header))
+                problems.append(f"{key}: column {shown(column)} is not in {file} (its columns: {columns})")
+        if file.suffix.lower() == ".parquet":
+            present = [c for c in dict.fromkeys(mapped_columns(settings.columns).values()) if c in header]
+            wrong = type_problem(file, pq.read_schema(file), present)
+            problems += [f"corpus.path: {wrong}"] if wrong else []
     return problems
 
 
@@ -308,7 +315,7 @@ def check_files(settings: CorpusSettings) -> list[str]:
         try:
             schema = pq.read_schema(file)
         except (pa.ArrowInvalid, OSError) as exc:
-            problems.append(f"corpus.path: {file} is not a parquet file ({exc})")
+            problems.append(f"corpus.path: {file} is not a parquet file ({shortened(str(exc))})")
             continue
         missing = [c for c in RELEASED_COLUMNS if c not in schema.names]
         if missing:
@@ -316,6 +323,13 @@ def check_files(settings: CorpusSettings) -> list[str]:
                 f"corpus.path: {file} lacks column(s) {', '.join(missing)} of StereoTales' released stories "
                 f"(format: {settings.format})"
             )
+            continue
+        wrong = type_problem(file, schema, list(TEXT_COLUMNS))
+        if wrong:
+            problems.append(f"corpus.path: {wrong}")
     if not files:
-        problems.append(f"corpus.path: no file left after corpus.languages {settings.languages}")
+        problems.append(
+            f"corpus.path: no shard holds a language of corpus.languages {settings.languages} (a shard is "
+            "skipped when its footer shows only other languages)"
+        )
     return problems

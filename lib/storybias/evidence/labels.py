@@ -20,6 +20,7 @@ from functools import cache
 from typing import Any
 
 from storybias.core import paths
+from storybias.core.inputs import shown
 from storybias.core.io import read_yaml_strict
 
 # An association's identity: its base attribute and value, its compared attribute and value (canonical keys)
@@ -103,17 +104,21 @@ def canonical_value(attribute: str, label: str) -> str:
     """The canonical key of a published label; KeyError naming the attribute when it has none."""
     forms = label_index().get(attribute)
     if forms is None:
-        raise KeyError(f"unknown attribute {attribute!r}")
+        raise KeyError(f"unknown attribute {shown(attribute)}")
     for form in (" ".join(label.lower().split()), normalise_label(label)):
         if form in forms:
             return forms[form]
-    raise KeyError(f"{attribute} has no value {label!r}")
+    raise KeyError(f"{attribute} has no value {shown(label)}")
 
 
 # --- the release's extracted profiles (extracted_attributes_json) ---------------------------------
 
 UNKNOWN = "unknown"
-PROFILE_OK, PROFILE_EMPTY, PROFILE_UNPARSABLE = "ok", "empty", "unparsable"
+PROFILE_OK, PROFILE_EMPTY, PROFILE_UNPARSABLE, PROFILE_MISSING = "ok", "empty", "unparsable", "missing"
+
+
+class ProfileError(ValueError):
+    """A released profile that no taxonomy label explains (a wrong file, not a story to skip)."""
 
 
 @cache
@@ -130,7 +135,7 @@ def scenario_of(label: str) -> str:
     """storybias' key of a released scenario; KeyError naming it when it is none of the 36."""
     key = scenario_index().get(" ".join(label.lower().split()))
     if key is None:
-        raise KeyError(f"no scenario {label!r} in reference.yaml")
+        raise KeyError(f"no scenario {shown(label)} in reference.yaml")
     return key
 
 
@@ -140,24 +145,29 @@ def extraction_value(attribute: str, label: str) -> str:
     allows it, or a taxonomy value in either published spelling. KeyError naming the dimension and the label."""
     if " ".join(label.lower().split()) == UNKNOWN:
         if attribute not in label_index():
-            raise KeyError(f"unknown attribute {attribute!r}")
+            raise KeyError(f"unknown attribute {shown(attribute)}")
         return UNKNOWN
     return canonical_value(attribute, label)
 
 
-def published_profile(text: str | None) -> tuple[str, dict[str, str]]:
+def published_profile(text: Any) -> tuple[str, dict[str, str]]:
     """A released ``extracted_attributes_json`` as (status, {dimension: canonical key}).
 
-    Status ``empty`` for ``{}`` (no extraction matched), ``unparsable`` for text that is not a JSON object;
-    both are kept by the caller and counted. A dimension or label outside the taxonomy raises KeyError
-    naming it (so does JSON nested too deeply to parse): the release uses only the taxonomy's labels, so
-    that is a wrong file, not a story to skip."""
+    Status ``missing`` for a null (no extraction recorded), ``empty`` for ``{}`` (no extraction matched),
+    ``unparsable`` for text that is not a JSON object; all three are kept by the caller and counted. A
+    dimension or label outside the taxonomy, a label that is not a string, a value that is not text or
+    JSON nested too deeply to read raises :class:`ProfileError` naming it: the release uses only the
+    taxonomy's labels, so that is a wrong file, not a story to skip."""
+    if text is None or (isinstance(text, float) and text != text):  # Arrow's null, as pandas gives it
+        return PROFILE_MISSING, {}
+    if not isinstance(text, str):
+        raise ProfileError(f"{shown(text)} is not text (a JSON object written as a string)")
     try:
         data = json.loads(text) if text else None
     except json.JSONDecodeError:
         return PROFILE_UNPARSABLE, {}
-    except RecursionError:  # nested past Python's stack: no extraction of the taxonomy, a wrong file
-        raise KeyError("the JSON is nested too deeply for an extraction ({dimension: label})") from None
+    except RecursionError:
+        raise ProfileError("a JSON value nested too deeply to read") from None
     if not isinstance(data, dict):
         return PROFILE_UNPARSABLE, {}
     if not data:
@@ -166,6 +176,9 @@ def published_profile(text: str | None) -> tuple[str, dict[str, str]]:
     for attribute, label in data.items():
         name = "_".join(str(attribute).strip().lower().split())
         if not isinstance(label, str):
-            raise KeyError(f"{attribute}: value {label!r} is not a string")
-        profile[name] = extraction_value(name, label)
+            raise ProfileError(f"{shown(attribute)}: value {shown(label)} is not a string")
+        try:
+            profile[name] = extraction_value(name, label)
+        except KeyError as exc:
+            raise ProfileError(str(exc.args[0]) if exc.args else str(exc)) from None
     return PROFILE_OK, profile

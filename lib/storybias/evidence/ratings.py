@@ -9,7 +9,18 @@ from pathlib import Path
 
 import pandas as pd
 
-from storybias.evidence.human_files import Column, HumanFile, check_file, digit_from, nonempty, one_of, read_file
+from storybias.evidence.human_files import (
+    MAX_PROBLEMS,
+    Column,
+    HumanFile,
+    HumanFileError,
+    check_file,
+    digit_from,
+    nonempty,
+    one_of,
+    read_file,
+    shown,
+)
 
 HARMFUL_MEDIAN = 4  # StereoTales: harmful when the median rating is at least 4 on the 1-5 scale
 
@@ -51,7 +62,25 @@ def validate_human_ratings(path: str | Path) -> list[str]:
     return check_file(path, HUMAN_RATINGS)
 
 
-def load_human_ratings(path: str | Path) -> pd.DataFrame:
+def load_human_ratings(path: str | Path, with_rows: bool = False) -> pd.DataFrame:
     """The checked CSV as a frame: association_id, rater_id (str), harm (int 1-5), realism (str), read by
-    the same reader as the check. Raises ValueError (HumanFileError) listing every problem."""
-    return read_file(path, HUMAN_RATINGS)[list(HUMAN_COLUMNS)]
+    the same reader as the check (``with_rows``: and ``row``, the row number a spreadsheet shows). Raises
+    ValueError (HumanFileError) listing every problem."""
+    return read_file(path, HUMAN_RATINGS)[(["row"] if with_rows else []) + list(HUMAN_COLUMNS)]
+
+
+def refuse_unknown_associations(ratings: pd.DataFrame, known: set[str], path: str | Path) -> None:
+    """Stage 04's check once it knows which associations exist (``known``: the ids of the associations it
+    tested, rates or was given as published): a rating of any other id stops it, before any rating is
+    used, naming the file, the row and the id. ``ratings``: ``load_human_ratings(with_rows=True)``."""
+    unknown = ratings[~ratings["association_id"].isin(known)]
+    if unknown.empty:
+        return
+    problems = [
+        f"{path}: row {row.row}, column association_id: {shown(row.association_id)} is no association of this "
+        "run (none of its tested, rated or published associations)"
+        for row in unknown.head(MAX_PROBLEMS).itertuples(index=False)
+    ]
+    if len(unknown) > MAX_PROBLEMS:
+        problems.append(f"{path}: (and {len(unknown) - MAX_PROBLEMS} more rows of unknown associations)")
+    raise HumanFileError(f"{HUMAN_RATINGS.what} are invalid:\n" + "\n".join(f"  - {p}" for p in problems))

@@ -25,19 +25,27 @@ medium or large effect and lift >= 2) is a filter on top of them, and the compar
 :func:`load_associations` reads a file, a folder of such files (searched recursively) or a human-study
 ``questions.json`` (``storybias.evidence.questions.load_questions``) into :data:`PUBLISHED_COLUMNS`: one row
 per published association, its labels mapped onto storybias' canonical keys. A malformed file stops with
-an error naming the file, the line and the field, before any test runs.
+an error naming the file, the line and the field, before any test runs (``make check-params`` and stage 04
+read it with this one function). Each test counts once: a record repeated (an exact copy of a line, or one
+attribute pair of one model and scope in a second record or file) is refused, and so is a cell listed twice
+in one record. A scope is ``all`` or a language the release knows (its ten, and those a storybias export's
+``pool.json`` names); p-values and fractions are finite numbers in [0, 1], lifts finite and >= 0, Cramer's V
+-1 or in [0, 1], the effect category one of the five. Values are quoted shortened in messages.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from storybias.core.inputs import missing_marker, shown, unique_keys
 from storybias.evidence.labels import ASSOCIATION_KEY, PublishedFormatError, canonical_value
 from storybias.evidence.questions import load_questions
+from storybias.stats.contingency import EFFECT_LABELS
 
 # The release's language codes that differ from storybias' ISO 639-1 codes, and back.
 RELEASE_LANGUAGE = {"du": "nl"}
@@ -47,7 +55,9 @@ RELEASE_CODE = {ours: theirs for theirs, ours in RELEASE_LANGUAGE.items()}
 RELEASED_LANGUAGES = tuple(
     RELEASE_LANGUAGE.get(c, c) for c in ("en", "ar", "du", "es", "fr", "hi", "it", "pt", "uk", "zh")
 )
+RELEASE_SCOPES = frozenset(RELEASED_LANGUAGES)  # the languages a released file's per-language scope may name
 GLOBAL_SCOPE = "all"
+PROBABILITY, LIFT = (0.0, 1.0), (0.0, math.inf)  # the ranges of a p-value or fraction, and of a lift
 # What a set of association files' global pass pooled: the release's (its ten languages, none of the
 # additional_en prompt variants, which the archive loader behind its associations skips, every prompted
 # attribute and every story), or what a storybias export records beside its files (POOL_FILE).
@@ -68,7 +78,8 @@ ANY_SCOPE = "any"
 # models that produced it) or "released" (an association file: one model, one scope). `models`: the
 # published generator models. `published_p_adjusted`: BY-adjusted (released files; NaN for questions).
 # `published_effect`: the effect category of the cell's attribute pair (released files; None for
-# questions, whose list StereoTales drew with its stated rule).
+# questions, whose list StereoTales drew with its stated rule). `question_ids`: the questions this row
+# stands for (a questions file that lists one association under several ids gives one row; [] for released).
 PUBLISHED_COLUMNS = [
     "source",
     "file",
@@ -79,6 +90,7 @@ PUBLISHED_COLUMNS = [
     "published_lift",
     "published_p_adjusted",
     "published_effect",
+    "question_ids",
 ]
 # One row per tested attribute pair of a released file (``load_released_pairs``).
 PAIR_COLUMNS = [
@@ -100,8 +112,8 @@ def _fail(path: Path, line: int, field: str, problem: str) -> PublishedFormatErr
 
 def _text(record: dict, field: str, path: Path, line: int) -> str:
     value = record.get(field)
-    if not isinstance(value, str) or not value.strip():
-        raise _fail(path, line, field, f"missing or not a string ({value!r})")
+    if not isinstance(value, str) or not value.strip() or missing_marker(value):
+        raise _fail(path, line, field, f"missing or not a string ({shown(value)})")
     return value.strip()
 
 
@@ -115,67 +127,94 @@ def _value(part: Any, attribute: str, path: Path, line: int, field: str) -> str:
         raise _fail(path, line, field, "missing or not an object with a string value")
     name = part.get("name")
     if isinstance(name, str) and _attribute_name(name) != attribute:
-        raise _fail(path, line, f"{field}.name", f"{name!r} is not the record's attribute {attribute!r}")
+        raise _fail(path, line, f"{field}.name", f"{shown(name)} is not the record's attribute {attribute!r}")
     try:
         return canonical_value(attribute, part["value"])
     except KeyError as exc:
-        raise _fail(path, line, f"{field}.value", str(exc).strip('"')) from None
+        raise _fail(path, line, f"{field}.value", str(exc.args[0])) from None
 
 
-def _number(stats: Any, field: str, path: Path, line: int, where: str) -> float:
+def _number(stats: Any, field: str, path: Path, line: int, where: str, bounds: tuple[float, float]) -> float:
+    """A finite number within ``bounds`` (inclusive); NaN, an infinity or a value outside is refused."""
     value = stats.get(field) if isinstance(stats, dict) else None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _fail(path, line, f"{where}.{field}", f"missing or not a number ({value!r})")
+        raise _fail(path, line, f"{where}.{field}", f"missing or not a number ({shown(value)})")
+    low, high = bounds
+    if not math.isfinite(value) or not low <= value <= high:
+        raise _fail(path, line, f"{where}.{field}", f"{value} is not a finite number in [{low:g}, {high:g}]")
     return float(value)
 
 
 def _cells(record: dict, base: str, compared: str, path: Path, line: int) -> list[dict[str, Any]]:
-    """The record's associated values as rows of canonical keys and published statistics."""
+    """The record's associated values as rows of canonical keys and published statistics; a value listed
+    twice (in either spelling) is refused."""
     entries = record.get("associated_values")
     if not isinstance(entries, list):
         raise _fail(path, line, "associated_values", "missing or not a list")
-    rows = []
+    rows: list[dict[str, Any]] = []
+    first_at: dict[tuple[str, str], int] = {}
     for i, entry in enumerate(entries):
         where = f"associated_values[{i}]"
         if not isinstance(entry, dict):
             raise _fail(path, line, where, "not an object")
         stats = entry.get("statistics")
-        rows.append(
-            {
-                "base_attribute": base,
-                "base_value": _value(entry.get("base_value"), base, path, line, f"{where}.base_value"),
-                "compared_attribute": compared,
-                "compared_value": _value(entry.get("compared_value"), compared, path, line, f"{where}.compared_value"),
-                "published_fraction": _number(stats, "fraction", path, line, f"{where}.statistics"),
-                "published_lift": _number(stats, "lift", path, line, f"{where}.statistics"),
-                "published_p_adjusted": _number(stats, "p_value", path, line, f"{where}.statistics"),
-            }
-        )
+        base_value = _value(entry.get("base_value"), base, path, line, f"{where}.base_value")
+        compared_value = _value(entry.get("compared_value"), compared, path, line, f"{where}.compared_value")
+        first = first_at.setdefault((base_value, compared_value), i)
+        if first != i:
+            cell = f"{base_value} x {compared_value}"
+            raise _fail(path, line, where, f"the cell {cell} again (first as associated_values[{first}])")
+        row = {
+            "base_attribute": base,
+            "base_value": base_value,
+            "compared_attribute": compared,
+            "compared_value": compared_value,
+            "published_fraction": _number(stats, "fraction", path, line, f"{where}.statistics", PROBABILITY),
+            "published_lift": _number(stats, "lift", path, line, f"{where}.statistics", LIFT),
+            "published_p_adjusted": _number(stats, "p_value", path, line, f"{where}.statistics", PROBABILITY),
+        }
+        rows.append(row)
     return rows
 
 
-def _pair(record: Any, path: Path, line: int) -> dict[str, Any]:
+def _scope(record: dict, path: Path, line: int, languages: frozenset[str]) -> str:
+    """The record's scope: all, or a language the release knows (``known_languages``), storybias' code."""
+    raw = _text(record, "aggregation_value", path, line).lower()
+    scope = RELEASE_LANGUAGE.get(raw, raw)
+    if scope != GLOBAL_SCOPE and scope not in languages:
+        known = ", ".join(RELEASE_CODE.get(c, c) for c in sorted(languages))
+        raise _fail(
+            path, line, "aggregation_value", f"{shown(raw)} is neither all nor a language of the release ({known})"
+        )
+    return scope
+
+
+def _pair(record: Any, path: Path, line: int, languages: frozenset[str]) -> dict[str, Any]:
     """The tested attribute pair of one JSONL record: model, scope, attributes and its statistics."""
     if not isinstance(record, dict):
         raise _fail(path, line, "(record)", "not a JSON object")
     model = _text(record, "generator_model", path, line)
-    scope = _text(record, "aggregation_value", path, line).lower()
+    scope = _scope(record, path, line, languages)
     base = _attribute_name(_text(record, "base_attribute", path, line))
     compared = _attribute_name(_text(record, "compared_attribute", path, line))
     if base == compared:
         raise _fail(path, line, "compared_attribute", f"same attribute as the base ({base})")
     stats = record.get("statistics")
     effect = stats.get("effect_category") if isinstance(stats, dict) else None
-    if not isinstance(effect, str):
-        raise _fail(path, line, "statistics.effect_category", f"missing or not a string ({effect!r})")
+    if effect not in (*EFFECT_LABELS, NOT_SIGNIFICANT):
+        allowed = ", ".join((*EFFECT_LABELS, NOT_SIGNIFICANT))
+        raise _fail(path, line, "statistics.effect_category", f"missing or not one of {allowed} ({shown(effect)})")
+    cramer_v = _number(stats, "cramer_v", path, line, "statistics", (-1.0, 1.0))
+    if -1.0 < cramer_v < 0.0:
+        raise _fail(path, line, "statistics.cramer_v", f"{cramer_v} is neither -1 (not significant) nor in [0, 1]")
     return {
         "file": path.name,
         "model": model,
-        "scope": RELEASE_LANGUAGE.get(scope, scope),
+        "scope": scope,
         "base_attribute": base,
         "compared_attribute": compared,
-        "p_adjusted": _number(stats, "p_value", path, line, "statistics"),
-        "cramer_v": _number(stats, "cramer_v", path, line, "statistics"),
+        "p_adjusted": _number(stats, "p_value", path, line, "statistics", PROBABILITY),
+        "cramer_v": cramer_v,
         "effect_category": effect,
     }
 
@@ -188,21 +227,44 @@ def _read_records(path: Path) -> list[tuple[int, Any]]:
             if not line.strip():
                 continue
             try:
-                records.append((line_number, json.loads(line)))
+                records.append((line_number, json.loads(line, object_pairs_hook=unique_keys)))
             except json.JSONDecodeError as exc:
                 raise _fail(path, line_number, "(record)", f"not valid JSON ({exc.msg})") from None
+            except RecursionError:
+                raise _fail(path, line_number, "(record)", "a value nested too deeply to read") from None
+            except ValueError as exc:  # a key repeated in one object
+                raise _fail(path, line_number, "(record)", str(exc)) from None
     return records
 
 
-def load_released(path: Path) -> pd.DataFrame:
+def _repeated(pair: dict[str, Any], record: Any, path: Path, line: int, seen: dict[tuple[str, ...], Any]) -> None:
+    """Refuse a second record of one attribute pair of one model and scope, in this file or another one
+    (an exact copy of a line, or the same test with other figures): a repeated test would be counted
+    twice. ``seen``: the pairs read so far -> (file, line, the record)."""
+    key = (pair["model"], pair["scope"], pair["base_attribute"], pair["compared_attribute"])
+    first = seen.setdefault(key, (path, line, record))
+    if first[:2] == (path, line):
+        return
+    where = f"line {first[1]}" + ("" if first[0] == path else f" of {first[0]}")
+    what = "repeats " + where + " exactly" if first[2] == record else f"tests the pair of {where} again"
+    test = f"{pair['base_attribute']} x {pair['compared_attribute']}, model {pair['model']}, scope {pair['scope']}"
+    raise _fail(path, line, "(record)", f"{what} ({test}): each pair is tested once per model and scope")
+
+
+def load_released(path: Path, languages: frozenset[str] = RELEASE_SCOPES, seen: dict | None = None) -> pd.DataFrame:
     """The published associations of one released JSONL file (``PUBLISHED_COLUMNS``): every associated
-    value of every record, with its pair's effect category."""
+    value of every record, with its pair's effect category. ``languages``: the scopes it may name besides
+    ``all``; ``seen``: the pairs of the files read before (a pair repeated across files is refused too)."""
+    seen = {} if seen is None else seen
     rows: list[dict[str, Any]] = []
     for line, record in _read_records(path):
-        pair = _pair(record, path, line)
+        pair = _pair(record, path, line, languages)
+        _repeated(pair, record, path, line, seen)
         where = {"source": "released", "file": pair["file"], "models": [pair["model"]], "scope": pair["scope"]}
         cells = _cells(record, pair["base_attribute"], pair["compared_attribute"], path, line)
-        rows.extend({**where, **cell, "published_effect": pair["effect_category"]} for cell in cells)
+        rows.extend(
+            {**where, **cell, "published_effect": pair["effect_category"], "question_ids": []} for cell in cells
+        )
     return pd.DataFrame(rows, columns=PUBLISHED_COLUMNS)
 
 
@@ -210,9 +272,10 @@ def load_released_pairs(path: str | Path) -> pd.DataFrame:
     """Every tested attribute pair of the released JSONL files at ``path`` (a file or a folder),
     ``PAIR_COLUMNS``: its BH-adjusted p-value, Cramer's V, effect category and number of associated values."""
     rows = []
+    languages = known_languages(Path(path))
     for file in association_files(Path(path)):
         for line, record in _read_records(file):
-            pair = _pair(record, file, line)
+            pair = _pair(record, file, line, languages)
             values = record.get("associated_values")
             rows.append({**pair, "n_values": len(values) if isinstance(values, list) else 0})
     return pd.DataFrame(rows, columns=PAIR_COLUMNS)
@@ -232,6 +295,7 @@ def _from_questions(path: Path) -> pd.DataFrame:
             "published_lift": questions["avg_lift"],
             "published_p_adjusted": float("nan"),
             "published_effect": None,
+            "question_ids": questions["question_ids"],
         },
         columns=PUBLISHED_COLUMNS,
     )
@@ -251,11 +315,22 @@ def association_files(path: Path) -> list[Path]:
     return [path]
 
 
+def known_languages(path: Path) -> frozenset[str]:
+    """The languages a per-language scope of the files at ``path`` may name (storybias' codes): the
+    release's ten, and those the files' ``pool.json`` (a storybias export) pooled."""
+    return RELEASE_SCOPES | frozenset(published_pool(path)["languages"])
+
+
 def load_associations(path: str | Path) -> pd.DataFrame:
-    """Every published association at ``path`` (a JSONL file, a folder of them, or a questions.json)."""
+    """Every published association at ``path`` (a JSONL file, a folder of them, or a questions.json),
+    each once: a repeated test (a line twice, one attribute pair of one model and scope in two records or
+    two files) is refused; a questions file's association under several question ids is one row."""
+    path = Path(path)
+    languages = known_languages(path)
+    seen: dict[tuple[str, ...], tuple[Path, int, Any]] = {}
     frames = [
-        _from_questions(file) if file.suffix.lower() == ".json" else load_released(file)
-        for file in association_files(Path(path))
+        _from_questions(file) if file.suffix.lower() == ".json" else load_released(file, languages, seen)
+        for file in association_files(path)
     ]
     frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=PUBLISHED_COLUMNS)
     return frame.reindex(columns=PUBLISHED_COLUMNS)

@@ -51,7 +51,8 @@ from storybias.core.io import write_json_atomic
 from storybias.core.locks import holds_run_lock
 from storybias.core.results import StageResult
 from storybias.engines import ChatEngine
-from storybias.evidence.ratings import load_human_ratings
+from storybias.evidence.labels import ASSOCIATION_KEY
+from storybias.evidence.ratings import load_human_ratings, refuse_unknown_associations
 from storybias.evidence.released_associations import (
     association_files,
     load_associations,
@@ -187,7 +188,9 @@ def run(
     ``engine_factory(spec)``: the judges' engines, as for stages 01 and 03 (default engines.open_engine)."""
     run_name, settings = params.run_name, params.associations
     # the user's file first: a bad human-ratings CSV stops the stage before any test or model runs
-    human = load_human_ratings(paths.resolve(settings.human_ratings)) if settings.human_ratings else None
+    human = (
+        load_human_ratings(paths.resolve(settings.human_ratings), with_rows=True) if settings.human_ratings else None
+    )
     published = load_associations(paths.resolve(settings.published)) if settings.published else None
     dimensions = list(designs.dimensions())
     data, counts = read_observations(run_name, dimensions)
@@ -205,6 +208,7 @@ def run(
     shared = sharing(values)
     languages = by_language(values)
     items = _items_to_rate(settings, shared, published)
+    human = _known_ratings(human, settings.human_ratings, items, values, published, notes)
     ratings, engines_info = _rate(items, params, progress, engine_factory, notes)
     parsed = ratings[ratings["parse_ok"].astype(bool)].astype({"harm": float})
     summary = summarise_ratings(parsed)
@@ -309,6 +313,35 @@ def _items_to_rate(settings: AssociationSettings, shared: pd.DataFrame, publishe
     if settings.judge.items == "published" and published is not None:
         return published_items(published, ALPHA, MIN_LIFT)
     return judge_items(shared, settings.judge.include_per_language)
+
+
+def _known_ratings(
+    human: pd.DataFrame | None,
+    file: str | None,
+    items: pd.DataFrame,
+    values: pd.DataFrame,
+    published: pd.DataFrame | None,
+    notes: list[str],
+) -> pd.DataFrame | None:
+    """The human ratings (without their row numbers) once every rated id is an association the stage
+    knows: one it tested (``values``), rates (``items``) or was given as published; a rating of any other
+    id stops the stage naming the file and row, before a judge runs or a rating is used. Also notes the
+    published questions merged into one association (listed under several question ids)."""
+    if published is not None and len(published):
+        merged = [ids for ids in published["question_ids"] if len(ids) > 1]
+        if merged:
+            notes.append(
+                f"associations.published: {len(merged)} association(s) listed under several question ids, each "
+                f"counted once (e.g. {', '.join(merged[0])})"
+            )
+    if human is None or file is None:
+        return human
+    known = set(items["association_id"]) if len(items) else set()
+    for frame in (values, published):
+        if frame is not None and len(frame):
+            known |= set(frame[ASSOCIATION_KEY].astype(str).agg("|".join, axis=1))
+    refuse_unknown_associations(human, known, paths.resolve(file))
+    return human.drop(columns="row")
 
 
 def _compare_with_published(

@@ -5,9 +5,9 @@ three extractor models; the per-extractor answers are not released) into extract
 ``params/designs/stereotales/reference.yaml`` (:func:`storybias.evidence.labels.published_profile`: both
 published spellings, ``unknown``, ``other``). As StereoTales' reference pipeline does, the prompted
 dimension's value is the prompted value, whatever the extractors said (``demo_<cond_attribute>`` =
-``cond_value``). An empty object (``{}``: no extraction matched) or text that is not a JSON object is kept
-with ``parse_ok`` false and counted (the reference drops such rows; stage 04 leaves them out and counts
-them too). A dimension the object does not name is ``unknown``.
+``cond_value``). An empty object (``{}``: no extraction matched), a null (none recorded) or text that is not
+a JSON object is kept with ``parse_ok`` false and counted (the reference drops such rows; stage 04 leaves
+them out and counts them too). A dimension the object does not name is ``unknown``.
 
 ``extractions: both`` also extracts with ``extract.models`` and :func:`agreement_with_published` compares,
 per field and language, storybias' answer with the published consensus.

@@ -4,8 +4,10 @@ The released StereoTales shards (``storybias.config.corpus``) are read twice, sh
 so the raw corpus is never held in memory:
 
 1. :func:`read_plan` reads every column but the stories' text, checks each row (a label outside the
-   taxonomy, an unknown scenario, language or prompt template stops the stage with the file, the row and
-   the column), keeps the languages, models and prompt variants the profile asks for, and draws the sample;
+   taxonomy, an unknown scenario, language or prompt template, a model or id empty or spelled as a missing
+   value, an extraction with a label outside the taxonomy or nested too deeply, a column stored as anything but
+   text stops the stage with the file, the row and the column), keeps the languages, models and prompt
+   variants the profile asks for, and draws the sample;
 2. :func:`write_import` reads the kept rows' text and published extraction and writes ``stories.parquet``
    (the same contract as a generated run's: ``design`` stereotales, ``cond_attribute`` / ``cond_value`` the
    canonical keys of ``target_attribute`` / ``attribute_value_key``, ``cond_scenario`` from
@@ -39,13 +41,15 @@ from storybias.config.corpus import (
     ADDITIONAL_TEMPLATES,
     RELEASE_LANGUAGE,
     SCENARIO_TEMPLATE,
+    TEXT_COLUMNS,
     CorpusSettings,
     corpus_files,
 )
 from storybias.config.plan import stories_schema
 from storybias.config.prompts import LANGUAGES
 from storybias.core import artifacts
-from storybias.evidence.labels import canonical_value, published_profile, scenario_of
+from storybias.core.inputs import missing_marker, shortened, shown, type_problem
+from storybias.evidence.labels import ProfileError, canonical_value, published_profile, scenario_of
 
 PLAN_READ = [
     "sample_id",
@@ -101,51 +105,67 @@ def map_column(values: pd.Series, column: str, mapper: Callable[[Any], Any], fil
             mapped[value] = mapper(value)
         except (KeyError, TypeError, ValueError) as exc:
             row = int(values.index[values.eq(value)][0])
-            raise CorpusError(f"{row_location(file, offset + row, column)}: {str(exc).strip(chr(34))}") from None
+            raise CorpusError(f"{row_location(file, offset + row, column)}: {reason(exc)}") from None
     if values.isna().any():
         raise CorpusError(f"{row_location(file, offset + int(values.index[values.isna()][0]), column)}: empty")
     return values.map(mapped)
 
 
+def reason(exc: BaseException) -> str:
+    """An exception's message, short (a KeyError's without the quotes ``str`` adds)."""
+    text = str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
+    return shortened(text)
+
+
 def release_language(code: Any) -> str:
     if not isinstance(code, str):
-        raise ValueError(f"language {code!r} is not a string")
+        raise ValueError(f"language {shown(code)} is not a string")
     language = RELEASE_LANGUAGE.get(code, code)
     if language not in LANGUAGES:
-        raise ValueError(f"language {code!r} is not one of storybias' ({', '.join(LANGUAGES)})")
+        raise ValueError(f"language {shown(code)} is not one of storybias' ({', '.join(LANGUAGES)})")
     return language
 
 
 def _template(value: Any) -> str:
     if value != SCENARIO_TEMPLATE and value not in ADDITIONAL_TEMPLATES:
         allowed = ", ".join((SCENARIO_TEMPLATE, *ADDITIONAL_TEMPLATES))
-        raise ValueError(f"prompt template {value!r} is not one of {allowed}")
+        raise ValueError(f"prompt template {shown(value)} is not one of {allowed}")
     return str(value)
 
 
 def _attribute(value: Any) -> str:
     if value not in designs.dimensions():
-        raise ValueError(f"target attribute {value!r} is not one of StereoTales' 19 dimensions")
+        raise ValueError(f"target attribute {shown(value)} is not one of StereoTales' 19 dimensions")
     return str(value)
 
 
+def name_problems(values: pd.Series, column: str, file: Path, offset: int) -> None:
+    """A column of names or ids (a model, a story id): none empty, none a spelled-out missing value
+    (``NaN``, ``null``, ...), which spreadsheets write for an empty cell; the first names its row."""
+    text = values.map(lambda v: v if isinstance(v, str) else "")
+    bad = values.isna() | text.str.strip().eq("") | text.map(missing_marker)
+    if bad.any():
+        row = int(bad.to_numpy().argmax())
+        value = values.iloc[row]
+        what = "empty" if not text.iloc[row].strip() else f"{shown(value)} is a missing value, not a name"
+        raise CorpusError(f"{row_location(file, offset + int(values.index[row]), column)}: {what}")
+
+
 def _check_profiles(frame: pd.DataFrame, file: Path, offset: int) -> None:
-    """Every published extraction's dimensions and labels are the taxonomy's (``{}`` and text that is not
-    JSON pass: stage 03 keeps and counts them)."""
+    """Every published extraction's dimensions and labels are the taxonomy's (``{}``, a null and text that
+    is not JSON pass: stage 03 keeps and counts them)."""
     for row, text in frame["extracted_attributes_json"].items():
         try:
             published_profile(text)
-        except KeyError as exc:
+        except ProfileError as exc:
             place = row_location(file, offset + int(row), "extracted_attributes_json")
-            raise CorpusError(f"{place}: {str(exc).strip(chr(34))}") from None
+            raise CorpusError(f"{place}: {shortened(str(exc))}") from None
 
 
 def _plan_batch(frame: pd.DataFrame, file: Path, offset: int, settings: CorpusSettings) -> pd.DataFrame:
     """One batch of released rows as planned stories (without text), checked row by row."""
     for column in ("output_id", "generator_model"):
-        empty = frame[column].isna() | frame[column].eq("")
-        if empty.any():
-            raise CorpusError(f"{row_location(file, offset + int(empty.idxmax()), column)}: empty")
+        name_problems(frame[column], column, file, offset)
     language = map_column(frame["language"], "language", release_language, file, offset)
     template = map_column(frame["prompt_template"], "prompt_template", _template, file, offset)
     additional = template.ne(SCENARIO_TEMPLATE)
@@ -191,12 +211,22 @@ def _batches(file: Path, columns: list[str], what: str) -> Iterator[tuple[int, p
     try:
         source = pq.ParquetFile(file)
     except (pa.ArrowInvalid, OSError) as exc:
-        raise CorpusError(f"{file}: not a parquet file ({exc})") from None
+        raise CorpusError(f"{file}: not a parquet file ({shortened(str(exc))})") from None
     missing = [c for c in columns if c not in source.schema_arrow.names]
     if missing:
         raise CorpusError(f"{file}: missing column(s) {', '.join(missing)} ({what})")
+    wrong = type_problem(file, source.schema_arrow, [c for c in columns if c in TEXT_COLUMNS])
+    if wrong:
+        raise CorpusError(wrong)
     offset = 0
-    for batch in source.iter_batches(batch_size=BATCH_ROWS, columns=columns):
+    batches = source.iter_batches(batch_size=BATCH_ROWS, columns=columns)
+    while True:
+        try:
+            batch = next(batches, None)
+        except (pa.ArrowException, OSError) as exc:  # a damaged page: name the file and where it stopped
+            raise CorpusError(f"{file}: unreadable after row {offset} ({shortened(str(exc))})") from None
+        if batch is None:
+            return
         frame = batch.to_pandas()
         yield offset, frame
         offset += len(frame)

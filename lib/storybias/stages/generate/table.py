@@ -11,7 +11,9 @@ StereoTales shards (``storybias.stages.generate.corpus``) the import runs in two
 first reads every mapped column but the text and checks each row (a language storybias does not know, an
 empty model or id, a condition value the design does not have, an extracted label outside the taxonomy
 stops it, naming the file, the row and the column); the second reads the kept rows' text. Each file is read
-whole in each pass, one file at a time.
+whole in each pass, one file at a time, by ``storybias.core.inputs`` (check-params' reader too): a parquet
+column or a JSONL value that is not text is refused, never converted; a model or id spelled as a missing
+value (``NaN``, ``null``) is refused; a story of any length is read.
 
 A story's id is sha256("import|" + its source id)[:16], the source id being ``columns.id`` or
 ``<file>:<row>``. ``corpus.parquet`` keeps the source file and row and, as ``published_extraction``, the
@@ -26,9 +28,6 @@ from pathlib import Path
 
 import pandas as pd
 import pyarrow as pa
-import pyarrow.csv as pa_csv
-import pyarrow.json as pa_json
-import pyarrow.parquet as pq
 from tqdm.auto import tqdm
 
 from storybias.config import designs
@@ -42,6 +41,7 @@ from storybias.config.corpus import (
 )
 from storybias.config.plan import stories_schema
 from storybias.core import artifacts, paths
+from storybias.core.inputs import TableFileError, read_text_columns
 from storybias.evidence.labels import UNKNOWN, extraction_value
 from storybias.stages.generate.corpus import (
     CORPUS_SCHEMA,
@@ -49,6 +49,7 @@ from storybias.stages.generate.corpus import (
     checked_plan,
     draw_sample,
     map_column,
+    name_problems,
     release_language,
     row_location,
     sample_groups,
@@ -58,32 +59,18 @@ from storybias.stages.generate.corpus import (
 
 
 def read_table(file: Path, columns: list[str]) -> pd.DataFrame:
-    """``columns`` of one table file, every value as text (null where empty)."""
-    suffix = file.suffix.lower()
+    """``columns`` of one table file, every value text or None (``storybias.core.inputs``: the reader
+    check-params uses too; a wrong type, a bad line or an unreadable file stops the import, named)."""
     try:
-        if suffix == ".parquet":
-            table = pq.read_table(file, columns=columns)
-        elif suffix == ".csv":
-            table = pa_csv.read_csv(
-                file,
-                convert_options=pa_csv.ConvertOptions(
-                    include_columns=columns, column_types={c: pa.string() for c in columns}
-                ),
-            )
-        else:
-            table = pa_json.read_json(file).select(columns)
-    except (pa.ArrowInvalid, KeyError, OSError) as exc:
-        wanted = ", ".join(columns)
-        raise CorpusError(f"{file}: not a readable {suffix[1:]} table with columns {wanted} ({exc})") from None
-    frame = table.to_pandas()
-    return frame.astype(object).where(frame.notna(), None)
+        return read_text_columns(file, columns)
+    except TableFileError as exc:
+        raise CorpusError(str(exc)) from None
 
 
 def _text_column(frame: pd.DataFrame, column: str, file: Path) -> pd.Series:
-    values = frame[column].map(lambda v: None if v is None else str(v).strip())
-    empty = values.isna() | values.eq("")
-    if empty.any():
-        raise CorpusError(f"{row_location(file, int(empty.idxmax()), column)}: empty")
+    """A column of names or ids: stripped, none empty or a spelled-out missing value (NaN, null, ...)."""
+    values = frame[column].map(lambda v: None if v is None else v.strip())
+    name_problems(values, column, file, 0)
     return values
 
 
@@ -91,7 +78,7 @@ def _extracted_json(frame: pd.DataFrame, extracted: dict[str, str], file: Path) 
     """The extracted columns of each row as a JSON object of canonical keys (``unknown`` where empty)."""
     mapped = {}
     for dimension, column in extracted.items():
-        labels = frame[column].map(lambda v: UNKNOWN if v is None or str(v).strip() == "" else str(v))
+        labels = frame[column].map(lambda v: UNKNOWN if v is None or v.strip() == "" else v)
         mapped[dimension] = map_column(labels, column, partial(extraction_value, dimension), file, 0)
     if not mapped:
         return pd.Series(None, index=frame.index, dtype=object)
@@ -111,12 +98,12 @@ def _condition(
     """One condition column as the design's keys: stripped, empty as null, mapped by ``corpus.values``;
     a value neither mapped nor a key stops the import naming the file, row and column."""
     mapping = settings.values.get(target, {})
-    values = values.map(lambda v: None if v is None else str(v).strip() or None)
+    values = values.map(lambda v: None if v is None else v.strip() or None)
     mapped = values.map(lambda v: mapping.get(v, v) if v is not None else None)
     bad = mapped.notna() & ~mapped.isin(allowed)
     if bad.any():
         row = int(bad.idxmax())
-        problem = value_problem(settings.design, target, str(values[row]), allowed)
+        problem = value_problem(settings.design, target, values[row], allowed)
         hint = (
             f"not in corpus.values.{target} ({', '.join(mapping)})"
             if mapping
@@ -173,7 +160,7 @@ def _plan_file(file: Path, root: Path, settings: CorpusSettings) -> tuple[pd.Dat
                 0,
             ),
             "published_extraction": _extracted_json(frame, columns.extracted, file),
-            "prompt": frame[columns.prompt].map(lambda v: None if v is None else str(v)) if columns.prompt else None,
+            "prompt": frame[columns.prompt] if columns.prompt else None,
             "source_row": frame.index.to_numpy(),
         }
     )
@@ -233,7 +220,7 @@ def write_table_import(
         for file, rows in tqdm(plan.groupby("source_file", sort=False), desc="table: import", disable=not progress):
             texts = read_table(Path(str(file)), [settings.columns.text])[settings.columns.text]
             picked = texts.iloc[rows["source_row"].to_numpy()]
-            batch = stories_batch(rows, picked.map(lambda v: None if v is None else str(v)))
+            batch = stories_batch(rows, picked)
             stories_out(pa.Table.from_pandas(batch[names], schema=stories_schema(), preserve_index=False))
             source = rows.assign(
                 source_file=str(Path(str(file)).relative_to(root)) if root.is_dir() else Path(str(file)).name

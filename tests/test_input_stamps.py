@@ -131,23 +131,32 @@ def _make(*args: str, env: dict) -> subprocess.CompletedProcess:
     )
 
 
+# Each stage's Make target, then its executed notebook (under STORYBIAS_DATA, in data/<run>/reports/)
 STAND_INS = [
     "data/stories.parquet",
+    "data/reports/01_generate.ipynb",
     "data/filtered.parquet",
+    "data/reports/02_filter.ipynb",
     "data/extractions.parquet",
+    "data/reports/03_extract.ipynb",
     "data/manifest_associations.json",
+    "data/reports/04_associations.ipynb",
     "data/manifest_metrics.json",
+    "data/reports/05_metrics.ipynb",
     "data/manifest_probes.json",
+    "data/reports/06_probes.ipynb",
     "data/manifest_crosslens.json",
+    "data/reports/07_crosslens.ipynb",
     "figures/figures.json",
+    "data/reports/08_figures.ipynb",
     "figures/explorer.html",
 ]
 
 
 def _finish_every_stage(tmp_path: Path, run: str) -> None:
-    """Every stage's Make target written, in order (what a finished run leaves)."""
+    """Every stage's Make target and executed notebook written, in order (what a finished run leaves)."""
     for name in STAND_INS:
-        root, file = name.split("/")
+        root, file = name.split("/", 1)
         target = tmp_path / root / run / file
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text("stand-in")

@@ -13,7 +13,9 @@ glob (``params/designs/*/design.yaml``) must match at least one file.
 
 from __future__ import annotations
 
+import ast
 import re
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -73,7 +75,7 @@ def _path_words(code: list[str]) -> set[str]:
     words = set()
     for chunk in code:
         for word in WORD_SPLIT.split(chunk):
-            word = word.strip(".`*,").removeprefix("./")
+            word = word.strip(".`*,").removeprefix("./").split("::")[0]  # a test named in a file: the file
             if word.startswith(PREFIXES) or word in TOP_LEVEL:
                 words.add(word)
     return words
@@ -91,6 +93,31 @@ def missing_paths(text: str) -> list[str]:
         elif not (ROOT / word).exists():
             missing.append(word)
     return missing
+
+
+TEST_NAME = re.compile(r"(tests/test_\w+\.py)::(\w+)")
+
+
+@cache
+def _test_functions(path: str) -> frozenset[str]:
+    tree = ast.parse((ROOT / path).read_text(encoding="utf-8"))
+    return frozenset(node.name for node in ast.walk(tree) if isinstance(node, ast.FunctionDef))
+
+
+def missing_tests(text: str) -> list[str]:
+    """Every ``tests/test_x.py::test_name`` a document names whose file or function does not exist."""
+    found = []
+    for path, name in TEST_NAME.findall(text):
+        if not (ROOT / path).is_file() or name not in _test_functions(path):
+            found.append(f"{path}::{name}")
+    return found
+
+
+def promises_without_tests(text: str, section: str) -> list[str]:
+    """The bullets of ``section`` (a ``## `` heading) that name no test (a ``Tests:`` line with a tests/ path)."""
+    body = text.split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
+    bullets = re.split(r"\n(?=- \*\*)", body)[1:]
+    return [b.split("**")[1] for b in bullets if not re.search(r"Tests: `tests/test_\w+\.py", b)]
 
 
 def makefile_targets() -> set[str]:
@@ -213,6 +240,18 @@ def test_links_resolve(doc: Path):
     assert broken_links(doc.read_text(encoding="utf-8"), doc.parent) == []
 
 
+@pytest.mark.parametrize("doc", DOC_FILES, ids=_id)
+def test_named_tests_exist(doc: Path):
+    assert missing_tests(doc.read_text(encoding="utf-8")) == []
+
+
+def test_every_reliability_promise_names_the_tests_that_hold_it():
+    """Issue #44: the reliability promises are stated once, in docs/reliability.md, and each names its tests."""
+    text = (DOCS / "reliability.md").read_text(encoding="utf-8")
+    assert promises_without_tests(text, "What is refused") == []
+    assert len(TEST_NAME.findall(text)) >= 15
+
+
 # --- the checks themselves -------------------------------------------------------------------------
 
 
@@ -236,3 +275,7 @@ Placeholders: `lib/storybias/stages/<stage>/`, `figures/<run>/NN_name.png`, `par
     assert missing_modules(text) == ["storybias.core.artifacts.NO_SUCH_NAME", "storybias.probes"]
     assert broken_links(text, ROOT) == ["#no-heading", "README.md#no-such-section", "docs/no-such-page.md"]
     assert missing_paths("`params/designs/*/no-such-file.yaml`") == ["params/designs/*/no-such-file.yaml"]
+    named = "`tests/test_docs.py::test_links_resolve`, `tests/test_docs.py::test_gone`, `tests/test_gone.py::test_x`"
+    assert missing_tests(named) == ["tests/test_docs.py::test_gone", "tests/test_gone.py::test_x"]
+    promises = "## Refused\n\n- **A.** text\n  Tests: `tests/test_docs.py`.\n- **B.** no test\n\n## Next\n- **C.** x\n"
+    assert promises_without_tests(promises, "Refused") == ["B."]

@@ -321,7 +321,8 @@ class CachingEngine:
         self.model_hash = _digest(model_identity(spec))
         self.engine_hash = _digest(engine_identity(settings))
         self.stats = CacheStats()
-        self._inner: ChatEngine | None = None
+        self._inner: ChatEngine | None = None  # the context manager open_inner() made
+        self._entered: ChatEngine | None = None  # what its __enter__ returned: the engine that answers
         self._tokenizer: Any = None
         self.model_loaded = False  # whether a request missed and the inner engine was started
         self.info: EngineInfo | None = None
@@ -337,7 +338,7 @@ class CachingEngine:
     def __exit__(self, *exc: Any) -> None:
         if self._inner is not None and self.model_loaded:
             self._inner.__exit__(*exc)
-        self._inner = None
+        self._inner = self._entered = None
 
     def lookup(self, requests: Sequence[ChatRequest]) -> Lookup:
         return self.cache.lookup(requests, self.model_hash, self.engine_hash)
@@ -353,12 +354,14 @@ class CachingEngine:
         return self._inner
 
     def _start(self) -> ChatEngine:
+        """The started engine: what the inner context manager's ``__enter__`` returned (the benchmarks
+        lend a started engine through a wrapper whose ``__enter__`` returns it and whose exit keeps it)."""
         inner = self._built()
-        if not self.model_loaded:
-            inner.__enter__()
+        if self._entered is None or not self.model_loaded:
+            self._entered = inner.__enter__()
             self.model_loaded = True
-            self.info = inner.info
-        return inner
+            self.info = self._entered.info
+        return self._entered
 
     def prepare(
         self, requests: Sequence[ChatRequest], phase: Callable[[], AbstractContextManager[Any]] = nullcontext
@@ -408,7 +411,7 @@ class CachingEngine:
         when the engine needs a started model to give it (None for a served model)."""
         inner = self._built()
         if self.model_loaded:
-            return inner.tokenizer()
+            return self._start().tokenizer()
         try:
             return inner.tokenizer()
         except EngineError:  # an in-process or Ray engine knows its tokenizer once started

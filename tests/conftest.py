@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -22,6 +23,7 @@ import pytest
 import yaml
 
 from storybias.core import paths
+from storybias.engines.base import STARTS_LOG_VARIABLE
 
 ROOT = paths.repo_root()
 
@@ -36,6 +38,32 @@ MARKERS = {
 def pytest_configure(config: pytest.Config) -> None:
     for name, description in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {description}")
+    # Every engine or server the session starts (here or in a notebook's kernel) appends a line to this file,
+    # and the summary at the end of the log lists them (storybias.engines.base.record_start).
+    if STARTS_LOG_VARIABLE not in os.environ:
+        os.environ[STARTS_LOG_VARIABLE] = str(Path(tempfile.mkdtemp(prefix="storybias-starts-")) / "starts.jsonl")
+
+
+def engine_starts_summary(log: Path) -> list[str]:
+    """The lines the test log ends with: each engine start (model, kind, seconds), then the total."""
+    if not log.is_file():
+        return []
+    starts = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines() if line.strip()]
+    lines = [
+        f"{s['at']}  {s['kind']:<10} {s['model']:<28} {s['seconds']:7.1f} s"
+        + ("  (enforce_eager)" if s.get("enforce_eager") else "")
+        for s in starts
+    ]
+    total = sum(s["seconds"] for s in starts)
+    return [*lines, f"{len(starts)} engine start(s), {total:.0f} s in all"]
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    lines = engine_starts_summary(Path(os.environ.get(STARTS_LOG_VARIABLE, "")))
+    if lines:
+        terminalreporter.section("engine start-ups")
+        for line in lines:
+            terminalreporter.write_line(line)
 
 
 def run_notebook(name: str, params_path: Path, env: dict, out_dir: Path) -> subprocess.CompletedProcess:

@@ -228,3 +228,20 @@ def test_the_benchmark_lends_its_started_engine_to_the_cache_and_keeps_it_open(t
         seconds, tokens = bench._pipeline(engine, params, rows, tmp_path / f"cache{repeat}")
         assert tokens == 3 * 16 and seconds >= 0
     assert len(engine.calls) == 6 and engine.exited == 0, "every pass asked the lent engine, which stays open"
+
+
+def test_each_engine_start_is_logged_where_the_variable_points(tmp_path, monkeypatch):
+    """Issue #43: the test log lists every engine start and what it cost (conftest's summary reads this file)."""
+    from conftest import engine_starts_summary
+    from storybias.engines.base import STARTS_LOG_VARIABLE, record_start
+
+    log = tmp_path / "starts.jsonl"
+    monkeypatch.delenv(STARTS_LOG_VARIABLE, raising=False)
+    record_start("m", "in_process", 1.0)  # no variable: nothing written anywhere
+    monkeypatch.setenv(STARTS_LOG_VARIABLE, str(log))
+    record_start("qwen2.5-coder-0.5b", "in_process", 35.2, enforce_eager=True)
+    record_start("qwen2.5-coder-0.5b", "server", 61.0, enforce_eager=False)
+    summary = engine_starts_summary(log)
+    assert len(summary) == 3 and "in_process" in summary[0] and "35.2 s  (enforce_eager)" in summary[0]
+    assert "server" in summary[1] and "enforce_eager" not in summary[1]
+    assert summary[2] == "2 engine start(s), 96 s in all"

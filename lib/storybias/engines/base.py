@@ -3,9 +3,13 @@ in, a :class:`ChatResult` out, and what the engine says about itself (:class:`En
 
 from __future__ import annotations
 
+import json
+import os
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from storybias.config.params import Sampling
@@ -51,6 +55,22 @@ class EngineInfo:
     startup_seconds: float
     versions: dict[str, str] = field(default_factory=dict)
     endpoint: str | None = None  # base URL of a served model (never its key); None in process
+
+
+# When set, every engine or server start appends one JSON line here (the tests' log of what loading costs).
+STARTS_LOG_VARIABLE = "STORYBIAS_ENGINE_STARTS"
+
+
+def record_start(model: str, kind: str, seconds: float, enforce_eager: bool | None = None) -> None:
+    """Append ``{model, kind, seconds, enforce_eager, pid, at}`` to the file ``$STORYBIAS_ENGINE_STARTS``
+    names, if set: one line per engine (``in_process``, ``ray``) or local server (``server``) started."""
+    target = os.environ.get(STARTS_LOG_VARIABLE)
+    if not target:
+        return
+    line = {"model": model, "kind": kind, "seconds": seconds, "enforce_eager": enforce_eager, "pid": os.getpid()}
+    line["at"] = time.strftime("%H:%M:%S")
+    with Path(target).open("a", encoding="utf-8") as fh:  # one short line per write: appends do not interleave
+        fh.write(json.dumps(line) + "\n")
 
 
 @runtime_checkable

@@ -14,7 +14,7 @@ from typing import Any
 from storybias.config import models
 from storybias.config.params import EngineSettings, ModelSpec
 from storybias.core import paths
-from storybias.engines.base import ChatRequest, ChatResult, EngineError, EngineInfo, package_versions
+from storybias.engines.base import ChatRequest, ChatResult, EngineError, EngineInfo, package_versions, record_start
 from storybias.engines.served import preflight_endpoint
 
 
@@ -146,6 +146,7 @@ class Engine:
             startup_seconds=round(time.time() - started, 1),
             versions=package_versions(),
         )
+        record_start(self.spec.name, "in_process", self.info.startup_seconds, self.settings.enforce_eager)
         return self
 
     def __enter__(self) -> Engine:

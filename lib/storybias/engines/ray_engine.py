@@ -32,7 +32,7 @@ from typing import Any
 
 from storybias.config.params import EngineSettings, ModelSpec
 from storybias.core import paths
-from storybias.engines.base import ChatRequest, ChatResult, EngineError, EngineInfo, package_versions
+from storybias.engines.base import ChatRequest, ChatResult, EngineError, EngineInfo, package_versions, record_start
 from storybias.engines.inprocess import cpu_core_list, cpu_scheduler_kwargs, preflight
 
 INSTALL_HINT = "make venv EXTRAS=ray (or .venv/bin/pip install -r requirements/extra-ray.txt)"
@@ -239,6 +239,7 @@ class RayEngine:
             versions=versions,
             endpoint=f"ray:{rs.address}",
         )
+        record_start(self.spec.name, "ray", self.info.startup_seconds, self.settings.enforce_eager)
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -39,6 +39,7 @@ from typing import Any
 from storybias.config.params import EngineSettings, ModelSpec, Params
 from storybias.core import paths, run_folders
 from storybias.core.locks import RunBusy, run_lock
+from storybias.engines.base import record_start
 from storybias.engines.cache import SERVER_MODEL_FIELDS, model_identity
 from storybias.engines.inprocess import cpu_core_list, cpu_scheduler_kwargs, preflight
 
@@ -313,6 +314,7 @@ def start_server(
         server.stop(grace=5)
         raise
     server.startup_seconds = round(time.time() - started, 1)
+    record_start(", ".join(names), "server", server.startup_seconds, settings.enforce_eager)
     log(f"vLLM server for {', '.join(names)} ready in {server.startup_seconds:.0f} s")
     return server
 

@@ -21,6 +21,7 @@ import yaml
 
 from stage_notebooks import tiny_stage_notebook
 from storybias.core import io, locks, paths
+from working_tree import copy_working_tree
 
 ROOT = paths.repo_root()
 PYTHON = sys.executable
@@ -117,20 +118,7 @@ def test_relative_data_folder_means_the_same_folder_to_make_and_to_the_notebooks
 
 def test_checkout_path_with_a_space(tmp_path):
     """A checkout under a folder with a space: Make's own paths are relative and work there."""
-    checkout = tmp_path / "my checkout"
-    checkout.mkdir()
-    tracked = subprocess.run(  # the working tree: tracked files and new ones git does not ignore
-        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    for name in filter(None, tracked.split("\0")):
-        if (ROOT / name).is_file():
-            (checkout / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / name, checkout / name)
-    (checkout / ".venv").symlink_to(ROOT / ".venv")
+    checkout = copy_working_tree(tmp_path / "my checkout")
     env = dict(os.environ, PYTHONPATH=str(checkout / "lib"))
     result = make("where", "PARAMS=params/smoke.yaml", env=env, cwd=checkout)
     assert result.returncode == 0, result.stderr

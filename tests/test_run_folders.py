@@ -23,6 +23,7 @@ from stage_notebooks import tiny_stage_notebook
 from storybias.config.params import ParamsError, load
 from storybias.core import locks, paths, run_folders
 from storybias.tools.notebook_runner import run_stage
+from working_tree import copy_working_tree
 
 ROOT = paths.repo_root()
 PYTHON = sys.executable
@@ -56,19 +57,7 @@ def run_make(cwd: Path, *args: str, **variables: str) -> subprocess.CompletedPro
 def checkout(tmp_path: Path) -> Path:
     """A copy of the repository (tracked and untracked files git does not ignore; .venv a link to this
     one's), in which `make clean-run` may run: what it could delete there is a copy."""
-    copy = tmp_path / "checkout"
-    listed = subprocess.run(
-        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    for name in filter(None, listed.split("\0")):
-        if (ROOT / name).is_file():
-            (copy / name).parent.mkdir(parents=True, exist_ok=True)
-            (copy / name).write_bytes((ROOT / name).read_bytes())
-    (copy / ".venv").symlink_to(ROOT / ".venv")
+    copy = copy_working_tree(tmp_path / "checkout")
     planned = run_make(copy, "-n", "clean-run")
     assert "setup-venv" not in planned.stdout, "the copy must use the shared .venv as it is, never rebuild it"
     return copy

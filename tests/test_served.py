@@ -380,6 +380,7 @@ def smoke(tmp_path, monkeypatch):
     monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path / "data"))
     raw = yaml.safe_load((paths.params_dir() / "smoke.yaml").read_text())
     raw["run_name"] = "serve-unit"
+    raw["generation"]["engine"]["shared_server_kind"] = "openai"  # vLLM's HTTP server (the model host: test_host.py)
     path = tmp_path / "p.yaml"
     path.write_text(yaml.safe_dump(raw))
     yield params.load(path)
@@ -416,6 +417,7 @@ def test_two_embedded_models_get_two_servers_and_the_log_counts_them(tmp_path, m
     monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path / "data"))  # its lock, marker and logs stay out of data/
     raw = yaml.safe_load((paths.params_dir() / "default.yaml").read_text())
     raw["run_name"] = "serve-two"
+    raw["generation"]["engine"]["shared_server_kind"] = "openai"
     path = tmp_path / "p.yaml"
     path.write_text(yaml.safe_dump(raw))
     p = params.load(path)

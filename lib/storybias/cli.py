@@ -5,9 +5,10 @@ check-params PARAMS        validate a profile (exit 2 with the problems, naming 
                            print stage 04's minimum detectable lift for its planned stories (a corpus:
                            its own rows, read without the text), the lenses its size cannot feed and, for
                            served models, the requests and tokens the run will ask for (its cost when priced)
-with-servers PARAMS -- CMD ...   run CMD with one local vLLM server per local model of the profile
-                           (storybias.engines.serve), stopped when CMD ends, fails or is interrupted
-serve-mode PARAMS          print 1 when the profile asks for the shared local server, else 0
+with-servers PARAMS -- CMD ...   run CMD with each local model of the profile loaded once and kept up (a
+                           model host started by the first stage that needs it, storybias.engines.host, or
+                           a vLLM server, storybias.engines.serve), stopped when CMD ends, fails or is interrupted
+serve-mode PARAMS          print 1 when the profile keeps its models up across stages (shared_server), else 0
 stamps PARAMS              write data/<run>/.params/<stage>.params (content changes only): each stage's
                            parameters digest and the sha256 of every file the profile names that it reads
 run-name PARAMS            print the run's name

@@ -253,15 +253,15 @@ class EngineSettings(Strict):
     # Skip torch.compile and kernel warm-up (vLLM's enforce_eager): a faster start, slower decoding.
     # Worth it only for tiny runs (the test profile), where start-up dominates.
     enforce_eager: bool = False
-    # Run the profile's local models (embedded / local / hub) behind one vLLM OpenAI-compatible server
-    # on 127.0.0.1, started once per `make paper` (or stage target) and shared by stages 01, 03 and 04,
-    # instead of one in-process engine per stage (storybias.engines.serve). `make ... SERVE=0|1` overrides it.
-    # Measured on the default profile from fresh data (2026-12-01, 2 cores): `make paper` 26 min 26 s through
-    # one server vs 28 min 48 s with in-process engines (one 89 s start instead of two of ~83 s; stage 01 at
-    # 76 vs 70 tokens/s). Default off all the same: the server batches requests as they arrive over HTTP,
-    # so the same seeds gave other texts than the in-process engine (56 of 248 stories identical), and
-    # in-process is the path whose reruns give the same stories. SERVE=1 buys 8% when that does not matter.
+    # Keep each local model (embedded / local / hub) up across stages 01, 03 and 04 of one `make paper` (or
+    # stage target), loaded once, instead of one in-process engine per stage (storybias.engines.host and
+    # .serve; docs/models-and-servers.md, "One engine per model per run"). `make ... SERVE=0|1` overrides it.
     shared_server: bool = False
+    # What keeps the models up when shared_server (or SERVE=1) is on: "host" = storybias's model host
+    # (storybias.engines.host), the in-process engine in a process of its own, started when a stage first
+    # needs the model and fed a stage's whole request list at once, so it gives the in-process engine's
+    # texts; "openai" = vLLM's OpenAI-compatible server (HTTP; batches form as requests arrive).
+    shared_server_kind: Literal["host", "openai"] = "host"
 
     @model_validator(mode="after")
     def _one_backend(self) -> EngineSettings:

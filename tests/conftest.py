@@ -1,9 +1,10 @@
 """Shared fixtures of the slow tests.
 
-The user's path first: a smoke-sized run on the default, in-process engine (what `make paper` runs),
+The user's path first: a smoke-sized run on the in-process engine (what `make generate SERVE=0` runs),
 killed with SIGKILL mid-generation (``killed_run``), resumed by notebook 01 (``resumed``), then stages
-02 and 03 (``extracted``); test_notebooks_slow.py runs every notebook on it, stage 04 included. The
-shared local vLLM server (``local_server``: one OpenAI-compatible server with the embedded model on
+02 and 03 (``extracted``), both through one model host as under `make paper` on the default profile
+(``hosted_env``: the model loads once for both); test_notebooks_slow.py runs every notebook on it, stage
+04 included. The shared local vLLM server (``local_server``: one OpenAI-compatible server with the embedded model on
 loopback) is started only by the served-model tests, for runs of their own (storybias.engines.serve)."""
 
 from __future__ import annotations
@@ -42,6 +43,34 @@ def pytest_configure(config: pytest.Config) -> None:
     # and the summary at the end of the log lists them (storybias.engines.base.record_start).
     if STARTS_LOG_VARIABLE not in os.environ:
         os.environ[STARTS_LOG_VARIABLE] = str(Path(tempfile.mkdtemp(prefix="storybias-starts-")) / "starts.jsonl")
+
+
+def is_model_test_module(nodeid: str) -> bool:
+    """The tests that run a model live in ``*_slow.py`` (marker ``slow``)."""
+    return nodeid.split("::", 1)[0].endswith("_slow.py")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (`make test`: two workers), the model tests first, so that their long chain starts
+    at once on one worker while the other takes the rest (stable: each part keeps its order)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: not is_model_test_module(item.nodeid))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """Every model test on one worker, in order (they share the session's run, its model host and its
+    server, and two vLLM engines at once would fight over the cores); every other module is a unit of its
+    own (its module fixtures built once), spread over both workers. (xdist's ``loadgroup`` marks cannot do
+    it with pytest 9: xdist 3.8 renames ``item._nodeid``, which pytest 9 no longer reads.)"""
+    # heavy optional: pytest-xdist is there only when this hook is called
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModelTestsTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "model tests" if is_model_test_module(nodeid) else nodeid.split("::", 1)[0]
+
+    return ModelTestsTogether(config, log)
 
 
 def engine_starts_summary(log: Path) -> list[str]:
@@ -240,19 +269,38 @@ def killed_run(smoke_profile):
 
 
 @pytest.fixture(scope="session")
-def resumed(killed_run, smoke_profile):
+def hosted_env(smoke_profile):
+    """The pipeline run's environment as `make paper` gives it on the default profile (shared_server with
+    hosts): the stages' kernels may start a model host, which outlives them; this session stops it."""
+    from storybias.engines import serve
+
+    _, env, _ = smoke_profile
+    yield {**env, serve.OWNER_VARIABLE: str(os.getpid())}
+    old = os.environ.get("STORYBIAS_DATA")
+    os.environ["STORYBIAS_DATA"] = env["STORYBIAS_DATA"]
+    try:
+        serve.stop_hosts("pytest-kill", log=lambda m: None)
+    finally:
+        if old is None:
+            os.environ.pop("STORYBIAS_DATA")
+        else:
+            os.environ["STORYBIAS_DATA"] = old
+
+
+@pytest.fixture(scope="session")
+def resumed(killed_run, smoke_profile, hosted_env):
     path, env, tmp = smoke_profile
-    proc = run_notebook("01_generate", path, env, tmp)
+    proc = run_notebook("01_generate", path, hosted_env, tmp)
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = Path(env["STORYBIAS_DATA"]) / "pytest-kill"
     return pd.read_parquet(data / "stories.parquet"), json.loads((data / "manifest_generate.json").read_text()), data
 
 
 @pytest.fixture(scope="session")
-def extracted(resumed, smoke_profile):
+def extracted(resumed, smoke_profile, hosted_env):
     path, env, tmp = smoke_profile
     for name in ("02_filter", "03_extract"):
-        proc = run_notebook(name, path, env, tmp)
+        proc = run_notebook(name, path, hosted_env, tmp)
         assert proc.returncode == 0, f"{name}: {proc.stderr[-3000:]}"
     data = Path(env["STORYBIAS_DATA"]) / "pytest-kill"
     return data

@@ -4,6 +4,7 @@ with the embedded model through vLLM structured outputs, and its gold-set accura
 from __future__ import annotations
 
 import json
+import os
 
 import pandas as pd
 import pytest
@@ -60,13 +61,20 @@ def test_gold_set_extractor_beats_its_baselines(extracted):
     assert adjectives["accuracy"] > 0, "some gold adjective was recovered (F1)"
 
 
-def test_extraction_ran_on_the_in_process_engine(extracted):
-    """The default engine, as under `make paper`: stage 03 started its own vLLM engine in the notebook's
-    process (no endpoint), and every request was answered."""
-    manifest = json.loads((extracted / "manifest_extract.json").read_text())
-    [timing] = manifest["timings"].values()
-    assert timing["endpoint"] is None and timing["startup_seconds"] > 1, timing
+def test_stages_01_and_03_shared_one_model_host(extracted):
+    """As under `make paper` on the default profile: stage 01 started the model's host (its start-up is
+    in 01's manifest), stage 03 reused it without loading the weights again (no start-up of its own, one
+    host start in the session's log), and every request was answered."""
+    from storybias.engines.base import STARTS_LOG_VARIABLE
+
+    generate = json.loads((extracted / "manifest_generate.json").read_text())["models"]
+    extract = json.loads((extracted / "manifest_extract.json").read_text())["timings"]
+    [timing] = extract.values()
+    assert timing["endpoint"] is None and timing["startup_seconds"] < 5, timing
+    assert max(m["startup_seconds"] for m in generate) > 5, generate
     assert timing["n_request_errors"] == 0
+    starts = [json.loads(line) for line in open(os.environ[STARTS_LOG_VARIABLE], encoding="utf-8")]
+    assert [s["kind"] for s in starts].count("host") == 1, starts
 
 
 def test_two_step_maps_the_facts_of_every_answer_that_quoted_some(extracted):

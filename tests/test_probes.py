@@ -117,12 +117,12 @@ def test_bootstrap_balanced_accuracy_matches_explicit_resamples():
 
 def test_bootstrap_of_many_cells_takes_seconds():
     rng = np.random.default_rng(4)
-    started = time.perf_counter()
+    started = time.process_time()  # CPU seconds (all threads): a worker at nice 19 waits for cores
     for _ in range(6):  # six language x genre cells of 3,000 stories, 2,000 resamples each
         scores, y, groups = rng.normal(size=3000), rng.integers(0, 2, 3000), rng.integers(0, 200, 3000)
         boot = probe.bootstrap_auc(scores, y, groups, bootstrap_group_counts(200, 2000, seed=42))
         assert boot.shape == (2000,) and np.isfinite(boot).all()
-    assert time.perf_counter() - started < 30  # ~1 s per cell on 2 busy cores
+    assert time.process_time() - started < 30  # ~1 s per cell
 
 
 # --- cue deletion -------------------------------------------------------------------------------

@@ -71,10 +71,10 @@ def test_an_alias_bomb_in_the_description_is_refused_at_once_naming_the_file(tmp
     bomb = tmp_path / "bomb.yaml"
     bomb.write_text("description:\n" + _alias_bomb() + body + "\n")
     assert len(_alias_bomb()) < 500
-    started = time.perf_counter()
+    started = time.process_time()  # CPU seconds: a worker at nice 19 waits for cores
     with pytest.raises(params.ParamsError) as exc:
         params.load(bomb)
-    assert time.perf_counter() - started < 2.0
+    assert time.process_time() - started < 2.0
     assert f"{bomb}:2: anchor &a0" in str(exc.value) and "aliases (*name) are not accepted" in str(exc.value)
     proc = _check_params(bomb)
     assert proc.returncode == 2 and f"{bomb}:2:" in proc.stderr
@@ -91,10 +91,10 @@ def test_an_alias_bomb_under_chat_template_kwargs_is_refused_before_the_stamps(t
     path = tmp_path / "kwargs.yaml"
     path.write_text("".join(lines[:at] + bomb + lines[at + 1 :]))
     assert path.stat().st_size < 2000
-    started = time.perf_counter()
+    started = time.process_time()  # CPU seconds: a worker at nice 19 waits for cores
     with pytest.raises(params.ParamsError, match=r"kwargs\.yaml:\d+: anchor &a0: YAML anchors"):
         params.load(path)
-    assert time.perf_counter() - started < 2.0
+    assert time.process_time() - started < 2.0
 
 
 def test_every_storybias_yaml_file_goes_through_the_one_loader(tmp_path):

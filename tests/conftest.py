@@ -9,6 +9,7 @@ loopback) is started only by the served-model tests, for runs of their own (stor
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -156,6 +158,15 @@ def smoke_profile(tmp_path_factory, embedded_model):
     return path, env, tmp
 
 
+@contextlib.contextmanager
+def in_data_root(root: Path | str) -> Iterator[None]:
+    """``STORYBIAS_DATA`` set to ``root`` in this process for a session fixture's block (the stage code
+    finds a run's folder and registry there), restored after it."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("STORYBIAS_DATA", str(root))
+        yield
+
+
 def _tree(pid: int) -> list[int]:
     out = subprocess.run(["ps", "-eo", "pid=,ppid="], capture_output=True, text=True).stdout.split()
     pairs = list(zip(map(int, out[0::2]), map(int, out[1::2])))
@@ -182,15 +193,8 @@ class SharedServer:
         self.server = None
 
     def _in_data(self, func, *args, **kwargs):
-        old = os.environ.get("STORYBIAS_DATA")
-        os.environ["STORYBIAS_DATA"] = str(self.data_root)
-        try:
+        with in_data_root(self.data_root):
             return func(*args, **kwargs)
-        finally:
-            if old is None:
-                os.environ.pop("STORYBIAS_DATA")
-            else:
-                os.environ["STORYBIAS_DATA"] = old
 
     def start(self) -> SharedServer:
         from storybias.engines import serve
@@ -285,15 +289,8 @@ def hosted_env(smoke_profile):
 
     _, env, _ = smoke_profile
     yield {**env, serve.OWNER_VARIABLE: str(os.getpid())}
-    old = os.environ.get("STORYBIAS_DATA")
-    os.environ["STORYBIAS_DATA"] = env["STORYBIAS_DATA"]
-    try:
+    with in_data_root(env["STORYBIAS_DATA"]):
         serve.stop_hosts("pytest-kill", log=lambda m: None)
-    finally:
-        if old is None:
-            os.environ.pop("STORYBIAS_DATA")
-        else:
-            os.environ["STORYBIAS_DATA"] = old
 
 
 @pytest.fixture(scope="session")

@@ -530,6 +530,28 @@ def test_server_command_matches_the_in_process_engine(smoke):
     assert env["VLLM_CPU_ATTN_SPLIT_KV"] == "0" and env["VLLM_CPU_KVCACHE_SPACE"] == str(settings.cpu_kvcache_gb)
 
 
+def _wait_for_never(tmp_path: Path, script: str, timeout_s: float) -> tuple[subprocess.Popen, str]:
+    logfile = tmp_path / "server.log"
+    with open(logfile, "w") as fh:
+        process = subprocess.Popen(["sh", "-c", script], stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+    with pytest.raises(serve.ServerError) as info:
+        serve.wait_until_ready(
+            process, lambda: False, "the test server", logfile, time.time(), timeout_s, serve.ServerError, 0.1
+        )
+    return process, str(info.value)
+
+
+def test_a_start_that_exits_or_hangs_is_stopped_and_reported_with_its_log(tmp_path):
+    """The one start-up wait of the vLLM servers and the model hosts."""
+    process, message = _wait_for_never(tmp_path, "echo no weights here; exit 3", timeout_s=60)
+    assert "the test server exited with code 3 before it was ready" in message and "no weights here" in message
+    process, message = _wait_for_never(tmp_path, "echo loading; sleep 600 & sleep 600", timeout_s=1)
+    assert "the test server was not ready after 1 s" in message and "loading" in message
+    assert process.poll() is not None, "the process was stopped and reaped"
+    with pytest.raises(ProcessLookupError):
+        os.killpg(process.pid, 0)  # nothing of its group is left (the background sleep included)
+
+
 # --- the one runner ------------------------------------------------------------------------------
 
 

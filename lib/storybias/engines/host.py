@@ -40,7 +40,7 @@ from storybias.config.params import EngineSettings, ModelSpec
 from storybias.core import run_folders
 from storybias.engines.base import ChatRequest, ChatResult, EngineError, EngineInfo
 from storybias.engines.inprocess import Engine
-from storybias.engines.serve import OWNER_VARIABLE, log_tail, pid_alive, register_host, stop_pid_group
+from storybias.engines.serve import OWNER_VARIABLE, pid_alive, register_host, wait_until_ready
 
 KEY_VARIABLE = "STORYBIAS_HOST_KEY"  # the host's key, passed in its environment (never on its command line)
 START_TIMEOUT_S = 1800.0  # vLLM's CPU start-up took > 8 min on a 2-core machine without AVX-512
@@ -92,21 +92,26 @@ def start_host(spec: ModelSpec, settings: EngineSettings, seed: int, run_name: s
         )
     entry = {"kind": "host", "address": f"\0{name}", "authkey": key, "pid": process.pid, "log": str(logfile)}
     started = time.time()
-    while True:
-        try:
-            connect(entry).close()
-            break
-        except (ConnectionRefusedError, FileNotFoundError):
-            pass
-        if process.poll() is not None or time.time() - started > START_TIMEOUT_S:
-            stop_pid_group(process.pid, grace=5)
-            state = f"exited with code {process.returncode}" if process.returncode is not None else "timed out"
-            raise EngineError(f"the model host for {spec.name!r} {state}; the end of {logfile}:\n{log_tail(logfile)}")
-        time.sleep(0.5)
+    wait_until_ready(
+        process,
+        lambda: _accepts(entry),
+        f"the model host for {spec.name!r}",
+        logfile,
+        started,
+        START_TIMEOUT_S,
+        EngineError,
+        0.5,
+    )
     entry["startup_seconds"] = round(time.time() - started, 1)
-    if not pid_alive(process.pid):
-        raise EngineError(f"the model host for {spec.name!r} stopped right after it started; see {logfile}")
     return entry
+
+
+def _accepts(entry: dict[str, Any]) -> bool:
+    try:
+        connect(entry).close()
+        return True
+    except (ConnectionRefusedError, FileNotFoundError):
+        return False
 
 
 def connect(entry: dict[str, Any]) -> Connection:

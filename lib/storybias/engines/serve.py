@@ -208,43 +208,32 @@ class Server:
 
 
 def stop_group(process: subprocess.Popen, grace: float = STOP_GRACE_S) -> None:
+    """Stop the process group that our child ``process`` leads (vLLM's engine core lives in it too),
+    then reap the child."""
     try:
         pgid = os.getpgid(process.pid)
     except ProcessLookupError:
         pgid = process.pid
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            process.wait(timeout=wait)
-        except subprocess.TimeoutExpired:
-            continue
-        # the leader is gone; members of its group (vLLM's engine core) may linger: check the group
-        if not _group_alive(pgid):
-            break
-    try:
-        os.killpg(pgid, signal.SIGKILL)  # nothing of the group survives
-    except ProcessLookupError:
-        pass
+    stop_pid_group(pgid, grace, reap=process.poll)
     try:
         process.wait(timeout=5)
     except subprocess.TimeoutExpired:
         pass
 
 
-def stop_pid_group(pid: int, grace: float = STOP_GRACE_S) -> None:
-    """SIGTERM to the process group led by ``pid`` (a model host, not this process's child), then SIGKILL
-    to whatever is left after ``grace`` seconds."""
+def stop_pid_group(pgid: int, grace: float = STOP_GRACE_S, reap: Callable[[], object] = lambda: None) -> None:
+    """SIGTERM to the process group ``pgid``, SIGKILL to whatever is left after ``grace`` seconds.
+    ``reap`` collects our own child's exit status while we wait: an unreaped child is a zombie, and a
+    zombie still counts as a member of its group."""
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
         try:
-            os.killpg(pid, sig)
+            os.killpg(pgid, sig)
         except (ProcessLookupError, PermissionError):
             return
         deadline = time.time() + wait
         while time.time() < deadline:
-            if not _group_alive(pid):
+            reap()
+            if not _group_alive(pgid):
                 return
             time.sleep(0.2)
 
@@ -264,6 +253,34 @@ def _terminate_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+
+
+def wait_until_ready(
+    process: subprocess.Popen,
+    ready: Callable[[], bool],
+    what: str,
+    logfile: Path,
+    started: float,
+    timeout_s: float,
+    error: type[Exception],
+    poll_s: float = 1.0,
+) -> None:
+    """Poll ``ready`` until it holds. If ``process`` exits first, the wait passes ``timeout_s`` seconds
+    since ``started``, or it is interrupted: stop the process's group and raise ``error`` (the interrupt
+    itself when interrupted) with the end of ``logfile``."""
+    try:
+        while not ready():
+            if process.poll() is not None:
+                raise error(
+                    f"{what} exited with code {process.returncode} before it was ready; "
+                    f"the end of {logfile}:\n{log_tail(logfile)}"
+                )
+            if time.time() - started > timeout_s:
+                raise error(f"{what} was not ready after {timeout_s:.0f} s; the end of {logfile}:\n{log_tail(logfile)}")
+            time.sleep(poll_s)
+    except BaseException:
+        stop_group(process, grace=5)
+        raise
 
 
 def start_server(
@@ -315,22 +332,15 @@ def start_server(
         described=described,
     )
     log(f"starting a vLLM server for {', '.join(names)} on {server.base_url} (log: {logfile}) ...")
-    try:
-        while not health_ok(server.base_url):
-            if process.poll() is not None:
-                raise ServerError(
-                    f"the vLLM server for {', '.join(names)} exited with code {process.returncode} "
-                    f"before it was ready; the end of {logfile}:\n{log_tail(logfile)}"
-                )
-            if time.time() - started > health_timeout:
-                raise ServerError(
-                    f"the vLLM server for {', '.join(names)} was not ready after {health_timeout:.0f} s; "
-                    f"the end of {logfile}:\n{log_tail(logfile)}"
-                )
-            time.sleep(1.0)
-    except BaseException:
-        server.stop(grace=5)
-        raise
+    wait_until_ready(
+        process,
+        lambda: health_ok(server.base_url),
+        f"the vLLM server for {', '.join(names)}",
+        logfile,
+        started,
+        health_timeout,
+        ServerError,
+    )
     server.startup_seconds = round(time.time() - started, 1)
     record_start(", ".join(names), "server", server.startup_seconds, settings.enforce_eager)
     log(f"vLLM server for {', '.join(names)} ready in {server.startup_seconds:.0f} s")

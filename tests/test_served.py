@@ -22,7 +22,7 @@ import yaml
 
 from fake_engine import FakeEngine
 from fake_openai import FakeOpenAI
-from storybias.config import params
+from storybias.config import checks, params
 from storybias.config.params import ModelSpec, ParamsError, Sampling
 from storybias.core import paths
 from storybias.engines import ChatRequest, EngineError, open_engine, serve, served
@@ -528,6 +528,30 @@ def test_server_command_matches_the_in_process_engine(smoke):
         assert part in joined
     env = serve.server_environment(local, settings)
     assert env["VLLM_CPU_ATTN_SPLIT_KV"] == "0" and env["VLLM_CPU_KVCACHE_SPACE"] == str(settings.cpu_kvcache_gb)
+
+
+def test_cpu_preload_reaches_the_processes_started_for_a_cpu_model_where_installed(smoke, monkeypatch):
+    """generation.engine.cpu_preload: LD_PRELOAD in the environment of a local server and of a model
+    host (both built by serve.preload_environment); nothing on a GPU, nothing when off, and where the
+    libraries are missing a note from check-params and with-servers instead of a failed run."""
+    local = smoke.generation.models[0]
+    on = smoke.generation.engine.model_copy(update={"cpu_preload": True})
+    off = on.model_copy(update={"cpu_preload": False})
+    monkeypatch.setattr(serve, "cpu_preload_libraries", lambda: "libtcmalloc_minimal.so.4:/v/lib/libiomp5.so")
+    assert serve.server_environment(local, on)["LD_PRELOAD"] == "libtcmalloc_minimal.so.4:/v/lib/libiomp5.so"
+    assert "LD_PRELOAD" not in serve.preload_environment(local, off)
+    assert serve.preload_environment(local.model_copy(update={"device": "cuda"}), on) == {}
+    monkeypatch.setattr(serve, "cpu_preload_libraries", lambda: None)
+    monkeypatch.setattr(checks, "cpu_preload_libraries", lambda: None)
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    assert serve.preload_environment(local, on) == {}
+
+    def profile(engine):
+        return smoke.profile.model_copy(update={"generation": smoke.generation.model_copy(update={"engine": engine})})
+
+    note = checks.preload_note(profile(on))
+    assert note and "generation.engine.cpu_preload" in note and "libtcmalloc-minimal4" in note
+    assert checks.preload_note(profile(off)) is None
 
 
 def _wait_for_never(tmp_path: Path, script: str, timeout_s: float) -> tuple[subprocess.Popen, str]:

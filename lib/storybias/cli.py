@@ -15,6 +15,8 @@ run-name PARAMS            print the run's name
 prepare-model [--model K]  assemble, verify and convert the embedded models (once; default: every one)
 generate PARAMS            stage 01 outside a notebook (the notebook calls the same function)
 bench-generate PARAMS      time stage 01's engine path against a bare LLM.chat call
+bench-engine PARAMS        engine start-up and tokens/s: compiled, eager, eager with tcmalloc + Intel
+                           OpenMP preloaded, a process per trial, alternated (docs/measurements)
 bench-ray PARAMS           time a smoke generation through Ray Data's vLLM processor against the
                            in-process engine (start-up separately), and kill-and-resume it
 plan PARAMS                stage 01's work per design and model: requests, tokens, wall time on planning.gpus
@@ -38,7 +40,7 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from storybias.config.checks import missing_key_variables
+from storybias.config.checks import missing_key_variables, preload_note
 from storybias.config.lenses import format_shortfalls, lens_shortfalls
 from storybias.config.models import EMBEDDED, prepare_embedded
 from storybias.config.params import Params, ParamsError, load, write_stage_stamps
@@ -55,6 +57,7 @@ from storybias.stages.associations.tables import MIN_ROW_TOTAL
 from storybias.stages.explorer import build_explorer
 from storybias.tools.bench import bench_associations, bench_generate, bench_served
 from storybias.tools.bench import bench_ray as run_bench_ray
+from storybias.tools.bench_engine import bench_engine
 from storybias.tools.bench_import import bench_import
 from storybias.tools.cost import estimate, format_estimate
 from storybias.tools.notebook_runner import run_stage
@@ -94,6 +97,11 @@ def _add_bench_commands(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="compare the in-process engine with the local vLLM server over HTTP (storybias.engines.serve)",
     )
+    bench_engine = sub.add_parser("bench-engine")
+    bench_engine.add_argument("params")
+    bench_engine.add_argument("--n-prompts", type=int, default=64)
+    bench_engine.add_argument("--max-tokens", type=int, default=128)
+    bench_engine.add_argument("--repeats", type=int, default=2)
     bench_ray = sub.add_parser("bench-ray")
     bench_ray.add_argument("params")
     bench_ray.add_argument("--n-prompts", type=int, default=24)
@@ -178,6 +186,9 @@ def _check_params(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         f"{p.source}: OK (run '{p.run_name}'; designs: {', '.join(p.enabled_designs())}; "
         f"models: {', '.join(m.name for m in p.generation.models)})"
     )
+    note = preload_note(p.profile)
+    if note:
+        print(f"note: {note}")
 
     try:
         stories = generate.plan(p)  # a corpus profile: its rows read and checked, without their text
@@ -281,6 +292,12 @@ def _bench_generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -
     return 0
 
 
+def _bench_engine(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    _load(args.params)  # a bad profile is named before any trial starts
+    bench_engine(args.params, n_prompts=args.n_prompts, max_tokens=args.max_tokens, repeats=args.repeats)
+    return 0
+
+
 def _bench_ray(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
         run_bench_ray(_load(args.params), n_prompts=args.n_prompts)
@@ -354,6 +371,7 @@ _COMMANDS: dict[str, Handler] = {
     "serve-mode": _serve_mode,
     "prepare-model": _prepare_model,
     "bench-generate": _bench_generate,
+    "bench-engine": _bench_engine,
     "bench-ray": _bench_ray,
     "plan": _plan,
     "bench-associations": _bench_associations,

@@ -10,8 +10,11 @@ command run before a run, asks for it: ``make figures`` on a finished run needs 
 
 from __future__ import annotations
 
+import ctypes.util
 import json
 import os
+import sys
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
@@ -103,3 +106,32 @@ def missing_key_variables(profile: Any) -> list[str]:
                     f"in this environment; export it (e.g. `export {variable}=...`) before the run"
                 )
     return problems
+
+
+def cpu_preload_libraries() -> str | None:
+    """``LD_PRELOAD`` for tcmalloc (Debian's libtcmalloc-minimal4) and Intel OpenMP (PyPI's intel-openmp,
+    ``<venv>/lib/libiomp5.so``), as vLLM's CPU guide sets it; None where either is missing."""
+    tcmalloc = ctypes.util.find_library("tcmalloc_minimal")
+    iomp = Path(sys.prefix) / "lib" / "libiomp5.so"
+    if tcmalloc is None or not iomp.is_file():
+        return None
+    return f"{tcmalloc}:{iomp}"
+
+
+def preload_note(profile: Any) -> str | None:
+    """A line for the log where ``generation.engine.cpu_preload`` is on for a profile that runs a local CPU
+    model and a library is missing: the engines then run without the preload (a speed-up, not an input:
+    the texts are the same either way, docs/measurements/engine_settings.csv)."""
+    local_cpu = [
+        spec
+        for stage in MODEL_KEYS
+        for spec in stage_models(profile, stage)
+        if spec.source != "openai" and spec.device == "cpu"
+    ]
+    if not profile.generation.engine.cpu_preload or not local_cpu or cpu_preload_libraries() is not None:
+        return None
+    return (
+        "generation.engine.cpu_preload: tcmalloc (Debian's libtcmalloc-minimal4) or Intel OpenMP "
+        f"({Path(sys.prefix) / 'lib' / 'libiomp5.so'}) is not installed, so the engines run without the preload "
+        "(slower); `make venv` installs tcmalloc where it may run apt-get, else `apt-get install libtcmalloc-minimal4`"
+    )

@@ -253,6 +253,12 @@ class EngineSettings(Strict):
     # Skip torch.compile and kernel warm-up (vLLM's enforce_eager): a faster start, slower decoding.
     # Worth it only for tiny runs (the test profile), where start-up dominates.
     enforce_eager: bool = False
+    # Preload tcmalloc and Intel OpenMP, as vLLM's CPU guide asks, into the processes this project starts
+    # for a CPU model: the model host and the local vLLM server (LD_PRELOAD acts only when a process
+    # starts, so an engine in the stage's own process, `SERVE=0` or a notebook in JupyterLab, runs
+    # without it). Needs Debian's libtcmalloc-minimal4 (`make venv` installs it where it may run
+    # apt-get) and PyPI's intel-openmp (.venv/lib/libiomp5.so, in the CPU environment).
+    cpu_preload: bool = False
     # Keep each local model (embedded / local / hub) up across stages 01, 03 and 04 of one `make paper` (or
     # stage target), loaded once, instead of one in-process engine per stage (storybias.engines.host and
     # .serve; docs/models-and-servers.md, "One engine per model per run"). `make ... SERVE=0|1` overrides it.

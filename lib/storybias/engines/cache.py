@@ -101,7 +101,16 @@ SERVER_MODEL_FIELDS = LOADED_OUTPUT_FIELDS | LOADED_ONLY_FIELDS  # what two spec
 # the CPU attention's sums.
 OUTPUT_ENGINE_FIELDS = frozenset({"compact_json", "enforce_eager", "deterministic_cpu_attention"})
 OPERATIONAL_ENGINE_FIELDS = frozenset(
-    {"backend", "ray", "cpu_threads_bind", "cpu_kvcache_gb", "max_num_seqs", "shared_server", "shared_server_kind"}
+    {
+        "backend",
+        "ray",
+        "cpu_threads_bind",
+        "cpu_kvcache_gb",
+        "max_num_seqs",
+        "shared_server",
+        "shared_server_kind",
+        "cpu_preload",  # the allocator and the OpenMP runtime: 16 of 16 texts identical with and without
+    }
 )
 PARTS = ("prompt", "sampling", "constraint", "model", "engine")
 REUSED = "reused"

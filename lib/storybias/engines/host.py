@@ -40,7 +40,13 @@ from storybias.config.params import EngineSettings, ModelSpec
 from storybias.core import run_folders
 from storybias.engines.base import ChatRequest, ChatResult, EngineError, EngineInfo
 from storybias.engines.inprocess import Engine
-from storybias.engines.serve import OWNER_VARIABLE, pid_alive, register_host, wait_until_ready
+from storybias.engines.serve import (
+    OWNER_VARIABLE,
+    pid_alive,
+    preload_environment,
+    register_host,
+    wait_until_ready,
+)
 
 KEY_VARIABLE = "STORYBIAS_HOST_KEY"  # the host's key, passed in its environment (never on its command line)
 START_TIMEOUT_S = 1800.0  # vLLM's CPU start-up took > 8 min on a 2-core machine without AVX-512
@@ -80,7 +86,7 @@ def start_host(spec: ModelSpec, settings: EngineSettings, seed: int, run_name: s
     name = f"storybias-host-{secrets.token_hex(8)}"  # an abstract socket: no path-length limit, no file left
     key = secrets.token_hex(24)
     logfile = run_folders.claim_reports(run_name) / f"host-{spec.name}.log"
-    env = dict(os.environ, PYTHONUNBUFFERED="1", **{KEY_VARIABLE: key})
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **{KEY_VARIABLE: key}, **preload_environment(spec, settings))
     with open(logfile, "w", encoding="utf-8") as fh:
         process = subprocess.Popen(
             host_command(spec, settings, seed, name, owner),

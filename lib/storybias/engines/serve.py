@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from storybias.config.checks import cpu_preload_libraries, preload_note
 from storybias.config.params import EngineSettings, ModelSpec, Params
 from storybias.core import paths, run_folders
 from storybias.core.locks import RunBusy, run_lock
@@ -137,9 +138,17 @@ def server_command(
     return cmd
 
 
+def preload_environment(spec: ModelSpec, settings: EngineSettings) -> dict[str, str]:
+    """``LD_PRELOAD`` for a process started for a CPU model under ``generation.engine.cpu_preload``, where
+    the libraries are installed (with-servers and check-params say when they are not)."""
+    libraries = cpu_preload_libraries() if spec.device == "cpu" and settings.cpu_preload else None
+    return {"LD_PRELOAD": libraries} if libraries else {}
+
+
 def server_environment(spec: ModelSpec, settings: EngineSettings) -> dict[str, str]:
-    """The in-process engine's CPU environment variables (engines._set_cpu_environment), for the child."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    """The in-process engine's CPU environment variables (engines._set_cpu_environment), for the child,
+    and the preload of ``cpu_preload``."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **preload_environment(spec, settings))
     if spec.device == "cpu":
         env["VLLM_CPU_OMP_THREADS_BIND"] = (
             cpu_core_list() if settings.cpu_threads_bind == "auto" else settings.cpu_threads_bind
@@ -456,6 +465,9 @@ def with_servers(
     for spec in local_models(params):
         groups.setdefault(serve_key(spec), []).append(spec)
     hosted = params.generation.engine.shared_server_kind == "host"
+    note = preload_note(params.profile) if groups else None
+    if note:
+        log(f"with-servers: {note}")
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
     for sig in previous:
         signal.signal(sig, _raise_on_signal)

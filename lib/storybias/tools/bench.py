@@ -79,12 +79,12 @@ def _trial(repeat: int, path: str, seconds: float, tokens: int) -> dict[str, Any
     }
 
 
-def _fixed_length(rows: list[dict[str, Any]], max_tokens: int) -> list[dict[str, Any]]:
+def fixed_length(rows: list[dict[str, Any]], max_tokens: int) -> list[dict[str, Any]]:
     """Every request generates exactly max_tokens tokens, on both paths."""
     return [{**r, "_sampling": {**r["_sampling"], "max_tokens": max_tokens}, "_ignore_eos": True} for r in rows]
 
 
-def _bench_rows(params: Params, n_prompts: int) -> list[dict[str, Any]]:
+def bench_rows(params: Params, n_prompts: int) -> list[dict[str, Any]]:
     """Up to ``n_prompts`` free-text stories of the first model, taken round-robin over designs."""
     planned = plan(params)
     model = params.generation.models[0].name
@@ -98,7 +98,7 @@ def _bench_rows(params: Params, n_prompts: int) -> list[dict[str, Any]]:
     return rows
 
 
-def _bare(engine: Engine, rows: list[dict[str, Any]]) -> tuple[float, int]:
+def bare_chat(engine: Engine, rows: list[dict[str, Any]]) -> tuple[float, int]:
     requests = [story_request(r) for r in rows]
     started = time.time()
     outputs = engine.llm.chat(
@@ -141,19 +141,19 @@ def bench_generate(
 ) -> dict[str, Any]:
 
     prepare_models(params, log=log)
-    rows = _fixed_length(_bench_rows(params, n_prompts), max_tokens)
+    rows = fixed_length(bench_rows(params, n_prompts), max_tokens)
     spec = params.generation.models[0]
     log(f"bench-generate: {len(rows)} prompts x {max_tokens} tokens, model {spec.name}, {repeats} repeats per path")
     bare_rates, pipe_rates, trials = [], [], []
     with Engine(spec, params.generation.engine, params.generation.seed) as engine, tempfile.TemporaryDirectory() as tmp:
         log(f"engine start-up: {entered_info(engine).startup_seconds:.1f} s")
-        _bare(engine, rows[: min(4, len(rows))])  # warm-up: first requests pay one-off costs
+        bare_chat(engine, rows[: min(4, len(rows))])  # warm-up: first requests pay one-off costs
         for i in range(repeats):
             # alternate the order so drift (thermal, caches) does not favour one path
             order = ("bare", "pipeline") if i % 2 == 0 else ("pipeline", "bare")
             for path in order:
                 if path == "bare":
-                    seconds, tokens = _bare(engine, rows)
+                    seconds, tokens = bare_chat(engine, rows)
                     bare_rates.append(tokens / seconds)
                 else:
                     seconds, tokens = _pipeline(engine, params, rows, Path(tmp))
@@ -183,7 +183,7 @@ def bench_served(
     """Stage 01's path in process vs over HTTP against the local server, same rows (fixed length)."""
 
     prepare_models(params, log=log)
-    rows = _fixed_length(_bench_rows(params, n_prompts), max_tokens)
+    rows = fixed_length(bench_rows(params, n_prompts), max_tokens)
     spec = params.generation.models[0]
     settings, seed = params.generation.engine, params.generation.seed
     log(
@@ -316,7 +316,7 @@ def bench_ray(params: Params, n_prompts: int = 24, log=print) -> dict[str, Any]:
     prepare_models(params, log=log)
     spec = params.generation.models[0]
     max_tokens = params.generation.sampling.max_tokens
-    rows = _fixed_length(_bench_rows(params, n_prompts), max_tokens)
+    rows = fixed_length(bench_rows(params, n_prompts), max_tokens)
     requests = [story_request(r) for r in rows]
     base, seed = params.generation.engine, params.generation.seed
     ray_base = base.ray if base.backend == "ray" else RaySettings(num_cpus=min(2, os.cpu_count() or 1))

@@ -1,0 +1,44 @@
+"""`make bench-engine` (storybias.tools.bench_engine): the trials' order and labels, and its refusals.
+Its trials start real engines, so the sitting itself is run by hand (docs/measurements/README.md)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from storybias.evidence.recorded import recorded
+from storybias.tools import bench_engine
+from storybias.tools.bench_engine import SETTINGS, compile_cache_state, trial_order
+
+
+def test_every_setting_runs_once_per_repeat_in_alternating_order():
+    order = trial_order(SETTINGS, 3)
+    assert [o[0] for o in order] == [1] * 3 + [2] * 3 + [3] * 3
+    first, second, third = ([o[1:] for o in order if o[0] == r] for r in (1, 2, 3))
+    assert first == list(SETTINGS) == third and second == list(SETTINGS)[::-1]
+
+
+def test_only_the_sittings_first_compiled_start_meets_an_empty_cache():
+    rows = []
+    for _repeat, engine, preload in trial_order(SETTINGS, 2):
+        rows.append({"engine": engine, "preload": preload, "compile_cache": compile_cache_state(engine, rows)})
+    states = [(r["engine"], r["compile_cache"]) for r in rows]
+    assert states.count(("compiled", "empty")) == 1 and states.count(("compiled", "warm")) == 1
+    assert {state for engine, state in states if engine == "eager"} == {"-"}
+
+
+def test_the_rows_fit_the_recorded_file_and_its_labels():
+    recorded_table = recorded("engine_settings")
+    assert tuple(recorded_table.columns) == bench_engine.COLUMNS
+    assert set(recorded_table["engine"]) == {engine for engine, _ in SETTINGS}
+    assert set(recorded_table["preload"]) == {preload for _, preload in SETTINGS}
+
+
+def test_a_bad_profile_is_named_before_any_engine_starts(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("generation: {seed: forty-two}\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "storybias.cli", "bench-engine", str(bad)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2 and str(bad) in done.stderr
+    assert "engine" not in done.stdout.lower()

@@ -9,8 +9,8 @@ tokens) under one of three settings, alternated in every repeat so that drift fa
 - ``eager``: ``enforce_eager`` on;
 - ``eager`` with ``tcmalloc+iomp`` preloaded, as vLLM's CPU guide asks: tcmalloc from Debian's
   ``libtcmalloc-minimal4`` and Intel OpenMP from PyPI's ``intel-openmp`` (``.venv/lib/libiomp5.so``).
-  A library that is not installed drops this setting with a message; the project's set-up does not
-  install tcmalloc, because the measurement did not show that it pays (docs/measurements).
+  A library that is not installed drops this setting with a message (`make venv` installs tcmalloc
+  where it may run apt-get: the default profile runs this way, ``generation.engine.cpu_preload``).
 
 The rows have the columns of ``docs/measurements/engine_settings.csv`` and go to
 ``reports/<run>/bench_engine.csv``; the recorded file is the measurements kept, copied from there.

@@ -23,6 +23,8 @@ from storybias.config.story_sections import ModelSpec
 
 # Free-form settings (what a model's chat template reads): their lists are the model's business.
 FREE_FORM_KEYS = frozenset({"chat_template_kwargs"})
+# Intel OpenMP for the preload: PyPI's intel-openmp, in the CPU environment's lib folder.
+IOMP_LIBRARY = Path(sys.prefix) / "lib" / "libiomp5.so"
 # The stages that run language models, with the profile key of each one's models.
 MODEL_KEYS = {
     "generate": "generation.models",
@@ -112,10 +114,9 @@ def cpu_preload_libraries() -> str | None:
     """``LD_PRELOAD`` for tcmalloc (Debian's libtcmalloc-minimal4) and Intel OpenMP (PyPI's intel-openmp,
     ``<venv>/lib/libiomp5.so``), as vLLM's CPU guide sets it; None where either is missing."""
     tcmalloc = ctypes.util.find_library("tcmalloc_minimal")
-    iomp = Path(sys.prefix) / "lib" / "libiomp5.so"
-    if tcmalloc is None or not iomp.is_file():
+    if tcmalloc is None or not IOMP_LIBRARY.is_file():
         return None
-    return f"{tcmalloc}:{iomp}"
+    return f"{tcmalloc}:{IOMP_LIBRARY}"
 
 
 def preload_note(profile: Any) -> str | None:
@@ -132,6 +133,6 @@ def preload_note(profile: Any) -> str | None:
         return None
     return (
         "generation.engine.cpu_preload: tcmalloc (Debian's libtcmalloc-minimal4) or Intel OpenMP "
-        f"({Path(sys.prefix) / 'lib' / 'libiomp5.so'}) is not installed, so the engines run without the preload "
+        f"({IOMP_LIBRARY}) is not installed, so the engines run without the preload "
         "(slower); `make venv` installs tcmalloc where it may run apt-get, else `apt-get install libtcmalloc-minimal4`"
     )

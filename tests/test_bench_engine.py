@@ -13,25 +13,27 @@ from storybias.tools.bench_engine import SETTINGS, compile_cache_state, trial_or
 
 def test_every_setting_runs_once_per_repeat_in_alternating_order():
     order = trial_order(SETTINGS, 3)
-    assert [o[0] for o in order] == [1] * 3 + [2] * 3 + [3] * 3
+    assert [o[0] for o in order] == [1] * len(SETTINGS) + [2] * len(SETTINGS) + [3] * len(SETTINGS)
     first, second, third = ([o[1:] for o in order if o[0] == r] for r in (1, 2, 3))
     assert first == list(SETTINGS) == third and second == list(SETTINGS)[::-1]
 
 
 def test_only_the_sittings_first_compiled_start_meets_an_empty_cache():
     rows = []
-    for _repeat, engine, preload in trial_order(SETTINGS, 2):
+    for _repeat, engine, preload, _sampler in trial_order(SETTINGS, 2):
         rows.append({"engine": engine, "preload": preload, "compile_cache": compile_cache_state(engine, rows)})
     states = [(r["engine"], r["compile_cache"]) for r in rows]
     assert states.count(("compiled", "empty")) == 1 and states.count(("compiled", "warm")) == 1
+    assert len(states) == 2 * len(SETTINGS)
     assert {state for engine, state in states if engine == "eager"} == {"-"}
 
 
 def test_the_rows_fit_the_recorded_file_and_its_labels():
     recorded_table = recorded("engine_settings")
     assert tuple(recorded_table.columns) == bench_engine.COLUMNS
-    assert set(recorded_table["engine"]) == {engine for engine, _ in SETTINGS}
-    assert set(recorded_table["preload"]) == {preload for _, preload in SETTINGS}
+    assert set(recorded_table["engine"]) == {engine for engine, _, _ in SETTINGS}
+    assert set(recorded_table["preload"]) == {preload for _, preload, _ in SETTINGS}
+    assert set(recorded_table["sampler"]) == {sampler for _, _, sampler in SETTINGS}
 
 
 def test_a_bad_profile_is_named_before_any_engine_starts(tmp_path):

@@ -5,6 +5,7 @@ pipeline's own slow run uses the default in-process engine).
 - the JSON constraint holds (a schema the model would not follow unconstrained), in both ways of
   sending it, and the removed ``guided_json`` field is ignored;
 - a seeded request gives the same text twice;
+- top-k and top-p reach the server's CPU logits processor (``cpu_top_k_first``) and give vLLM's text;
 - a 429/500 burst injected by a tiny proxy in front of the real server is retried and the run completes;
 - a bad key or URL stops the stage within seconds with one message;
 - the server SIGKILLed mid-generation: the rerun (new server) resumes with nothing lost or duplicated.
@@ -118,6 +119,26 @@ def test_a_seeded_request_gives_the_same_text_twice(local_server, monkeypatch):
     other = ask(spec, [ChatRequest(key="a", messages=POEM, sampling=sampling, seed=12)])["a"]
     assert first == again and len(first) > 10  # (the model may answer in Chinese: no spaces to count)
     assert other != first, "another seed samples another text (the seed is applied)"
+
+
+def test_top_k_first_reaches_the_servers_logits_processor(local_server, monkeypatch):
+    """generation.engine.cpu_top_k_first over HTTP (storybias.engines.cpu_sampling): a run's client for
+    a local CPU server sends top-k and top-p in ``vllm_xargs`` to the logits processor every such
+    server registers. At top-k 1 and temperature 1 the processor leaves only the largest logit, so the
+    text is the one vLLM's own top-k 1 gives for the same seed; had the arguments been dropped, the
+    request would have sampled the whole vocabulary."""
+    local = local_server.params.generation.models[0]
+    settings = local_server.params.generation.engine
+    assert settings.cpu_top_k_first, "the smoke profile runs the default's sampler"
+    entry = {k: getattr(local_server.server, k) for k in ("base_url", "model_id", "api_key")}
+    sampling = Sampling(temperature=1.0, top_p=1.0, top_k=1, repetition_penalty=1.0, max_tokens=40)
+    request = ChatRequest(key="s", messages=POEM, sampling=sampling, seed=5)
+    client = served.OpenAIEngine.for_local_server(local, entry, settings, seed=1)
+    assert served.request_kwargs(client.endpoint, request)["extra_body"]["vllm_xargs"]
+    with client as engine:
+        [through_processor] = list(engine.stream([request]))
+    vllms_own = ask(served_spec(local_server, monkeypatch), [request])["s"]
+    assert through_processor.error is None and through_processor.text == vllms_own and len(vllms_own) > 10
 
 
 class FaultProxy:

@@ -259,6 +259,12 @@ class EngineSettings(Strict):
     # without it). Needs Debian's libtcmalloc-minimal4 (`make venv` installs it where it may run
     # apt-get) and PyPI's intel-openmp (.venv/lib/libiomp5.so, in the CPU environment).
     cpu_preload: bool = False
+    # Apply a request's top-k and top-p to its k largest logits instead of vLLM's sort of the whole
+    # vocabulary at every step (storybias.engines.cpu_sampling): on the 2-core machine the sort was more
+    # than half of a decoding step. The same filters; only a tie at the nucleus boundary may be cut
+    # differently (ties ordered by token id), so it is part of the cache key. CPU models only (a GPU
+    # samples with vLLM's own kernels); in-process engines, model hosts and local vLLM servers.
+    cpu_top_k_first: bool = False
     # Keep each local model (embedded / local / hub) up across stages 01, 03 and 04 of one `make paper` (or
     # stage target), loaded once, instead of one in-process engine per stage (storybias.engines.host and
     # .serve; docs/models-and-servers.md, "One engine per model per run"). `make ... SERVE=0|1` overrides it.
@@ -273,6 +279,11 @@ class EngineSettings(Strict):
     def _one_backend(self) -> EngineSettings:
         if self.backend == "ray" and self.shared_server:
             raise ValueError("backend 'ray' and shared_server are exclusive: Ray runs its own vLLM replicas")
+        if self.backend == "ray" and self.cpu_top_k_first:
+            raise ValueError(
+                "cpu_top_k_first applies to in-process engines, model hosts and local vLLM servers; the "
+                "Ray backend's replicas sample with vLLM's own top-k/top-p: set it to false with backend 'ray'"
+            )
         return self
 
 

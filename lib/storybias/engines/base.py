@@ -12,7 +12,14 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from storybias.config.params import Sampling
+from storybias.config.params import EngineSettings, ModelSpec, Sampling
+
+# generation.engine.cpu_top_k_first (storybias.engines.cpu_sampling): the vLLM logits processor every CPU
+# engine this project starts registers (inert for a request without these arguments), and the names of
+# the request arguments it reads from ``SamplingParams.extra_args`` (``vllm_xargs`` over HTTP).
+TOP_K_FIRST_PROCESSOR = "storybias.engines.cpu_sampling:TopKTopPFirst"
+TOP_K_ARG = "storybias_top_k"
+TOP_P_ARG = "storybias_top_p"
 
 
 class EngineError(RuntimeError):
@@ -28,6 +35,19 @@ class ChatRequest:
     choice: list[str] | None = None  # constrain the answer to one of these strings
     json_schema: dict[str, Any] | None = None  # constrain the answer to this JSON schema
     ignore_eos: bool = False  # generate exactly max_tokens (benchmarks: identical work on every path)
+
+
+def top_k_first(spec: ModelSpec, settings: EngineSettings) -> bool:
+    """Whether ``spec``'s requests take top-k and top-p through the CPU logits processor."""
+    return settings.cpu_top_k_first and spec.source != "openai" and spec.device == "cpu"
+
+
+def top_k_top_p_fields(sampling: Sampling, top_k_first: bool) -> dict[str, Any]:
+    """The top-k/top-p part of a request's vLLM ``SamplingParams``: vLLM's own fields, or (``top_k_first``
+    and a top-k set) vLLM's left off (no sort) and both values in ``extra_args`` for the processor."""
+    if not top_k_first or sampling.top_k <= 0:
+        return {"top_k": sampling.top_k, "top_p": sampling.top_p}
+    return {"top_k": 0, "top_p": 1.0, "extra_args": {TOP_K_ARG: sampling.top_k, TOP_P_ARG: sampling.top_p}}
 
 
 @dataclass

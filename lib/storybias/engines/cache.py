@@ -15,7 +15,7 @@ a miss can say what changed against the closest stored answer of the same logica
   folder, a hub id, or an endpoint and its model id) with every model setting that can change an
   output (dtype, max model length, device, chat template and its content, ...);
 - ``engine``: every engine setting that can change an output (:data:`OUTPUT_ENGINE_FIELDS`:
-  whitespace-free JSON, eager mode, deterministic CPU attention).
+  whitespace-free JSON, eager mode, deterministic CPU attention, top-k first on CPU).
 
 Settings that change how fast or how often a model is asked but not what it writes (concurrency,
 timeouts, retries, rate limits, the key's variable, prices, KV-cache size, thread binding, the
@@ -98,8 +98,8 @@ SERVER_MODEL_FIELDS = LOADED_OUTPUT_FIELDS | LOADED_ONLY_FIELDS  # what two spec
 # EngineSettings fields that can change an output: ``compact_json`` switches vLLM's structured-output
 # backend to whitespace-free JSON (another answer, measured on the gold set); ``enforce_eager`` skips
 # torch.compile (other kernels, other float sums); ``deterministic_cpu_attention`` fixes the order of
-# the CPU attention's sums.
-OUTPUT_ENGINE_FIELDS = frozenset({"compact_json", "enforce_eager", "deterministic_cpu_attention"})
+# the CPU attention's sums; ``cpu_top_k_first`` may cut a tie at the nucleus boundary differently.
+OUTPUT_ENGINE_FIELDS = frozenset({"compact_json", "enforce_eager", "deterministic_cpu_attention", "cpu_top_k_first"})
 OPERATIONAL_ENGINE_FIELDS = frozenset(
     {
         "backend",

@@ -14,7 +14,17 @@ from typing import Any
 from storybias.config import models
 from storybias.config.params import EngineSettings, ModelSpec
 from storybias.core import paths
-from storybias.engines.base import ChatRequest, ChatResult, EngineError, EngineInfo, package_versions, record_start
+from storybias.engines.base import (
+    TOP_K_FIRST_PROCESSOR,
+    ChatRequest,
+    ChatResult,
+    EngineError,
+    EngineInfo,
+    package_versions,
+    record_start,
+    top_k_first,
+    top_k_top_p_fields,
+)
 from storybias.engines.served import preflight_endpoint
 
 
@@ -133,6 +143,8 @@ class Engine:
         if self.settings.compact_json:
             # An engine-level switch in vLLM 0.32 (xgrammar backend); the per-request flag is ignored.
             kwargs["structured_outputs_config"] = {"backend": "xgrammar", "disable_any_whitespace": True}
+        if self.spec.device == "cpu":
+            kwargs["logits_processors"] = [TOP_K_FIRST_PROCESSOR]  # inert unless a request asks for it
         if self.spec.device == "cuda":
             kwargs.update(
                 tensor_parallel_size=self.spec.tensor_parallel_size,
@@ -184,8 +196,7 @@ class Engine:
             structured = StructuredOutputsParams(json=request.json_schema)
         return SamplingParams(
             temperature=s.temperature,
-            top_p=s.top_p,
-            top_k=s.top_k,
+            **top_k_top_p_fields(s, top_k_first(self.spec, self.settings)),
             repetition_penalty=s.repetition_penalty,
             max_tokens=s.max_tokens,
             seed=request.seed,

@@ -40,7 +40,7 @@ from storybias.config.checks import cpu_preload_libraries, preload_note
 from storybias.config.params import EngineSettings, ModelSpec, Params
 from storybias.core import paths, run_folders
 from storybias.core.locks import RunBusy, run_lock
-from storybias.engines.base import record_start
+from storybias.engines.base import TOP_K_FIRST_PROCESSOR, record_start
 from storybias.engines.cache import SERVER_MODEL_FIELDS, model_identity
 from storybias.engines.inprocess import cpu_core_list, cpu_scheduler_kwargs, preflight
 
@@ -128,6 +128,8 @@ def server_command(
         cmd += ["--structured-outputs-config", json.dumps({"backend": "xgrammar", "disable_any_whitespace": True})]
     if spec.chat_template:
         cmd += ["--chat-template", str(paths.resolve(spec.chat_template))]
+    if spec.device == "cpu":
+        cmd += ["--logits-processors", TOP_K_FIRST_PROCESSOR]  # inert unless a request asks for it
     if spec.device == "cuda":
         cmd += [
             "--tensor-parallel-size",

@@ -37,7 +37,15 @@ from typing import Any
 
 from storybias.config.models import load_tokenizer
 from storybias.config.params import EngineSettings, ModelSpec
-from storybias.engines.base import ChatRequest, ChatResult, EngineError, EngineInfo, package_versions
+from storybias.engines.base import (
+    ChatRequest,
+    ChatResult,
+    EngineError,
+    EngineInfo,
+    package_versions,
+    top_k_first,
+    top_k_top_p_fields,
+)
 
 # A served model's key when the endpoint needs none (a local vLLM server started without --api-key):
 # the SDK refuses an empty key.
@@ -61,6 +69,9 @@ class Endpoint:
     constraints: str = "vllm"
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     description: str = ""  # the model's id for the manifest (weights for a local server)
+    # a local vLLM server of a CPU model with generation.engine.cpu_top_k_first: top-k and top-p go to
+    # the server's logits processor (``vllm_xargs``) instead of its sort (storybias.engines.cpu_sampling)
+    top_k_first: bool = False
 
     def where(self) -> str:
         key = f"key from ${self.api_key_env}" if self.api_key_env else "no key"
@@ -126,7 +137,11 @@ def request_kwargs(endpoint: Endpoint, request: ChatRequest) -> dict[str, Any]:
     }
     extra: dict[str, Any] = {}
     if endpoint.constraints == "vllm":
-        extra.update(top_k=s.top_k, repetition_penalty=s.repetition_penalty)
+        fields = top_k_top_p_fields(s, endpoint.top_k_first)
+        kwargs["top_p"] = fields["top_p"]
+        extra.update(top_k=fields["top_k"], repetition_penalty=s.repetition_penalty)
+        if "extra_args" in fields:
+            extra["vllm_xargs"] = fields["extra_args"]
         if request.ignore_eos:
             extra["ignore_eos"] = True
         if request.choice is not None:
@@ -284,6 +299,7 @@ class OpenAIEngine:
             constraints="vllm",
             chat_template_kwargs=dict(spec.chat_template_kwargs),
             description=entry.get("described", entry["model_id"]),
+            top_k_first=top_k_first(spec, settings),
         )
         return cls(spec, seed, endpoint=endpoint, tokenizer_from=spec, check=False)
 

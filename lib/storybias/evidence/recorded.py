@@ -20,7 +20,9 @@ RECORDED_COLUMNS: dict[str, tuple[str, ...]] = {
     ),
     "step2_fills": ("field", "fills", "right"),
     "step2_known_share": ("field", "stories", "known_step1", "known_after_step2"),
-    "engine_settings": ("engine", "preload", "compile_cache", "repeat", "startup_s", "tokens_per_s", "sitting"),
+    "engine_settings": (
+        "engine", "preload", "sampler", "compile_cache", "repeat", "startup_s", "tokens_per_s", "sitting"
+    ),
     "extraction_rules": (
         "design_rules", "truth", "macro_accuracy_known", "answered_known", "unknown_kept", "macro_known_no_health",
         "answered_no_health", "unknown_kept_no_health", "health_accuracy", "gender", "adjective_f1",

@@ -2,7 +2,7 @@
 
 Each trial is a fresh process that starts the profile's first model once and times one batch: the
 same prompts, seeds and sampling (the profile's, every request generating exactly ``max_tokens``
-tokens) under one of three settings, alternated in every repeat so that drift favours none:
+tokens) under one of four settings, alternated in every repeat so that drift favours none:
 
 - ``compiled``: vLLM's ``enforce_eager`` off (torch.compile); the first compiled trial starts from an
   empty compile cache (a fresh ``VLLM_CACHE_ROOT`` for the sitting), the later ones from a warm one;
@@ -10,7 +10,9 @@ tokens) under one of three settings, alternated in every repeat so that drift fa
 - ``eager`` with ``tcmalloc+iomp`` preloaded, as vLLM's CPU guide asks: tcmalloc from Debian's
   ``libtcmalloc-minimal4`` and Intel OpenMP from PyPI's ``intel-openmp`` (``.venv/lib/libiomp5.so``).
   A library that is not installed drops this setting with a message (`make venv` installs tcmalloc
-  where it may run apt-get: the default profile runs this way, ``generation.engine.cpu_preload``).
+  where it may run apt-get: the default profile runs this way, ``generation.engine.cpu_preload``);
+- the same with top-k and top-p applied to the k largest logits instead of vLLM's sort of the whole
+  vocabulary (``generation.engine.cpu_top_k_first``, storybias.engines.cpu_sampling); column ``sampler``.
 
 The rows have the columns of ``docs/measurements/engine_settings.csv`` and go to
 ``reports/<run>/bench_engine.csv``; the recorded file is the measurements kept, copied from there.
@@ -41,12 +43,18 @@ from storybias.stages.generate import prepare_models
 from storybias.tools.bench import bare_chat, bench_rows, fixed_length
 
 COLUMNS = RECORDED_COLUMNS["engine_settings"]  # the rows are copied into the recorded file as they are
-SETTINGS = (("eager", "none"), ("compiled", "none"), ("eager", "tcmalloc+iomp"))
+SORT, TOP_K_FIRST = "sort", "top-k first"
+SETTINGS = (
+    ("eager", "none", SORT),
+    ("compiled", "none", SORT),
+    ("eager", "tcmalloc+iomp", SORT),
+    ("eager", "tcmalloc+iomp", TOP_K_FIRST),
+)
 TRIAL_MARK = "BENCH-ENGINE-TRIAL "
 
 
-def trial_order(settings: Sequence[tuple[str, str]], repeats: int) -> list[tuple[int, str, str]]:
-    """(repeat, engine, preload) of every trial: each setting once per repeat, in reverse order in
+def trial_order(settings: Sequence[tuple[str, str, str]], repeats: int) -> list[tuple[int, str, str, str]]:
+    """(repeat, engine, preload, sampler) of every trial: each setting once per repeat, in reverse order in
     every other repeat, so that drift over the sitting favours none."""
     order = []
     for repeat in range(1, repeats + 1):
@@ -62,9 +70,11 @@ def compile_cache_state(engine_kind: str, earlier: Sequence[dict[str, Any]]) -> 
     return "warm" if any(r["engine"] == "compiled" for r in earlier) else "empty"
 
 
-def trial(params: Params, engine_kind: str, n_prompts: int, max_tokens: int) -> dict[str, float]:
+def trial(params: Params, engine_kind: str, sampler: str, n_prompts: int, max_tokens: int) -> dict[str, float]:
     """One engine start and one timed batch in this process: start-up seconds and output tokens/s."""
-    settings = params.generation.engine.model_copy(update={"enforce_eager": engine_kind == "eager"})
+    settings = params.generation.engine.model_copy(
+        update={"enforce_eager": engine_kind == "eager", "cpu_top_k_first": sampler == TOP_K_FIRST}
+    )
     rows = fixed_length(bench_rows(params, n_prompts), max_tokens)
     with Engine(params.generation.models[0], settings, params.generation.seed) as engine:
         startup = entered_info(engine).startup_seconds
@@ -73,12 +83,14 @@ def trial(params: Params, engine_kind: str, n_prompts: int, max_tokens: int) -> 
     return {"startup_s": round(startup, 1), "tokens_per_s": round(tokens / seconds, 1), "tokens": tokens}
 
 
-def _run_trial(path: str, engine_kind: str, preload: str | None, n_prompts: int, max_tokens: int, cache: str) -> dict:
+def _run_trial(
+    path: str, engine_kind: str, sampler: str, preload: str | None, n_prompts: int, max_tokens: int, cache: str
+) -> dict:
     env = dict(os.environ, VLLM_CACHE_ROOT=cache)
     env.pop("LD_PRELOAD", None)
     if preload:
         env["LD_PRELOAD"] = preload
-    command = [sys.executable, "-m", "storybias.tools.bench_engine", path, "--trial", engine_kind]
+    command = [sys.executable, "-m", "storybias.tools.bench_engine", path, "--trial", engine_kind, "--sampler", sampler]
     command += ["--n-prompts", str(n_prompts), "--max-tokens", str(max_tokens)]
     done = subprocess.run(command, env=env, capture_output=True, text=True)
     lines = [line for line in done.stdout.splitlines() if line.startswith(TRIAL_MARK)]
@@ -97,20 +109,25 @@ def bench_engine(path: str, n_prompts: int = 64, max_tokens: int = 128, repeats:
     settings = [s for s in SETTINGS if s[1] == "none" or preload]
     if preload is None:
         log("bench-engine: tcmalloc (Debian: libtcmalloc-minimal4) or libiomp5 not found: no preload trials")
-    sitting = f"{datetime.date.today()} bench-engine {n_prompts} prompts x {max_tokens} tokens ({params.run_name})"
+    seqs = params.generation.engine.max_num_seqs
+    sitting = (
+        f"{datetime.date.today()} bench-engine {n_prompts} prompts x {max_tokens} tokens, {seqs} at a time "
+        f"({params.run_name})"
+    )
     rows: list[dict[str, Any]] = []
     out = run_folders.claim_reports(params.run_name) / "bench_engine.csv"
     with tempfile.TemporaryDirectory(prefix="vllm-cache-") as cache:
-        for repeat, engine_kind, preloaded in trial_order(settings, repeats):
+        for repeat, engine_kind, preloaded, sampler in trial_order(settings, repeats):
             state = compile_cache_state(engine_kind, rows)
             library = preload if preloaded != "none" else None
-            result = _run_trial(path, engine_kind, library, n_prompts, max_tokens, cache)
+            result = _run_trial(path, engine_kind, sampler, library, n_prompts, max_tokens, cache)
             rows.append(
-                {"engine": engine_kind, "preload": preloaded, "compile_cache": state, "repeat": repeat}
+                {"engine": engine_kind, "preload": preloaded, "sampler": sampler, "compile_cache": state}
+                | {"repeat": repeat}
                 | {"startup_s": result["startup_s"], "tokens_per_s": result["tokens_per_s"], "sitting": sitting}
             )
             log(
-                f"  {engine_kind} ({preloaded}, repeat {repeat}): start-up {result['startup_s']:.1f} s, "
+                f"  {engine_kind} ({preloaded}, {sampler}, repeat {repeat}): start-up {result['startup_s']:.1f} s, "
                 f"{result['tokens_per_s']:.1f} tokens/s"
             )
             _write(rows, out)  # after every trial: an interrupted sitting keeps what it measured
@@ -130,10 +147,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m storybias.tools.bench_engine")
     parser.add_argument("params")
     parser.add_argument("--trial", choices=("compiled", "eager"), required=True)
+    parser.add_argument("--sampler", choices=(SORT, TOP_K_FIRST), default=SORT)
     parser.add_argument("--n-prompts", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=128)
     args = parser.parse_args()
-    result = trial(load(args.params), args.trial, args.n_prompts, args.max_tokens)
+    result = trial(load(args.params), args.trial, args.sampler, args.n_prompts, args.max_tokens)
     print(TRIAL_MARK + json.dumps(result), flush=True)
 
 

@@ -15,7 +15,7 @@ from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p_pytorch
 from storybias.config.params import EngineSettings, ModelSpec, Sampling
 from storybias.engines import served
 from storybias.engines.base import TOP_K_ARG, TOP_K_FIRST_PROCESSOR, TOP_P_ARG, ChatRequest, top_k_top_p_fields
-from storybias.engines.cpu_sampling import TopKTopPFirst, top_k_top_p_mask
+from storybias.engines.cpu_sampling import TopKTopPFirst, candidate_width, top_k_top_p_mask
 
 VOCAB = 151_936  # Qwen2.5's vocabulary: the row vLLM sorts at every step
 
@@ -60,6 +60,22 @@ def test_bf16_ties_only_change_which_tied_token_is_cut():
             boundary = {float(logits[row, i]) for i in mine ^ vllms}
             assert len(boundary) == 1 and min(float(logits[row, i]) for i in vllms) in boundary, row
     assert differing < len(ours), "most rows are identical"
+
+
+def test_a_constrained_row_with_fewer_finite_logits_than_k_matches_vllm():
+    """A structured-output constraint sets all but a few logits to -inf before sampling (e.g. the explicit
+    task's four words): both filters keep the finite ones, and the other rows are filtered as usual."""
+    generator = torch.Generator().manual_seed(3)
+    logits = torch.randn(3, VOCAB, generator=generator) * 3
+    allowed = torch.tensor([11, 500, 70_000, 151_000])
+    logits[1] = logits[1].masked_fill(~torch.isin(torch.arange(VOCAB), allowed), -float("inf"))
+    k, p = torch.full((3,), 50), torch.tensor([0.95, 1.0, 0.9])
+    ours, theirs = top_k_top_p_mask(logits, k, p), vllm_filter(logits, k, p)
+    assert torch.equal(torch.isinf(ours), torch.isinf(theirs))
+    assert torch.equal(ours[~torch.isinf(ours)], theirs[~torch.isinf(theirs)])
+    assert kept(ours[1]) == set(allowed.tolist()) and len(kept(ours[2])) <= 50
+    kth = logits.topk(50, dim=1).values[:, -1:]
+    assert candidate_width(logits, kth) == 50, "the constrained row does not widen the batch to its vocabulary"
 
 
 def test_every_logit_tied_with_the_kth_is_kept():

@@ -36,14 +36,21 @@ from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, proces
 from storybias.engines.base import TOP_K_ARG, TOP_P_ARG
 
 
+def candidate_width(logits: torch.Tensor, kth: torch.Tensor) -> int:
+    """How many of each row's largest logits to take: every logit tied with the row's k-th (``kth``) is
+    kept, as vLLM's ``logits_sort < kth`` mask keeps it. A logit already -inf (a structured-output
+    constraint left fewer than k tokens) has no probability in either filter, so it is no candidate:
+    counted, such a row would make the whole batch sort its vocabulary."""
+    candidates = (logits >= kth) & (logits > -float("inf"))
+    return max(int(candidates.sum(dim=1).max()), 1)
+
+
 def top_k_top_p_mask(logits: torch.Tensor, k: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     """``logits`` [rows, vocab] with every entry outside each row's top-``k`` (int, >= 1) and then
     outside its top-``p`` nucleus (float in (0, 1]) set to ``-inf``; a new tensor."""
     k = k.clamp(min=1, max=logits.shape[1]).to(torch.long)
     kth = logits.topk(int(k.max()), dim=1).values.gather(1, (k - 1).unsqueeze(1))
-    # every logit tied with the k-th is kept, as vLLM's `logits_sort < kth` mask keeps it
-    width = int((logits >= kth).sum(dim=1).max())
-    values, ids = logits.topk(width, dim=1)
+    values, ids = logits.topk(candidate_width(logits, kth), dim=1)
     values = values.masked_fill(values < kth, -float("inf"))
     # ascending by (value, token id): sort by id, then a stable sort by value
     ids, by_id = ids.sort(dim=1)

@@ -153,9 +153,11 @@ def run_notebook(name: str, params_path: Path, env: dict, out_dir: Path) -> subp
 
 @pytest.fixture(scope="session")
 def embedded_model():
-    from storybias.config.models import prepare_embedded
+    """The 1.5B the slow run writes and reads with, built together with the 0.5B the sibling test runs:
+    on a fresh clone the two conversions overlap (one core each) instead of one waiting for the other."""
+    from storybias.config.models import DEFAULT_EMBEDDED, prepare_embedded_models
 
-    return prepare_embedded()
+    return prepare_embedded_models([DEFAULT_EMBEDDED, "qwen2.5-coder-0.5b"])[0]
 
 
 @pytest.fixture(scope="session")

@@ -81,3 +81,17 @@ def test_artifact_schema_reads_names_and_types_from_the_footer(tmp_path):
     schema = artifact_schema(path)
     assert list(schema["column"]) == ["story_id", "n", "ok", "words"]
     assert list(schema["type"])[1:3] == ["int64", "bool"] and schema["type"].iloc[3].startswith("list<")
+
+
+def test_embedded_models_built_side_by_side_report_a_workers_error(tmp_path, monkeypatch):
+    """Two missing models are built in two processes at once (storybias.config.models.prepare_embedded_models);
+    a worker's failure reaches the caller as its own exception, naming the path, and is not swallowed."""
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("a file where the models folder should be")
+    monkeypatch.setenv("STORYBIAS_MODELS", str(blocked / "models"))  # the spawned workers inherit it
+    monkeypatch.setattr(models.os, "cpu_count", lambda: 2)  # one process per model even on a 1-core machine
+    said: list[str] = []
+    with pytest.raises(OSError, match="not-a-folder"):
+        models.prepare_embedded_models(sorted(models.EMBEDDED), log=said.append)
+    keys = ", ".join(sorted(models.EMBEDDED))
+    assert said == [f"assembling embedded models {keys} at the same time, one process each ..."]

@@ -42,7 +42,7 @@ from collections.abc import Callable
 
 from storybias.config.checks import missing_key_variables, preload_note
 from storybias.config.lenses import format_shortfalls, lens_shortfalls
-from storybias.config.models import EMBEDDED, prepare_embedded
+from storybias.config.models import EMBEDDED, prepare_embedded_models
 from storybias.config.params import Params, ParamsError, load, write_stage_stamps
 from storybias.core import paths
 from storybias.core.artifacts import data_contract
@@ -274,8 +274,7 @@ def _stamps(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _prepare_model(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    for key in args.model or list(EMBEDDED):
-        prepare_embedded(key)
+    prepare_embedded_models(args.model or list(EMBEDDED))
     return 0
 
 

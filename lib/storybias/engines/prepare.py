@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from storybias.config.checks import stage_models
-from storybias.config.models import prepare_embedded
+from storybias.config.models import prepare_embedded_models
 from storybias.config.params import Params
 
 
@@ -23,8 +23,8 @@ def embedded_keys(params: Params, stages: Sequence[str]) -> list[str]:
 
 
 def prepare_models(params: Params, stages: Sequence[str], log: Callable[[str], None] = print) -> list[str]:
-    """Build the folder of each embedded model ``stages`` run (a no-op once built); returns their keys."""
+    """Build the folder of each embedded model ``stages`` run (a no-op once built; two or more missing are
+    built at the same time); returns their keys."""
     keys = embedded_keys(params, stages)
-    for key in keys:
-        prepare_embedded(key, log=log)
+    prepare_embedded_models(keys, log=log)
     return keys

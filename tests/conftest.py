@@ -206,7 +206,11 @@ def _tree(pid: int) -> list[int]:
 class SharedServer:
     """The served-model tests' one vLLM server, registered in data/<run>/servers.json of every run a
     test names with ``register`` (stages find it there, as under `make paper`); ``restart`` after a
-    test kills it. The in-process pipeline run (``pytest-kill``) is never registered."""
+    test kills it. The in-process pipeline run (``pytest-kill``) is never registered.
+
+    ``launch_ahead`` starts the next server's process at once and ``start`` waits for it: a start-up is
+    mostly imports on one core (about 40 s), so it can overlap work that leaves a core free (the nbval
+    notebooks before the first served test; the generation the kill test interrupts)."""
 
     def __init__(self, profile_path: Path, data_root: Path, log_dir: Path):
         from storybias.config import params
@@ -215,23 +219,30 @@ class SharedServer:
         self.data_root, self.log_dir = data_root, log_dir
         self.runs: list[str] = []
         self.server = None
+        self.launched = None  # launched ahead, not yet waited for
+        self.n_launched = 0
 
     def _in_data(self, func, *args, **kwargs):
         with in_data_root(self.data_root):
             return func(*args, **kwargs)
 
+    def launch_ahead(self) -> None:
+        from storybias.engines import serve
+
+        if self.launched is None:
+            self.n_launched += 1
+            log_dir = self.log_dir / f"server-{self.n_launched}"  # two servers alive at once: two logs
+            spec, generation = self.params.generation.models[0], self.params.generation
+            self.launched = serve.launch_server(
+                spec, generation.engine, generation.seed, self.params.run_name, log=lambda m: None, log_dir=log_dir
+            )
+
     def start(self) -> SharedServer:
         from storybias.engines import serve
 
-        spec = self.params.generation.models[0]
-        self.server = serve.start_server(
-            spec,
-            self.params.generation.engine,
-            self.params.generation.seed,
-            self.params.run_name,
-            log=lambda m: None,
-            log_dir=self.log_dir,
-        )
+        self.launch_ahead()
+        launched, self.launched = self.launched, None
+        self.server = serve.wait_for_server(launched, self.params.generation.engine, log=lambda m: None)
         for run in self.runs:
             self.register(run)
         return self
@@ -247,21 +258,31 @@ class SharedServer:
         )
 
     def restart(self) -> SharedServer:
-        self.stop()
+        self.stop(keep_launched=True)
         return self.start()
 
-    def stop(self) -> None:
+    def stop(self, keep_launched: bool = False) -> None:
         if self.server is not None:
             self.server.stop()
             self.server = None
+        if self.launched is not None and not keep_launched:
+            self.launched.stop()
+            self.launched = None
 
 
 @pytest.fixture(scope="session")
-def local_server(smoke_profile):
+def shared_server(smoke_profile) -> Iterator[SharedServer]:
+    """The served tests' server holder, not started: ``local_server`` starts it, or waits for the
+    server that an earlier fixture launched ahead."""
     _, env, tmp = smoke_profile
-    holder = SharedServer(tmp / "kill.yaml", Path(env["STORYBIAS_DATA"]), tmp).start()
+    holder = SharedServer(tmp / "kill.yaml", Path(env["STORYBIAS_DATA"]), tmp)
     yield holder
     holder.stop()
+
+
+@pytest.fixture(scope="session")
+def local_server(shared_server):
+    return shared_server if shared_server.server is not None else shared_server.start()
 
 
 @pytest.fixture(scope="session")

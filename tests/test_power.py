@@ -272,3 +272,23 @@ def test_check_params_names_the_lenses_a_size_cannot_feed(tmp_path, monkeypatch)
     assert proc.returncode == 0, proc.stderr
     assert "lenses this profile's size cannot feed" in proc.stdout
     assert all(line in proc.stdout for line in lines)
+
+
+def test_the_profiles_default_simulation_count_is_the_power_modules(tmp_path, monkeypatch):
+    """``associations.power_simulations`` (config cannot import the stage) defaults to ``SIMULATIONS``,
+    and check-params' planned power runs the profile's count."""
+    assert params.AssociationSettings().power_simulations == P.SIMULATIONS
+    raw = yaml.safe_load((paths.repo_root() / "params" / "smoke.yaml").read_text())
+    raw.setdefault("associations", {})["power_simulations"] = 20
+    (tmp_path / "coarse.yaml").write_text(yaml.safe_dump(raw))
+    coarse = params.load(tmp_path / "coarse.yaml")
+    seen: list[int] = []
+    real = P.minimum_detectable_lift
+
+    def spy(sizes, n_values, settings, cache_dir=None):
+        seen.append(settings.n_simulations)
+        return real(sizes, n_values, settings, cache_dir)
+
+    monkeypatch.setattr(P, "minimum_detectable_lift", spy)
+    P.planned_power(coarse, known_share=1.0)
+    assert seen and set(seen) == {20}

@@ -103,6 +103,10 @@ class AssociationSettings(Strict):
     # from the planned stories per prompted value times this assumed share of answers the extractor
     # knows (not `unknown`) on a compared dimension. No study has it: it only sizes a run.
     power_known_share: Annotated[float, Field(gt=0, le=1)] = 0.5
+    # Simulated stories per lift tried in the power report (stage 04's and check-params'): power is a share
+    # of these, within about 1 / (2 sqrt(n)). Fewer are faster and coarser; the report records n. The default
+    # is stages.associations.power.SIMULATIONS (tests/test_power.py holds them equal).
+    power_simulations: Annotated[int, Field(ge=20)] = 200
     judge: JudgeSettings = JudgeSettings()
     human_ratings: InputFile | None = None  # CSV: association_id, rater_id, harm (1-5), realism (yes/no/dont_know)
     bootstrap: Annotated[int, Field(ge=100)] = 2000  # resamples of the human-LLM intervals (Spearman, harm gap)

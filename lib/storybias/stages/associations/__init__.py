@@ -153,7 +153,7 @@ def _power_report(
             data,
             dimensions,
             scope_by_language=(name == "per_language"),
-            settings=power.PowerSettings(seed=settings.seed),
+            settings=power.PowerSettings(seed=settings.seed, n_simulations=settings.power_simulations),
             cache_dir=cache_dir,
         )
         for name in settings.passes

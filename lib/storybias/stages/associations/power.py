@@ -493,7 +493,11 @@ def planned_power(
         per_value = group["stories"].to_numpy()
         known = [int(math.floor(n * share)) for n in per_value]
         others = [len(v) for d, v in dims.items() if d != base]
-        s = settings or PowerSettings(seed=params.associations.seed, n_family=max(1, len(others)))
+        s = settings or PowerSettings(
+            seed=params.associations.seed,
+            n_family=max(1, len(others)),
+            n_simulations=params.associations.power_simulations,
+        )
         result = minimum_detectable_lift(known, int(np.median(others)) if others else 2, s)
         spv = f"{per_value.min()}" if per_value.min() == per_value.max() else f"{per_value.min()}-{per_value.max()}"
         kpv = f"{min(known)}" if min(known) == max(known) else f"{min(known)}-{max(known)}"

@@ -392,7 +392,8 @@ def test_the_published_comparison_counts_per_model_and_scope(tmp_path, data_dir,
     p = _profile(
         tmp_path,
         {"path": str(corpus_root), "languages": ["en", "fr"]},
-        associations={"max_resamples": 2000, "published": str(published)},
+        # a coarse power report (20 simulations per lift): this test is about the published comparison
+        associations={"max_resamples": 2000, "published": str(published), "power_simulations": 20},
     )
     generate.run(p, progress=False, log=lambda m: None)
     filter_stage.run(p)

@@ -55,7 +55,7 @@ def _profile(tmp_path, monkeypatch, **associations) -> params.Params:
     monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path / "data"))
     raw = yaml.safe_load((paths.repo_root() / "params" / "smoke.yaml").read_text())
     raw["run_name"] = "t"
-    raw["associations"] = {"max_resamples": 20_000, **associations}
+    raw["associations"] = {"max_resamples": 20_000, "power_simulations": 20, **associations}  # power is not the subject
     path = tmp_path / "t.yaml"
     path.write_text(yaml.safe_dump(raw))
     return params.load(path)

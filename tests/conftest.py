@@ -153,11 +153,9 @@ def run_notebook(name: str, params_path: Path, env: dict, out_dir: Path) -> subp
 
 @pytest.fixture(scope="session")
 def embedded_model():
-    """The 1.5B the slow run writes and reads with, built together with the 0.5B the sibling test runs:
-    on a fresh clone the two conversions overlap (one core each) instead of one waiting for the other."""
-    from storybias.config.models import DEFAULT_EMBEDDED, prepare_embedded_models
+    from storybias.config.models import prepare_embedded
 
-    return prepare_embedded_models([DEFAULT_EMBEDDED, "qwen2.5-coder-0.5b"])[0]
+    return prepare_embedded()
 
 
 @pytest.fixture(scope="session")
@@ -206,11 +204,7 @@ def _tree(pid: int) -> list[int]:
 class SharedServer:
     """The served-model tests' one vLLM server, registered in data/<run>/servers.json of every run a
     test names with ``register`` (stages find it there, as under `make paper`); ``restart`` after a
-    test kills it. The in-process pipeline run (``pytest-kill``) is never registered.
-
-    ``launch_ahead`` starts the next server's process at once and ``start`` waits for it: a start-up is
-    mostly imports on one core (about 40 s), so it can overlap work that leaves a core free (the nbval
-    notebooks before the first served test; the generation the kill test interrupts)."""
+    test kills it. The in-process pipeline run (``pytest-kill``) is never registered."""
 
     def __init__(self, profile_path: Path, data_root: Path, log_dir: Path):
         from storybias.config import params
@@ -219,30 +213,23 @@ class SharedServer:
         self.data_root, self.log_dir = data_root, log_dir
         self.runs: list[str] = []
         self.server = None
-        self.launched = None  # launched ahead, not yet waited for
-        self.n_launched = 0
 
     def _in_data(self, func, *args, **kwargs):
         with in_data_root(self.data_root):
             return func(*args, **kwargs)
 
-    def launch_ahead(self) -> None:
-        from storybias.engines import serve
-
-        if self.launched is None:
-            self.n_launched += 1
-            log_dir = self.log_dir / f"server-{self.n_launched}"  # two servers alive at once: two logs
-            spec, generation = self.params.generation.models[0], self.params.generation
-            self.launched = serve.launch_server(
-                spec, generation.engine, generation.seed, self.params.run_name, log=lambda m: None, log_dir=log_dir
-            )
-
     def start(self) -> SharedServer:
         from storybias.engines import serve
 
-        self.launch_ahead()
-        launched, self.launched = self.launched, None
-        self.server = serve.wait_for_server(launched, self.params.generation.engine, log=lambda m: None)
+        spec = self.params.generation.models[0]
+        self.server = serve.start_server(
+            spec,
+            self.params.generation.engine,
+            self.params.generation.seed,
+            self.params.run_name,
+            log=lambda m: None,
+            log_dir=self.log_dir,
+        )
         for run in self.runs:
             self.register(run)
         return self
@@ -258,31 +245,27 @@ class SharedServer:
         )
 
     def restart(self) -> SharedServer:
-        self.stop(keep_launched=True)
+        self.stop()
         return self.start()
 
-    def stop(self, keep_launched: bool = False) -> None:
+    def stop(self) -> None:
         if self.server is not None:
             self.server.stop()
             self.server = None
-        if self.launched is not None and not keep_launched:
-            self.launched.stop()
-            self.launched = None
 
 
 @pytest.fixture(scope="session")
-def shared_server(smoke_profile) -> Iterator[SharedServer]:
-    """The served tests' server holder, not started: ``local_server`` starts it, or waits for the
-    server that an earlier fixture launched ahead."""
+def local_server(smoke_profile):
+    """The served tests' server. The slow run's model host is stopped first: nothing after the nbval
+    notebooks uses it, and it holds about 7.7 GB beside the server's 7.4 GB (24 GB in all here)."""
+    from storybias.engines import serve
+
     _, env, tmp = smoke_profile
-    holder = SharedServer(tmp / "kill.yaml", Path(env["STORYBIAS_DATA"]), tmp)
+    with in_data_root(env["STORYBIAS_DATA"]):
+        serve.stop_hosts("pytest-kill", log=lambda m: None)
+    holder = SharedServer(tmp / "kill.yaml", Path(env["STORYBIAS_DATA"]), tmp).start()
     yield holder
     holder.stop()
-
-
-@pytest.fixture(scope="session")
-def local_server(shared_server):
-    return shared_server if shared_server.server is not None else shared_server.start()
 
 
 @pytest.fixture(scope="session")

@@ -42,11 +42,8 @@ NOTEBOOKS = [
 
 
 @pytest.fixture(scope="module")
-def nbval_run(extracted, smoke_profile, request):
+def nbval_run(extracted, smoke_profile):
     path, env, tmp = smoke_profile
-    # The served tests come next: their server starts beside these notebooks, on the core they leave.
-    if any(item.nodeid.startswith("tests/test_served_slow.py") for item in request.session.items):
-        request.getfixturevalue("shared_server").launch_ahead()
     env = dict(env, STORYBIAS_PARAMS=str(path), STORYBIAS_FIGURES=str(tmp / "figures"))
     proc = subprocess.run(
         [

@@ -281,10 +281,8 @@ def test_a_bad_key_or_url_stops_the_stage_within_seconds(local_server, monkeypat
 
 def test_server_killed_mid_generation_then_a_new_server_resumes(local_server, smoke_profile, tmp_path):
     """Last: it kills the shared server (SIGKILL, whole process group) while stage 01 streams from it,
-    and starts a new one for the rerun (launched as the test begins, so that its start-up overlaps the
-    interrupted generation)."""
+    and starts a new one for the rerun."""
     _, env, tmp = smoke_profile
-    local_server.launch_ahead()
     run = "pytest-serverkill"
     local_server.register(run)
     path = tmp / "serverkill.yaml"

@@ -201,7 +201,6 @@ class Server:
     log: Path
     described: str
     startup_seconds: float = 0.0
-    launched_at: float = 0.0  # time.time() when its process started
 
     def entry(self) -> dict[str, Any]:
         return {
@@ -309,22 +308,7 @@ def start_server(
     """Start the server for ``spec`` and wait for its /health; on failure stop it and raise ServerError
     with its log's tail. ``command`` replaces the vLLM command line (tests); the log goes to
     ``log_dir`` (default reports/<run>/)."""
-    server = launch_server(spec, settings, seed, run_name, models, command, log, log_dir)
-    return wait_for_server(server, settings, health_timeout, log)
 
-
-def launch_server(
-    spec: ModelSpec,
-    settings: EngineSettings,
-    seed: int,
-    run_name: str,
-    models: Sequence[str] = (),
-    command: list[str] | None = None,
-    log: Callable[[str], None] = print,
-    log_dir: Path | None = None,
-) -> Server:
-    """The first half of :func:`start_server`: start the server's process and return at once, so that
-    its start-up (mostly imports, on one core) can overlap other work until :func:`wait_for_server`."""
     names = list(models) or [spec.name]
     port = free_port()
     key = secrets.token_urlsafe(24)
@@ -338,7 +322,7 @@ def launch_server(
         command = [c.replace("{port}", str(port)).replace("{key}", key) for c in command]
     logfile = (log_dir or run_folders.claim_reports(run_name)) / f"server-{spec.name}.log"
     logfile.parent.mkdir(parents=True, exist_ok=True)
-    launched_at = time.time()
+    started = time.time()
     with open(logfile, "w", encoding="utf-8") as fh:
         process = subprocess.Popen(
             command,
@@ -349,8 +333,7 @@ def launch_server(
             start_new_session=True,
             preexec_fn=_terminate_with_parent,
         )
-    log(f"starting a vLLM server for {', '.join(names)} on http://127.0.0.1:{port}/v1 (log: {logfile}) ...")
-    return Server(
+    server = Server(
         models=names,
         process=process,
         base_url=f"http://127.0.0.1:{port}/v1",
@@ -358,31 +341,20 @@ def launch_server(
         api_key=key,
         log=logfile,
         described=described,
-        launched_at=launched_at,
     )
-
-
-def wait_for_server(
-    server: Server,
-    settings: EngineSettings,
-    health_timeout: float = HEALTH_TIMEOUT_S,
-    log: Callable[[str], None] = print,
-) -> Server:
-    """The second half of :func:`start_server`: wait for a launched server's /health (its start-up is
-    counted from its launch); on failure stop it and raise ServerError with its log's tail."""
-    names = ", ".join(server.models)
+    log(f"starting a vLLM server for {', '.join(names)} on {server.base_url} (log: {logfile}) ...")
     wait_until_ready(
-        server.process,
+        process,
         lambda: health_ok(server.base_url),
-        f"the vLLM server for {names}",
-        server.log,
-        server.launched_at,
+        f"the vLLM server for {', '.join(names)}",
+        logfile,
+        started,
         health_timeout,
         ServerError,
     )
-    server.startup_seconds = round(time.time() - server.launched_at, 1)
-    record_start(names, "server", server.startup_seconds, settings.enforce_eager)
-    log(f"vLLM server for {names} ready in {server.startup_seconds:.0f} s")
+    server.startup_seconds = round(time.time() - started, 1)
+    record_start(", ".join(names), "server", server.startup_seconds, settings.enforce_eager)
+    log(f"vLLM server for {', '.join(names)} ready in {server.startup_seconds:.0f} s")
     return server
 
 

@@ -17,8 +17,7 @@ from __future__ import annotations
 import copy
 import re
 from pathlib import Path
-
-import nbformat
+from typing import TYPE_CHECKING
 
 from storybias.core import paths
 from storybias.core.artifacts import STAGES
@@ -27,6 +26,9 @@ from storybias.core.io import atomic_open
 INJECTED = "injected-parameters"  # papermill's tag on the cell it adds after the parameters cell
 # a virtual environment's absolute path (the kernel's may live outside the repository, e.g. a worktree's)
 VENV_PATH = re.compile(r"/[^\s'\"]*/\.venv/")
+
+if TYPE_CHECKING:
+    from nbformat import NotebookNode
 
 
 class StaleRun(ValueError):
@@ -48,10 +50,10 @@ def _shorten_paths(value: object, root: str) -> object:
     return value
 
 
-def merge_outputs(
-    committed: nbformat.NotebookNode, executed: nbformat.NotebookNode, name: str
-) -> nbformat.NotebookNode:
+def merge_outputs(committed: NotebookNode, executed: NotebookNode, name: str) -> NotebookNode:
     """``committed`` with the outputs and execution counts of ``executed`` (the same cells, run)."""
+    import nbformat  # heavy, see publish_notebooks
+
     ran = _without_injected(executed.cells)
     if len(ran) != len(committed.cells):
         raise StaleRun(
@@ -75,6 +77,11 @@ def merge_outputs(
 def publish_notebooks(run_name: str, notebooks: Path | None = None) -> list[Path]:
     """Copy the outputs of ``reports/<run_name>/``'s executed notebooks into ``notebooks/``; returns
     the notebooks written. Every executed notebook is checked before any is written."""
+    # Imported here, not at the top, on purpose: nbformat's validator imports jsonschema's format
+    # checkers, and rfc3987-syntax builds its parser at import (1.3 s of CPU). Every `storybias.cli`
+    # call (Make runs `stamps` before each stage) imported it for this one command.
+    import nbformat
+
     notebooks = notebooks or paths.repo_root() / "notebooks"
     reports = paths.reports_dir(run_name)  # reports/<run>/, or the run folder's reports/ under STORYBIAS_DATA
     merged = {}

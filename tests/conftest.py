@@ -4,8 +4,10 @@ The user's path first: a smoke-sized run on the in-process engine (what `make ge
 killed with SIGKILL mid-generation (``killed_run``), resumed by notebook 01 (``resumed``), then stages
 02 and 03 (``extracted``), both through one model host as under `make paper` on the default profile
 (``hosted_env``: the model loads once for both); test_notebooks_slow.py runs every notebook on it, stage
-04 included. The shared local vLLM server (``local_server``: one OpenAI-compatible server with the embedded model on
-loopback) is started only by the served-model tests, for runs of their own (storybias.engines.serve)."""
+04 included. The shared local vLLM server (``local_server``: one OpenAI-compatible server on loopback with
+the second embedded model, the default profile's 0.5B occupations writer) serves the sibling-model test
+and the served-model tests, for runs of their own (storybias.engines.serve).
+"""
 
 from __future__ import annotations
 
@@ -29,6 +31,11 @@ from storybias.core import paths
 from storybias.engines.base import STARTS_LOG_VARIABLE
 
 ROOT = paths.repo_root()
+# The shared server's model: the default profile's second embedded model. The 1.5B is already proven
+# in process and through a model host by the pipeline run; serving the 0.5B proves the sibling model
+# too, with one engine start for both (the sibling test used to start one of its own) and a third of
+# the decoding work in the served tests.
+SERVED_MODEL = {"name": "qwen2.5-coder-0.5b", "source": "embedded", "embedded": "qwen2.5-coder-0.5b"}
 
 # Test markers, registered here rather than in pyproject.toml (the Makefile hashes pyproject.toml
 # into the environment's stamp, so editing it would rebuild .venv). `make test-fast` deselects both.
@@ -162,7 +169,8 @@ def embedded_model():
 def smoke_profile(tmp_path_factory, embedded_model):
     """The slow tests' run (``pytest-kill``): the smoke profile with 8 gold stories and two_step, and
     beside it ``kill.yaml``, the same run with 2 sequences at a time, for the generation that is killed
-    (stories finish a few at a time, so the kill lands mid-run) and for the shared server. Batch size
+    (stories finish a few at a time, so the kill lands mid-run), and ``served.yaml``, kill.yaml with the
+    shared server's model (``SERVED_MODEL``), for the shared server and the runs through it. Batch size
     cannot change an answer (storybias.engines.cache), so the resume and stage 03 reuse what the killed
     run wrote, and stage 03 extracts 16 at a time: with 2, its fixture took 757 s of `make test`."""
     tmp = tmp_path_factory.mktemp("kill")
@@ -176,6 +184,12 @@ def smoke_profile(tmp_path_factory, embedded_model):
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     raw["generation"]["engine"]["max_num_seqs"] = 2
     (tmp / "kill.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    raw["generation"]["models"] = [SERVED_MODEL]
+    # Under a JSON schema that allows whitespace the 0.5B pads with it: '{', then 30 tokens of tabs and
+    # newlines around "zq", and no value before max_tokens. compact_json lets the grammar allow none.
+    raw["generation"]["engine"]["compact_json"] = True
+    raw["run_name"] = "pytest-served"
+    (tmp / "served.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     env = dict(os.environ, STORYBIAS_DATA=str(tmp / "data"), PYTHONUNBUFFERED="1")
     return path, env, tmp
 
@@ -256,14 +270,17 @@ class SharedServer:
 
 @pytest.fixture(scope="session")
 def local_server(smoke_profile):
-    """The served tests' server. The slow run's model host is stopped first: nothing after the nbval
-    notebooks uses it, and it holds about 7.7 GB beside the server's 7.4 GB (24 GB in all here)."""
+    """The shared server (``SERVED_MODEL``, assembled from its packages first if missing). The slow
+    run's model host is stopped first: nothing after stage 03 uses it (the nbval notebooks find stages
+    01-03 done), and it holds about 7.7 GB (24 GB in all here)."""
+    from storybias.config.models import prepare_embedded
     from storybias.engines import serve
 
     _, env, tmp = smoke_profile
     with in_data_root(env["STORYBIAS_DATA"]):
         serve.stop_hosts("pytest-kill", log=lambda m: None)
-    holder = SharedServer(tmp / "kill.yaml", Path(env["STORYBIAS_DATA"]), tmp).start()
+    prepare_embedded(SERVED_MODEL["embedded"], log=lambda m: None)
+    holder = SharedServer(tmp / "served.yaml", Path(env["STORYBIAS_DATA"]), tmp).start()
     yield holder
     holder.stop()
 

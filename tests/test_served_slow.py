@@ -1,6 +1,7 @@
-"""Served models for real (issue #14): the embedded model behind the real vLLM OpenAI-compatible
-server on loopback (``local_server`` in conftest.py: the one server of the served tests; the
-pipeline's own slow run uses the default in-process engine).
+"""Served models for real (issue #14): an embedded model (the 0.5B, ``SERVED_MODEL`` in conftest.py)
+behind the real vLLM OpenAI-compatible server on loopback (``local_server``: the one server of the
+served tests and the sibling-model test; the pipeline's own slow run uses the in-process engine and a
+model host).
 
 - the JSON constraint holds (a schema the model would not follow unconstrained), in both ways of
   sending it, and the removed ``guided_json`` field is ignored;
@@ -286,7 +287,7 @@ def test_server_killed_mid_generation_then_a_new_server_resumes(local_server, sm
     run = "pytest-serverkill"
     local_server.register(run)
     path = tmp / "serverkill.yaml"
-    raw = yaml.safe_load((tmp / "kill.yaml").read_text())  # 2 at a time, like the server: the kill lands mid-run
+    raw = yaml.safe_load((tmp / "served.yaml").read_text())  # 2 at a time, like the server: the kill lands mid-run
     raw["run_name"] = run
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     data = Path(env["STORYBIAS_DATA"]) / run

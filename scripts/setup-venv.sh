@@ -30,10 +30,8 @@ quiet() {
 }
 # pip install with its whole output in $log; on the terminal, a line per 25 packages collected and
 # one when the install proper starts. On failure: the log's last 30 lines, and exit.
-# --no-compile: pip would byte-compile all 31,000 modules of the environment, one after the other
-# (about 60 s of CPU here); Python compiles the few thousand a run imports, once, on first import.
 pip_install() {
-  if ! "${pip[@]}" install --progress-bar off --no-compile "$@" 2>&1 | tee -a "$log" | awk '
+  if ! "${pip[@]}" install --progress-bar off "$@" 2>&1 | tee -a "$log" | awk '
       /^Collecting / { n++; if (n % 25 == 1) { printf "  ... %d packages resolved (%s)\n", n, $2; fflush() } next }
       /^Installing collected packages/ { printf "  ... installing %d packages\n", n; fflush() }'; then
     echo "setup-venv: pip install failed; the last lines of $log:" >&2

@@ -510,7 +510,7 @@ def test_lookup_ignores_a_dead_or_unhealthy_server(smoke):
         assert serve.lookup("serve-unit", local) is None
 
 
-def test_server_command_matches_the_in_process_engine(smoke):
+def test_server_command_matches_the_in_process_engine(smoke, monkeypatch):
     local = smoke.generation.models[0]
     settings = smoke.generation.engine
     cmd = serve.server_command(local, settings, 42, 8123, "key", Path("/w"), local.name)
@@ -526,8 +526,10 @@ def test_server_command_matches_the_in_process_engine(smoke):
         "--api-key=key",  # one token, so a key starting with "-" is not read as an option
     ):
         assert part in joined
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # as an in-process engine of this process sets it
     env = serve.server_environment(local, settings)
     assert env["VLLM_CPU_ATTN_SPLIT_KV"] == "0" and env["VLLM_CPU_KVCACHE_SPACE"] == str(settings.cpu_kvcache_gb)
+    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1", "the OpenAI server runs its engine core apart"
 
 
 def test_cpu_preload_reaches_the_processes_started_for_a_cpu_model_where_installed(smoke, monkeypatch):
@@ -615,3 +617,30 @@ def test_cpu_engines_never_split_a_prompt_across_steps(tmp_path):
     cmd = serve.server_command(cpu, params.EngineSettings(), 42, 8000, None, tmp_path, "m")
     assert "--no-enable-chunked-prefill" in cmd
     assert cmd[cmd.index("--max-num-batched-tokens") + 1] == "8192"
+
+
+def test_each_cpu_engine_reads_its_own_settings_with_the_engine_core_in_process(smoke, monkeypatch):
+    """A CPU engine runs vLLM's engine core in its own process (VLLM_ENABLE_V1_MULTIPROCESSING=0, unless
+    the process set it), and a started core caches vLLM's environment variables there: the next engine's
+    start clears that cache, so it runs with its own thread binding, not the first engine's."""
+    # heavy optional: vLLM, for its environment module only (no engine starts here)
+    from vllm import envs
+
+    from storybias.engines import inprocess
+
+    monkeypatch.setattr(envs, "__getattr__", envs.__getattr__)  # the uncached reader, put back afterwards
+    for name in ("VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_ATTN_SPLIT_KV"):
+        monkeypatch.delenv(name, raising=False)  # restored afterwards: _set_cpu_environment writes os.environ
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0")
+    envs.enable_envs_cache()  # what the first engine's core did in this process
+    assert envs.VLLM_CPU_OMP_THREADS_BIND == "0"
+    second = smoke.generation.engine.model_copy(update={"cpu_threads_bind": "1"})
+    inprocess._set_cpu_environment(second)
+    assert envs.VLLM_CPU_OMP_THREADS_BIND == "0", "still the first engine's binding: the cache"
+    inprocess.forget_vllm_environment()
+    assert envs.VLLM_CPU_OMP_THREADS_BIND == "1"
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    inprocess._set_cpu_environment(second)
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1", "a process's own choice is kept"

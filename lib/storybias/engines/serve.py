@@ -149,8 +149,11 @@ def preload_environment(spec: ModelSpec, settings: EngineSettings) -> dict[str, 
 
 def server_environment(spec: ModelSpec, settings: EngineSettings) -> dict[str, str]:
     """The in-process engine's CPU environment variables (engines._set_cpu_environment), for the child,
-    and the preload of ``cpu_preload``."""
+    and the preload of ``cpu_preload``; the engine core in processes of its own, as the server needs."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", **preload_environment(spec, settings))
+    # The OpenAI server needs its engine core in a process of its own (vLLM's AsyncLLM refuses to run it
+    # in process), whatever an engine of this process set (storybias.engines.inprocess.ENGINE_CORE_IN_PROCESS).
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
     if spec.device == "cpu":
         env["VLLM_CPU_OMP_THREADS_BIND"] = (
             cpu_core_list() if settings.cpu_threads_bind == "auto" else settings.cpu_threads_bind

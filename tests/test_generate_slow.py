@@ -99,8 +99,7 @@ def test_the_sibling_model_is_assembled_verified_and_generates_through_a_vllm_se
         "generation": {
             "seed": 42,
             "models": [served.model_dump(include={"name", "source", "embedded"})],
-            "sampling": {"max_tokens": 24},
-            "engine": {"cpu_kvcache_gb": 1, "max_num_seqs": 4, "enforce_eager": True},
+            "sampling": {"max_tokens": 24},  # no engine settings: the shared server generates
         },
         "designs": {
             "occupations": {"languages": ["en"], "restrict": {"occupation": ["nurse"]}, "tasks": ["explicit", "story"]}

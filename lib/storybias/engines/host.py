@@ -228,7 +228,7 @@ def _serve_connection(engine: Any, conn: Connection) -> None:
 
 
 def _stop_with_owner(owner: int) -> None:
-    """End this host's process group (vLLM's engine core included) once its owner is gone."""
+    """End this host's process group once its owner is gone (a CPU host runs vLLM's engine core in process)."""
     while pid_alive(owner):
         time.sleep(OWNER_POLL_S)
     print(f"model host: owner {owner} is gone; stopping", flush=True)

@@ -25,6 +25,7 @@ from storybias.config.params import (
 from storybias.core import paths
 from storybias.engines import ChatRequest, EngineError, ray_engine
 from storybias.engines.cache import cache_dir
+from storybias.engines.inprocess import cpu_engine_variables
 from storybias.tools import planning
 from storybias.tools.bench import kill_and_resume
 
@@ -217,7 +218,7 @@ def test_processor_config_on_cpu_has_cpu_bundles_no_metrics_and_the_in_process_s
         assert kw["engine_kwargs"][k] == v
     assert kw["runtime_env"]["env_vars"]["VLLM_CPU_KVCACHE_SPACE"] == "3"
     assert kw["runtime_env"]["env_vars"]["VLLM_CPU_ATTN_SPLIT_KV"] == "0"
-    remote = ray_engine.cpu_env(EngineSettings(), local=False)
+    remote = cpu_engine_variables(EngineSettings(), local=False)
     assert "VLLM_CPU_OMP_THREADS_BIND" not in remote  # a cluster node binds its own cores
     gpu = ModelSpec(name="g", source="hub", hub_id="x/y", device="cuda", tensor_parallel_size=2)
     kw = ray_engine.processor_config_kwargs(

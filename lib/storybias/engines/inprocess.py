@@ -102,30 +102,40 @@ def cpu_scheduler_kwargs(spec: ModelSpec) -> dict[str, Any]:
     return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(4096, spec.max_model_len)}
 
 
-# vLLM's engine core (the scheduler) and its CPU worker run in this process instead of two processes of
-# their own, each importing torch and vLLM again (on CPU, vLLM puts the worker in a third process for its
-# OpenMP set-up, which binding threads in this process replaces). Measured on the 2-core machine with the
-# default's 1.5B and preload, a fresh process per trial: start-up 41 and 53 s -> 21 and 22 s, 63-65
-# tokens/s both ways (docs/measurements/engine_settings.csv); 16 seeded stories gave the same texts.
-# A process that sets VLLM_ENABLE_V1_MULTIPROCESSING itself keeps its value (`=1`: vLLM's layout).
-ENGINE_CORE_IN_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+# A CPU engine sets it to 0: vLLM's engine core (the scheduler) and its CPU worker run in this process
+# instead of two processes of their own, each importing torch and vLLM again (on CPU, vLLM puts the worker
+# in a third process for its OpenMP set-up, which binding threads in this process replaces). Measured on the
+# 2-core machine with the default's 1.5B and preload, a fresh process per trial: start-up 41 and 53 s -> 21
+# and 22 s, 63-65 tokens/s both ways (docs/measurements/engine_settings.csv); 16 seeded stories gave the
+# same texts. A process that sets the variable itself keeps its value (`=1`: vLLM's layout).
+VLLM_MULTIPROCESSING = "VLLM_ENABLE_V1_MULTIPROCESSING"
 
 
-def _set_cpu_environment(settings: EngineSettings) -> None:
-    for name, value in ENGINE_CORE_IN_PROCESS.items():
-        os.environ.setdefault(name, value)
-    bind = cpu_core_list() if settings.cpu_threads_bind == "auto" else settings.cpu_threads_bind
-    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = bind
-    os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(settings.cpu_kvcache_gb)
+def cpu_engine_variables(settings: EngineSettings, local: bool = True) -> dict[str, str]:
+    """vLLM's CPU variables for an engine of ``settings``, the same for an in-process engine, a model
+    host, a vLLM server and Ray's replicas: the KV cache size, the OpenMP thread binding ('auto': this
+    machine's cores, left to each node where ``local`` is false, a Ray cluster) and, under
+    ``deterministic_cpu_attention``, no split KV reduction."""
+    variables = {"VLLM_CPU_KVCACHE_SPACE": str(settings.cpu_kvcache_gb)}
+    if settings.cpu_threads_bind != "auto":
+        variables["VLLM_CPU_OMP_THREADS_BIND"] = settings.cpu_threads_bind
+    elif local:
+        variables["VLLM_CPU_OMP_THREADS_BIND"] = cpu_core_list()
     if settings.deterministic_cpu_attention:
         # Splitting the KV reduction makes float sums order-dependent: with it off, two seeded runs
         # gave 12/12 identical stories (9/12 with it on), at no measurable speed cost.
-        os.environ["VLLM_CPU_ATTN_SPLIT_KV"] = "0"
+        variables["VLLM_CPU_ATTN_SPLIT_KV"] = "0"
+    return variables
+
+
+def _set_cpu_environment(settings: EngineSettings) -> None:
+    os.environ.setdefault(VLLM_MULTIPROCESSING, "0")
+    os.environ.update(cpu_engine_variables(settings))
 
 
 def forget_vllm_environment() -> None:
     """Make vLLM read its environment variables again. Its engine core caches them once it has started
-    (``vllm.envs.enable_envs_cache``); with the core in this process (``ENGINE_CORE_IN_PROCESS``), a
+    (``vllm.envs.enable_envs_cache``); with the core in this process (``VLLM_MULTIPROCESSING`` at 0), a
     second engine in one process would otherwise run with the first one's CPU settings."""
     # heavy: vLLM (imported already by the engine that calls this)
     from vllm import envs

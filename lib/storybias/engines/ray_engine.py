@@ -33,7 +33,7 @@ from typing import Any
 from storybias.config.params import EngineSettings, ModelSpec
 from storybias.core import paths
 from storybias.engines.base import ChatRequest, ChatResult, EngineError, EngineInfo, package_versions, record_start
-from storybias.engines.inprocess import cpu_core_list, cpu_scheduler_kwargs, preflight
+from storybias.engines.inprocess import cpu_engine_variables, cpu_scheduler_kwargs, preflight
 
 INSTALL_HINT = "make venv EXTRAS=ray (or .venv/bin/pip install -r requirements/extra-ray.txt)"
 
@@ -156,18 +156,6 @@ def engine_kwargs(spec: ModelSpec, settings: EngineSettings, seed: int) -> dict[
     return kwargs
 
 
-def cpu_env(settings: EngineSettings, local: bool) -> dict[str, str]:
-    """The vLLM CPU variables of the in-process engine, for the replicas (Ray's runtime_env)."""
-    env = {"VLLM_CPU_KVCACHE_SPACE": str(settings.cpu_kvcache_gb)}
-    if settings.deterministic_cpu_attention:
-        env["VLLM_CPU_ATTN_SPLIT_KV"] = "0"
-    if settings.cpu_threads_bind != "auto":
-        env["VLLM_CPU_OMP_THREADS_BIND"] = settings.cpu_threads_bind
-    elif local:
-        env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_core_list()  # this machine's cores; a cluster node binds its own
-    return env
-
-
 def processor_config_kwargs(spec: ModelSpec, settings: EngineSettings, seed: int, folder: str) -> dict[str, Any]:
     """Keyword arguments of ``vLLMEngineProcessorConfig`` (a plain dict: testable without Ray)."""
     rs = settings.ray
@@ -184,7 +172,7 @@ def processor_config_kwargs(spec: ModelSpec, settings: EngineSettings, seed: int
     )
     if spec.device == "cpu":
         kwargs["placement_group_config"] = {"bundles": [{"CPU": rs.cpus_per_replica}], "strategy": "PACK"}
-        kwargs["runtime_env"] = {"env_vars": cpu_env(settings, local=rs.address == "local")}
+        kwargs["runtime_env"] = {"env_vars": cpu_engine_variables(settings, local=rs.address == "local")}
     return kwargs
 
 

@@ -42,7 +42,7 @@ from storybias.core import paths, run_folders
 from storybias.core.locks import RunBusy, run_lock
 from storybias.engines.base import TOP_K_FIRST_PROCESSOR, record_start
 from storybias.engines.cache import SERVER_MODEL_FIELDS, model_identity
-from storybias.engines.inprocess import cpu_core_list, cpu_scheduler_kwargs, preflight
+from storybias.engines.inprocess import VLLM_MULTIPROCESSING, cpu_engine_variables, cpu_scheduler_kwargs, preflight
 
 # Set by with-servers (shared_server_kind: host) for its command: the pid that stops the run's model hosts,
 # whose presence lets a stage start one (storybias.engines.host).
@@ -148,19 +148,14 @@ def preload_environment(spec: ModelSpec, settings: EngineSettings) -> dict[str, 
 
 
 def server_environment(spec: ModelSpec, settings: EngineSettings) -> dict[str, str]:
-    """The in-process engine's CPU environment variables (engines._set_cpu_environment), for the child,
+    """The in-process engine's CPU environment variables (inprocess.cpu_engine_variables), for the child,
     and the preload of ``cpu_preload``; the engine core in processes of its own, as the server needs."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", **preload_environment(spec, settings))
     # The OpenAI server needs its engine core in a process of its own (vLLM's AsyncLLM refuses to run it
-    # in process), whatever an engine of this process set (storybias.engines.inprocess.ENGINE_CORE_IN_PROCESS).
-    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
+    # in process), whatever an engine of this process set (storybias.engines.inprocess.VLLM_MULTIPROCESSING).
+    env[VLLM_MULTIPROCESSING] = "1"
     if spec.device == "cpu":
-        env["VLLM_CPU_OMP_THREADS_BIND"] = (
-            cpu_core_list() if settings.cpu_threads_bind == "auto" else settings.cpu_threads_bind
-        )
-        env["VLLM_CPU_KVCACHE_SPACE"] = str(settings.cpu_kvcache_gb)
-        if settings.deterministic_cpu_attention:
-            env["VLLM_CPU_ATTN_SPLIT_KV"] = "0"
+        env.update(cpu_engine_variables(settings))
     return env
 
 

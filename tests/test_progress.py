@@ -184,3 +184,35 @@ def test_the_engine_start_up_is_its_own_phase_and_the_items_bar_starts_after_it(
     with again:
         run_requests(again, batch, lambda r: None, None, 10, desc="generate [m]", unit="story")
     assert "starting the engine" not in capsys.readouterr().err and not again.model_loaded
+
+
+class _SlowFirstAnswer(FakeEngine):
+    """A scripted engine whose first answer ends ``seconds`` after the batch is sent (vLLM reads every
+    prompt of a batch before it finishes an answer: minutes for stage 03's long prompts on a CPU)."""
+
+    def __init__(self, spec, seconds: float, **kwargs):
+        super().__init__(spec, **kwargs)
+        self.seconds = seconds
+
+    def stream(self, requests):
+        time.sleep(self.seconds)
+        yield from super().stream(requests)
+
+
+def test_the_items_bar_moves_and_says_why_while_no_answer_has_ended(capsys):
+    """Stage 03's bar sat at 0/128 with a frozen elapsed time for minutes while the prompts were read,
+    as if hung: now it is redrawn every second and says that no answer has ended yet."""
+    spec = ModelSpec(name="m", source="embedded")
+    batch = [
+        ChatRequest(key=f"k{i}", messages=[{"role": "user", "content": str(i)}], sampling=Sampling(), seed=1)
+        for i in range(3)
+    ]
+    with _SlowFirstAnswer(spec, 2.5) as engine:
+        stats = run_requests(engine, batch, lambda r: None, None, 10, desc="extract [m]", unit="answer")
+    states = [s.strip() for s in re.split(r"[\r\n]", capsys.readouterr().err) if s.strip()]
+    waiting = [s for s in states if "0/3 [" in s]
+    assert stats.n_results == 3
+    assert any("0/3 [00:02<" in s for s in waiting), waiting  # redrawn while nothing ended
+    assert all(s.endswith("reading the prompts, no answer yet]") for s in waiting), waiting
+    assert latest_progress(waiting[-1]) == waiting[-1]  # the terminal echo of the stage log shows it
+    assert "no answer yet" not in states[-1] and "3/3 [" in states[-1]

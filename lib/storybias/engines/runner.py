@@ -71,14 +71,14 @@ class RunStats:
 
 
 MAX_ERRORS_KEPT = 5
-STARTUP_REFRESH_S = 1.0  # how often the start-up line's elapsed time is redrawn
+STARTUP_REFRESH_S = 1.0  # how often a bar waiting on the engine is redrawn
+WAITING_FOR_FIRST_ANSWER = "reading the prompts, no answer yet"
 
 
 @contextmanager
-def startup_phase(desc: str, progress: bool = True) -> Iterator[None]:
-    """A line ``<desc>: starting the engine [elapsed]`` redrawn every second until the block ends (tqdm's
-    bar format, so the terminal echo of a stage's log shows it like a bar: storybias.tools.notebook_runner)."""
-    line = tqdm(total=None, desc=desc, bar_format="{desc}: starting the engine [{elapsed}]", disable=not progress)
+def redrawn_every_second(line: tqdm) -> Iterator[None]:
+    """Redraw ``line`` every second while the block runs, so that its elapsed time moves when nothing
+    else does (tqdm redraws a bar only when it is updated)."""
     stop = threading.Event()
 
     def tick() -> None:
@@ -92,6 +92,17 @@ def startup_phase(desc: str, progress: bool = True) -> Iterator[None]:
     finally:
         stop.set()
         ticker.join()
+
+
+@contextmanager
+def startup_phase(desc: str, progress: bool = True) -> Iterator[None]:
+    """A line ``<desc>: starting the engine [elapsed]`` redrawn every second until the block ends (tqdm's
+    bar format, so the terminal echo of a stage's log shows it like a bar: storybias.tools.notebook_runner)."""
+    line = tqdm(total=None, desc=desc, bar_format="{desc}: starting the engine [{elapsed}]", disable=not progress)
+    try:
+        with redrawn_every_second(line):
+            yield
+    finally:
         line.bar_format = "{desc}: engine started [{elapsed}]"
         line.close()
 
@@ -115,7 +126,9 @@ def run_requests(
     if callable(prepare):
         prepare(requests, lambda: startup_phase(desc, progress))
     started = time.time()
-    bar = tqdm(total=len(requests), desc=desc, unit=unit, disable=not progress)
+    # A batch's prompts are all read before its first answer ends (minutes for stage 03's long prompts on
+    # a CPU): until then the bar says so, and its elapsed time keeps moving (redrawn_every_second).
+    bar = tqdm(total=len(requests), desc=desc, unit=unit, disable=not progress, postfix=WAITING_FOR_FIRST_ANSWER)
 
     def flush() -> None:
         if store is not None and buffer:
@@ -123,30 +136,31 @@ def run_requests(
         buffer.clear()
 
     try:
-        for result in engine.stream(requests):
-            stats.n_results += 1
-            stats.finish_reasons[result.finish_reason] += 1
-            if result.cached:
-                stats.n_cached += 1
-            else:
-                stats.output_tokens += result.n_tokens
-                stats.prompt_tokens += result.n_prompt_tokens
-            if result.error is not None:
-                stats.n_errors += 1
-                if len(stats.errors) < MAX_ERRORS_KEPT:
-                    stats.errors.append(f"{result.key}: {result.error}")
-            if on_result is not None:
-                on_result(result)
-            rows = build_row(result)
-            if isinstance(rows, dict):
-                buffer.append(rows)
-            elif rows is not None:
-                buffer.extend(rows)
-            bar.update(1)
-            elapsed = max(time.time() - started, 1e-9)
-            bar.set_postfix(tok_s=f"{stats.output_tokens / elapsed:.1f}", errors=stats.n_errors, refresh=False)
-            if len(buffer) >= shard_size:
-                flush()
+        with redrawn_every_second(bar):
+            for result in engine.stream(requests):
+                stats.n_results += 1
+                stats.finish_reasons[result.finish_reason] += 1
+                if result.cached:
+                    stats.n_cached += 1
+                else:
+                    stats.output_tokens += result.n_tokens
+                    stats.prompt_tokens += result.n_prompt_tokens
+                if result.error is not None:
+                    stats.n_errors += 1
+                    if len(stats.errors) < MAX_ERRORS_KEPT:
+                        stats.errors.append(f"{result.key}: {result.error}")
+                if on_result is not None:
+                    on_result(result)
+                rows = build_row(result)
+                if isinstance(rows, dict):
+                    buffer.append(rows)
+                elif rows is not None:
+                    buffer.extend(rows)
+                bar.update(1)
+                elapsed = max(time.time() - started, 1e-9)
+                bar.set_postfix(tok_s=f"{stats.output_tokens / elapsed:.1f}", errors=stats.n_errors, refresh=False)
+                if len(buffer) >= shard_size:
+                    flush()
     finally:
         flush()  # rows received before a crash or an interrupt are kept
         bar.close()

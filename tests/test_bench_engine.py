@@ -36,6 +36,22 @@ def test_the_rows_fit_the_recorded_file_and_its_labels():
     assert set(recorded_table["sampler"]) == {sampler for _, _, sampler in SETTINGS}
 
 
+def test_a_failed_write_keeps_the_trials_written_before(tmp_path):
+    """The sitting rewrites its CSV after every trial (a kill keeps what was measured): a write that fails
+    midway leaves the previous file whole, not a truncated one."""
+    out = tmp_path / "bench_engine.csv"
+    row = {column: "x" for column in bench_engine.COLUMNS}
+    bench_engine._write([row, row], out)
+    before = out.read_text(encoding="utf-8")
+    assert len(before.splitlines()) == 3
+    try:
+        bench_engine._write([row, {**row, "not a column": 1}], out)  # DictWriter raises on the second row
+    except ValueError:
+        pass
+    assert out.read_text(encoding="utf-8") == before
+    assert [p.name for p in tmp_path.iterdir()] == ["bench_engine.csv"]  # no temporary left
+
+
 def test_a_bad_profile_is_named_before_any_engine_starts(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("generation: {seed: forty-two}\n")

@@ -37,6 +37,7 @@ from typing import Any
 from storybias.config.checks import cpu_preload_libraries
 from storybias.config.params import Params, load
 from storybias.core import run_folders
+from storybias.core.io import atomic_open
 from storybias.engines import Engine, entered_info
 from storybias.evidence.recorded import RECORDED_COLUMNS
 from storybias.stages.generate import prepare_models
@@ -136,7 +137,8 @@ def bench_engine(path: str, n_prompts: int = 64, max_tokens: int = 128, repeats:
 
 
 def _write(rows: list[dict[str, Any]], out: Path) -> None:
-    with open(out, "w", newline="", encoding="utf-8") as fh:
+    """Every row so far, replacing ``out`` whole: a kill mid-write leaves the previous trials' file."""
+    with atomic_open(out, "w", newline="", encoding="utf-8") as fh:
         writer = csv.DictWriter(fh, fieldnames=COLUMNS)
         writer.writeheader()
         writer.writerows(rows)

@@ -562,7 +562,14 @@ def _wait_for_never(tmp_path: Path, script: str, timeout_s: float) -> tuple[subp
         process = subprocess.Popen(["sh", "-c", script], stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
     with pytest.raises(serve.ServerError) as info:
         serve.wait_until_ready(
-            process, lambda: False, "the test server", logfile, time.time(), timeout_s, serve.ServerError, 0.1
+            process,
+            lambda: False,
+            "the test server",
+            logfile=logfile,
+            started=time.time(),
+            timeout_s=timeout_s,
+            error=serve.ServerError,
+            poll_s=0.1,
         )
     return process, str(info.value)
 

@@ -102,11 +102,11 @@ def start_host(spec: ModelSpec, settings: EngineSettings, seed: int, run_name: s
         process,
         lambda: _accepts(entry),
         f"the model host for {spec.name!r}",
-        logfile,
-        started,
-        START_TIMEOUT_S,
-        EngineError,
-        0.5,
+        logfile=logfile,
+        started=started,
+        timeout_s=START_TIMEOUT_S,
+        error=EngineError,
+        poll_s=0.5,
     )
     entry["startup_seconds"] = round(time.time() - started, 1)
     return entry

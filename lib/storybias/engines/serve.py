@@ -268,6 +268,7 @@ def wait_until_ready(
     process: subprocess.Popen,
     ready: Callable[[], bool],
     what: str,
+    *,
     logfile: Path,
     started: float,
     timeout_s: float,
@@ -345,10 +346,10 @@ def start_server(
         process,
         lambda: health_ok(server.base_url),
         f"the vLLM server for {', '.join(names)}",
-        logfile,
-        started,
-        health_timeout,
-        ServerError,
+        logfile=logfile,
+        started=started,
+        timeout_s=health_timeout,
+        error=ServerError,
     )
     server.startup_seconds = round(time.time() - started, 1)
     record_start(", ".join(names), "server", server.startup_seconds, settings.enforce_eager)

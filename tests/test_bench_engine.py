@@ -6,6 +6,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from storybias.evidence.recorded import recorded
 from storybias.tools import bench_engine
 from storybias.tools.bench_engine import SETTINGS, compile_cache_state, trial_order
@@ -44,10 +46,8 @@ def test_a_failed_write_keeps_the_trials_written_before(tmp_path):
     bench_engine._write([row, row], out)
     before = out.read_text(encoding="utf-8")
     assert len(before.splitlines()) == 3
-    try:
+    with pytest.raises(ValueError):
         bench_engine._write([row, {**row, "not a column": 1}], out)  # DictWriter raises on the second row
-    except ValueError:
-        pass
     assert out.read_text(encoding="utf-8") == before
     assert [p.name for p in tmp_path.iterdir()] == ["bench_engine.csv"]  # no temporary left
 

@@ -78,7 +78,10 @@ WAITING_FOR_FIRST_ANSWER = "reading the prompts, no answer yet"
 @contextmanager
 def redrawn_every_second(line: tqdm) -> Iterator[None]:
     """Redraw ``line`` every second while the block runs, so that its elapsed time moves when nothing
-    else does (tqdm redraws a bar only when it is updated)."""
+    else does (tqdm redraws a bar only when it is updated). A disabled bar draws nothing: no thread."""
+    if line.disable:
+        yield
+        return
     stop = threading.Event()
 
     def tick() -> None:

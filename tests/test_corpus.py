@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from fake_engine import FakeEngine
-from storybias.config import params
+from storybias.config import checks, params
 from storybias.core import artifacts
 from storybias.evidence.labels import PublishedFormatError, canonical_value
 from storybias.evidence.released_associations import POOL_FILE, RELEASE_LANGUAGE, load_associations
@@ -326,6 +326,30 @@ def test_the_shipped_profile_reads_a_downloaded_corpus(tmp_path, corpus_root):
     (tmp_path / "missing.yaml").write_text(yaml.safe_dump(shipped))
     with pytest.raises(params.ParamsError, match="never downloads: fetch the corpus first.*huggingface-cli download"):
         params.load(tmp_path / "missing.yaml")
+
+
+def test_a_corpus_run_keeps_up_only_the_models_its_stages_run(tmp_path, corpus_root):
+    """The shipped corpus profile names a generator and an extractor, but stage 01 imports the stories and
+    stage 03 maps the published extractions: ``with-servers`` keeps up the judge alone (it used to count
+    the generator and the extractor too), and the CPU preload is checked for the judge alone."""
+    shipped = yaml.safe_load(Path("params/stereotales-published.yaml").read_text())
+    shipped["corpus"]["path"] = str(corpus_root)
+    (tmp_path / "published.yaml").write_text(yaml.safe_dump(shipped))
+    published = params.load(tmp_path / "published.yaml")
+    assert published.generation.models and published.extract.models
+    kept = checks.local_models(published.profile)
+    assert kept == list(published.associations.judge.models) and len(kept) == 1
+    shipped["corpus"]["extractions"] = "rerun"
+    (tmp_path / "rerun.yaml").write_text(yaml.safe_dump(shipped))
+    rerun = params.load(tmp_path / "rerun.yaml")
+    assert checks.local_models(rerun.profile) == [*rerun.extract.models, *rerun.associations.judge.models]
+    default = params.load(Path("params/default.yaml"))
+    assert [m.name for m in checks.local_models(default.profile)] == [
+        "qwen2.5-coder-1.5b",
+        "qwen2.5-coder-0.5b",
+        "qwen2.5-coder-1.5b",
+        "qwen2.5-coder-1.5b",
+    ]
 
 
 def _association_record(model: str, scope: str, base: str, compared: str, cells: list[tuple[str, str]]) -> dict:

@@ -401,9 +401,10 @@ def smoke(tmp_path, monkeypatch):
 def test_with_servers_registers_one_server_and_leaves_no_process(smoke, tmp_path):
     seen = tmp_path / "seen.json"
     probe = (
-        f"import json; from storybias.config import params; from storybias.engines import serve; "
+        f"import json; from storybias.config import checks, params; from storybias.engines import serve; "
         f"p = params.load({str(smoke.source)!r}); "
-        f"json.dump({{m.name: serve.lookup(p.run_name, m) for m in serve.local_models(p)}}, open({str(seen)!r}, 'w'))"
+        f"models = checks.local_models(p.profile); "
+        f"json.dump({{m.name: serve.lookup(p.run_name, m) for m in models}}, open({str(seen)!r}, 'w'))"
     )
     code = serve.with_servers(
         smoke, [sys.executable, "-c", probe], log=lambda m: None, server_command_override=FAKE_SERVER
@@ -430,14 +431,15 @@ def test_two_embedded_models_get_two_servers_and_the_log_counts_them(tmp_path, m
     path = tmp_path / "p.yaml"
     path.write_text(yaml.safe_dump(raw))
     p = params.load(path)
-    specs = {m.name: m for m in serve.local_models(p)}
+    specs = {m.name: m for m in checks.local_models(p.profile)}
     assert set(specs) == {"qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"}
     assert len({serve.serve_key(m) for m in specs.values()}) == 2
     seen, lines = tmp_path / "seen.json", []
     probe = (
-        f"import json; from storybias.config import params; from storybias.engines import serve; "
+        f"import json; from storybias.config import checks, params; from storybias.engines import serve; "
         f"p = params.load({str(path)!r}); "
-        f"json.dump({{m.name: serve.lookup(p.run_name, m) for m in serve.local_models(p)}}, open({str(seen)!r}, 'w'))"
+        f"models = checks.local_models(p.profile); "
+        f"json.dump({{m.name: serve.lookup(p.run_name, m) for m in models}}, open({str(seen)!r}, 'w'))"
     )
     try:
         code = serve.with_servers(

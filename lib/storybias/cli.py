@@ -40,7 +40,7 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from storybias.config.checks import missing_key_variables, preload_note
+from storybias.config.checks import local_models, missing_key_variables, preload_note
 from storybias.config.lenses import format_shortfalls, lens_shortfalls
 from storybias.config.models import EMBEDDED, prepare_embedded_models
 from storybias.config.params import Params, ParamsError, load, write_stage_stamps
@@ -50,7 +50,7 @@ from storybias.core.artifacts import outputs as stage_outputs
 from storybias.core.locks import RunBusy, clean_run
 from storybias.core.run_folders import RunFolderError, claim
 from storybias.engines import EngineError
-from storybias.engines.serve import ServerError, local_models, with_servers
+from storybias.engines.serve import ServerError, with_servers
 from storybias.stages import generate
 from storybias.stages.associations.power import format_planned, planned_power
 from storybias.stages.associations.tables import MIN_ROW_TOTAL
@@ -206,7 +206,7 @@ def _check_params(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
 
 def _serve_mode(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     p = _load(args.params)
-    print(1 if p.generation.engine.shared_server and local_models(p) else 0)
+    print(1 if p.generation.engine.shared_server and local_models(p.profile) else 0)
     return 0
 
 

@@ -95,6 +95,14 @@ def stage_models(profile: Any, stage: str) -> list[ModelSpec]:
     return list(declared.get(stage, []))
 
 
+def local_models(profile: Any) -> list[ModelSpec]:
+    """Every model the profile's stages run on this machine (every one not served by an endpoint), stage
+    by stage (generate, extract, associations) in the profile's order: the models ``with-servers`` keeps
+    up for a run and the CPU preload is for. A corpus profile's generators are not among them (stage 01
+    imports its stories), nor, with ``corpus.extractions: published``, its extractors."""
+    return [spec for stage in MODEL_KEYS for spec in stage_models(profile, stage) if spec.source != "openai"]
+
+
 def missing_key_variables(profile: Any) -> list[str]:
     """Every served model a stage runs whose ``api_key_env`` names a variable that is unset or empty here,
     as '<key>[i].api_key_env: ...' naming the model and the variable."""
@@ -123,12 +131,7 @@ def preload_note(profile: Any) -> str | None:
     """A line for the log where ``generation.engine.cpu_preload`` is on for a profile that runs a local CPU
     model and a library is missing: the engines then run without the preload (a speed-up, not an input:
     the texts are the same either way, docs/measurements/engine_settings.csv)."""
-    local_cpu = [
-        spec
-        for stage in MODEL_KEYS
-        for spec in stage_models(profile, stage)
-        if spec.source != "openai" and spec.device == "cpu"
-    ]
+    local_cpu = [spec for spec in local_models(profile) if spec.device == "cpu"]
     if not profile.generation.engine.cpu_preload or not local_cpu or cpu_preload_libraries() is not None:
         return None
     return (

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from storybias.config.checks import cpu_preload_libraries, preload_note
+from storybias.config.checks import cpu_preload_libraries, local_models, preload_note
 from storybias.config.params import EngineSettings, ModelSpec, Params
 from storybias.core import paths, run_folders
 from storybias.core.locks import RunBusy, run_lock
@@ -65,12 +65,6 @@ def serve_key(spec: ModelSpec) -> str:
     model settings the cache key also reads), so a model used for generation, extraction and judging under
     one name or several starts once, and two models that differ in any of these get a server each."""
     return json.dumps(model_identity(spec, SERVER_MODEL_FIELDS), sort_keys=True)
-
-
-def local_models(params: Params) -> list[ModelSpec]:
-    """Every local model the profile names (generation, extraction, judges), in that order."""
-    specs = [*params.generation.models, *params.extract.models, *params.associations.judge.models]
-    return [s for s in specs if s.source != "openai"]
 
 
 def free_port() -> int:
@@ -463,7 +457,7 @@ def with_servers(
 
     run_name = params.run_name
     groups: dict[str, list[ModelSpec]] = {}
-    for spec in local_models(params):
+    for spec in local_models(params.profile):
         groups.setdefault(serve_key(spec), []).append(spec)
     hosted = params.generation.engine.shared_server_kind == "host"
     note = preload_note(params.profile) if groups else None

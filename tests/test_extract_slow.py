@@ -77,6 +77,23 @@ def test_stages_01_and_03_shared_one_model_host(extracted):
     assert [s["kind"] for s in starts].count("host") == 1, starts
 
 
+def test_stage_times_reads_the_run_papermill_and_the_stages_wrote(extracted, smoke_profile):
+    """`make stage-times` on the slow tests' run: stages 01-03 executed by papermill as `make` runs them
+    (conftest.run_notebook), their manifests written by the stages themselves."""
+    from storybias.tools import stage_times
+
+    _, _, reports = smoke_profile
+    rows = {r.notebook: r for r in stage_times.collect(reports, extracted)}
+    assert {"01_generate", "02_filter", "03_extract"} <= set(rows)
+    assert rows["01_generate"].ended <= rows["02_filter"].started <= rows["03_extract"].started
+    [model] = json.loads((extracted / "manifest_generate.json").read_text())["models"]
+    assert rows["01_generate"].detail.startswith(f"{model['model']}: start {model['startup_seconds']:,.1f} s, ")
+    assert rows["01_generate"].seconds > model["startup_seconds"]
+    [(extractor, timing)] = json.loads((extracted / "manifest_extract.json").read_text())["timings"].items()
+    assert rows["03_extract"].detail.startswith(f"{extractor}: {timing['n_answers']:,} answers")
+    assert rows["03_extract"].detail.endswith(" answers did not parse")
+
+
 def test_two_step_maps_the_facts_of_every_answer_that_quoted_some(extracted):
     """The slow profile extracts with ``two_step`` (the default profile's design): every parsed
     stereotales answer that quoted facts got one step-2 answer through the real engine, stored under

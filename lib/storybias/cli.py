@@ -17,6 +17,8 @@ generate PARAMS            stage 01 outside a notebook (the notebook calls the s
 bench-generate PARAMS      time stage 01's engine path against a bare LLM.chat call
 bench-engine PARAMS        engine start-up and tokens/s: compiled, eager, eager with tcmalloc + Intel
                            OpenMP preloaded, a process per trial, alternated (docs/measurements)
+stage-times PARAMS         a Markdown table of the run's stages: papermill's time per executed notebook and,
+                           from the manifests, what it went to (engine start-ups, tokens/s, stories/s)
 bench-ray PARAMS           time a smoke generation through Ray Data's vLLM processor against the
                            in-process engine (start-up separately), and kill-and-resume it
 plan PARAMS                stage 01's work per design and model: requests, tokens, wall time on planning.gpus
@@ -63,6 +65,9 @@ from storybias.tools.cost import estimate, format_estimate
 from storybias.tools.notebook_runner import run_stage
 from storybias.tools.planning import format_plan, profile_plan
 from storybias.tools.publish import publish_notebooks
+from storybias.tools.stage_times import StageTimesError
+from storybias.tools.stage_times import collect as collect_stage_times
+from storybias.tools.stage_times import format_table as stage_times_table
 
 
 def _load(path: str) -> Params:
@@ -97,6 +102,7 @@ def _add_bench_commands(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="compare the in-process engine with the local vLLM server over HTTP (storybias.engines.serve)",
     )
+    sub.add_parser("stage-times").add_argument("params")
     bench_engine = sub.add_parser("bench-engine")
     bench_engine.add_argument("params")
     bench_engine.add_argument("--n-prompts", type=int, default=64)
@@ -297,6 +303,12 @@ def _bench_engine(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     return 0
 
 
+def _stage_times(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    run_name = _load(args.params).run_name
+    print(stage_times_table(collect_stage_times(paths.reports_dir(run_name), paths.run_dir(run_name))))
+    return 0
+
+
 def _bench_ray(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
         run_bench_ray(_load(args.params), n_prompts=args.n_prompts)
@@ -371,6 +383,7 @@ _COMMANDS: dict[str, Handler] = {
     "prepare-model": _prepare_model,
     "bench-generate": _bench_generate,
     "bench-engine": _bench_engine,
+    "stage-times": _stage_times,
     "bench-ray": _bench_ray,
     "plan": _plan,
     "bench-associations": _bench_associations,
@@ -391,15 +404,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def entry(argv: list[str] | None = None) -> int:
-    """``main`` with a busy run (exit 3) or a run folder that is not the run's (exit 2) reported as a
-    message instead of a traceback."""
+    """``main`` with a busy run (exit 3), a run folder that is not the run's or a run with no finished
+    notebook to time (exit 2) reported as a message instead of a traceback."""
 
     try:
         return main(argv)
     except RunBusy as exc:
         print(f"storybias: {exc}", file=sys.stderr)
         return 3
-    except RunFolderError as exc:
+    except (RunFolderError, StageTimesError) as exc:
         print(f"storybias: {exc}", file=sys.stderr)
         return 2
 

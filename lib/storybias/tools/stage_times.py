@@ -1,0 +1,149 @@
+"""stage_times (`make stage-times`): how long each stage of a run took, and on what (issue #43).
+
+Reads what a run already keeps, so the table can be rebuilt for any finished run:
+
+- each executed notebook in ``reports/<run>/`` (papermill's ``metadata.papermill``: ``start_time``,
+  ``end_time``, ``duration``), one row per stage, in the order the stages started;
+- the stages' manifests in ``data/<run>/`` for what the time was spent on: stage 01's engine start-up,
+  stories and tokens/s per model; stage 03's answers, tokens and stories/s per model; stage 04's test and
+  power times; stage 06's embedding time.
+
+The README's per-stage table of `make paper` is this command's output on the default run. Set-up
+(``make venv model``) happens before any notebook, so it is not in these files: time it apart.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class StageTime:
+    """One executed notebook: its name, when papermill started and ended it, and what its manifest says
+    the time went to (empty where the stage records nothing more)."""
+
+    notebook: str
+    started: datetime.datetime
+    ended: datetime.datetime
+    seconds: float
+    detail: str
+
+
+class StageTimesError(RuntimeError):
+    """A run with no executed notebook, or a report papermill did not finish."""
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+def _count(value: Any) -> str:
+    """An int with thousands separators, a float to one decimal (seconds, rates), anything else as is."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return str(value)
+    return f"{value:,}" if isinstance(value, int) else f"{value:,.1f}"
+
+
+def generation_detail(manifest: dict[str, Any]) -> str:
+    """Per model: engine start-up, stories written in this run, generation time and tokens/s."""
+    parts = []
+    for m in manifest.get("models", []):
+        stories = _count(m.get("n_generated_this_run"))
+        text = f"{m['model']}: start {_count(m.get('startup_seconds'))} s, {stories} stories"
+        if m.get("n_reused"):
+            text += f" (+{_count(m['n_reused'])} reused)"
+        text += f" in {_count(m.get('generation_seconds'))} s"
+        if m.get("tokens_per_second") is not None:
+            text += f" at {_count(m['tokens_per_second'])} tokens/s"
+        if m.get("n_errors_this_run"):
+            text += f", {_count(m['n_errors_this_run'])} failed requests"
+        parts.append(text)
+    return "; ".join(parts)
+
+
+def extraction_detail(manifest: dict[str, Any]) -> str:
+    """Per extractor: answers (first pass and two-step second pass), time, stories/s and tokens; then the
+    answers that did not parse (kept as data, stage 03's ``parse_ok``)."""
+    parts = []
+    for model, t in (manifest.get("timings") or {}).items():
+        text = f"{model}: {_count(t.get('n_answers'))} answers"
+        if t.get("n_step2_answers"):
+            text += f" + {_count(t['n_step2_answers'])} step-2"
+        text += f" in {_count(t.get('extraction_seconds'))} s"
+        if t.get("stories_per_second") is not None:
+            text += f" ({t['stories_per_second']:.3f} stories/s)"
+        if t.get("output_tokens") is not None:
+            text += f", {_count(t['output_tokens'])} output / {_count(t.get('prompt_tokens'))} prompt tokens"
+        if t.get("n_from_cache"):
+            text += f", {_count(t['n_from_cache'])} from the cache"
+        parts.append(text)
+    if "n_parse_failed" in manifest:
+        parts.append(f"{_count(manifest['n_parse_failed'])} answers did not parse")
+    return "; ".join(parts)
+
+
+def associations_detail(manifest: dict[str, Any]) -> str:
+    seconds = {k: manifest[k] for k in ("test_seconds", "power_seconds") if manifest.get(k) is not None}
+    return ", ".join(f"{k.removesuffix('_seconds')} {_count(v)} s" for k, v in seconds.items())
+
+
+def probes_detail(manifest: dict[str, Any]) -> str:
+    t = manifest.get("timings") or {}
+    keys = ("embedding_seconds", "umap_seconds", "total_seconds")
+    return ", ".join(f"{k.removesuffix('_seconds')} {_count(t[k])} s" for k in keys if t.get(k) is not None)
+
+
+# notebook-name prefix -> (its manifest, what to say of it)
+DETAILS = {
+    "01": ("manifest_generate.json", generation_detail),
+    "03": ("manifest_extract.json", extraction_detail),
+    "04": ("manifest_associations.json", associations_detail),
+    "06": ("manifest_probes.json", probes_detail),
+}
+
+
+def _papermill_times(report: Path) -> tuple[datetime.datetime, datetime.datetime, float]:
+    meta = json.loads(report.read_text(encoding="utf-8")).get("metadata", {}).get("papermill", {})
+    if not meta.get("start_time") or not meta.get("end_time") or meta.get("duration") is None:
+        raise StageTimesError(f"{report}: papermill did not finish this notebook (no start, end or duration)")
+    started = datetime.datetime.fromisoformat(meta["start_time"])
+    ended = datetime.datetime.fromisoformat(meta["end_time"])
+    return started, ended, float(meta["duration"])
+
+
+def collect(reports: Path, data: Path) -> list[StageTime]:
+    """Every executed stage notebook in ``reports`` (``NN_name.ipynb``; papermill's work-in-progress
+    ``*.tmp.ipynb`` left out) with its manifest's detail from ``data``, in the order the stages started."""
+    rows = []
+    for report in sorted(reports.glob("[0-9][0-9]_*.ipynb")):
+        if report.name.endswith(".tmp.ipynb"):
+            continue
+        started, ended, seconds = _papermill_times(report)
+        described = DETAILS.get(report.name[:2])
+        detail = described[1](_read_json(data / described[0])) if described else ""
+        rows.append(StageTime(report.stem, started, ended, seconds, detail))
+    if not rows:
+        raise StageTimesError(f"{reports}: no executed stage notebook (run `make paper` first)")
+    return sorted(rows, key=lambda r: r.started)
+
+
+def _clock(seconds: float) -> str:
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes} min {rest:02d} s"
+
+
+def format_table(rows: list[StageTime]) -> str:
+    """A Markdown table, one line per stage, then the span from the first start to the last end (the
+    stages' wall time, Make's gaps between them included) and the sum of the notebooks' durations."""
+    lines = ["| stage | started (UTC) | time | what the time went to |", "|---|---|---|---|"]
+    for r in rows:
+        started = r.started.astimezone(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S")
+        lines.append(f"| {r.notebook} | {started} | {_clock(r.seconds)} | {r.detail} |")
+    span = (max(r.ended for r in rows) - min(r.started for r in rows)).total_seconds()
+    total = sum(r.seconds for r in rows)
+    lines.append(f"| all stages | | {_clock(span)} | first start to last end; the notebooks alone {_clock(total)} |")
+    return "\n".join(lines)

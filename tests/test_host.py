@@ -18,7 +18,16 @@ from pathlib import Path
 import pytest
 
 from storybias.config.params import EngineSettings, ModelSpec, Sampling
-from storybias.engines import ChatRequest, ChatResult, EngineError, EngineInfo, host, open_engine, serve
+from storybias.engines import (
+    ChatRequest,
+    ChatResult,
+    EngineError,
+    EngineInfo,
+    host,
+    open_engine,
+    open_stage_engine,
+    serve,
+)
 
 
 class ScriptedEngine:
@@ -155,6 +164,84 @@ def test_inside_a_session_a_stage_starts_a_host(run, monkeypatch):
     monkeypatch.setenv(serve.OWNER_VARIABLE, str(os.getpid()))
     engine = open_engine(ModelSpec(name="writer", source="embedded"), EngineSettings(), 1, run_name=run)
     assert isinstance(engine, host.HostedEngine) and engine.entry is None  # starts on entering
+
+
+def test_only_a_model_another_stage_runs_gets_a_host_for_the_run(run, monkeypatch):
+    """The default profile's 1.5B writes (01), extracts (03) and judges (04): a host registered for the run
+    keeps it loaded. Its 0.5B writes stage 01's occupations only: a host of that stage's own, unregistered,
+    instead of one holding it idle through stages 03 to 08. A host already registered for it is used."""
+    from storybias.config.params import load
+
+    monkeypatch.setenv(serve.OWNER_VARIABLE, str(os.getpid()))
+    default = load(Path(__file__).resolve().parents[1] / "params" / "default.yaml")
+    large, small = default.generation.models
+    assert serve.run_by_several_stages(default.profile, large)
+    assert not serve.run_by_several_stages(default.profile, small)
+    shared, own = open_stage_engine(default, large, 1), open_stage_engine(default, small, 1)
+    assert isinstance(shared, host.HostedEngine) and not shared.private
+    assert isinstance(own, host.HostedEngine) and own.private
+    entry = {"kind": "host", "address": "\0s", "authkey": "00", "pid": os.getpid()}
+    serve.register_host(default.run_name, small, entry)
+    engine = open_stage_engine(default, small, 1)
+    assert isinstance(engine, host.HostedEngine) and engine.entry["address"] == "\0s" and not engine.private
+
+
+# A stand-in for `python -m storybias.engines.host` (no model): the same key, socket and protocol; it
+# writes the owner it was given to the file named by its third argument.
+STAND_IN_HOST = """
+import os, sys
+from multiprocessing.connection import Listener
+from storybias.engines import host
+from storybias.engines.base import ChatResult, EngineInfo
+
+class Echo:
+    info = EngineInfo(model="m", model_id="stand-in", weights="-", device="cpu", startup_seconds=0.0)
+
+    def stream(self, requests):
+        for r in requests:
+            yield ChatResult(r.key, "text of " + r.key, "stop", n_tokens=1, n_prompt_tokens=1)
+
+open(sys.argv[3], "w").write(sys.argv[2])
+key = bytes.fromhex(os.environ.pop(host.KEY_VARIABLE))
+with Listener("\\0" + sys.argv[1], family="AF_UNIX", authkey=key) as listener:
+    while True:
+        with listener.accept() as conn:
+            host._serve_connection(Echo(), conn)
+"""
+
+
+def test_a_stage_s_own_host_is_owned_by_the_stage_and_gone_when_it_closes(run, monkeypatch, tmp_path):
+    """The process that holds the model ends with the engine (its memory is free for the next stages),
+    never enters the run's registry, and is owned by the stage's process, so it also stops if the stage
+    dies. The shared host, started the same way, stays registered for the run."""
+    owner_file = tmp_path / "owner"
+    monkeypatch.setattr(
+        host,
+        "host_command",
+        lambda spec, settings, seed, socket_name, owner: [
+            sys.executable,
+            "-c",
+            STAND_IN_HOST,
+            socket_name,
+            str(owner),
+            str(owner_file),
+        ],
+    )
+    monkeypatch.setenv(serve.OWNER_VARIABLE, "1")  # the with-servers process: not this one
+    spec = ModelSpec(name="small", source="embedded", embedded="qwen2.5-coder-0.5b")
+    with open_engine(spec, EngineSettings(), 1, run_name=run, shared=False) as engine:
+        pid = engine.entry["pid"]
+        assert serve.pid_alive(pid) and serve.read_registry(run) == {}
+        assert [r.text for r in engine.stream(requests(2))] == ["text of k0", "text of k1"]
+    assert int(owner_file.read_text()) == os.getpid()
+    assert not serve.pid_alive(pid), "the stage's own host outlived its engine"
+    assert not Path(f"/proc/{pid}").exists(), "its exit status was collected (no zombie)"
+    shared = open_engine(spec, EngineSettings(), 1, run_name=run)
+    with shared:
+        assert serve.lookup(run, spec)["pid"] == shared.entry["pid"]
+    assert int(owner_file.read_text()) == 1 and serve.pid_alive(shared.entry["pid"])
+    pid = shared.entry["pid"]
+    serve.stop_pid_group(pid, reap=lambda: host._reap(pid))
 
 
 def _profile(tmp_path: Path, kind: str):

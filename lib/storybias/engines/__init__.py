@@ -22,7 +22,7 @@ vLLM is imported lazily: parameter checks and analysis stages never pay for it.
 
 from __future__ import annotations
 
-from storybias.config.params import EngineSettings, ModelSpec
+from storybias.config.params import EngineSettings, ModelSpec, Params
 from storybias.engines import serve, served
 from storybias.engines.base import ChatEngine, ChatRequest, ChatResult, EngineError, EngineInfo, entered_info
 from storybias.engines.host import HostedEngine, session_owner
@@ -40,18 +40,23 @@ __all__ = [
     "cpu_scheduler_kwargs",
     "entered_info",
     "open_engine",
+    "open_stage_engine",
     "preflight",
 ]
 
 
-def open_engine(spec: ModelSpec, settings: EngineSettings, seed: int, run_name: str | None = None) -> ChatEngine:
+def open_engine(
+    spec: ModelSpec, settings: EngineSettings, seed: int, run_name: str | None = None, shared: bool = True
+) -> ChatEngine:
     """The engine every stage uses for ``spec`` (not started: use it as a context manager).
 
     ``source: openai`` -> the HTTP client of that endpoint; a local model with ``backend: ray`` -> Ray
     Data's vLLM processor (storybias.engines.ray_engine); another local model (embedded / local / hub) -> the
     run's model host or shared local vLLM server when one is running for it (``data/<run>/servers.json``, its
-    pid alive and, a server, /health OK); else, under ``storybias.cli with-servers`` with hosts, a host started
-    now for the rest of the run (storybias.engines.host); else an in-process engine.
+    pid alive and, a server, /health OK); else, under ``storybias.cli with-servers`` with hosts, a host
+    started now (storybias.engines.host): for the rest of the run when another stage also runs the model
+    (``shared``, :func:`open_stage_engine`), else for this engine alone, stopped when it closes; else an
+    in-process engine.
     """
 
     if spec.source == "openai":
@@ -64,6 +69,14 @@ def open_engine(spec: ModelSpec, settings: EngineSettings, seed: int, run_name: 
             return HostedEngine(spec, settings, seed, run_name, entry)
         if entry is not None:
             return served.OpenAIEngine.for_local_server(spec, entry, settings, seed)
-        if session_owner() is not None:  # under with-servers (shared_server_kind: host): start the model's host
-            return HostedEngine(spec, settings, seed, run_name)
+        if session_owner() is not None:  # under with-servers (shared_server_kind: host): start a host
+            return HostedEngine(spec, settings, seed, run_name, private=not shared)
     return Engine(spec, settings, seed)
+
+
+def open_stage_engine(params: Params, spec: ModelSpec, seed: int) -> ChatEngine:
+    """:func:`open_engine` for a stage of ``params``' run: its engine settings and run; under with-servers, a
+    model host kept up for the run only for a model another of its stages also runs
+    (``serve.run_by_several_stages``), else a host of the stage's own, stopped when the stage closes it."""
+    shared = serve.run_by_several_stages(params.profile, spec)
+    return open_engine(spec, params.generation.engine, seed, params.run_name, shared=shared)

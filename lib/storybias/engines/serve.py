@@ -67,6 +67,14 @@ def serve_key(spec: ModelSpec) -> str:
     return json.dumps(model_identity(spec, SERVER_MODEL_FIELDS), sort_keys=True)
 
 
+def run_by_several_stages(profile: Any, spec: ModelSpec) -> bool:
+    """Whether another stage of ``profile`` also runs ``spec``'s model (the same :func:`serve_key`): only
+    such a model is worth a model host kept up for the run. The default's 0.5B writes stage 01's
+    occupations and nothing else, so a host kept it (7.3 GB resident) idle through stages 03 to 08."""
+    key = serve_key(spec)
+    return sum(serve_key(other) == key for other in local_models(profile)) > 1
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))

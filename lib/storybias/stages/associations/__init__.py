@@ -185,7 +185,7 @@ def run(
 ) -> StageResult:
     """Stage 04: both passes for every model, sharing, the LLM harm judge and (optionally) human
     ratings; writes data/<run>/associations_*.parquet, harm_ratings.parquet, manifest_associations.json.
-    ``engine_factory(spec)``: the judges' engines, as for stages 01 and 03 (default engines.open_engine)."""
+    ``engine_factory(spec)``: the judges' engines, as for stages 01 and 03 (default engines.open_stage_engine)."""
     run_name, settings = params.run_name, params.associations
     # the user's file first: a bad human-ratings CSV stops the stage before any test or model runs
     human = (

@@ -34,7 +34,7 @@ import pandas as pd
 
 from storybias.config.designs import dimensions as design_dimensions
 from storybias.config.params import ModelSpec, Params, Sampling
-from storybias.engines import ChatEngine, ChatRequest, ChatResult, entered_info, open_engine
+from storybias.engines import ChatEngine, ChatRequest, ChatResult, entered_info, open_stage_engine
 from storybias.engines.cache import CachingEngine, ResponseCache
 from storybias.engines.prepare import prepare_models
 from storybias.engines.runner import run_requests
@@ -406,14 +406,14 @@ def run_judges(
     request, judge model and output-shaping engine settings are unchanged is read from it, the others
     are asked and stored as they finish. A request that failed after the engine's retries is not
     cached, so a rerun asks for it again; it is counted in the judge's info. Returns (ratings,
-    per-judge engine info). ``engine_factory(spec)`` defaults to ``engines.open_engine``."""
+    per-judge engine info). ``engine_factory(spec)`` defaults to ``engines.open_stage_engine``."""
     settings = params.associations.judge
     sampling = Sampling(
         temperature=settings.temperature, top_p=1.0, top_k=-1, repetition_penalty=1.0, max_tokens=settings.max_tokens
     )
     if engine_factory is None:  # the judges' embedded weights: built when stage 04 runs, not before
         prepare_models(params, ("associations",))
-    factory = engine_factory or (lambda s: open_engine(s, params.generation.engine, settings.seed, params.run_name))
+    factory = engine_factory or (lambda s: open_stage_engine(params, s, settings.seed))
     cache = ResponseCache.for_run(params.run_name, 8)
     ratings: list[dict[str, Any]] = []
     engines_info: list[JudgeEngineInfo] = []

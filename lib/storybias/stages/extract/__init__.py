@@ -28,7 +28,7 @@ from storybias.config.params import ExtractionSettings, ModelSpec, Params
 from storybias.core import artifacts
 from storybias.core.locks import holds_run_lock
 from storybias.core.results import StageResult
-from storybias.engines import ChatEngine, ChatRequest, ChatResult, entered_info, open_engine, preflight
+from storybias.engines import ChatEngine, ChatRequest, ChatResult, entered_info, open_stage_engine, preflight
 from storybias.engines.cache import CachingEngine, ResponseCache
 from storybias.engines.runner import RunStats, run_requests
 from storybias.stages.extract import facts as extract_facts
@@ -347,7 +347,7 @@ def run(
     stories = select(pd.read_parquet(source))  # each design's study rule (filter.exclude, stage 02)
     jobs = plan_jobs(stories, settings)
     sections_of = {j.story_id: j.sections for j in jobs}
-    factory = engine_factory or (lambda spec: open_engine(spec, params.generation.engine, settings.seed, run_name))
+    factory = engine_factory or (lambda spec: open_stage_engine(params, spec, settings.seed))
     cache = ResponseCache.for_run(run_name, ANSWER_SHARD)
     engines = {
         spec.name: CachingEngine(partial(factory, spec), spec, params.generation.engine, cache)

@@ -35,7 +35,7 @@ from storybias.config.plan import ERROR, plan_columns, stories_schema
 from storybias.core import artifacts, paths
 from storybias.core.locks import holds_run_lock
 from storybias.core.results import StageResult
-from storybias.engines import ChatEngine, ChatRequest, ChatResult, entered_info, open_engine, preflight, prepare
+from storybias.engines import ChatEngine, ChatRequest, ChatResult, entered_info, open_stage_engine, preflight, prepare
 from storybias.engines.cache import REUSED, CachingEngine, ResponseCache, cache_dir
 from storybias.engines.runner import run_requests
 from storybias.stages.generate import corpus, table
@@ -173,9 +173,7 @@ def run(
     if params.corpus is not None:
         return import_corpus(params, progress, log)
     planned = plan(params)
-    factory = engine_factory or (
-        lambda spec: open_engine(spec, params.generation.engine, params.generation.seed, run_name)
-    )
+    factory = engine_factory or (lambda spec: open_stage_engine(params, spec, params.generation.seed))
     cache = ResponseCache.for_run(run_name, params.generation.shard_size)
     engines = {
         spec.name: CachingEngine(partial(factory, spec), spec, params.generation.engine, cache)

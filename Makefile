@@ -257,6 +257,7 @@ _paper: $(STAGE_TARGETS) $(STAGE_REPORTS)
 	@echo "  figures (PNG + PDF) and explorer.html: $(FIGURES)/"
 	@echo "  executed notebooks and logs:           $(REPORTS)/"
 	@echo "  data artifacts:                        $(DATA)/"
+	@echo "  time per stage:                        make stage-times PARAMS=$(PARAMS)"
 
 bench-generate: $(VENV_STAMP)  ## tokens/s of stage 01's engine path against a bare LLM.chat on PARAMS
 	$(PY) -m storybias.cli bench-generate $(PARAMS) $(if $(filter 1,$(SERVE)),--served,)

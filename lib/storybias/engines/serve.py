@@ -68,9 +68,10 @@ def serve_key(spec: ModelSpec) -> str:
 
 
 def run_by_several_stages(profile: Any, spec: ModelSpec) -> bool:
-    """Whether another stage of ``profile`` also runs ``spec``'s model (the same :func:`serve_key`): only
-    such a model is worth a model host kept up for the run. The default's 0.5B writes stage 01's
-    occupations and nothing else, so a host kept it (7.3 GB resident) idle through stages 03 to 08."""
+    """Whether ``profile`` runs ``spec``'s model (the same :func:`serve_key`) more than once: in another
+    stage, or under another name in the same one. Only such a model is worth a model host kept up for the
+    run. The default's 0.5B writes stage 01's occupations and nothing else: a run-long host kept it (7.3 GB
+    resident) idle through stages 03 to 08."""
     key = serve_key(spec)
     return sum(serve_key(other) == key for other in local_models(profile)) > 1
 

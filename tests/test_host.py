@@ -206,8 +206,27 @@ key = bytes.fromhex(os.environ.pop(host.KEY_VARIABLE))
 with Listener("\\0" + sys.argv[1], family="AF_UNIX", authkey=key) as listener:
     while True:
         with listener.accept() as conn:
+            if sys.argv[4:] == ["refuse"]:  # a host that cannot say what it serves
+                try:
+                    conn.recv()
+                    conn.send(("error", "no engine"))
+                except EOFError:
+                    pass
+                continue
             host._serve_connection(Echo(), conn)
 """
+
+
+def stand_in_command(owner_file: Path, *extra: str):
+    return lambda spec, settings, seed, socket_name, owner: [
+        sys.executable,
+        "-c",
+        STAND_IN_HOST,
+        socket_name,
+        str(owner),
+        str(owner_file),
+        *extra,
+    ]
 
 
 def test_a_stage_s_own_host_is_owned_by_the_stage_and_gone_when_it_closes(run, monkeypatch, tmp_path):
@@ -215,18 +234,7 @@ def test_a_stage_s_own_host_is_owned_by_the_stage_and_gone_when_it_closes(run, m
     never enters the run's registry, and is owned by the stage's process, so it also stops if the stage
     dies. The shared host, started the same way, stays registered for the run."""
     owner_file = tmp_path / "owner"
-    monkeypatch.setattr(
-        host,
-        "host_command",
-        lambda spec, settings, seed, socket_name, owner: [
-            sys.executable,
-            "-c",
-            STAND_IN_HOST,
-            socket_name,
-            str(owner),
-            str(owner_file),
-        ],
-    )
+    monkeypatch.setattr(host, "host_command", stand_in_command(owner_file))
     monkeypatch.setenv(serve.OWNER_VARIABLE, "1")  # the with-servers process: not this one
     spec = ModelSpec(name="small", source="embedded", embedded="qwen2.5-coder-0.5b")
     with open_engine(spec, EngineSettings(), 1, run_name=run, shared=False) as engine:
@@ -242,6 +250,28 @@ def test_a_stage_s_own_host_is_owned_by_the_stage_and_gone_when_it_closes(run, m
     assert int(owner_file.read_text()) == 1 and serve.pid_alive(shared.entry["pid"])
     pid = shared.entry["pid"]
     serve.stop_pid_group(pid, reap=lambda: host._reap(pid))
+
+
+def test_a_stage_s_own_host_that_fails_to_answer_is_stopped_too(run, monkeypatch, tmp_path):
+    """The host started, but its first answer is an error: the stage gets the error, and the host it
+    started for itself does not live on holding the model until the stage's process ends."""
+    monkeypatch.setattr(host, "host_command", stand_in_command(tmp_path / "owner", "refuse"))
+    monkeypatch.setenv(serve.OWNER_VARIABLE, "1")
+    started: list[int] = []
+    real_start = host.start_host
+
+    def recorded_start(*args):
+        entry = real_start(*args)
+        started.append(entry["pid"])
+        return entry
+
+    monkeypatch.setattr(host, "start_host", recorded_start)
+    spec = ModelSpec(name="small", source="embedded", embedded="qwen2.5-coder-0.5b")
+    with pytest.raises(EngineError, match="failed: no engine"):
+        with open_engine(spec, EngineSettings(), 1, run_name=run, shared=False):
+            pass
+    [pid] = started
+    assert not serve.pid_alive(pid), "the stage's own host outlived a failed start"
 
 
 def _profile(tmp_path: Path, kind: str):

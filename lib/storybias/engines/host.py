@@ -172,9 +172,13 @@ class HostedEngine:
             self.entry = start_host(self.spec, self.settings, self.seed, self.run_name, owner)
             if not self.private:
                 register_host(self.run_name, self.spec, self.entry)
-        self._conn = connect(self.entry)
-        self._conn.send(("info", None))
-        hosted = EngineInfo(**self._receive("info"))
+        try:
+            self._conn = connect(self.entry)
+            self._conn.send(("info", None))
+            hosted = EngineInfo(**self._receive("info"))
+        except BaseException:  # no engine for the stage: a private host it started goes too
+            self.__exit__(None, None, None)
+            raise
         # what this stage paid to get the engine: the host's start-up if it started it here, else ~0
         self.info = EngineInfo(**{**asdict(hosted), "startup_seconds": round(time.time() - started, 1)})
         return self

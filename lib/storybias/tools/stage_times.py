@@ -86,15 +86,17 @@ def extraction_detail(manifest: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
+def _seconds_listed(timings: dict[str, Any], keys: tuple[str, ...]) -> str:
+    """'<name> <seconds> s' for each ``<name>_seconds`` key of ``keys`` that ``timings`` holds."""
+    return ", ".join(f"{k.removesuffix('_seconds')} {_count(timings[k])} s" for k in keys if timings.get(k) is not None)
+
+
 def associations_detail(manifest: dict[str, Any]) -> str:
-    seconds = {k: manifest[k] for k in ("test_seconds", "power_seconds") if manifest.get(k) is not None}
-    return ", ".join(f"{k.removesuffix('_seconds')} {_count(v)} s" for k, v in seconds.items())
+    return _seconds_listed(manifest, ("test_seconds", "power_seconds"))
 
 
 def probes_detail(manifest: dict[str, Any]) -> str:
-    t = manifest.get("timings") or {}
-    keys = ("embedding_seconds", "umap_seconds", "total_seconds")
-    return ", ".join(f"{k.removesuffix('_seconds')} {_count(t[k])} s" for k in keys if t.get(k) is not None)
+    return _seconds_listed(manifest.get("timings") or {}, ("embedding_seconds", "umap_seconds", "total_seconds"))
 
 
 # notebook-name prefix -> (its manifest, what to say of it)

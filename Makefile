@@ -115,7 +115,7 @@ define report_only
 	@$(PY) -m storybias.cli run-stage $(2) notebooks/$(1).ipynb $(PARAMS) --target $< --report-only
 endef
 
-.PHONY: help where venv model check-params stamps generate filter extract associations metrics probes crosslens figures explorer paper _paper test test-fast lint format typecheck bench-generate bench-engine stage-times bench-ray plan bench-associations bench-import publish-notebooks lab clean-run FORCE
+.PHONY: help where venv model check-params stamps generate filter extract associations metrics probes crosslens figures explorer paper _paper test test-fast lint format typecheck bench-generate bench-engine decode-ceiling stage-times bench-ray plan bench-associations bench-import publish-notebooks lab clean-run FORCE
 
 # $(call served,TARGETS,LLM_TARGETS): make TARGETS in a sub-make; under `storybias.cli with-servers` (each
 # model loaded once for the sub-make, stopped when it ends or fails) when SERVE (or the profile) asks for it
@@ -265,6 +265,9 @@ bench-generate: $(VENV_STAMP)  ## tokens/s of stage 01's engine path against a b
 # The CPU engine's settings (docs/measurements/engine_settings.csv): a process per trial, alternated.
 bench-engine: $(VENV_STAMP)  ## engine start-up and tokens/s on PARAMS: compiled, eager, eager + tcmalloc/iomp preload
 	$(PY) -m storybias.cli bench-engine $(PARAMS)
+
+decode-ceiling: $(VENV_STAMP)  ## most tokens/s this CPU's matrix units allow PARAMS' first model (32-256 sequences)
+	$(PY) -m storybias.cli decode-ceiling $(PARAMS)
 
 stage-times: $(VENV_STAMP)  ## per-stage time of PARAMS' last run (papermill + manifests), as README's table
 	@$(PY) -m storybias.cli stage-times $(PARAMS)

@@ -92,6 +92,11 @@ def test_stage_times_reads_the_run_papermill_and_the_stages_wrote(extracted, smo
     [(extractor, timing)] = json.loads((extracted / "manifest_extract.json").read_text())["timings"].items()
     assert rows["03_extract"].detail.startswith(f"{extractor}: {timing['n_answers']:,} answers")
     assert rows["03_extract"].detail.endswith(" answers did not parse")
+    # both model stages name the machine their times were measured on, its bf16 rate probed
+    lines = stage_times.machine_lines(extracted)
+    assert [line.split(" ran on: ")[0] for line in lines] == ["01_generate", "03_extract"], lines
+    ran_on = json.loads((extracted / "manifest_extract.json").read_text())["machine"]
+    assert ran_on["bf16_gflops"] > 0 and ran_on["cores"] == len(os.sched_getaffinity(0))
 
 
 def test_two_step_maps_the_facts_of_every_answer_that_quoted_some(extracted):

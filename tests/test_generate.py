@@ -5,6 +5,7 @@ The real engine (vLLM + embedded model) and a real kill -9 are exercised in test
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -105,6 +106,8 @@ def test_run_writes_the_contract(tmp_path, data_dir, monkeypatch):
     manifest = result.manifest
     assert manifest["n_stories"] == len(stories)
     assert manifest["models"][0]["n_generated_this_run"] == len(stories)
+    # the machine is recorded; a stand-in engine's time is no model's, so its rate is not probed
+    assert manifest["machine"]["cores"] == len(os.sched_getaffinity(0)) and manifest["machine"]["bf16_gflops"] is None
     cached = ResponseCache.for_run("unit").store.read_all().to_pandas()
     assert sorted(cached["logical_key"]) == sorted(stories["story_id"]), "every story is in the run's cache"
     assert set(stories["gen_config"]) == set(cached["cache_key"])
@@ -139,6 +142,7 @@ def test_rerun_after_completion_generates_nothing(tmp_path, data_dir, monkeypatc
     result = generate.run(p, progress=False, engine_factory=ScriptedEngine, log=lambda m: None)
     assert ScriptedEngine.calls == []
     assert len(result["stories"]) == len(generate.plan(p))
+    assert result.manifest["machine"] is None, "no model ran, so no machine to name"
 
 
 def test_changed_sampling_regenerates_instead_of_reusing(tmp_path, data_dir, monkeypatch):

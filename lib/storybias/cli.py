@@ -17,6 +17,9 @@ generate PARAMS            stage 01 outside a notebook (the notebook calls the s
 bench-generate PARAMS      time stage 01's engine path against a bare LLM.chat call
 bench-engine PARAMS        engine start-up and tokens/s: compiled, eager, eager with tcmalloc + Intel
                            OpenMP preloaded, a process per trial, alternated (docs/measurements)
+decode-ceiling PARAMS      the most tokens/s this CPU's matrix units allow the profile's first model at
+                           32-256 sequences and in one bench-engine trial (vLLM's own CPU linear, timed
+                           alone), and the machine
 stage-times PARAMS         a Markdown table of the run's stages: papermill's time per executed notebook and,
                            from the manifests, what it went to (engine start-ups, tokens/s, stories/s)
 bench-ray PARAMS           time a smoke generation through Ray Data's vLLM processor against the
@@ -44,7 +47,7 @@ from collections.abc import Callable
 
 from storybias.config.checks import local_models, missing_key_variables, preload_note
 from storybias.config.lenses import format_shortfalls, lens_shortfalls
-from storybias.config.models import EMBEDDED, prepare_embedded_models
+from storybias.config.models import EMBEDDED, ModelError, prepare_embedded_models
 from storybias.config.params import Params, ParamsError, load, write_stage_stamps
 from storybias.core import paths
 from storybias.core.artifacts import data_contract
@@ -62,12 +65,15 @@ from storybias.tools.bench import bench_ray as run_bench_ray
 from storybias.tools.bench_engine import bench_engine
 from storybias.tools.bench_import import bench_import
 from storybias.tools.cost import estimate, format_estimate
+from storybias.tools.decode_ceiling import SEQUENCES as CEILING_SEQUENCES
+from storybias.tools.decode_ceiling import measure as measure_decode_ceiling
 from storybias.tools.notebook_runner import run_stage
 from storybias.tools.planning import format_plan, profile_plan
 from storybias.tools.publish import publish_notebooks
 from storybias.tools.stage_times import StageTimesError
 from storybias.tools.stage_times import collect as collect_stage_times
 from storybias.tools.stage_times import format_table as stage_times_table
+from storybias.tools.stage_times import machine_lines as stage_machines
 
 
 def _load(path: str) -> Params:
@@ -103,6 +109,11 @@ def _add_bench_commands(sub: argparse._SubParsersAction) -> None:
         help="compare the in-process engine with the local vLLM server over HTTP (storybias.engines.serve)",
     )
     sub.add_parser("stage-times").add_argument("params")
+    ceiling = sub.add_parser("decode-ceiling")
+    ceiling.add_argument("params")
+    ceiling.add_argument("--sequences", type=int, nargs="+", default=list(CEILING_SEQUENCES))
+    ceiling.add_argument("--n-prompts", type=int, default=64)
+    ceiling.add_argument("--max-tokens", type=int, default=128)
     bench_engine = sub.add_parser("bench-engine")
     bench_engine.add_argument("params")
     bench_engine.add_argument("--n-prompts", type=int, default=64)
@@ -303,9 +314,20 @@ def _bench_engine(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     return 0
 
 
+def _decode_ceiling(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    try:
+        measure_decode_ceiling(args.params, args.sequences, args.n_prompts, args.max_tokens)
+    except (ModelError, ValueError) as exc:
+        print(f"storybias: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _stage_times(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     run_name = _load(args.params).run_name
-    print(stage_times_table(collect_stage_times(paths.reports_dir(run_name), paths.run_dir(run_name))))
+    rows = collect_stage_times(paths.reports_dir(run_name), paths.run_dir(run_name))
+    machines = stage_machines(paths.run_dir(run_name))
+    print("\n".join([*machines, ""] if machines else []) + stage_times_table(rows))
     return 0
 
 
@@ -384,6 +406,7 @@ _COMMANDS: dict[str, Handler] = {
     "bench-generate": _bench_generate,
     "bench-engine": _bench_engine,
     "stage-times": _stage_times,
+    "decode-ceiling": _decode_ceiling,
     "bench-ray": _bench_ray,
     "plan": _plan,
     "bench-associations": _bench_associations,

@@ -23,6 +23,9 @@ RECORDED_COLUMNS: dict[str, tuple[str, ...]] = {
     "engine_settings": (
         "engine", "preload", "sampler", "compile_cache", "repeat", "startup_s", "tokens_per_s", "sitting"
     ),
+    "decode_ceiling": (
+        "model", "what", "sequences", "prompt_tokens", "gflops", "seconds", "ceiling_tokens_per_s", "machine", "sitting"
+    ),
     "extraction_rules": (
         "design_rules", "truth", "macro_accuracy_known", "answered_known", "unknown_kept", "macro_known_no_health",
         "answered_no_health", "unknown_kept_no_health", "health_accuracy", "gender", "adjective_f1",

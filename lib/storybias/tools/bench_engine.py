@@ -36,7 +36,7 @@ from typing import Any
 
 from storybias.config.checks import cpu_preload_libraries
 from storybias.config.params import Params, load
-from storybias.core import run_folders
+from storybias.core import machine, run_folders
 from storybias.core.io import atomic_open
 from storybias.engines import Engine, entered_info
 from storybias.evidence.recorded import RECORDED_COLUMNS
@@ -111,9 +111,11 @@ def bench_engine(path: str, n_prompts: int = 64, max_tokens: int = 128, repeats:
     if preload is None:
         log("bench-engine: tcmalloc (Debian: libtcmalloc-minimal4) or libiomp5 not found: no preload trials")
     seqs = params.generation.engine.max_num_seqs
+    ran_on = machine.describe().summary()  # the same settings differ twice over between CPUs
+    log(f"bench-engine: on {ran_on}")
     sitting = (
         f"{datetime.date.today()} bench-engine {n_prompts} prompts x {max_tokens} tokens, {seqs} at a time "
-        f"({params.run_name})"
+        f"({params.run_name}; {ran_on})"
     )
     rows: list[dict[str, Any]] = []
     out = run_folders.claim_reports(params.run_name) / "bench_engine.csv"

@@ -6,7 +6,10 @@ Reads what a run already keeps, so the table can be rebuilt for any finished run
   ``end_time``, ``duration``), one row per stage, in the order the stages started;
 - the stages' manifests in ``data/<run>/`` for what the time was spent on: stage 01's engine start-up,
   stories and tokens/s per model; stage 03's answers, tokens and stories/s per model; stage 04's test and
-  power times; stage 06's embedding time.
+  power times; stage 06's embedding time;
+- the machine stages 01 and 03 ran their models on (their manifests' ``machine``,
+  storybias.core.machine), printed above the table: the same stages took 28 minutes on one 2-core
+  machine of this project's kind and 49 on another.
 
 The README's per-stage table of `make paper` is this command's output on the default run. Set-up
 (``make venv model``) happens before any notebook, so it is not in these files: time it apart.
@@ -19,6 +22,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from storybias.core.machine import summary as machine_summary
 
 
 @dataclass(frozen=True)
@@ -106,6 +111,27 @@ DETAILS = {
     "04": ("manifest_associations.json", associations_detail),
     "06": ("manifest_probes.json", probes_detail),
 }
+
+
+# the stages that run models, and so record their machine
+MACHINE_STAGES = (("01_generate", "manifest_generate.json"), ("03_extract", "manifest_extract.json"))
+
+
+def machine_lines(data: Path) -> list[str]:
+    """'<stage> ran on: <machine>' for each model-running stage whose manifest exists in ``data``; a
+    manifest written before the record says so, and one whose models were all cached says none ran."""
+    lines = []
+    for stage, name in MACHINE_STAGES:
+        manifest = _read_json(data / name)
+        if not manifest:
+            continue
+        if "machine" not in manifest:
+            lines.append(f"{stage}: its manifest does not record the machine (written before the record)")
+        elif manifest["machine"] is None:
+            lines.append(f"{stage}: no model ran (every answer came from the run's cache)")
+        else:
+            lines.append(f"{stage} ran on: {machine_summary(manifest['machine'])}")
+    return lines
 
 
 def _papermill_times(report: Path) -> tuple[datetime.datetime, datetime.datetime, float]:

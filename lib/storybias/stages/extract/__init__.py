@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 
 from storybias.config.designs import extraction_defaults
 from storybias.config.params import ExtractionSettings, ModelSpec, Params
-from storybias.core import artifacts
+from storybias.core import artifacts, machine
 from storybias.core.locks import holds_run_lock
 from storybias.core.results import StageResult
 from storybias.engines import ChatEngine, ChatRequest, ChatResult, entered_info, open_stage_engine, preflight
@@ -355,12 +355,16 @@ def run(
     }
     gold_items = choose_gold_items(settings.gold_sample, settings.seed) if settings.gold_sample != 0 else []
     log(f"run '{run_name}': {len(stories)} valid stories, {len(jobs)} extraction answers needed")
+    with_work = []
     for spec in settings.models:  # every extractor with work is checked before any loads
         mine = [j for j in jobs if j.extractor == spec.name]
         fitted = fitted_stories(engines[spec.name], mine, settings)
         first = [attempt_request(j, fitted[j.answer_key][0], settings, 0) for j in mine]
         if engines[spec.name].lookup(first).misses:
             preflight(spec)
+            with_work.append(spec)
+    # what the timings were measured on (storybias.core.machine), before any engine takes the cores
+    ran_on = machine.record_for([spec.source for spec in with_work], probe=engine_factory is None)
     rows: list[dict[str, Any]] = []
     timings: dict[str, Any] = {}
     gold = None
@@ -380,6 +384,7 @@ def run(
     artifacts.write(run_name, "extraction_raw", raw)
     artifacts.write(run_name, "extraction_agreement", agree)
     manifest = _manifest(params, extractions, raw, resolved, timings, agreement_how)
+    manifest["machine"] = ran_on
     artifacts.write(run_name, "manifest_extract", manifest)
     compared, extractions = _published_side(params, stories, extractions, log)
     artifacts.write(run_name, "extractions", extractions)  # last: Make's target

@@ -32,7 +32,7 @@ from storybias.config import plan as grid
 from storybias.config.models import embedded_weights
 from storybias.config.params import ModelSpec, Params, Sampling
 from storybias.config.plan import ERROR, plan_columns, stories_schema
-from storybias.core import artifacts, paths
+from storybias.core import artifacts, machine, paths
 from storybias.core.locks import holds_run_lock
 from storybias.core.results import StageResult
 from storybias.engines import ChatEngine, ChatRequest, ChatResult, entered_info, open_stage_engine, preflight, prepare
@@ -182,11 +182,15 @@ def run(
     rows_of = {name: planned[planned["model"] == name].to_dict("records") for name in engines}
     reasons: Counter = Counter()
     # Check every model with work before loading any: a paper-profile mistake fails in seconds, not after hours.
+    with_work = []
     for spec in params.generation.models:
         found = engines[spec.name].lookup([story_request(r) for r in rows_of[spec.name]])
         reasons.update(found.reasons.values())
         if found.misses:
             preflight(spec)
+            with_work.append(spec)
+    # what the times below were measured on (storybias.core.machine), before any engine takes the cores
+    ran_on = machine.record_for([spec.source for spec in with_work], probe=engine_factory is None)
     log(
         f"run '{run_name}': {len(planned)} stories planned, {reasons[REUSED]} in the run's cache, "
         f"{len(planned) - reasons[REUSED]} to generate"
@@ -206,7 +210,7 @@ def run(
             record.weights_sha256 = embedded_weights(spec.embedded).sha256
     frame = _assemble(planned, stories)
     manifest = _manifest(params, planned, frame, runs, time.time() - started)
-    manifest.update(reuse=dict(reasons), cache=str(cache_dir(run_name)))
+    manifest.update(reuse=dict(reasons), cache=str(cache_dir(run_name)), machine=ran_on)
     artifacts.write(run_name, "manifest_generate", manifest)
     artifacts.write(run_name, "stories", frame)  # last: Make's target
     n_errors = int(frame["finish_reason"].eq(ERROR).sum())

@@ -1,0 +1,253 @@
+"""decode_ceiling (`make decode-ceiling`): the most tokens/s this CPU's matrix units allow a profile's
+first model, decoding N sequences at a time and in one `make bench-engine` trial (issue #43).
+
+On the CPU path an engine step is almost all matrix multiplies (the default's engine on 2026-12-06, a
+bench-engine batch of 64 x 64 tokens: 72 of its 86 s inside vLLM's oneDNN matmul, 40 of them prefilling
+the prompts). A step pushes an M x hidden batch (M = the sequences decoding, or the prompt tokens being
+prefilled) through each layer's four projections (qkv, o, gate_up, down) and then the output head.
+Timing those alone, through vLLM's own CPU linear (its dispatch picks oneDNN, an AMX kernel or zentorch
+by CPU), bounds a step's time from below and the rate from above:
+
+    decode step(N) = layers x (t_qkv + t_o + t_gate_up + t_down)(N) + t_head(N)
+    ceiling(N)     = N / step(N)                                                      [tokens/s]
+    trial ceiling  = prompts x max_tokens / (prefill + waves x max_tokens x step(N))
+    prefill        = P / M x layers x layer time(M) + t_head(prompts),  M = min(P, the step budget)
+
+P counts the trial's prompt tokens (its chat template applied) less what vLLM's prefix cache can hold:
+the four warm-up prompts whole, and the others' common prefix. Attention, sampling and the scheduler
+come on top, so an engine runs below its ceiling; a trial measured *above* this machine's trial
+ceiling ran on a machine with faster matrix units. That is how the two days of `make paper` in the
+README (28 and 49 minutes, the same code) are told apart from a code change.
+The rows go to ``reports/<run>/decode_ceiling.csv``; ``docs/measurements/decode_ceiling.csv`` keeps
+the ones the README cites.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from storybias.config import models
+from storybias.config.params import ModelSpec, Params, load
+from storybias.core import machine, run_folders
+from storybias.core.io import atomic_open
+from storybias.engines.inprocess import cpu_scheduler_kwargs
+from storybias.evidence.recorded import RECORDED_COLUMNS
+from storybias.tools.bench import bench_rows
+
+COLUMNS = RECORDED_COLUMNS["decode_ceiling"]
+SEQUENCES = (32, 64, 128, 256)
+WARM_UP_PROMPTS = 4  # bench_engine.trial answers its first four prompts once before the timed batch
+
+
+@dataclass(frozen=True)
+class DecoderShapes:
+    """The matrix shapes of a Llama-style decoder (Qwen2 included), from its ``config.json``."""
+
+    hidden: int
+    intermediate: int
+    layers: int
+    q_heads: int
+    kv_heads: int
+    vocab: int
+
+    def projections(self) -> dict[str, tuple[int, int]]:
+        """Each layer's projections as (outputs, inputs): fused qkv, o, fused gate_up, down."""
+        head_dim = self.hidden // self.q_heads
+        return {
+            "qkv": (self.hidden + 2 * self.kv_heads * head_dim, self.hidden),
+            "o": (self.hidden, self.hidden),
+            "gate_up": (2 * self.intermediate, self.hidden),
+            "down": (self.hidden, self.intermediate),
+        }
+
+    def head(self) -> tuple[int, int]:
+        return self.vocab, self.hidden
+
+
+def shapes_of(config: dict[str, Any]) -> DecoderShapes:
+    """The shapes from a Hugging Face ``config.json``; a key it lacks is named."""
+    keys = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+    missing = [k for k in keys if k not in config]
+    if missing:
+        raise ValueError(f"config.json lacks {', '.join(missing)}: not a decoder this tool knows")
+    return DecoderShapes(
+        hidden=int(config["hidden_size"]),
+        intermediate=int(config["intermediate_size"]),
+        layers=int(config["num_hidden_layers"]),
+        q_heads=int(config["num_attention_heads"]),
+        kv_heads=int(config.get("num_key_value_heads", config["num_attention_heads"])),
+        vocab=int(config["vocab_size"]),
+    )
+
+
+def step_seconds(shapes: DecoderShapes, seconds: dict[str, float]) -> float:
+    """One step's matrix multiplies: every layer's projections, then the head (``seconds``: one call's
+    time per projection name and ``head``, all at the step's rows)."""
+    return shapes.layers * sum(seconds[name] for name in shapes.projections()) + seconds["head"]
+
+
+def ceiling(shapes: DecoderShapes, seconds: dict[str, float], sequences: int) -> float:
+    """Tokens/s decoding ``sequences`` at a time when a step costs only its matrix multiplies."""
+    return sequences / step_seconds(shapes, seconds)
+
+
+def layer_flops(shapes: DecoderShapes, rows: int) -> int:
+    return sum(2 * rows * n * k for n, k in shapes.projections().values())
+
+
+def step_flops(shapes: DecoderShapes, rows: int) -> int:
+    """A decode step's multiply-adds x 2: every layer at ``rows`` rows, and the head."""
+    vocab, hidden = shapes.head()
+    return shapes.layers * layer_flops(shapes, rows) + 2 * rows * vocab * hidden
+
+
+def computed_prompt_tokens(prompts: Sequence[Sequence[int]], warm_up: int = WARM_UP_PROMPTS) -> int:
+    """The prompt tokens a trial must prefill at the least: the warm-up prompts are in the prefix cache
+    whole, and of the others only what follows their common prefix is counted (vLLM caches whole blocks,
+    so it computes at least this many)."""
+    timed = [list(p) for p in prompts]
+    if not timed:
+        return 0
+    shared = 0
+    while all(len(p) > shared and p[shared] == timed[0][shared] for p in timed):
+        shared += 1
+    return sum(len(p) - shared for p in timed[warm_up:])
+
+
+def trial_seconds(
+    shapes: DecoderShapes,
+    decode: dict[str, float],
+    prefill: dict[str, float],
+    prefill_rows: int,
+    prompt_tokens: int,
+    waves: int,
+    max_tokens: int,
+) -> float:
+    """The least time a bench-engine trial takes: its prompt tokens through every layer at the prefill
+    step's rate (``prefill`` timed at ``prefill_rows`` rows, its head at one row per prompt), then
+    ``waves`` x ``max_tokens`` decode steps (``decode``)."""
+    layer = sum(prefill[name] for name in shapes.projections())
+    prefill_seconds = prompt_tokens / prefill_rows * shapes.layers * layer + prefill["head"]
+    return prefill_seconds + waves * max_tokens * step_seconds(shapes, decode)
+
+
+def time_linear(outputs: int, inputs: int, rows: int, windows: int = 3, window_seconds: float = 0.1) -> float:
+    """Seconds per call of vLLM's CPU linear for a bf16 weight of (outputs, inputs) on ``rows`` rows: the
+    best of ``windows`` timed windows after one of warm-up (a ceiling, so the fastest)."""
+    # heavy: torch and vLLM's CPU build, only when measuring
+    import torch
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+    layer = torch.nn.Module()
+    layer.weight = torch.nn.Parameter(torch.randn(outputs, inputs, dtype=torch.bfloat16), requires_grad=False)
+    dispatch_cpu_unquantized_gemm(layer, remove_weight=False)
+    x = torch.randn(rows, inputs, dtype=torch.bfloat16)
+    per_call = []
+    for window in range(windows + 1):  # window 0 warms up: the kernel is chosen and cached on the first calls
+        n, start = 0, time.perf_counter()
+        while (elapsed := time.perf_counter() - start) < window_seconds or n < 2:
+            layer.cpu_linear(x, layer.weight, None)
+            n += 1
+        if window:
+            per_call.append(elapsed / n)
+    return min(per_call)
+
+
+def time_step(shapes: DecoderShapes, rows: int, head_rows: int | None = None) -> dict[str, float]:
+    """One call's seconds per projection at ``rows`` rows, and the head's at ``head_rows`` (default ``rows``)."""
+    seconds = {name: time_linear(o, i, rows) for name, (o, i) in shapes.projections().items()}
+    seconds["head"] = time_linear(*shapes.head(), head_rows or rows)
+    return seconds
+
+
+def trial_prompts(params: Params, folder: Path, n_prompts: int) -> list[list[int]]:
+    """The token ids of a bench-engine trial's prompts, the model's chat template applied."""
+    # heavy: the tokenizer, only when measuring
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    ids = []
+    for row in bench_rows(params, n_prompts):
+        messages = [{"role": "user", "content": row["prompt"]}]
+        encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        ids.append(list(encoded["input_ids"] if isinstance(encoded, Mapping) else encoded))
+    return ids
+
+
+def _row(spec: ModelSpec, what: str, sequences: int, prompt_tokens: Any, gflops: float, seconds: float, rate: float):
+    return {
+        "model": spec.name,
+        "what": what,
+        "sequences": sequences,
+        "prompt_tokens": prompt_tokens,
+        "gflops": round(gflops, 1),
+        "seconds": round(seconds, 3),
+        "ceiling_tokens_per_s": round(rate, 1),
+    }
+
+
+def measure(
+    path: str,
+    sequences: Sequence[int] = SEQUENCES,
+    n_prompts: int = 64,
+    max_tokens: int = 128,
+    log: Callable[[str], None] = print,
+) -> list[dict]:
+    """Decode-step rows per batch size and one bench-engine trial row (``n_prompts`` x ``max_tokens``
+    at the profile's ``max_num_seqs``) for the profile's first model; writes reports/<run>/decode_ceiling.csv."""
+    params = load(path)
+    spec = params.generation.models[0]
+    if spec.device != "cpu" or spec.source == "openai":
+        raise ValueError(f"decode-ceiling: {spec.name!r} does not run on this CPU (device {spec.device!r})")
+    folder, _ = models.resolve_weights(spec)
+    shapes = shapes_of(json.loads((Path(folder) / "config.json").read_text(encoding="utf-8")))
+    ran_on = machine.describe().summary()
+    log(f"decode-ceiling: {spec.name} on {ran_on}")
+    rows, steps = [], {}
+    for n in sorted({*sequences, min(n_prompts, params.generation.engine.max_num_seqs)}):
+        steps[n] = time_step(shapes, n)
+        seconds = step_seconds(shapes, steps[n])
+        rows.append(_row(spec, "decode step", n, "", step_flops(shapes, n) / seconds / 1e9, seconds, n / seconds))
+    prompt_tokens = computed_prompt_tokens(trial_prompts(params, Path(folder), n_prompts))
+    batch = min(n_prompts, params.generation.engine.max_num_seqs)
+    prefill_rows = min(prompt_tokens, cpu_scheduler_kwargs(spec)["max_num_batched_tokens"])
+    prefill = time_step(shapes, prefill_rows, head_rows=n_prompts)
+    waves = -(-n_prompts // batch)  # batches of max_num_seqs, one after the other
+    seconds = trial_seconds(shapes, steps[batch], prefill, prefill_rows, prompt_tokens, waves, max_tokens)
+    prefill_gflops = layer_flops(shapes, prefill_rows) / sum(prefill[p] for p in shapes.projections()) / 1e9
+    what = f"bench-engine trial, {n_prompts} prompts x {max_tokens} tokens"
+    rows.append(_row(spec, what, batch, prompt_tokens, prefill_gflops, seconds, n_prompts * max_tokens / seconds))
+    command = f"decode-ceiling --n-prompts {n_prompts} --max-tokens {max_tokens}"
+    sitting = f"{datetime.date.today()} {command} ({params.run_name})"
+    rows = [r | {"machine": ran_on, "sitting": sitting} for r in rows]
+    for r in rows:
+        log(f"  {r['what']} at {r['sequences']}: {r['gflops']} GFLOP/s, at most {r['ceiling_tokens_per_s']} tokens/s")
+    out = run_folders.claim_reports(params.run_name) / "decode_ceiling.csv"
+    with atomic_open(out, "w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    log(f"decode-ceiling: written to {out}")
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m storybias.tools.decode_ceiling")
+    parser.add_argument("params")
+    parser.add_argument("--sequences", type=int, nargs="+", default=list(SEQUENCES))
+    parser.add_argument("--n-prompts", type=int, default=64)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    args = parser.parse_args()
+    measure(args.params, args.sequences, args.n_prompts, args.max_tokens)
+
+
+if __name__ == "__main__":
+    main()

@@ -116,6 +116,7 @@ def test_import_is_one_story_per_row_with_canonical_keys(tmp_path, data_dir, cor
     assert (joined["published_extraction"].to_numpy() == by_story["extracted_attributes_json"].to_numpy()).all()
     assert (joined["model"].to_numpy() == by_story["generator_model"].to_numpy()).all()
     assert result.manifest["mode"] == "import" and result.manifest["n_additional_en"] == len(in_extra)
+    assert result.manifest["machine"] is None, "no model ran, and stage-times says so"
 
 
 def test_a_null_typed_column_imports(tmp_path, data_dir):
@@ -223,6 +224,7 @@ def test_published_extractions_keep_failures_and_the_prompted_value(tmp_path, da
     )
     manifest = json.loads(artifacts.path(p.run_name, "manifest_extract").read_text())
     assert manifest["mode"] == "published" and manifest["n_parse_failed"] == broken.sum()
+    assert manifest["machine"] is None
 
 
 def test_stage_04_recovers_the_planted_association(tmp_path, data_dir, corpus_root):

@@ -82,7 +82,7 @@ def test_stage_times_prints_the_machine_each_model_stage_recorded(tmp_path):
     io.write_json_atomic({"timings": {}, "machine": None}, tmp_path / "manifest_extract.json")
     assert stage_times.machine_lines(tmp_path) == [
         f"01_generate ran on: {machine.summary(ran_on)}",
-        "03_extract: no model ran (every answer came from the run's cache)",
+        "03_extract: no model ran (all came from the run's cache or a published corpus)",
     ]
     io.write_json_atomic({"models": []}, tmp_path / "manifest_generate.json")  # a run from before the record
     assert stage_times.machine_lines(tmp_path)[0].startswith("01_generate: its manifest does not record")

@@ -119,7 +119,8 @@ MACHINE_STAGES = (("01_generate", "manifest_generate.json"), ("03_extract", "man
 
 def machine_lines(data: Path) -> list[str]:
     """'<stage> ran on: <machine>' for each model-running stage whose manifest exists in ``data``; a
-    manifest written before the record says so, and one whose models were all cached says none ran."""
+    manifest written before the record says so, and one where no model ran (every answer cached, or a
+    corpus imported with its published extractions) says that."""
     lines = []
     for stage, name in MACHINE_STAGES:
         manifest = _read_json(data / name)
@@ -128,7 +129,7 @@ def machine_lines(data: Path) -> list[str]:
         if "machine" not in manifest:
             lines.append(f"{stage}: its manifest does not record the machine (written before the record)")
         elif manifest["machine"] is None:
-            lines.append(f"{stage}: no model ran (every answer came from the run's cache)")
+            lines.append(f"{stage}: no model ran (all came from the run's cache or a published corpus)")
         else:
             lines.append(f"{stage} ran on: {machine_summary(manifest['machine'])}")
     return lines

@@ -424,6 +424,7 @@ def run_published(params: Params, stories: pd.DataFrame, log: Callable[[str], No
         "corpus": params.resolved()["corpus"],
         **counts,
         "seconds": round(time.time() - started, 1),
+        "machine": None,  # no model ran (storybias.core.machine)
     }
     artifacts.write(run_name, "manifest_extract", manifest)
     artifacts.write(run_name, "extractions", extractions)  # last: Make's target

@@ -371,4 +371,5 @@ def import_manifest(settings: CorpusSettings, plan: pd.DataFrame, counts: dict[s
         "stories_per_cell": per_cell.to_dict("records"),
         "wall_seconds": round(seconds, 1),
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": None,  # no model ran (storybias.core.machine)
     }

@@ -62,6 +62,10 @@ def test_step_and_trial_time_add_up_from_the_timed_calls():
     # 2000 prompt tokens at 1000 rows a step: two steps through both layers, one head; then 3 x 10 decode steps
     seconds = trial_seconds(shapes, decode, prefill, prefill_rows=1000, prompt_tokens=2000, waves=3, max_tokens=10)
     assert seconds == pytest.approx(2 * 2 * 0.04 + 0.005 + 3 * 10 * 0.010)
+    # `--n-prompts 1`: the one prompt is in the prefix cache after the warm-up, so no prefill step is left
+    assert computed_prompt_tokens([[1, 2, 3, 4]]) == 0
+    one = trial_seconds(shapes, decode, prefill, prefill_rows=1, prompt_tokens=0, waves=1, max_tokens=10)
+    assert one == pytest.approx(0.005 + 10 * 0.010)
 
 
 def test_the_prefill_counted_leaves_out_what_the_prefix_cache_holds():

@@ -135,7 +135,9 @@ def trial_seconds(
     step's rate (``prefill`` timed at ``prefill_rows`` rows, its head at one row per prompt), then
     ``waves`` x ``max_tokens`` decode steps (``decode``)."""
     layer = sum(prefill[name] for name in shapes.projections())
-    prefill_seconds = prompt_tokens / prefill_rows * shapes.layers * layer + prefill["head"]
+    # nothing left to prefill (one prompt, answered whole in the warm-up): the head still runs once
+    steps = prompt_tokens / prefill_rows if prompt_tokens else 0.0
+    prefill_seconds = steps * shapes.layers * layer + prefill["head"]
     return prefill_seconds + waves * max_tokens * step_seconds(shapes, decode)
 
 
@@ -218,7 +220,7 @@ def measure(
         rows.append(_row(spec, "decode step", n, "", step_flops(shapes, n) / seconds / 1e9, seconds, n / seconds))
     prompt_tokens = computed_prompt_tokens(trial_prompts(params, Path(folder), n_prompts))
     batch = min(n_prompts, params.generation.engine.max_num_seqs)
-    prefill_rows = min(prompt_tokens, cpu_scheduler_kwargs(spec)["max_num_batched_tokens"])
+    prefill_rows = max(1, min(prompt_tokens, cpu_scheduler_kwargs(spec)["max_num_batched_tokens"]))
     prefill = time_step(shapes, prefill_rows, head_rows=n_prompts)
     waves = -(-n_prompts // batch)  # batches of max_num_seqs, one after the other
     seconds = trial_seconds(shapes, steps[batch], prefill, prefill_rows, prompt_tokens, waves, max_tokens)

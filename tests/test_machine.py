@@ -4,6 +4,7 @@ by `make stage-times` (issue #43: the same code took 28 minutes on one 2-core ma
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 from storybias.core import machine
@@ -87,3 +88,16 @@ def test_stage_times_prints_the_machine_each_model_stage_recorded(tmp_path):
     io.write_json_atomic({"models": []}, tmp_path / "manifest_generate.json")  # a run from before the record
     assert stage_times.machine_lines(tmp_path)[0].startswith("01_generate: its manifest does not record")
     assert stage_times.machine_lines(tmp_path / "nothing") == []
+
+
+def test_the_timing_keeps_the_fastest_window_and_leaves_out_the_warm_up():
+    durations = iter([0.02] * 2 + [0.004] * 1000)  # the warm-up window's calls are slow, like a first oneDNN call
+    calls = []
+
+    def call():
+        calls.append(1)
+        time.sleep(next(durations))
+
+    seconds = machine.best_seconds_per_call(call, windows=2, window_seconds=0.02)
+    assert 0.004 <= seconds < 0.01, "the fastest window, not the average with the slow warm-up"
+    assert len(calls) >= 2 + 2 * 2, "at least two calls in each window, warm-up included"

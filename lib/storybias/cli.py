@@ -315,6 +315,7 @@ def _bench_engine(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
 
 
 def _decode_ceiling(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    _load(args.params)  # a bad profile is named (exit 2) before anything is timed, as for bench-engine
     try:
         measure_decode_ceiling(args.params, args.sequences, args.n_prompts, args.max_tokens)
     except (ModelError, ValueError) as exc:

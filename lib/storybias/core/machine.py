@@ -27,7 +27,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -83,10 +83,24 @@ def read_cpuinfo(text: str) -> dict[str, Any]:
     }
 
 
+def best_seconds_per_call(call: Callable[[], object], windows: int, window_seconds: float) -> float:
+    """Seconds per call of ``call``: the fastest of ``windows`` timed windows (each at least two calls)
+    after one window of warm-up, in which oneDNN picks and caches its kernel. The fastest, because what
+    is measured is a capability: single windows varied 245-367 GFLOP/s on one machine within minutes."""
+    per_call = []
+    for window in range(windows + 1):
+        n, start = 0, time.perf_counter()
+        while (elapsed := time.perf_counter() - start) < window_seconds or n < 2:
+            call()
+            n += 1
+        if window:
+            per_call.append(elapsed / n)
+    return min(per_call)
+
+
 def bf16_matmul_gflops(windows: int = 5, window_seconds: float = 0.1) -> tuple[float, int] | None:
-    """(GFLOP/s, threads) of the probe's bf16 matrix multiply on this process' torch threads: the best of
-    ``windows`` timed windows after a warm-up of as long (a capability, so the best; single windows
-    varied 245-367 GFLOP/s on one machine within minutes). None where torch is not installed."""
+    """(GFLOP/s, threads) of the probe's bf16 matrix multiply on this process' torch threads
+    (:func:`best_seconds_per_call`). None where torch is not installed."""
     try:
         # heavy: torch, only for the probe (installed wherever a model runs)
         import torch
@@ -94,15 +108,8 @@ def bf16_matmul_gflops(windows: int = 5, window_seconds: float = 0.1) -> tuple[f
         return None
     x = torch.randn(PROBE_ROWS, PROBE_IN, dtype=torch.bfloat16)
     weight = torch.randn(PROBE_OUT, PROBE_IN, dtype=torch.bfloat16)
-    rates = []
-    for window in range(windows + 1):  # window 0 warms up: oneDNN picks and caches its kernel
-        n, start = 0, time.perf_counter()
-        while (elapsed := time.perf_counter() - start) < window_seconds or n < 2:
-            torch.nn.functional.linear(x, weight)
-            n += 1
-        if window:
-            rates.append(2 * PROBE_ROWS * PROBE_IN * PROBE_OUT * n / elapsed / 1e9)
-    return round(max(rates), 1), torch.get_num_threads()
+    seconds = best_seconds_per_call(lambda: torch.nn.functional.linear(x, weight), windows, window_seconds)
+    return round(2 * PROBE_ROWS * PROBE_IN * PROBE_OUT / seconds / 1e9, 1), torch.get_num_threads()
 
 
 def probe_apart(timeout: float = 120.0) -> tuple[float, int] | None:

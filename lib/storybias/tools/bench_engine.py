@@ -111,7 +111,7 @@ def bench_engine(path: str, n_prompts: int = 64, max_tokens: int = 128, repeats:
     if preload is None:
         log("bench-engine: tcmalloc (Debian: libtcmalloc-minimal4) or libiomp5 not found: no preload trials")
     seqs = params.generation.engine.max_num_seqs
-    ran_on = machine.describe().summary()  # the same settings differ twice over between CPUs
+    ran_on = machine.describe().summary()  # the same settings ran half as fast or less on another CPU
     log(f"bench-engine: on {ran_on}")
     sitting = (
         f"{datetime.date.today()} bench-engine {n_prompts} prompts x {max_tokens} tokens, {seqs} at a time "

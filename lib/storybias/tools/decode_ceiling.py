@@ -28,7 +28,6 @@ import argparse
 import csv
 import datetime
 import json
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,10 +87,14 @@ def shapes_of(config: dict[str, Any]) -> DecoderShapes:
     )
 
 
+def layer_seconds(shapes: DecoderShapes, seconds: dict[str, float]) -> float:
+    """One layer's matrix multiplies (``seconds``: one call's time per projection name, and ``head``)."""
+    return sum(seconds[name] for name in shapes.projections())
+
+
 def step_seconds(shapes: DecoderShapes, seconds: dict[str, float]) -> float:
-    """One step's matrix multiplies: every layer's projections, then the head (``seconds``: one call's
-    time per projection name and ``head``, all at the step's rows)."""
-    return shapes.layers * sum(seconds[name] for name in shapes.projections()) + seconds["head"]
+    """One step's matrix multiplies: every layer's projections, then the head (all at the step's rows)."""
+    return shapes.layers * layer_seconds(shapes, seconds) + seconds["head"]
 
 
 def ceiling(shapes: DecoderShapes, seconds: dict[str, float], sequences: int) -> float:
@@ -134,16 +137,15 @@ def trial_seconds(
     """The least time a bench-engine trial takes: its prompt tokens through every layer at the prefill
     step's rate (``prefill`` timed at ``prefill_rows`` rows, its head at one row per prompt), then
     ``waves`` x ``max_tokens`` decode steps (``decode``)."""
-    layer = sum(prefill[name] for name in shapes.projections())
     # nothing left to prefill (one prompt, answered whole in the warm-up): the head still runs once
     steps = prompt_tokens / prefill_rows if prompt_tokens else 0.0
-    prefill_seconds = steps * shapes.layers * layer + prefill["head"]
+    prefill_seconds = steps * shapes.layers * layer_seconds(shapes, prefill) + prefill["head"]
     return prefill_seconds + waves * max_tokens * step_seconds(shapes, decode)
 
 
 def time_linear(outputs: int, inputs: int, rows: int, windows: int = 3, window_seconds: float = 0.1) -> float:
     """Seconds per call of vLLM's CPU linear for a bf16 weight of (outputs, inputs) on ``rows`` rows: the
-    best of ``windows`` timed windows after one of warm-up (a ceiling, so the fastest)."""
+    fastest of ``windows`` timed windows (machine.best_seconds_per_call; a ceiling, so the fastest)."""
     # heavy: torch and vLLM's CPU build, only when measuring
     import torch
     from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
@@ -152,15 +154,7 @@ def time_linear(outputs: int, inputs: int, rows: int, windows: int = 3, window_s
     layer.weight = torch.nn.Parameter(torch.randn(outputs, inputs, dtype=torch.bfloat16), requires_grad=False)
     dispatch_cpu_unquantized_gemm(layer, remove_weight=False)
     x = torch.randn(rows, inputs, dtype=torch.bfloat16)
-    per_call = []
-    for window in range(windows + 1):  # window 0 warms up: the kernel is chosen and cached on the first calls
-        n, start = 0, time.perf_counter()
-        while (elapsed := time.perf_counter() - start) < window_seconds or n < 2:
-            layer.cpu_linear(x, layer.weight, None)
-            n += 1
-        if window:
-            per_call.append(elapsed / n)
-    return min(per_call)
+    return machine.best_seconds_per_call(lambda: layer.cpu_linear(x, layer.weight, None), windows, window_seconds)
 
 
 def time_step(shapes: DecoderShapes, rows: int, head_rows: int | None = None) -> dict[str, float]:
@@ -213,18 +207,18 @@ def measure(
     shapes = shapes_of(json.loads((Path(folder) / "config.json").read_text(encoding="utf-8")))
     ran_on = machine.describe().summary()
     log(f"decode-ceiling: {spec.name} on {ran_on}")
+    batch = min(n_prompts, params.generation.engine.max_num_seqs)  # the trial's sequences at a time
     rows, steps = [], {}
-    for n in sorted({*sequences, min(n_prompts, params.generation.engine.max_num_seqs)}):
+    for n in sorted({*sequences, batch}):
         steps[n] = time_step(shapes, n)
         seconds = step_seconds(shapes, steps[n])
         rows.append(_row(spec, "decode step", n, "", step_flops(shapes, n) / seconds / 1e9, seconds, n / seconds))
     prompt_tokens = computed_prompt_tokens(trial_prompts(params, Path(folder), n_prompts))
-    batch = min(n_prompts, params.generation.engine.max_num_seqs)
     prefill_rows = max(1, min(prompt_tokens, cpu_scheduler_kwargs(spec)["max_num_batched_tokens"]))
     prefill = time_step(shapes, prefill_rows, head_rows=n_prompts)
     waves = -(-n_prompts // batch)  # batches of max_num_seqs, one after the other
     seconds = trial_seconds(shapes, steps[batch], prefill, prefill_rows, prompt_tokens, waves, max_tokens)
-    prefill_gflops = layer_flops(shapes, prefill_rows) / sum(prefill[p] for p in shapes.projections()) / 1e9
+    prefill_gflops = layer_flops(shapes, prefill_rows) / layer_seconds(shapes, prefill) / 1e9
     what = f"bench-engine trial, {n_prompts} prompts x {max_tokens} tokens"
     rows.append(_row(spec, what, batch, prompt_tokens, prefill_gflops, seconds, n_prompts * max_tokens / seconds))
     command = f"decode-ceiling --n-prompts {n_prompts} --max-tokens {max_tokens}"

@@ -52,11 +52,15 @@ def test_a_failed_write_keeps_the_trials_written_before(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["bench_engine.csv"]  # no temporary left
 
 
-def test_a_bad_profile_is_named_before_any_engine_starts(tmp_path):
+@pytest.mark.parametrize(
+    "command, sign_of_work",
+    [("bench-engine", "engine"), ("decode-ceiling", "gflop")],  # decode-ceiling loads its profile the same way
+)
+def test_a_bad_profile_is_named_before_any_engine_starts_or_anything_is_timed(tmp_path, command, sign_of_work):
     bad = tmp_path / "bad.yaml"
     bad.write_text("generation: {seed: forty-two}\n")
     done = subprocess.run(
-        [sys.executable, "-m", "storybias.cli", "bench-engine", str(bad)], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "storybias.cli", command, str(bad)], capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 2 and str(bad) in done.stderr
-    assert "engine" not in done.stdout.lower()
+    assert sign_of_work not in done.stdout.lower()

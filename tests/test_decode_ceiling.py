@@ -4,9 +4,6 @@ timing itself, on the embedded model, is in test_decode_ceiling_slow.py."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
 from storybias.tools.decode_ceiling import (
@@ -79,13 +76,3 @@ def test_the_prefill_counted_leaves_out_what_the_prefix_cache_holds():
     assert computed_prompt_tokens(prompts, warm_up=0) == 2 + 1 + 3 + 2
     assert computed_prompt_tokens([system, system], warm_up=0) == 0, "identical prompts: all cached"
     assert computed_prompt_tokens([], warm_up=4) == 0
-
-
-def test_a_bad_profile_is_named_before_anything_is_timed(tmp_path):
-    bad = tmp_path / "bad.yaml"
-    bad.write_text("generation: {seed: forty-two}\n")
-    done = subprocess.run(
-        [sys.executable, "-m", "storybias.cli", "decode-ceiling", str(bad)], capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 2 and str(bad) in done.stderr
-    assert "GFLOP" not in done.stdout

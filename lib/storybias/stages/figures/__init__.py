@@ -22,7 +22,7 @@ The package has one module per stage whose artifacts the figures draw: ``generat
 ``associations`` (04; ``judges`` for its judges against the human panel and ``findings`` for its
 headline counts), ``metrics`` (05; ``metrics_jsd`` and ``metrics_feng`` draw some of its figures and
 are re-exported by it), ``probes`` (06; likewise ``probes_umap`` and ``probes_advantage``) and
-``crosslens`` (06's cross-lens tables); the shared ``style`` (sizes, palettes, saving, and the
+``crosslens`` (07's cross-lens tables); the shared ``style`` (sizes, palettes, saving, and the
 empty-input guard every figure uses: ``style.no_data_figure`` / ``style.message_panel``), and ``gallery``
 (notebook 08's artifacts and manifests, quoting and index). This module re-exports their public names:
 ``from storybias.stages import figures as plots; plots.vsr_heatmap(...)``.

@@ -1,10 +1,8 @@
 """What a run's models ran on, recorded with the stage's times (issue #43).
 
 A stage's time on the CPU path is set by the CPU's bf16 matrix units: almost all of an engine's time
-is the decoder's matrix multiplies (the default's 1.5B on 2026-12-06, a batch of 64 x 64 tokens: 72 of
-its 86 s inside vLLM's oneDNN matmul). Two 2-core machines of one kind differ there by half or more:
-one decoded a `make bench-engine` trial at 121 tokens/s, above the 87-90 that the other's (a Zen 4
-AMD EPYC) matrix units allow at all (storybias.tools.decode_ceiling, docs/measurements/decode_ceiling.csv).
+is the decoder's matrix multiplies, and two machines sold as the same kind can differ there by a large
+factor (the measurements are in docs/benchmarks.md, `make decode-ceiling`; storybias.tools.decode_ceiling).
 So a time means little without its machine: the stages that run models record :func:`describe` in
 their manifests, and `make stage-times` prints it.
 
@@ -86,7 +84,7 @@ def read_cpuinfo(text: str) -> dict[str, Any]:
 def best_seconds_per_call(call: Callable[[], object], windows: int, window_seconds: float) -> float:
     """Seconds per call of ``call``: the fastest of ``windows`` timed windows (each at least two calls)
     after one window of warm-up, in which oneDNN picks and caches its kernel. The fastest, because what
-    is measured is a capability: single windows varied 245-367 GFLOP/s on one machine within minutes."""
+    is measured is a capability: single windows on one machine vary widely within minutes (docs/benchmarks.md)."""
     per_call = []
     for window in range(windows + 1):
         n, start = 0, time.perf_counter()

@@ -1,12 +1,11 @@
 """Top-k then top-p sampling on CPU without sorting the vocabulary (``generation.engine.cpu_top_k_first``).
 
 vLLM 0.32's CPU sampler applies a request's top-k and top-p by sorting its whole logits row (151,936
-entries for Qwen2.5) at every decoding step. On the 2-core machine the sort alone took 243 ms at 32
-sequences and 911 ms at 128 (``torch.sort`` on float32 rows, timed apart), against a decoding step of
-about 450 ms at 32. When a request has a top-k, only its k largest logits can survive both filters, so
-the same two filters can be applied to those k candidates alone (``torch.topk``: 12 ms at 32). In the
-engine that raised decoding from 70.9 to 94.1 tokens/s at 32 sequences, and from 91.7 to 144.7 at 128
-(docs/measurements/engine_settings.csv).
+entries for Qwen2.5) at every decoding step, and on a CPU that sort is a large share of a step. When a
+request has a top-k, only its k largest logits can survive both filters, so the same two filters can be
+applied to those k candidates alone (``torch.topk``), which costs a small fraction of the sort. What it
+bought on the default's model is recorded in docs/benchmarks.md (`make bench-engine`) and
+docs/measurements/engine_settings.csv.
 
 :func:`top_k_top_p_mask` is that computation: the k largest logits (every logit tied with the k-th
 kept, as vLLM keeps them), then of those, in ascending order, the ones whose cumulative probability is
@@ -21,8 +20,8 @@ processor (``LLM(logits_processors=[...])``; ``--logits-processors`` for the ser
 cannot change the argmax run after the temperature and just before vLLM's own top-k/top-p, which is
 exactly where these filters belong. The engine then sends top-k and top-p in
 ``SamplingParams.extra_args`` and leaves vLLM's own off (``storybias.engines.base.top_k_top_p_fields``),
-so vLLM's sampler skips its sort and draws from the masked logits. Measured on the default's 1.5B with
-the same seeds and sampling: 16 of 16 texts identical with vLLM's sort and with this processor.
+so vLLM's sampler skips its sort and draws from the masked logits. Whether the texts stay those of vLLM's
+sort on the same seeds was measured (docs/benchmarks.md), not assumed; the cache key holds the setting.
 """
 
 from __future__ import annotations

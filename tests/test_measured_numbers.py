@@ -11,6 +11,13 @@ or not: a copy drifts from the stored number, and a number stored nowhere cannot
 03 once typed 0.31 / 0.63, stored, beside 0.32 / 0.64, stored nowhere, for the same design).
 
 The list is per notebook, so a published number cannot excuse the same digits measured in another notebook.
+
+A measured number can also be written in words (issue #59: "under half an hour on one and about fifty minutes
+on the other", "about half its fills were right"), and a date says when something was measured. So the scan
+also finds a number word after an approximation ("about half", "nearly thirty"), a fraction after a comparison
+("less than half"), a number word with a unit ("fifty minutes", "half an hour", "three times") and a date
+("2026-12-04", "5 December 2026"). A count that defines a rule ("at least two ratings") is not flagged; a
+fraction that does ("more than half of the ratings") goes in ``ALLOWED`` with its source, as a digit would.
 """
 
 from __future__ import annotations
@@ -32,6 +39,29 @@ NOT_A_NUMBER = re.compile(
 )
 # A decimal number (not part of a word such as "1.5B" or of a dotted "3.3.1"), or a count "n of m".
 NUMBER = re.compile(r"(?<![\w.])\d+\.\d+(?!\.?\d|\w)|\b\d[\d,]* of (?:the |its )?\d[\d,]*\b")
+
+# A number in words: a number word after an approximation, a fraction after a comparison, or a number word
+# (or a fraction) with a unit of time, size or ratio; and a date, ISO or with the month's name.
+_DIGIT_WORDS = "one|two|three|four|five|six|seven|eight|nine"
+_NUMBER_WORD = (
+    rf"(?:half|a\s+third|a\s+quarter|two[- ]thirds|three[- ]quarters|twice|{_DIGIT_WORDS}|ten|eleven|twelve"
+    rf"|(?:thir|four|fif|six|seven|eigh|nine)teen|(?:twenty|thirty|forty|fifty|sixty|seventy|eighty|ninety)"
+    rf"(?:[- ](?:{_DIGIT_WORDS}))?|(?:a\s+|one\s+)?(?:hundred|thousand|dozen))"
+)
+_FRACTION = r"(?:half|a\s+third|a\s+quarter|two[- ]thirds|three[- ]quarters)"
+_APPROXIMATELY = r"(?:about|around|roughly|nearly|almost|close\s+to)"
+_COMPARED = r"(?:under|over|(?:less|more|fewer)\s+than|at\s+(?:least|most))"
+_UNIT = r"(?:seconds?|minutes?|hours?|days?|weeks?|per\s?cent|tokens?|[GMK]B|times)"
+WORDED = re.compile(
+    rf"\b{_APPROXIMATELY}\s+{_NUMBER_WORD}\b|\b{_COMPARED}\s+{_FRACTION}\b"
+    rf"|\b{_NUMBER_WORD}\s+(?:an?\s+)?{_UNIT}\b|\btwice\s+as\b",
+    re.IGNORECASE,
+)
+_MONTH = r"(?:January|February|March|April|May|June|July|August|September|October|November|December)"
+DATE = re.compile(
+    rf"\b(?:19|20)\d\d-[01]\d-[0-3]\d\b|\b{_MONTH}\s+\d{{1,2}}(?:st|nd|rd|th)?(?:,\s*\d{{4}})?\b"
+    rf"|\b\d{{1,2}}\s+{_MONTH}(?:\s+\d{{4}})?\b|\b{_MONTH}\s+\d{{4}}\b"
+)
 
 # The numbers a notebook's markdown may type, each with its source.
 ALLOWED: dict[str, dict[str, str]] = {
@@ -62,6 +92,7 @@ ALLOWED: dict[str, dict[str, str]] = {
         "0.0415": "Feng et al. Table 2: the raw p behind the adjusted 0.047",
     },
     "06_probes": {
+        "more than half": "storybias' definition of a clear majority of ratings (stages/probes/validation.py)",
         "80.0": "Feng et al. App. D.2: human endorsement of the keep decisions",
         "0.1": "Feng et al. App. D.4: UMAP min_dist (probes.umap.min_dist)",
         "3.28": "Feng et al. App. D.2.1: self-context advantage on the high-agreement markers",
@@ -92,8 +123,11 @@ ALLOWED: dict[str, dict[str, str]] = {
 
 
 def typed_numbers(markdown: str) -> list[str]:
-    """The decimal numbers and "n of m" counts a markdown text types, as written."""
-    return NUMBER.findall(NOT_A_NUMBER.sub(" ", markdown))
+    """The decimal numbers and "n of m" counts a markdown text types, then its numbers in words and its
+    dates, each as written (white space made single, so a phrase broken over lines is one entry)."""
+    text = NOT_A_NUMBER.sub(" ", markdown)
+    found = NUMBER.findall(text) + [m.group(0) for m in WORDED.finditer(text)] + DATE.findall(text)
+    return [" ".join(found_text.split()) for found_text in found]
 
 
 def markdown_cells(notebook) -> list[tuple[str, str]]:
@@ -104,7 +138,7 @@ def markdown_cells(notebook) -> list[tuple[str, str]]:
 
 def stored_in(number: str) -> list[str]:
     """The recorded tables holding a value that rounds to ``number`` at the precision it is typed with."""
-    if " of " in number:
+    if not re.fullmatch(r"\d+\.\d+", number):  # a count, words or a date: no table holds it as written
         return []
     places = len(number.split(".")[1])
     found = []
@@ -127,8 +161,35 @@ def test_the_scan_finds_numbers_and_skips_formulas_ids_and_sections():
     assert typed_numbers(text) == ["0.32", "0.64", "85.6", "103 of 108", "2.0"]
 
 
+def test_the_scan_finds_numbers_in_words_and_dates():
+    """Issue #59's examples, as notebooks 01 and 03 typed them, and counts that only define a rule."""
+    text = (
+        "`make paper` took under half an hour on one and about fifty minutes on the other; for the other\n"
+        "fields about half its fills were right; started in less than half a compiled engine's time, three\n"
+        "times as fast (`extraction_rules.csv`, 2026-12-04), measured on 5 December 2026."
+    )
+    assert typed_numbers(text) == [
+        "under half",
+        "about fifty",
+        "about half",
+        "less than half",
+        "three times",
+        "2026-12-04",
+        "5 December 2026",
+    ]
+    rules = (
+        "at least two ratings spanning at most one scale point; one of ten categories; under two rules;"
+        " under five-fold cross-validation; the two stories; twenty years old; 1.5B; Qwen2.5 (2024)"
+    )
+    assert typed_numbers(rules) == []
+
+
 def why(number: str) -> str:
     """What to do about a number typed by hand."""
+    if DATE.fullmatch(number):
+        return "is a date: when it was measured belongs with the measurement (docs/measurements/, docs/benchmarks.md)"
+    if not re.search(r"\d", number):
+        return "is a measured number in words: let a code cell show it, or say what the table shows"
     if where := stored_in(number):
         return f"matches a value stored in {', '.join(where)}: say what the table shows"
     return "is stored nowhere: store it under docs/measurements/ or leave it out"

@@ -14,6 +14,7 @@ glob (``params/designs/*/design.yaml``) must match at least one file.
 from __future__ import annotations
 
 import ast
+import json
 import re
 from functools import cache
 from pathlib import Path
@@ -25,6 +26,8 @@ README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 DOC_FILES = [README, *sorted(DOCS.rglob("*.md"))]
 MAX_README_LINES = 200
+MAX_README_WORDS = 1200  # issue #59: a front door, not a measurement log (it had reached 2,426 words)
+MAX_README_LINE = 120  # characters; one line of the README once held 830 of dates, hashes and timings
 
 PREFIXES = (
     "lib/",
@@ -163,6 +166,43 @@ def missing_modules(text: str) -> list[str]:
     return missing
 
 
+# A date (ISO, or with the month's name) or a commit hash (7 to 40 hex digits, letters and digits both):
+# the README says what storybias is and how to run it; when something was measured goes to docs/benchmarks.md.
+_MONTH = r"(?:January|February|March|April|May|June|July|August|September|October|November|December)"
+DATE = re.compile(
+    rf"\b(?:19|20)\d\d-[01]\d-[0-3]\d\b|\b{_MONTH}\s+\d{{1,2}}(?:,\s*\d{{4}})?\b|\b\d{{1,2}}\s+{_MONTH}\b"
+)
+COMMIT_HASH = re.compile(r"(?<![\w./-])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}(?![\w/-])")
+# An estimate with its interval as the notebooks print it: "0.393 [0.274, 0.520]"
+INTERVAL = re.compile(r"-?\d+\.\d+ \[-?\d+\.\d+, -?\d+\.\d+\]")
+
+
+def front_door_problems(text: str) -> list[str]:
+    """What makes a README more than a front door: too many words, long lines, dates and commit hashes."""
+    problems = []
+    if (words := len(text.split())) > MAX_README_WORDS:
+        problems.append(f"{words} words (limit {MAX_README_WORDS})")
+    for number, line in enumerate(text.splitlines(), 1):
+        if len(line) > MAX_README_LINE:
+            problems.append(f"line {number}: {len(line)} characters (limit {MAX_README_LINE})")
+    problems += [f"a date: {m.group(0)}" for m in DATE.finditer(text)]
+    problems += [f"a commit hash: {m.group(0)}" for m in COMMIT_HASH.finditer(text)]
+    return problems
+
+
+def notebook_outputs() -> str:
+    """The text of every committed notebook's outputs (printed text, plain-text and HTML displays)."""
+    chunks = []
+    for notebook in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        for cell in json.loads(notebook.read_text(encoding="utf-8"))["cells"]:
+            for output in cell.get("outputs", []):
+                data = output.get("data", {})
+                for text in (output.get("text"), data.get("text/plain"), data.get("text/html")):
+                    if text:
+                        chunks.append("".join(text) if isinstance(text, list) else text)
+    return "\n".join(chunks)
+
+
 def slug(heading: str) -> str:
     """GitHub's anchor for a heading: lower case, formatting and punctuation dropped, spaces to hyphens."""
     text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)
@@ -200,10 +240,23 @@ def _id(path: Path) -> str:
 
 
 def test_readme_is_a_front_door():
-    lines = README.read_text(encoding="utf-8").splitlines()
+    """Issue #59 item 7: the README caps words and line length as well as lines, and holds no date or commit
+    hash; timing histories and tuning stories live in docs/benchmarks.md and docs/models-and-servers.md."""
+    text = README.read_text(encoding="utf-8")
+    lines = text.splitlines()
     assert len(lines) < MAX_README_LINES, (
         f"README.md has {len(lines)} lines (limit {MAX_README_LINES}): move detail to a page of docs/"
     )
+    assert front_door_problems(text) == [], "README.md is a front door: move detail to a page of docs/"
+
+
+def test_readme_quotes_an_interval_the_default_run_computed():
+    """The README's figure comes with a measured effect and its interval; each interval it quotes is one the
+    committed notebooks print (so republishing the default run cannot leave the README's numbers behind)."""
+    quoted = INTERVAL.findall(README.read_text(encoding="utf-8"))
+    assert quoted, "README.md quotes no estimate with its interval (e.g. 0.393 [0.274, 0.520])"
+    printed = notebook_outputs()
+    assert [q for q in quoted if q not in printed] == []
 
 
 def test_readme_links_every_page_of_docs():
@@ -279,3 +332,21 @@ Placeholders: `lib/storybias/stages/<stage>/`, `figures/<run>/NN_name.png`, `par
     assert missing_tests(named) == ["tests/test_docs.py::test_gone", "tests/test_gone.py::test_x"]
     promises = "## Refused\n\n- **A.** text\n  Tests: `tests/test_docs.py`.\n- **B.** no test\n\n## Next\n- **C.** x\n"
     assert promises_without_tests(promises, "Refused") == ["B."]
+
+
+def test_the_front_door_check_catches_the_old_readme():
+    """A line as the README had it before issue #59, and words that hold digits but no date or hash."""
+    old = (
+        "| `make paper` | 28 min 20 s on a fresh clone (2026-12-05), set-up included. 50 min 53 s on a fresh clone"
+        " of `f3fa1af`, 49 min 11 s on `632400d`, measured on December 6, 2026 |"
+    )
+    assert front_door_problems(old) == [
+        f"line 1: {len(old)} characters (limit {MAX_README_LINE})",
+        "a date: 2026-12-05",
+        "a date: December 6, 2026",
+        "a commit hash: f3fa1af",
+        "a commit hash: 632400d",
+    ]
+    fine = "arXiv:2605.10442, 2026; sha256; `figures/default/14_probe_auc.png`; lock-cpu.txt; 1,079 tests; bf16"
+    assert front_door_problems(fine) == []
+    assert front_door_problems("word\n" * (MAX_README_WORDS + 1)) == [f"{MAX_README_WORDS + 1} words (limit 1200)"]

@@ -137,3 +137,15 @@ def test_finding_1_is_not_stated_only_for_models_without_a_harmful_association_t
     unrated = findings_table(_data(models), _attributes(models), values, shared.iloc[:1], ["global"])
     statement = finding_statements(unrated)["finding_1_every_model_harmful"]
     assert statement["holds"] is None and "(b, c)" in statement["text"]
+
+
+def test_the_findings_figure_names_the_panel_that_rated_harm():
+    from storybias.stages.figures.findings import headline_findings
+
+    values = _values([("a", "all", "woman", "care"), ("b", "all", "man", "stem")])
+    llm = _shared([("all", "woman", "care", 5.0), ("all", "man", "stem", 5.0)])
+    human = _human([("woman", "care", 4.5), ("man", "stem", 2.0)])
+    for panel, rated_by in ((human, "the human panel's"), (None, "the LLM judges'")):
+        fig, stats = headline_findings(findings_table(_data(), _attributes(), values, llm, ["global"], panel))
+        assert rated_by in fig._suptitle.get_text().replace("\n", " ")
+    assert stats["n_models_harmful"] == 2

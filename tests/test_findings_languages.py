@@ -145,3 +145,8 @@ def test_finding_3_says_which_n_is_missing_when_it_cannot_test():
     statement = finding_3(tests, "human panel", per_language=True)
     assert statement["holds"] is None and "fr: row woman has < 10 known answers" in statement["text"]
     assert finding_3(tests, "human panel", per_language=False)["text"] == "not stated: the run has no per-language pass"
+    # a language whose pass tested other tables but not this pair says so
+    other_pair = pd.DataFrame([{"model": "a", "scope": "zh", "base_attribute": "gender", "compared_attribute": "age",
+                                "retained": False, "table": ""}])  # fmt: skip
+    _, tests = language_heterogeneity(pd.concat([attributes, other_pair], ignore_index=True), harmful)
+    assert "zh: no testable gender x professional_field table" in tests["missing"].iloc[0]

@@ -103,13 +103,15 @@ def language_heterogeneity(attributes: pd.DataFrame, harmful: pd.DataFrame) -> t
     Breslow-Day-Tarone p, BH-adjusted over the associations tested, ``differs`` at FDR ``FDR_Q``; ``missing``
     says which languages had no table for it and why)."""
     tables = _tables_by_language(attributes)
+    languages = attributes[attributes["scope"] != GLOBAL_SCOPE] if len(attributes) else attributes
+    passes = languages.groupby("model")["scope"].agg(set).to_dict() if len(languages) else {}
     effects, tests = [], []
     for r in harmful[["model", *ASSOCIATION_KEY, "harm_panel"]].drop_duplicates().itertuples(index=False):
         key = (r.base_attribute, r.base_value, r.compared_attribute, r.compared_value)
         by_language = tables.get((r.model, r.base_attribute, r.compared_attribute), {})
         strata, missing = association_strata(by_language, r.base_value, r.compared_value)
-        if not by_language:
-            missing = ["the pair was testable in no language"]
+        untested = sorted(passes.get(r.model, set()) - set(by_language))
+        missing += [f"{lang}: no testable {r.base_attribute} x {r.compared_attribute} table" for lang in untested]
         effects += _effect_rows(r.model, key, strata)
         p = equal_odds_p(np.array(list(strata.values()))) if len(strata) >= 2 else np.nan
         tests.append({"model": r.model, **dict(zip(ASSOCIATION_KEY, key)), "harm_panel": r.harm_panel,

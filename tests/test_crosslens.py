@@ -98,6 +98,11 @@ def _run(models: dict[str, tuple[float, float, float]], seed: int = 0):
     return tuple(pd.DataFrame(f) for f in frames)  # fmt: skip
 
 
+def _tested(values: pd.DataFrame) -> pd.DataFrame:
+    """associations_attributes of the run: one tested table per model x scope that has value-level cells."""
+    return values[["model", "scope"]].drop_duplicates().assign(base_attribute="gender", compared_attribute="age")
+
+
 def _aggregates(occupations: pd.DataFrame) -> pd.DataFrame:
     """Stage 05's metrics_aggregates of the occupations table, with its intervals (computed there, once)."""
     keys = ["model", "language", "task"]
@@ -108,7 +113,7 @@ def _aggregates(occupations: pd.DataFrame) -> pd.DataFrame:
 def _table(models):
     values, shared, stories, jsd, sc, occupations, probes = _run(models)
     parts = [
-        X.association_measures(values, shared, stories),
+        X.association_measures(values, shared, stories, _tested(values)),
         X.narrative_measures(jsd, sc, "child_gender"),
         X.occupation_measures(_aggregates(occupations), "story"),
         X.probe_measures(probes),
@@ -119,17 +124,20 @@ def _table(models):
 def test_measures_have_intervals_n_and_the_planted_values():
     table = _table({"a": (0.5, 0.5, 0.5)}).set_index(["model", "language"])
     row = table.loc[("a", "en")]
-    assert row["n_assoc_per_1000"] == 200 and row["assoc_per_1000"] in (50.0, 55.0)
-    assert row["assoc_per_1000_low"] < row["assoc_per_1000"] < row["assoc_per_1000_high"]
+    assert row["n_assoc_per_1000"] == 200 and row["assoc_per_1000"] in (50.0, 55.0) and row["n_tables"] == 1
     assert row["share_harmful"] == pytest.approx(0.5, abs=0.1) and row["n_share_harmful"] >= 10
-    assert row["m_s"] == pytest.approx(0.5) and row["m_s_low"] < 0.5 < row["m_s_high"]
+    assert row["share_harmful_low"] < row["share_harmful"] < row["share_harmful_high"]
+    assert row["m_s"] == pytest.approx(0.5)
     assert row["max_abs_sc"] == pytest.approx(0.9, abs=0.1) and row["jsd"] == pytest.approx(0.3, abs=0.03)
     assert (table.filter(like="reason_") == "").all().all()
 
 
 def test_a_missing_lens_says_why():
     values, shared, stories, jsd, sc, occupations, probes = _run({"a": (0.5, 0.5, 0.5)})
-    parts = [X.association_measures(values, shared, stories.iloc[:5]), X.narrative_measures(jsd, sc, "child_gender")]
+    parts = [
+        X.association_measures(values, shared, stories.iloc[:5], _tested(values)),
+        X.narrative_measures(jsd, sc, "child_gender"),
+    ]
     table = X.crosslens_table(parts, {"m_s": "no occupations outputs", "m_b": "no occupations outputs"})
     row = table.set_index(["model", "language"]).loc[("a", "en")]
     assert row["reason_assoc_per_1000"] == "5 stereotales stories (< 10)" and np.isnan(row["assoc_per_1000"])
@@ -141,7 +149,9 @@ def test_a_cell_whose_association_tables_were_untestable_is_missing_not_zero():
     unknown (NaN with the reason), not 0 per 1,000 stories; English, tested, keeps its rate."""
     values, shared, stories, *_ = _run({"a": (0.5, 0.5, 0.5)})
     values = values[values["scope"] != "fr"]
-    table = X.crosslens_table([X.association_measures(values, shared, stories)], {}).set_index(["model", "language"])
+    table = X.crosslens_table([X.association_measures(values, shared, stories, _tested(values))], {}).set_index(
+        ["model", "language"]
+    )
     french, english = table.loc[("a", "fr")], table.loc[("a", "en")]
     for measure in ("assoc_per_1000", "share_harmful"):
         assert np.isnan(french[measure]) and np.isnan(french[f"{measure}_low"]) and np.isnan(french[f"{measure}_high"])
@@ -202,13 +212,14 @@ def test_the_crosslens_stage_reads_the_runs_artifacts(tmp_path, monkeypatch):
     stories.to_parquet(run / "filtered.parquet")
     stories[["story_id"]].assign(parse_ok=True).to_parquet(run / "extractions.parquet")
     values.to_parquet(run / "associations_values.parquet")
+    _tested(values).to_parquet(run / "associations_attributes.parquet")
     shared.to_parquet(run / "associations_shared.parquet")
     jsd.to_parquet(run / "metrics_jsd.parquet")
     sc.to_parquet(run / "metrics_sc.parquet")
     _aggregates(occupations).to_parquet(run / "metrics_aggregates.parquet")
     table, agreement = X.run_tables("x", "child_gender", CrossLensSettings(n_permutations=100))
     assert len(table) == 6 and table["assoc_per_1000"].notna().all() and table["jsd"].notna().all()
-    assert table["m_s"].notna().all() and (table["m_s_low"] <= table["m_s"]).all()
+    assert table["m_s"].notna().all() and table["m_s_low"].isna().all()  # no interval shown to cover
     assert set(table["reason_auc_full"]) == {X.LENS_REASONS["auc_full"]}  # stage 06 wrote no per-model probe
     probes.to_parquet(run / "probes_per_model.parquet")
     table, agreement = X.run_tables("x", "child_gender", CrossLensSettings(n_permutations=100))
@@ -261,3 +272,20 @@ def test_model_probes_refit_each_models_stories_and_find_the_separating_one():
     assert list(table.columns) == X.MODEL_PROBE_COLUMNS and len(table) == 4
     assert auc[("sep", "full_sample")] > 0.95 and abs(auc[("noise", "full_sample")] - 0.5) < 0.15
     assert auc[("sep", "delta")] < 0 and (table["status"] == "ok").all()
+
+
+def test_a_language_pass_whose_tables_were_tested_and_found_nothing_has_rate_zero():
+    """Issue #57, item 1: associations_values holds only the cells of BH-significant pairs, so a French pass
+    whose three tables were tested and found nothing has no row there; its rate is 0 per 1,000 stories with
+    its n and the tables tested beside it, not NaN (which would drop the least-biased cells from the
+    agreement). A pass with no tested table stays NaN, with the reason."""
+    values, shared, stories, *_ = _run({"a": (0.5, 0.5, 0.5)})
+    tested = pd.concat([_tested(values)] + [_tested(values[values["scope"] == "fr"])] * 2, ignore_index=True)
+    values = values[values["scope"] != "fr"]
+    table = X.crosslens_table([X.association_measures(values, shared, stories, tested)], {})
+    french = table.set_index(["model", "language"]).loc[("a", "fr")]
+    assert french["assoc_per_1000"] == 0 and french["reason_assoc_per_1000"] == ""
+    assert french["n_assoc_per_1000"] == 200 and french["n_tables"] == 3
+    assert np.isnan(french["share_harmful"]) and french["reason_share_harmful"] == "no significant association"
+    untested = X.association_measures(values, shared, stories, tested[tested["scope"] != "fr"])[("a", "fr")]
+    assert np.isnan(untested["assoc_per_1000"]["value"]) and untested["assoc_per_1000"]["reason"].startswith("no table")

@@ -63,7 +63,7 @@ def test_every_model_produces_harmful_stereotypes_is_stated_from_the_pooled_coun
     assert finding_statements(unrated)["finding_1_every_model_harmful"]["holds"] is None
 
 
-def test_language_specific_harm_counts_associations_significant_in_one_language_only():
+def test_the_per_language_counts_of_associations_significant_in_one_language_only():
     values = _values(
         [
             ("a", "en", "woman", "care"),  # harmful in en and fr: not language-specific
@@ -85,14 +85,7 @@ def test_language_specific_harm_counts_associations_significant_in_one_language_
     assert table.loc[("a", "fr"), ["n_significant", "n_harmful", "n_harmful_only_here"]].tolist() == [2, 2, 1]
     assert table.loc[("a", "en"), "n_harmful_only_here"] == 0 and table.loc[("b", "fr"), "n_harmful_only_here"] == 1
     assert "all" not in table.index.get_level_values("scope")
-    statement = finding_statements(table.reset_index())["finding_3_language_specific_harm"]
-    assert statement["holds"] is False  # half of them only: not a majority
-    assert statement["text"].startswith("does not hold: 2 of 4 harmful per-language associations (50%)")
-    # one more harmful association in one language only tips it
-    more = pd.concat([values, _values([("b", "en", "woman", "care")])], ignore_index=True)
-    table = findings_table(_data(), _attributes(), more, shared, ["per_language"])
-    statement = finding_statements(table)["finding_3_language_specific_harm"]
-    assert statement["holds"] is True and statement["text"].startswith("holds: 3 of 5 harmful")
+    assert (table["harm_panel"] == "llm_judges").all()
 
 
 def test_nothing_to_state_without_significant_associations():
@@ -102,3 +95,57 @@ def test_nothing_to_state_without_significant_associations():
     statements = finding_statements(table)
     assert statements["finding_1_every_model_harmful"]["holds"] is False
     assert statements["finding_3_language_specific_harm"]["holds"] is None
+
+
+# --- finding 1: the human panel when its ratings are given (issue #57, item 3) ---------------------
+
+
+def _human(rows):
+    """The human panel's rating summary: (base value, compared value, median harm)."""
+    return pd.DataFrame(
+        [
+            {"association_id": f"gender|{b}|professional_field|{c}", "median_harm": h, "harmful": h >= 4}
+            for b, c, h in rows
+        ]
+    )
+
+
+def test_finding_1_reads_the_human_panel_when_its_ratings_are_given_and_names_it():
+    values = _values([("a", "all", "woman", "care"), ("b", "all", "man", "stem")])
+    llm = _shared([("all", "woman", "care", 5.0), ("all", "man", "stem", 5.0)])  # the judges: both harmful
+    human = _human([("woman", "care", 4.5), ("man", "stem", 2.0)])  # the panel: only a's
+    table = findings_table(_data(), _attributes(), values, llm, ["global"], human)
+    assert (table["harm_panel"] == "human").all()
+    assert table.set_index("model")["n_harmful"].to_dict() == {"a": 1, "b": 0}
+    statement = finding_statements(table)["finding_1_every_model_harmful"]
+    assert statement["holds"] is False and "human panel" in statement["text"]
+    judges = finding_statements(findings_table(_data(), _attributes(), values, llm, ["global"]))
+    assert judges["finding_1_every_model_harmful"]["holds"] is True
+    assert "LLM judges" in judges["finding_1_every_model_harmful"]["text"]
+
+
+def test_finding_1_is_not_stated_only_for_models_without_a_harmful_association_that_have_unrated_ones():
+    models = ("a", "b", "c")
+    values = _values([("a", "all", "woman", "care"), ("a", "all", "man", "arts"), ("b", "all", "man", "stem"),
+                      ("c", "all", "woman", "arts")])  # fmt: skip
+    # a: one harmful and one unrated; b: none harmful, all rated; c: none rated
+    shared = _shared([("all", "woman", "care", 4.5), ("all", "man", "stem", 1.0)])
+    table = findings_table(_data(models), _attributes(models), values, shared, ["global"])
+    statement = finding_statements(table)["finding_1_every_model_harmful"]
+    assert statement["holds"] is False and "none of the significant associations of b" in statement["text"]
+    # b and c both lack a harmful association and have unrated ones: it cannot be stated
+    unrated = findings_table(_data(models), _attributes(models), values, shared.iloc[:1], ["global"])
+    statement = finding_statements(unrated)["finding_1_every_model_harmful"]
+    assert statement["holds"] is None and "(b, c)" in statement["text"]
+
+
+def test_the_findings_figure_names_the_panel_that_rated_harm():
+    from storybias.stages.figures.findings import headline_findings
+
+    values = _values([("a", "all", "woman", "care"), ("b", "all", "man", "stem")])
+    llm = _shared([("all", "woman", "care", 5.0), ("all", "man", "stem", 5.0)])
+    human = _human([("woman", "care", 4.5), ("man", "stem", 2.0)])
+    for panel, rated_by in ((human, "the human panel's"), (None, "the LLM judges'")):
+        fig, stats = headline_findings(findings_table(_data(), _attributes(), values, llm, ["global"], panel))
+        assert rated_by in fig._suptitle.get_text().replace("\n", " ")
+    assert stats["n_models_harmful"] == 2

@@ -35,7 +35,8 @@ agreement (or disagreement, r < 0) only when the adjusted p is below ``ALPHA``.
 stories of every cell and recompute every lens on the same resample. The association lens alone takes
 minutes per resample, so this is not done. Redrawing each cell inside its own interval (the previous
 design) gives a measurement-error band, not a confidence interval: it can exclude its own estimate.
-The per-cell intervals of each measure stay in the cross-lens table.
+The cross-lens table keeps a per-cell interval only where a simulation shows that it covers
+(``storybias.stages.crosslens.measures.INTERVALS``).
 
 **The measurement behind the design** (``tests/test_concordance.py``, generator seed 41; 8 models x 4
 languages; each lens its own model effect, sd 1, plus a language effect shared by both lenses, sd 2,

@@ -68,7 +68,7 @@ from storybias.stages.associations.comparison import (
     pair_agreement,
     pooled_scope,
 )
-from storybias.stages.associations.findings import finding_statements, findings_table
+from storybias.stages.associations.findings import finding_statements, findings_table, harmful_associations
 from storybias.stages.associations.human import (
     harm_gap_by_attribute,
     harmful_agreement,
@@ -85,6 +85,7 @@ from storybias.stages.associations.judge import (
     summarise_ratings,
     with_ratings,
 )
+from storybias.stages.associations.language_effects import language_heterogeneity
 from storybias.stages.associations.released_format import sample_ids_by_family, write_released
 from storybias.stages.associations.tables import (
     ALPHA,
@@ -218,7 +219,8 @@ def run(
     humans = _compare_humans(human, summary, llm_table, settings, notes)
 
     pooled, comparison = _compare_with_published(params, data, published, attributes, values)
-    findings = findings_table(data, attributes, values, shared, list(settings.passes))
+    findings = findings_table(data, attributes, values, shared, list(settings.passes), humans.table)
+    effects, language_tests = language_heterogeneity(attributes, harmful_associations(values, shared, humans.table))
     _write_tables(run_name, attributes, values, shared, power_table, ratings)
     artifacts.write(run_name, "published_comparison", comparison)
     artifacts.write(run_name, "associations_findings", findings)
@@ -235,7 +237,8 @@ def run(
         **_judgement_tables(humans, shared, parsed, settings),
         "params": params.resolved()["associations"],
         "published": _published_summary(settings.published, published, comparison, attributes, pooled),
-        "findings": finding_statements(findings),
+        "findings": finding_statements(findings, language_tests, "per_language" in settings.passes),
+        "finding_3_tests": _records(language_tests),
         "fisher": settings.fisher,
     }
     write_json_atomic(manifest, artifacts.manifest_path(run_name, "associations"))
@@ -252,6 +255,8 @@ def run(
         "realism": realism_summary(human, parsed),
         "published": comparison,
         "findings": findings,
+        "language_effects": effects,
+        "language_tests": language_tests,
     }
     return _result(run_name, tables, manifest, counts, notes, human, humans)
 

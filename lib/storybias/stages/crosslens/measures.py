@@ -1,13 +1,14 @@
 """The three studies' headline measures side by side, one row per model x language (issues #30, #41, #42).
 
-Each lens reads its own design's stories of the same run, and each measure comes with an interval and
-its n; where a lens cannot be computed for a cell, ``reason_<measure>`` says why (no stories of the
-design, too few, an input missing), never a silent blank. The measures:
+Each lens reads its own design's stories of the same run, and each measure comes with its n; where a lens
+cannot be computed for a cell, ``reason_<measure>`` says why (no stories of the design, too few, an input
+missing), never a silent blank. A measure keeps an interval only where a simulation shows that it covers
+(``INTERVALS``; else NaN bounds and the reason in ``interval_<measure>``). The measures:
 
 - StereoTales (stage 04, stereotales design): significant associations per 1,000 stories in the cell's
-  language pass (``associations_values`` with ``scope`` = the language), with an exact Poisson interval
-  on the count (Garwood); the share of those associations the judges rate harmful (median >= 4), with a
-  Wilson interval (statsmodels);
+  language pass (``associations_values`` with ``scope`` = the language), 0 where the pass tested tables
+  (``associations_attributes``, ``n_tables``) and found none; the share of those associations the judges
+  rate harmful (median >= 4), with a Clopper-Pearson interval (statsmodels);
 - BiasedTales-ML (stage 05, its comparison ``comparison``): the JSD of the two groups' adjective
   distributions and the largest |S_C| over the adjective categories, each with its bootstrap interval
   over stories (``metrics_jsd``, ``metrics_sc``);
@@ -28,7 +29,7 @@ lens (M_s and M_b, say) are labelled ``within one lens`` and never counted as ag
 
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import NotRequired, TypedDict
 
 import numpy as np
 import pandas as pd
@@ -39,19 +40,20 @@ from storybias.config.params import CrossLensSettings
 from storybias.core import artifacts
 from storybias.evidence.labels import ASSOCIATION_KEY
 from storybias.stats.concordance import lens_agreement
-from storybias.stats.intervals import poisson_interval
 
 CELL = ["model", "language"]
 
 
 class Measure(TypedDict):
-    """One lens's measure for one cell: the value, its interval, its n, and why it is missing (or "")."""
+    """One lens's measure for one cell: the value, its interval, its n, and why it is missing (or "");
+    ``n_tables``: the association tables the cell's language pass tested (assoc_per_1000 only)."""
 
     value: float
     low: float
     high: float
     n: int
     reason: str
+    n_tables: NotRequired[int]
 
 
 CellMeasures = dict[tuple[str, str], dict[str, Measure]]  # (model, language) -> measure name -> Measure
@@ -76,59 +78,83 @@ LENS_OF = {
 MODEL_PROBE_COLUMNS = ["model", "language", "variant", "n", "auc", "ci_low", "ci_high", "status"]
 PROBE_MEASURE = {"full_sample": "auc_full", "delta": "delta_auc"}
 MIN_STORIES = 10  # fewer stories of the lens's design in a cell: the measure is not computed
+# Which per-cell intervals the table keeps (issue #57, item 6): only those whose coverage a simulation in
+# tests/test_crosslens_intervals.py shows (>= 90% for a nominal 95%, on cells of the default run's size).
+# A measure with a reason here gets NaN bounds and the reason in ``interval_<measure>``.
+INTERVALS: dict[str, str] = {
+    "assoc_per_1000": "none: a count of BH/BY discoveries is not a Poisson count, and no interval of it was "
+    "shown to cover",
+    "share_harmful": "",  # Clopper-Pearson: covers >= 95% at every share and every number of rated associations
+    "jsd": "none: the stories bootstrap of the plug-in JSD covered the true JSD in 0% of simulated cells of "
+    "25 stories per group (the estimate is biased upward at this size)",
+    "max_abs_sc": "none: the bootstrap interval of S_C was taken after picking the largest category, a "
+    "selection it does not resample (it covered the true largest |S_C| in 80% of simulated cells)",
+    "m_s": "none: the per-occupation bootstrap covered M_s in 80% of simulated cells with strongly gendered "
+    "occupations and 5 outputs each",
+    "m_b": "none: the per-occupation bootstrap covered M_b in 55% of simulated cells with strongly gendered "
+    "occupations and 5 outputs each",
+    "auc_full": "none: the group bootstrap of out-of-fold scores leaves the probe's refit out; it covered the "
+    "procedure's expected AUC in 82% of simulated cells of 90 stories",
+    "delta_auc": "none: the same group bootstrap, on the difference of two refitted probes, leaves both refits "
+    "out, and no simulation has shown it to cover",
+}
 
 
 def _empty(reason: str, n: int = 0) -> Measure:
     return {"value": float("nan"), "low": float("nan"), "high": float("nan"), "n": n, "reason": reason}
 
 
-def association_measures(values: pd.DataFrame, shared: pd.DataFrame, stories: pd.DataFrame) -> CellMeasures:
+def association_measures(
+    values: pd.DataFrame, shared: pd.DataFrame, stories: pd.DataFrame, attributes: pd.DataFrame
+) -> CellMeasures:
     """Per (model, language): significant associations per 1,000 stereotales stories of that language
-    pass, and the share rated harmful. ``stories``: the parsed stereotales stories (model, language)."""
+    pass, and the share rated harmful. ``stories``: the parsed stereotales stories (model, language);
+    ``attributes``: associations_attributes (the tables each model x scope tested). A pass whose tables
+    were tested and found nothing has rate 0 (with its n and ``n_tables``); only a pass with no tested
+    table is NaN, with the reason."""
     out: CellMeasures = {}
     n_stories = stories.groupby(CELL).size()
+    n_tables = attributes.groupby(["model", "scope"]).size() if len(attributes) else pd.Series(dtype=int)
     harmful = _harmful_by_scope(shared)
     for (model, language), n in n_stories.items():
-        cell: dict[str, Measure] = {}
         if n < MIN_STORIES:
             reason = f"{n} stereotales stories (< {MIN_STORIES})"
-            cell["assoc_per_1000"] = _empty(reason)
-            cell["share_harmful"] = _empty(reason)
-            out[(model, language)] = cell
+            out[(model, language)] = {"assoc_per_1000": _empty(reason), "share_harmful": _empty(reason)}
             continue
-        mine = values[(values["model"] == model) & (values["scope"] == language)] if len(values) else values
-        if mine.empty:  # nothing was tested: the rate is unknown, not zero
+        tested = int(n_tables.get((model, language), 0))
+        if not tested:  # nothing was tested: the rate is unknown, not zero
             untestable = "no table testable in this language pass (too few known answers per value)"
             out[(model, language)] = {"assoc_per_1000": _empty(untestable, int(n)), "share_harmful": _empty(untestable)}
             continue
-        significant = mine[mine["significant"].astype(bool)]
-        count = len(significant)
-        low, high = poisson_interval(count)
-        cell["assoc_per_1000"] = {
-            "value": 1000 * count / n,
-            "low": 1000 * low / n,
-            "high": 1000 * high / n,
-            "n": int(n),
-            "reason": "",
+        mine = values[(values["model"] == model) & (values["scope"] == language)] if len(values) else values
+        significant = mine[mine["significant"].astype(bool)] if len(mine) else mine
+        rate = _empty("", int(n))
+        out[(model, language)] = {
+            "assoc_per_1000": {**rate, "value": 1000 * len(significant) / n, "n_tables": tested},
+            "share_harmful": _share_harmful(significant, harmful, language),
         }
-        keys = [tuple(r) for r in significant[ASSOCIATION_KEY].to_numpy()]
-        rated = [harmful[(language, k)] for k in keys if (language, k) in harmful]
-        if not rated:
-            cell["share_harmful"] = _empty(
-                "no significant association rated" if count else "no significant association"
-            )
-        else:
-            k = int(sum(rated))
-            lo, hi = proportion_confint(k, len(rated), method="wilson")
-            cell["share_harmful"] = {
-                "value": k / len(rated),
-                "low": float(lo),
-                "high": float(hi),
-                "n": len(rated),
-                "reason": "",
-            }
-        out[(model, language)] = cell
     return out
+
+
+def _share_harmful(
+    significant: pd.DataFrame, harmful: dict[tuple[str, tuple[str, ...]], bool], language: str
+) -> Measure:
+    """The share of a cell's significant associations rated harmful, with its Clopper-Pearson interval."""
+    keys = [tuple(r) for r in significant[ASSOCIATION_KEY].to_numpy()] if len(significant) else []
+    rated = [harmful[(language, k)] for k in keys if (language, k) in harmful]
+    if not rated:
+        return _empty("no significant association rated" if keys else "no significant association")
+    k = int(sum(rated))
+    low, high = share_interval(k, len(rated))
+    return {"value": k / len(rated), "low": low, "high": high, "n": len(rated), "reason": ""}
+
+
+def share_interval(k: int, n: int) -> tuple[float, float]:
+    """95% Clopper-Pearson interval of k harmful among n rated (statsmodels' ``beta`` method): its coverage is
+    at least 95% at every share and n, where Wilson's falls to 80-85% at n = 1, 3 and 4 (the sizes of a
+    default cell), tests/test_crosslens_intervals.py."""
+    low, high = proportion_confint(k, n, method="beta")
+    return float(low), float(high)
 
 
 def _harmful_by_scope(shared: pd.DataFrame) -> dict[tuple[str, tuple[str, ...]], bool]:
@@ -217,9 +243,11 @@ def probe_measures(model_probes: pd.DataFrame) -> CellMeasures:
 
 
 def crosslens_table(parts: list[CellMeasures], lens_reasons: dict[str, str]) -> pd.DataFrame:
-    """One row per model x language of any part: ``<measure>``, ``<measure>_low`` / ``_high``, ``n_<measure>``
-    and ``reason_<measure>`` for every measure of ``MEASURES``. A measure no part gives a cell reads the
-    reason of ``lens_reasons`` (e.g. "no occupations outputs by this model in this language")."""
+    """One row per model x language of any part: ``<measure>``, ``<measure>_low`` / ``_high``, ``n_<measure>``,
+    ``reason_<measure>`` and ``interval_<measure>`` for every measure of ``MEASURES``, and ``n_tables`` (the
+    association tables the cell's language pass tested). A measure no part gives a cell reads the reason of
+    ``lens_reasons`` (e.g. "no occupations outputs by this model in this language"). The bounds are NaN
+    for a measure whose interval ``INTERVALS`` does not keep (its reason in ``interval_<measure>``)."""
     cells = sorted({cell for part in parts for cell in part})
     rows = []
     for model, language in cells:
@@ -229,11 +257,15 @@ def crosslens_table(parts: list[CellMeasures], lens_reasons: dict[str, str]) -> 
             merged.update(part.get((model, language), {}))
         for measure in MEASURES:
             entry = merged.get(measure, _empty(lens_reasons.get(measure, "not computed")))
+            kept = not INTERVALS[measure]
             row[measure] = float(entry["value"])
-            row[f"{measure}_low"] = float(entry["low"])
-            row[f"{measure}_high"] = float(entry["high"])
+            row[f"{measure}_low"] = float(entry["low"]) if kept else float("nan")
+            row[f"{measure}_high"] = float(entry["high"]) if kept else float("nan")
             row[f"n_{measure}"] = int(entry["n"])
             row[f"reason_{measure}"] = entry["reason"]
+            row[f"interval_{measure}"] = INTERVALS[measure]
+        rate = merged.get("assoc_per_1000")
+        row["n_tables"] = int(rate.get("n_tables", 0)) if rate is not None else 0
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -247,8 +279,9 @@ def _schema() -> pa.Schema:
             (f"{measure}_high", pa.float64()),
             (f"n_{measure}", pa.int64()),
             (f"reason_{measure}", pa.string()),
+            (f"interval_{measure}", pa.string()),  # "" where the interval is kept, else why it is not
         ]
-    return pa.schema(fields)
+    return pa.schema([*fields, ("n_tables", pa.int64())])  # association tables tested in the language pass
 
 
 CROSSLENS_SCHEMA = _schema()
@@ -307,7 +340,7 @@ def run_tables(run_name: str, comparison: str | None, settings: CrossLensSetting
     stories = stories[stories["design"] == "stereotales"]
     values, shared = _read(run_name, "associations_values"), _read(run_name, "associations_shared")
     if not values.empty or not stories.empty:
-        parts.append(association_measures(values, shared, stories))
+        parts.append(association_measures(values, shared, stories, _read(run_name, "associations_attributes")))
     jsd, sc = _read(run_name, "metrics_jsd"), _read(run_name, "metrics_sc")
     if comparison is not None and not jsd.empty:
         parts.append(narrative_measures(jsd, sc, comparison))

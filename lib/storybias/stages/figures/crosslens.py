@@ -1,4 +1,4 @@
-"""Figure of stage 06's cross-lens tables (issue #30; issue #41 item 7): the three studies' headline
+"""Figure of stage 07's cross-lens tables (issue #30; issue #41 item 7): the three studies' headline
 measures per model x language side by side, standardised per measure, with the cells where a lens could
 not be computed marked; every pair of measures ranked by its within-language rank correlation, the pairs
 across lenses apart from the pairs within one lens, with Benjamini-Hochberg-adjusted p-values; and the
@@ -257,7 +257,7 @@ def crosslens_heatmap(crosslens: pd.DataFrame, agreement: pd.DataFrame) -> tuple
     ``n_most`` / ``n_least`` (cells in common)."""
     title = "The three lenses side by side"
     if is_empty(crosslens):
-        return no_data_figure(title, "no cross-lens table (stage 06 found no model x language cell)", _KEYS)
+        return no_data_figure(title, "no cross-lens table (stage 07 found no model x language cell)", _KEYS)
     measures = [m for m in MEASURE_LABELS if m in crosslens.columns]
     require_columns(crosslens, ["model", "language", *measures], "crosslens")
     if not is_empty(agreement):

@@ -1,7 +1,9 @@
 """Figure 21: StereoTales' headline findings on the run (``associations_findings.parquet``, stage 04):
 per generator model, the significant associations of the pooled pass and how many the judges rate
 harmful, with the stories behind them; per model x language, the harmful ones and how many of those are
-significant in that language only."""
+significant in that language only (a description: finding 3 is a test of difference across languages,
+``storybias.stages.associations.language_effects``). The title names the panel that rated harm
+(``harm_panel``: the human panel when the run had its ratings, else the LLM judges)."""
 
 from __future__ import annotations
 
@@ -62,8 +64,11 @@ def headline_findings(findings: pd.DataFrame) -> tuple[Figure, dict]:
         _language_panel(fig, ax_l, by_language, models)
     else:
         message_panel(ax_l, "no per-language pass")
-    ax_l.set_title("harmful / significant per language (language-only in brackets)", fontsize=LABEL)
-    top = figure_title(fig, title + " (harmful: the judges' median harm >= 4 of 5)")
+    ax_l.set_title("harmful / significant per language (in brackets: significant there only, a count, not a test)",
+                   fontsize=LABEL)  # fmt: skip
+    human = "harm_panel" in findings and bool((findings["harm_panel"] == "human").any())
+    panel = "the human panel's" if human else "the LLM judges'"
+    top = figure_title(fig, title + f" (harmful: {panel} median harm >= 4 of 5)")
     fig.tight_layout(rect=(0, 0, 1, top))
     stats = {
         "n_models": len(models),

@@ -483,3 +483,42 @@ def test_the_marker_extractor_leaves_out_occupation_terms_as_feng_et_als_does():
     prompt = extract.build_prompt("Il était une fois une infirmière.", ["markers"])
     assert "leave out words for occupations or professions" in prompt
     assert "occupations" not in extract.build_prompt("Il était une fois.", ["narrative"])
+
+
+def test_notebook_03s_unknown_share_and_genders_on_a_hand_made_table():
+    """Issue #59 item 3: the share of unknown answers among the parsed answers an extractor gave (a failed
+    parse and a label-map-only row are left out), and the genders per design x language, in stage 03's result."""
+    demo = extract.demo_columns()
+    first, second, rest = demo[0], demo[1], demo[2:]
+    rows = [
+        # answered: first known in all three; second unknown in one of three; the rest unknown in all three
+        {first: "a", second: "unknown", **dict.fromkeys(rest, "unknown")},
+        {first: "a", second: "b", **dict.fromkeys(rest, "unknown")},
+        {first: "a", second: "b", **dict.fromkeys(rest, "unknown")},
+        {first: "unknown", second: "unknown", **dict.fromkeys(rest, "a")},  # does not parse
+        {first: "unknown", second: "unknown", **dict.fromkeys(rest, "a")},  # prompt labels only
+    ]
+    extractions = pd.DataFrame(rows).assign(
+        story_id=list("abcde"),
+        parse_ok=[True, True, True, False, True],
+        extractors=[["m"], ["m", "n"], ["m"], ["m"], ["label-map"]],
+        protagonist_gender=["woman", "man", "woman", "woman", "man"],
+    )
+    shares = extract_stage.unknown_shares(extractions)["share_unknown"]
+    assert list(shares.index[:2]) == [first, second]
+    assert shares[first] == 0.0 and shares[second] == pytest.approx(1 / 3)
+    assert all(shares[c] == 1.0 for c in rest) and len(shares) == len(demo)
+    stories = pd.DataFrame(
+        {
+            "story_id": list("abcde"),
+            "design": ["bedtime", "bedtime", "bedtime", "stereotales", "stereotales"],
+            "language": ["en", "en", "fr", "fr", "fr"],
+            "model": "m",
+        }
+    )
+    genders = extract_stage.gender_by_language(extractions, stories)
+    assert genders.to_dict("index") == {
+        ("bedtime", "en"): {"man": 1, "woman": 1},
+        ("bedtime", "fr"): {"man": 0, "woman": 1},
+        ("stereotales", "fr"): {"man": 1, "woman": 1},
+    }

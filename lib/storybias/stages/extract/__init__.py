@@ -33,6 +33,7 @@ from storybias.engines.cache import CachingEngine, ResponseCache
 from storybias.engines.runner import RunStats, run_requests
 from storybias.stages.extract import facts as extract_facts
 from storybias.stages.extract import released_profiles
+from storybias.stages.extract import validation as human_validation
 from storybias.stages.extract.answers import (
     GOLD_SECTIONS,
     RAW_SCHEMA,
@@ -329,7 +330,9 @@ def extract_result(
 ) -> StageResult:
     """Stage 03's result, with the values notebook 03 records: counts, the agreement's method and, when the
     gold set ran, the primary extractor's gender accuracy against its majority baseline; its tables add the
-    share of unknown answers (``unknown_share``) and the genders per design x language (``gender_by_language``)."""
+    share of unknown answers (``unknown_share``) and the genders per design x language (``gender_by_language``);
+    its details hold ``human_validation`` (the extractor against ``extract.human_validation``'s human labels
+    and against the published ones, two tables, or None without the file)."""
     extractions, gold = tables["extractions"], details["gold"]
     tables = {
         **tables,
@@ -366,6 +369,7 @@ def run(
         # no model reads the texts: an imported corpus' stories are loaded without them
         columns = [c for c in pq.read_schema(source).names if c not in ("text", "prompt")]
         return run_published(params, select(pd.read_parquet(source, columns=columns)), log)
+    human = human_validation.from_settings(settings.human_validation)  # a bad file stops before any model
     stories = select(pd.read_parquet(source))  # each design's study rule (filter.exclude, stage 02)
     jobs = plan_jobs(stories, settings)
     sections_of = {j.story_id: j.sections for j in jobs}
@@ -418,7 +422,8 @@ def run(
         "failures": parse_failure_table(stories, extractions),
         **({} if published_agreement is None else {"published_agreement": published_agreement}),
     }
-    details = {"agreement_how": agreement_how, "timings": timings, "gold": gold, "published": compared}
+    details: dict[str, Any] = {"agreement_how": agreement_how, "timings": timings, "gold": gold, "published": compared}
+    details["human_validation"] = human
     return extract_result(run_name, manifest, tables, details)
 
 
@@ -432,6 +437,7 @@ def _corpus_table(run_name: str) -> pd.DataFrame:
 def run_published(params: Params, stories: pd.DataFrame, log: Callable[[str], None] = print) -> StageResult:
     """Stage 03 with ``corpus.extractions: published``: the release's extractions mapped, no model asked."""
     run_name = params.run_name
+    human = human_validation.from_settings(params.extract.human_validation)  # a bad file stops first
     started = time.time()
     extractions, counts = released_profiles.published_extractions(stories, _corpus_table(run_name))
     log(
@@ -459,9 +465,8 @@ def run_published(params: Params, stories: pd.DataFrame, log: Callable[[str], No
         "failures": parse_failure_table(stories, extractions),
     }
     how = "published extractions: the release's three-extractor consensus, one answer per story"
-    return extract_result(
-        run_name, manifest, tables, {"agreement_how": how, "timings": {}, "gold": None, "published": counts}
-    )
+    details = {"agreement_how": how, "timings": {}, "gold": None, "published": counts, "human_validation": human}
+    return extract_result(run_name, manifest, tables, details)
 
 
 def _published_side(

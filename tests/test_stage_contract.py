@@ -38,6 +38,10 @@ COMPUTING_METHODS = frozenset(
     }
 )  # fmt: skip
 ARITHMETIC = (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow, ast.MatMult)
+# Where a run's files are: a notebook names one only to show the schema written (io.artifact_schema).
+RUN_FILE_LOOKUPS = frozenset(
+    {"path", "manifest_path", "extractions_path", "filtered_path", "run_dir", "load_artifacts"}
+)
 
 
 def _called_name(call: ast.Call) -> str | None:
@@ -48,9 +52,17 @@ def _called_name(call: ast.Call) -> str | None:
 def computations(source: str) -> list[str]:
     """What a notebook code cell computes or reads itself, one entry per offending node: a helper (``def``,
     ``class``), a ``lambda``, arithmetic, a grouping / pivot / aggregate method, or a file read (``read_*``,
-    ``open``); the file read by the data-contract cells' ``io.artifact_schema`` (the written schema) is allowed."""
+    ``open``, a run file's path); the data-contract cells' ``io.artifact_schema(artifacts.path(...))``, which
+    shows the schema the stage wrote, is allowed."""
+    tree = ast.parse(source)
+    schema_args = {
+        id(arg)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and _called_name(node) == "artifact_schema"
+        for arg in node.args
+    }
     found = []
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             found.append(f"defines {node.name}")
         elif isinstance(node, ast.Lambda):
@@ -62,6 +74,8 @@ def computations(source: str) -> list[str]:
                 found.append(f"computes .{name}()")
             elif name.startswith("read_") or name == "open":
                 found.append(f"reads a file: {ast.unparse(node)[:60]}")
+            elif name in RUN_FILE_LOOKUPS and id(node) not in schema_args:
+                found.append(f"reads a run file: {ast.unparse(node)[:60]}")
     return found
 
 
@@ -73,6 +87,13 @@ def test_the_cell_check_finds_each_kind_of_computation():
     assert computations("import pandas as pd\npd.read_parquet(path)") == ["reads a file: pd.read_parquet(path)"]
     assert computations("if x:\n    def helper():\n        pass") == ["defines helper"]
     assert computations("display(io.artifact_schema(artifacts.path(run, 'vsr')))") == []
+    assert computations("io.read_json(artifacts.path(run, 'm'))") == [
+        "reads a file: io.read_json(artifacts.path(run, 'm'))",
+        "reads a run file: artifacts.path(run, 'm')",
+    ]
+    assert computations("art = plots.load_artifacts(p.run_name)") == [
+        "reads a run file: plots.load_artifacts(p.run_name)"
+    ]
 
 
 @pytest.mark.parametrize("stage", artifacts.STAGES, ids=lambda s: s.token)

@@ -335,3 +335,25 @@ def test_significant_associations_per_language_on_a_hand_made_table():
     for empty in (values.iloc[:0], values[values["scope"] == "all"]):
         table = summaries.significant_per_language(empty)
         assert table.empty and list(table.columns) == ["model", "scope", "significant associations"]
+
+
+def test_the_result_counts_the_judges_and_the_human_panels_harmful_associations(tmp_path, monkeypatch):
+    """Issue #59 item 3: notebook 04 prints the judges that rated and the associations the human panel's
+    median calls harmful from stage 04's result: 2 judges, 2 of 3 harmful here."""
+    monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path))
+    manifest = {"published": None, "findings": {}, "n_ratings_unparsed": 0}
+    manifest |= dict.fromkeys(("n_tables", "n_retained", "n_significant", "n_judged", "n_ratings"), 0)
+    humans = A._HumanComparison(None, pd.DataFrame({"harmful": [True, False, True]}), None, None)
+    tables = {"ratings": pd.DataFrame({"judge": ["j1", "j2", "j1"]})}
+    result = A._result("r", tables, manifest, {"analysed": 0}, [], None, humans)
+    assert result["n_judges"] == 2 and result["n_human_harmful"] == 2
+    nobody = A._result(
+        "r",
+        {"ratings": pd.DataFrame()},
+        manifest,
+        {"analysed": 0},
+        [],
+        None,
+        A._HumanComparison(None, None, None, None),
+    )
+    assert nobody["n_judges"] == 0 and nobody["n_human_harmful"] is None

@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from storybias import summaries
 from storybias.config import params
 from storybias.core import artifacts, paths
 from storybias.core.results import StageResult
@@ -204,6 +205,10 @@ def test_stage_with_planted_signal_rates_it_and_reports_failures(tmp_path, monke
     for name, schema in tables.OUTPUT_SCHEMAS.items():
         assert pq.read_schema(paths.run_dir("t") / f"{name}.parquet").remove_metadata() == schema, name
     assert out["manifest"]["n_ratings_unparsed"] == 1
+    # what notebook 04 prints comes from the result: judges that rated, no human panel here
+    assert out["n_judges"] == 1 and out["n_human_harmful"] is None
+    per_language = out["significant_by_language"]
+    assert set(per_language["scope"]) <= {"en", "fr"} and per_language["significant associations"].min() >= 1
     gap = out["self_gap"].set_index("model")
     assert gap.loc["m1", "share_self_rated_harmful"] == 1.0
 
@@ -311,3 +316,44 @@ def test_a_failed_judge_request_is_counted_not_stored_and_asked_again(tmp_path, 
     ratings, info = J.run_judges(items, p, progress=False, engine_factory=judge)
     assert [k.split("#")[0] for k in asked] == ["a2"], "only the failed request is asked again"
     assert sorted(ratings["association_id"]) == ["a1", "a2", "a3"] and info[0]["n_request_errors"] == 0
+
+
+def test_significant_associations_per_language_on_a_hand_made_table():
+    """Issue #59 item 3: notebook 04's count of significant associations per model x single language (the
+    pooled scope left out), computed in lib/ and carried by stage 04's result."""
+    values = pd.DataFrame(
+        {
+            "model": ["m", "m", "m", "m", "n", "n"],
+            "scope": ["all", "en", "en", "fr", "fr", "fr"],
+            "significant": [True, True, True, False, True, 0],
+        }
+    )
+    assert summaries.significant_per_language(values).to_dict("records") == [
+        {"model": "m", "scope": "en", "significant associations": 2},
+        {"model": "n", "scope": "fr", "significant associations": 1},
+    ]
+    for empty in (values.iloc[:0], values[values["scope"] == "all"]):
+        table = summaries.significant_per_language(empty)
+        assert table.empty and list(table.columns) == ["model", "scope", "significant associations"]
+
+
+def test_the_result_counts_the_judges_and_the_human_panels_harmful_associations(tmp_path, monkeypatch):
+    """Issue #59 item 3: notebook 04 prints the judges that rated and the associations the human panel's
+    median calls harmful from stage 04's result: 2 judges, 2 of 3 harmful here."""
+    monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path))
+    manifest = {"published": None, "findings": {}, "n_ratings_unparsed": 0}
+    manifest |= dict.fromkeys(("n_tables", "n_retained", "n_significant", "n_judged", "n_ratings"), 0)
+    humans = A._HumanComparison(None, pd.DataFrame({"harmful": [True, False, True]}), None, None)
+    tables = {"ratings": pd.DataFrame({"judge": ["j1", "j2", "j1"]})}
+    result = A._result("r", tables, manifest, {"analysed": 0}, [], None, humans)
+    assert result["n_judges"] == 2 and result["n_human_harmful"] == 2
+    nobody = A._result(
+        "r",
+        {"ratings": pd.DataFrame()},
+        manifest,
+        {"analysed": 0},
+        [],
+        None,
+        A._HumanComparison(None, None, None, None),
+    )
+    assert nobody["n_judges"] == 0 and nobody["n_human_harmful"] is None

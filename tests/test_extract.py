@@ -16,6 +16,7 @@ from storybias.config.prompts import load_design
 from storybias.core import artifacts, io, paths
 from storybias.stages import extract as extract_stage
 from storybias.stages.extract import answers as extract
+from storybias.stages.extract import validation
 
 ALL = ("demographics", "narrative", "markers")
 
@@ -197,6 +198,7 @@ def test_stage_keeps_and_counts_parse_failures(tmp_path, monkeypatch):
     raw = yaml.safe_load((paths.params_dir() / "smoke.yaml").read_text())
     raw["run_name"] = "unit-extract"
     raw["extract"] = {"retries": 1, "self_consistency_sample": 2, "gold_sample": 6, "prompt_design": "one_answer"}
+    raw["extract"]["human_validation"] = "tests/data/extraction_validation_example.csv"
     path = tmp_path / "p.yaml"
     path.write_text(yaml.safe_dump(raw))
     p = params.load(path)
@@ -232,6 +234,13 @@ def test_stage_keeps_and_counts_parse_failures(tmp_path, monkeypatch):
     gold = result["gold"]
     assert gold["n_items"] == 6 and len(gold["languages"]) == 6, "round-robin over the gold languages"
     assert set(gold["scores"]["field"]) >= {"protagonist_gender", "demo_income_level", "protagonist_name"}
+    # what notebook 03 shows is in the result (issue #59 item 3): the human validation file read by the stage,
+    # the genders of the 5 stories per design x language, the unknown share of each demographic, smallest first
+    judged, compared = result["human_validation"]
+    assert judged.equals(validation.from_settings(p.extract.human_validation)[0]) and len(compared)
+    assert result["gender_by_language"].to_numpy().sum() == 5
+    shares = result["unknown_share"]["share_unknown"]
+    assert set(shares.index) == set(extract.demo_columns()) and shares.is_monotonic_increasing
     # a rerun has nothing left to do and gives the same table
     again = extract_stage.run(p, progress=False, engine_factory=ScriptedExtractor, log=lambda m: None)
     assert again["raw"].shape == raw_answers.shape
@@ -483,3 +492,42 @@ def test_the_marker_extractor_leaves_out_occupation_terms_as_feng_et_als_does():
     prompt = extract.build_prompt("Il était une fois une infirmière.", ["markers"])
     assert "leave out words for occupations or professions" in prompt
     assert "occupations" not in extract.build_prompt("Il était une fois.", ["narrative"])
+
+
+def test_notebook_03s_unknown_share_and_genders_on_a_hand_made_table():
+    """Issue #59 item 3: the share of unknown answers among the parsed answers an extractor gave (a failed
+    parse and a label-map-only row are left out), and the genders per design x language, in stage 03's result."""
+    demo = extract.demo_columns()
+    first, second, rest = demo[0], demo[1], demo[2:]
+    rows = [
+        # answered: first known in all three; second unknown in one of three; the rest unknown in all three
+        {first: "a", second: "unknown", **dict.fromkeys(rest, "unknown")},
+        {first: "a", second: "b", **dict.fromkeys(rest, "unknown")},
+        {first: "a", second: "b", **dict.fromkeys(rest, "unknown")},
+        {first: "unknown", second: "unknown", **dict.fromkeys(rest, "a")},  # does not parse
+        {first: "unknown", second: "unknown", **dict.fromkeys(rest, "a")},  # prompt labels only
+    ]
+    extractions = pd.DataFrame(rows).assign(
+        story_id=list("abcde"),
+        parse_ok=[True, True, True, False, True],
+        extractors=[["m"], ["m", "n"], ["m"], ["m"], ["label-map"]],
+        protagonist_gender=["woman", "man", "woman", "woman", "man"],
+    )
+    shares = extract_stage.unknown_shares(extractions)["share_unknown"]
+    assert list(shares.index[:2]) == [first, second]
+    assert shares[first] == 0.0 and shares[second] == pytest.approx(1 / 3)
+    assert all(shares[c] == 1.0 for c in rest) and len(shares) == len(demo)
+    stories = pd.DataFrame(
+        {
+            "story_id": list("abcde"),
+            "design": ["bedtime", "bedtime", "bedtime", "stereotales", "stereotales"],
+            "language": ["en", "en", "fr", "fr", "fr"],
+            "model": "m",
+        }
+    )
+    genders = extract_stage.gender_by_language(extractions, stories)
+    assert genders.to_dict("index") == {
+        ("bedtime", "en"): {"man": 1, "woman": 1},
+        ("bedtime", "fr"): {"man": 0, "woman": 1},
+        ("stereotales", "fr"): {"man": 1, "woman": 1},
+    }

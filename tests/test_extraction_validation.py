@@ -135,7 +135,8 @@ def test_check_params_accepts_a_good_file_relative_to_the_repo_root(tmp_path):
     table, comparison = validation.from_settings(p.extract.human_validation)
     assert row(table)["n_judgements"] == 30 and list(comparison["quantity"])[:2] == ["kappa", "precision"]
     assert validation.from_settings(None) is None
-    # notebook 03 reads the file, stage 03 does not: setting it leaves the stage's digest (Make's stamp) as it was
+    # stage 03 reads the file for its notebook (its result's human_validation), not for its extractions: setting
+    # it leaves the stage's parameter digest as it was
     smoke = params.load("params/smoke.yaml")
     assert p.stage_digest("extract") == smoke.stage_digest("extract")
     changed = params.load(write_profile(tmp_path, lambda r: r.setdefault("extract", {}).update(retries=3)))

@@ -275,3 +275,35 @@ def test_narrowed_profile_keeps_its_stories_and_widening_restores_without_genera
     assert restored.manifest["reuse"] == {"reused": len(wide["stories"])}
     pd.testing.assert_frame_equal(restored["stories"].reset_index(drop=True), wide["stories"].reset_index(drop=True))
     assert len(ResponseCache.for_run("unit")) == len(wide["stories"]), "every story is stored exactly once"
+
+
+def test_notebook_01s_plan_counts_example_prompts_and_finish_reasons_on_a_hand_made_table():
+    """Issue #59 item 3: what notebook 01 shows is computed here, not in its cells."""
+    planned = pd.DataFrame(
+        {
+            "design": ["stereotales", "bedtime", "bedtime", "stereotales", "bedtime"],
+            "language": ["fr", "en", "en", "fr", "fr"],
+            "model": ["m", "m", "n", "m", "m"],
+            "prompt_id": ["s1", "b1", "b1", "s2", "b2"],
+            "prompt": ["P-s1", "P-b1", "P-b1n", "P-s2", "P-b2"],
+        }
+    )
+    assert generate.plan_counts(planned).to_dict("records") == [
+        {"design": "bedtime", "language": "en", "model": "m", "stories": 1},
+        {"design": "bedtime", "language": "en", "model": "n", "stories": 1},
+        {"design": "bedtime", "language": "fr", "model": "m", "stories": 1},
+        {"design": "stereotales", "language": "fr", "model": "m", "stories": 2},
+    ]
+    # the first planned row of each design, designs in sorted order
+    assert generate.example_prompts(planned).to_dict("records") == [
+        {"design": "bedtime", "language": "en", "prompt_id": "b1", "prompt": "P-b1"},
+        {"design": "stereotales", "language": "fr", "prompt_id": "s1", "prompt": "P-s1"},
+    ]
+    stories = planned.assign(story_id=list("abcde"), finish_reason=["stop", "length", "stop", "stop", "length"])
+    finish = generate.finish_reason_counts(stories)
+    assert list(finish.columns) == ["length", "stop"]
+    assert finish.to_dict("index") == {
+        ("bedtime", "en"): {"length": 1, "stop": 1},
+        ("bedtime", "fr"): {"length": 1, "stop": 0},
+        ("stereotales", "fr"): {"length": 0, "stop": 2},
+    }

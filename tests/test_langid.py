@@ -284,3 +284,24 @@ def test_vsr_by_language_pools_models_and_is_empty_for_a_run_without_the_design(
     assert summaries.vsr_by_language(vsr) == {"en": 0.75}
     assert summaries.vsr_by_language(vsr, "stereotales") == {"fr": 0.0}
     assert summaries.vsr_by_language(vsr[vsr.design == "stereotales"], "bedtime") == {}
+
+
+def test_notebook_02s_invalid_examples_and_refusal_counts_on_a_hand_made_table():
+    """Issue #59 item 3: the first invalid story per (reason, language), its text cut, and the stories per
+    refusal rule, computed here instead of in notebook 02's cells."""
+    filtered = pd.DataFrame(
+        {
+            "is_valid": [True, False, False, False, False],
+            "invalid_reason": [None, "refusal", "refusal", "wrong_language", "refusal"],
+            "language": ["en", "en", "en", "fr", "fr"],
+            "lid_lang": ["en", "en", "en", "en", "fr"],
+            "lid_prob": [0.9, 0.8, 0.7, 0.95, 0.6],
+            "refusal_rule": [None, "sorry", "cannot", None, "sorry"],
+            "text": ["ok", "x" * 200, "second", "English text", "désolé"],
+        }
+    )
+    examples = langid.invalid_examples(filtered)
+    assert list(examples.index) == [1, 3, 4] and list(examples.columns) == langid.EXAMPLE_COLUMNS
+    assert examples["text"].tolist() == ["x" * 160, "English text", "désolé"]
+    counts = langid.refusal_rule_counts(filtered)
+    assert list(counts.columns) == ["stories"] and counts["stories"].to_dict() == {"sorry": 2, "cannot": 1}

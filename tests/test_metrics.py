@@ -576,3 +576,36 @@ def test_answers_at_the_list_cap_are_counted_per_list_among_parsed_answers():
     assert counts.to_dict() == {"adjectives_en": 1, "settings": 2}  # the unparsed answer and a missing list left out
     assert counts.name == "answers at the cap (3) of 3 parsed"
     assert summaries.answers_at_list_cap(extractions, None, ["settings"]).to_dict() == {"settings": 0}
+
+
+def test_notebook_05s_cosine_matrices_and_capped_answers_on_hand_made_tables(tmp_path, monkeypatch):
+    """Issue #59 item 3: the cosine table as one language matrix per (comparison, model), and the parsed
+    answers at stage 03's list cap read from the run's extractions, in stage 05's result."""
+    cosine = pd.DataFrame(
+        {
+            "comparison": ["c"] * 4 + ["d"] * 4,
+            "model": "m",
+            "language_a": ["en", "en", "fr", "fr"] * 2,
+            "language_b": ["en", "fr", "en", "fr"] * 2,
+            "cosine": [1.0, 0.4, 0.4, 1.0, 1.0, -0.2, -0.2, 1.0],
+        }
+    )
+    matrices = metrics.cosine_matrices(cosine)
+    assert list(matrices) == [("c", "m"), ("d", "m")]
+    assert matrices[("d", "m")].to_dict() == {"en": {"en": 1.0, "fr": -0.2}, "fr": {"en": -0.2, "fr": 1.0}}
+    assert metrics.cosine_matrices(cosine.iloc[:0]) == {}
+    monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path))
+    (tmp_path / "r").mkdir()
+    pd.DataFrame(
+        {
+            "story_id": ["a", "b", "c"],
+            "parse_ok": [True, True, False],
+            "adjectives_en": [["x", "y"], ["x"], ["x", "y", "z"]],  # a reaches a cap of 2; c does not parse
+            "settings": [["s"], ["s", "t", "u"], ["s", "t"]],  # b reaches it
+        }
+    ).to_parquet(artifacts.extractions_path("r"))
+    capped = metrics.capped_answers("r", 2)  # no cultural_refs column: that list is not counted
+    assert (
+        capped.to_dict() == {"adjectives_en": 1, "settings": 1} and capped.name == "answers at the cap (2) of 2 parsed"
+    )
+    assert metrics.capped_answers("r", None).to_dict() == {"adjectives_en": 0, "settings": 0}

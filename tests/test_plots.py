@@ -1453,6 +1453,42 @@ def test_gallery_saves_indexes_and_flags_empty_figures(tmp_path):
     assert (tmp_path / "01_vsr_heatmap.pdf").read_bytes()[:4] == b"%PDF" and index["params"] == {"dpi": 72}
 
 
+def test_stage_08_runs_like_every_stage_draws_every_figure_and_writes_its_index(tmp_path, monkeypatch, capsys):
+    """Issue #59 item 3: stage 08's run() draws every registered figure from the run's artifacts (a missing
+    one says "no data"), writes figures.json, and returns the StageResult notebook 08 shows and records."""
+    import json
+
+    from storybias.config import params
+    from storybias.core import paths
+    from storybias.core.results import StageResult
+
+    monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path / "data"))
+    monkeypatch.setenv("STORYBIAS_FIGURES", str(tmp_path / "figures"))
+    p = params.load(paths.params_dir() / "smoke.yaml")
+    (tmp_path / "data" / p.run_name).mkdir(parents=True)
+    vsr = {"model": ["m", "m"], "language": ["en", "fr"], "design": "bedtime", "n_stories": 10, "n_valid": [8, 5]}
+    pd.DataFrame(vsr).assign(vsr=[0.8, 0.5]).to_parquet(tmp_path / "data" / p.run_name / "vsr.parquet")
+    result = plots.run(p)
+    assert isinstance(result, StageResult) and result.stage == "figures"
+    stems = [stem for stem, _ in plots.FIGURES]
+    assert result.values == {"n_figures": len(stems), "n_no_data": len(stems) - 1, "stems": stems}
+    assert result["figures"]["figure"].tolist() == stems
+    assert result["figures"]["shows"].iloc[0] == (
+        "Mean valid-story rate 65.0% over 1 model(s) × 2 language(s); lowest 50.0% (m / fr)."
+    )
+    index = json.loads((paths.figures_dir(p.run_name) / "figures.json").read_text())
+    assert index == result.manifest and index["params"] == p.resolved()["figures"]
+    assert all((paths.figures_dir(p.run_name) / f"{stem}.png").is_file() for stem in stems)
+    assert any("probes.parquet is missing" in note for note in result.notes)
+    record = result["gallery"].display("01_vsr_heatmap")
+    assert record["stem"] == "01_vsr_heatmap" and capsys.readouterr().out.endswith(record["quote"] + "\n")
+    with pytest.raises(KeyError, match="figure 'nope' was not drawn"):
+        result["gallery"].display("nope")
+    result.record()
+    recorded = json.loads((tmp_path / "data" / p.run_name / "values" / "08_figures.json").read_text())
+    assert recorded == result.values
+
+
 def test_missing_artifacts_load_as_empty_tables_with_a_note(tmp_path, monkeypatch):
     from storybias.stages import figures as plots
 

@@ -8,7 +8,7 @@ import pytest
 
 from storybias.config import params
 from storybias.core import paths
-from storybias.evidence.recorded import RECORDED_COLUMNS, recorded
+from storybias.evidence.recorded import RECORDED_COLUMNS, recorded, step2_fills
 
 ROOT = paths.repo_root()
 
@@ -52,3 +52,13 @@ def test_step2_known_share_is_a_share_per_field_that_step_2_raised():
     shares = known[["known_step1", "known_after_step2"]]
     assert ((shares >= 0) & (shares <= 1)).all().all()
     assert (known["known_after_step2"] > known["known_step1"]).all()
+
+
+def test_step2_fills_adds_the_share_right(tmp_path, monkeypatch):
+    """Issue #59 item 3: notebook 03's share of right step-2 fills is right / fills, to 2 digits."""
+    (tmp_path / "docs" / "measurements").mkdir(parents=True)
+    (tmp_path / "docs" / "measurements" / "step2_fills.csv").write_text("field,fills,right\na,4,1\nb,3,2\nc,6,0\n")
+    monkeypatch.setattr(paths, "repo_root", lambda: tmp_path)
+    table = step2_fills()
+    assert list(table.columns) == [*RECORDED_COLUMNS["step2_fills"], "share_right"]
+    assert table["share_right"].tolist() == [0.25, 0.67, 0.0]

@@ -40,6 +40,15 @@ def valid_stories(filtered: pd.DataFrame) -> pd.DataFrame:
     return filtered[filtered["is_valid"].astype(bool)].reset_index(drop=True)
 
 
+def significant_per_language(values: pd.DataFrame) -> pd.DataFrame:
+    """Stage 04's significant value-level associations per model x single language (the pooled scope
+    ``all`` left out), column ``significant associations``; no row when there is none."""
+    if values.empty:
+        return pd.DataFrame(columns=["model", "scope", "significant associations"])
+    chosen = values[(values["scope"] != "all") & values["significant"].astype(bool)]
+    return chosen.groupby(["model", "scope"]).size().rename("significant associations").reset_index()
+
+
 ALL_COMPARED = "(stories per value)"  # the base attribute's own row: every story, as if all known
 
 

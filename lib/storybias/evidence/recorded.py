@@ -42,3 +42,9 @@ def recorded(name: str) -> pd.DataFrame:
     if tuple(table.columns) != RECORDED_COLUMNS[name]:
         raise ValueError(f"{path}: columns {list(table.columns)}, expected {list(RECORDED_COLUMNS[name])}")
     return table
+
+
+def step2_fills() -> pd.DataFrame:
+    """The recorded step-2 fills (``step2_fills``) with ``share_right``: right / fills per field, to 2 digits."""
+    table = recorded("step2_fills")
+    return table.assign(share_right=(table["right"] / table["fills"]).round(2))

@@ -99,7 +99,7 @@ from storybias.stages.associations.tables import (
     run_pass,
     sharing,
 )
-from storybias.summaries import why_nothing_found
+from storybias.summaries import significant_per_language, why_nothing_found
 
 # The sequential test's settings are in storybias.stats.contingency (MC_CONFIDENCE, PILOT_RESAMPLES,
 # MC_CHUNK): with these, 0 of 19,500 sequential runs on 2 x 2 and 2 x 3 tables with the threshold
@@ -247,6 +247,7 @@ def run(
         "values": values,
         "shared": shared,
         "by_language": languages,
+        "significant_by_language": significant_per_language(values),
         "ratings": ratings,
         "self_gap": gap,
         "power": power_table,
@@ -271,10 +272,14 @@ def _result(
     humans: _HumanComparison,
 ) -> StageResult:
     """Stage 04's result: its tables, and as details the human ratings file (None without one) and what
-    is compared with it, the counts and the findings stated."""
+    is compared with it (``n_human_harmful``: associations the panel's median calls harmful), the counts,
+    the judges that rated (``n_judges``) and the findings stated."""
+    ratings = tables["ratings"]
     details = {
         "human": human,
         "human_summary": humans.table,
+        "n_human_harmful": None if humans.table is None else int(humans.table["harmful"].sum()),
+        "n_judges": int(ratings["judge"].nunique()) if len(ratings) else 0,
         "harm_gap": humans.harm_gap,
         "agreement": humans.agreement,
         "harmful_human_vs_llm": humans.harmful_vs,

@@ -23,7 +23,7 @@ from typing import Any
 import pandas as pd
 import pyarrow.parquet as pq
 
-from storybias.config.designs import extraction_defaults
+from storybias.config.designs import demo_columns, extraction_defaults
 from storybias.config.params import ExtractionSettings, ModelSpec, Params
 from storybias.core import artifacts, machine
 from storybias.core.locks import holds_run_lock
@@ -33,6 +33,7 @@ from storybias.engines.cache import CachingEngine, ResponseCache
 from storybias.engines.runner import RunStats, run_requests
 from storybias.stages.extract import facts as extract_facts
 from storybias.stages.extract import released_profiles
+from storybias.stages.extract import validation as human_validation
 from storybias.stages.extract.answers import (
     GOLD_SECTIONS,
     RAW_SCHEMA,
@@ -308,12 +309,36 @@ def _manifest(
     }
 
 
+def unknown_shares(extractions: pd.DataFrame) -> pd.DataFrame:
+    """Per demographic column, the share of "unknown" among the answers an extractor gave (parsed, not only
+    mapped from prompt labels by ``label-map``), smallest first (column ``share_unknown``)."""
+    asked = extractions["extractors"].map(lambda names: list(names) != ["label-map"])
+    answered = extractions[extractions["parse_ok"].astype(bool) & asked.astype(bool)][demo_columns()]
+    return (answered == "unknown").mean().sort_values().rename("share_unknown").to_frame()
+
+
+def gender_by_language(extractions: pd.DataFrame, stories: pd.DataFrame) -> pd.DataFrame:
+    """Extracted protagonist genders per design x language: story counts, genders as columns."""
+    merged = extractions.merge(stories[["story_id", "design", "language", "model"]], on="story_id")
+    return merged.pivot_table(
+        index=["design", "language"], columns="protagonist_gender", values="story_id", aggfunc="count", fill_value=0
+    )
+
+
 def extract_result(
     run_name: str, manifest: dict[str, Any], tables: dict[str, pd.DataFrame], details: dict[str, Any]
 ) -> StageResult:
     """Stage 03's result, with the values notebook 03 records: counts, the agreement's method and, when the
-    gold set ran, the primary extractor's gender accuracy against its majority baseline."""
+    gold set ran, the primary extractor's gender accuracy against its majority baseline; its tables add the
+    share of unknown answers (``unknown_share``) and the genders per design x language (``gender_by_language``);
+    its details hold ``human_validation`` (the extractor against ``extract.human_validation``'s human labels
+    and against the published ones, two tables, or None without the file)."""
     extractions, gold = tables["extractions"], details["gold"]
+    tables = {
+        **tables,
+        "unknown_share": unknown_shares(extractions),
+        "gender_by_language": gender_by_language(extractions, tables["stories"]),
+    }
     values: dict[str, Any] = {
         "n_extracted": int(len(extractions)),
         "n_parse_failed": int((~extractions["parse_ok"].astype(bool)).sum()),
@@ -344,6 +369,7 @@ def run(
         # no model reads the texts: an imported corpus' stories are loaded without them
         columns = [c for c in pq.read_schema(source).names if c not in ("text", "prompt")]
         return run_published(params, select(pd.read_parquet(source, columns=columns)), log)
+    human = human_validation.from_settings(settings.human_validation)  # a bad file stops before any model
     stories = select(pd.read_parquet(source))  # each design's study rule (filter.exclude, stage 02)
     jobs = plan_jobs(stories, settings)
     sections_of = {j.story_id: j.sections for j in jobs}
@@ -386,7 +412,7 @@ def run(
     manifest = _manifest(params, extractions, raw, resolved, timings, agreement_how)
     manifest["machine"] = ran_on
     artifacts.write(run_name, "manifest_extract", manifest)
-    compared, extractions = _published_side(params, stories, extractions, log)
+    compared, extractions, published_agreement = _published_side(params, stories, extractions, log)
     artifacts.write(run_name, "extractions", extractions)  # last: Make's target
     tables = {
         "stories": stories,
@@ -394,8 +420,10 @@ def run(
         "raw": raw,
         "agreement": agree,
         "failures": parse_failure_table(stories, extractions),
+        **({} if published_agreement is None else {"published_agreement": published_agreement}),
     }
-    details = {"agreement_how": agreement_how, "timings": timings, "gold": gold, "published": compared}
+    details: dict[str, Any] = {"agreement_how": agreement_how, "timings": timings, "gold": gold, "published": compared}
+    details["human_validation"] = human
     return extract_result(run_name, manifest, tables, details)
 
 
@@ -409,6 +437,7 @@ def _corpus_table(run_name: str) -> pd.DataFrame:
 def run_published(params: Params, stories: pd.DataFrame, log: Callable[[str], None] = print) -> StageResult:
     """Stage 03 with ``corpus.extractions: published``: the release's extractions mapped, no model asked."""
     run_name = params.run_name
+    human = human_validation.from_settings(params.extract.human_validation)  # a bad file stops first
     started = time.time()
     extractions, counts = released_profiles.published_extractions(stories, _corpus_table(run_name))
     log(
@@ -436,24 +465,23 @@ def run_published(params: Params, stories: pd.DataFrame, log: Callable[[str], No
         "failures": parse_failure_table(stories, extractions),
     }
     how = "published extractions: the release's three-extractor consensus, one answer per story"
-    return extract_result(
-        run_name, manifest, tables, {"agreement_how": how, "timings": {}, "gold": None, "published": counts}
-    )
+    details = {"agreement_how": how, "timings": {}, "gold": None, "published": counts, "human_validation": human}
+    return extract_result(run_name, manifest, tables, details)
 
 
 def _published_side(
     params: Params, stories: pd.DataFrame, extractions: pd.DataFrame, log: Callable[[str], None]
-) -> tuple[dict[str, Any] | None, pd.DataFrame]:
+) -> tuple[dict[str, Any] | None, pd.DataFrame, pd.DataFrame | None]:
     """An imported corpus extracted again: with ``corpus.extractions: both``, storybias' extractions
-    against the published ones (published_agreement.parquet; the counts are returned); with
+    against the published ones (published_agreement.parquet; the counts and the table are returned); with
     ``corpus.demographics: published``, the release's demographic profile in place of storybias'."""
     corpus = params.corpus
     if corpus is None or corpus.extractions == "published":
-        return None, extractions
+        return None, extractions, None
     if corpus.extractions == "rerun" and corpus.demographics != "published":
-        return None, extractions
+        return None, extractions, None
     theirs, counts = released_profiles.published_extractions(stories, _corpus_table(params.run_name))
-    compared = None
+    compared, table = None, None
     if corpus.extractions == "both":
         table = released_profiles.agreement_with_published(extractions, theirs, stories)
         artifacts.write(params.run_name, "published_agreement", table)
@@ -463,4 +491,4 @@ def _published_side(
         extractions = released_profiles.with_published_demographics(extractions, theirs)
         unparsed = int((~extractions["parse_ok"]).sum())
         log(f"the release's demographic profile in place of storybias': {unparsed} stories not parsed by one side")
-    return compared, extractions
+    return compared, extractions, table

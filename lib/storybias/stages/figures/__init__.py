@@ -16,7 +16,10 @@ continuous values, with redundant markers or line styles where more than ten ser
 grids wrap, long labels are truncated and top-k lists are capped, so a 1-model CPU run and a
 23-model x 14-language run both stay readable.
 
-:data:`FIGURES` lists the stable file stems (``save_figure(fig, out_dir, stem)``) in notebook order.
+Stage 08's :func:`run` draws every figure of :data:`FIGURE_SPECS` (``registry``: each figure's stem,
+description, drawing call and quoted sentence, declared once; :data:`FIGURES` lists the stable file
+stems in notebook order) from the run's artifacts, saves them, writes ``figures.json`` and returns the
+``StageResult`` every stage returns; notebook 08 shows each figure with ``result["gallery"].display(stem)``.
 
 The package has one module per stage whose artifacts the figures draw: ``generation`` (stages 02-03),
 ``associations`` (04; ``judges`` for its judges against the human panel and ``findings`` for its
@@ -24,12 +27,16 @@ headline counts), ``metrics`` (05; ``metrics_jsd`` and ``metrics_feng`` draw som
 are re-exported by it), ``probes`` (06; likewise ``probes_umap`` and ``probes_advantage``) and
 ``crosslens`` (07's cross-lens tables); the shared ``style`` (sizes, palettes, saving, and the
 empty-input guard every figure uses: ``style.no_data_figure`` / ``style.message_panel``), and ``gallery``
-(notebook 08's artifacts and manifests, quoting and index). This module re-exports their public names:
+(stage 08's artifacts and manifests, quoting and index). This module re-exports their public names:
 ``from storybias.stages import figures as plots; plots.vsr_heatmap(...)``.
 """
 
 from __future__ import annotations
 
+from storybias.config.params import Params
+from storybias.core import paths
+from storybias.core.locks import holds_run_lock
+from storybias.core.results import StageResult
 from storybias.stages.figures.associations import (
     association_counts,
     association_label,
@@ -41,7 +48,6 @@ from storybias.stages.figures.crosslens import crosslens_heatmap
 from storybias.stages.figures.findings import headline_findings
 from storybias.stages.figures.gallery import (
     ARTIFACT_NAMES,
-    FIGURES,
     MANIFEST_NAMES,
     Artifacts,
     Gallery,
@@ -73,12 +79,14 @@ from storybias.stages.figures.probes import (
     trim_for_display,
     umap_density,
 )
+from storybias.stages.figures.registry import FIGURE_SPECS, FIGURES, FigureSpec
 from storybias.stages.figures.style import DPI, LABEL, SMALL, TITLE, message_panel, save_figure
 
 __all__ = [
     "ARTIFACT_NAMES",
     "DPI",
     "FIGURES",
+    "FIGURE_SPECS",
     "HARM_GAP_KEY",
     "HDR_LEVELS",
     "HUMAN_SUMMARY_KEY",
@@ -92,6 +100,7 @@ __all__ = [
     "TITLE",
     "UMAP_DISPLAY_PERCENTILES",
     "Artifacts",
+    "FigureSpec",
     "Gallery",
     "anova_table",
     "association_counts",
@@ -113,6 +122,7 @@ __all__ = [
     "power_reason",
     "probe_auc",
     "quote_stats",
+    "run",
     "save_figure",
     "self_context_advantage",
     "separability",
@@ -122,3 +132,27 @@ __all__ = [
     "vsr_heatmap",
     "vsr_vs_jsd",
 ]
+
+
+@holds_run_lock("figures")
+def run(params: Params) -> StageResult:
+    """Stage 08: read the run's artifacts, draw and save every figure of :data:`FIGURE_SPECS` (PNG + PDF in
+    figures/<run>/), write ``figures.json`` last (Make's target) and return the result: ``figures`` (one row
+    per figure: files and the quoted statistics), ``gallery`` (shows a saved figure), ``artifacts`` (the
+    tables drawn), the index as manifest, the values notebook 08 records, and a note per missing artifact."""
+    art = load_artifacts(params.run_name)
+    gallery = Gallery(paths.figures_dir(params.run_name), dpi=params.figures.dpi)
+    for spec in FIGURE_SPECS:
+        fig, stats = spec.draw(art, params)
+        gallery.save(spec.stem, fig, stats, quote=spec.quote)
+    settings = params.resolved()["figures"]
+    gallery.write_index(params=settings)
+    return StageResult(
+        "figures",
+        params.run_name,
+        tables={"figures": gallery.table()},
+        manifest=gallery.index(settings),
+        values=gallery.values(),
+        notes=list(art.notes),
+        details={"gallery": gallery, "artifacts": art},
+    )

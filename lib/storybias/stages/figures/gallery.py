@@ -1,6 +1,6 @@
-"""Notebook 08's plumbing: the figure registry (:data:`FIGURES`, stable file stems in notebook order),
-the run's artifacts read in one call, statistics quoted into text, and the ``Gallery`` that saves,
-shows and indexes the figures (``figures.json``)."""
+"""Stage 08's plumbing: the run's artifacts read in one call, statistics quoted into text, and the ``Gallery``
+that saves, shows and indexes the figures (``figures.json``). The figures themselves are declared in
+``storybias.stages.figures.registry`` (:data:`FIGURES`: stable file stems in notebook order)."""
 
 from __future__ import annotations
 
@@ -15,72 +15,9 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from storybias.core import artifacts
-from storybias.core.io import record_values, write_json_atomic
+from storybias.core.io import write_json_atomic
+from storybias.stages.figures.registry import FIGURES
 from storybias.stages.figures.style import DPI, is_missing, save_figure
-
-# Registry: stable file stems in notebook order, with what each figure shows.
-FIGURES: list[tuple[str, str]] = [
-    ("01_vsr_heatmap", "Valid-story rate (%) by prompt language x model (BiasedTales-ML Table 3 / App. C)"),
-    (
-        "02_attribute_distributions",
-        "Extracted protagonist attributes per model (StereoTales) and protagonist gender per model x design",
-    ),
-    (
-        "03_association_counts",
-        "Significant value-level associations per model (all languages) and per language scope (StereoTales)",
-    ),
-    (
-        "04_top_associations_table",
-        "Top associations shared across models: mean lift, models sharing, median harm (StereoTales)",
-    ),
-    ("05_lift_share", "Mean lift vs number of models sharing each association, coloured by median harm (StereoTales)"),
-    (
-        "06_bias_fingerprints",
-        "Bias fingerprints: S_C per adjective category, one polygon per language, "
-        "one panel per model (BiasedTales-ML Fig. 2)",
-    ),
-    ("07_cosine_heatmaps", "Cross-lingual cosine similarity of S_C vectors per model (BiasedTales-ML Fig. 3)"),
-    ("08_jsd_grammatical_gender", "JSD by grammatical-gender group per model (BiasedTales-ML Fig. 4)"),
-    (
-        "09_distinctive_words",
-        "Most distinctive words per model, field and group, log-odds z (BiasedTales-ML Fig. 5, 10-12)",
-    ),
-    ("10_vsr_vs_jsd", "Valid-story rate vs JSD per model x language (BiasedTales-ML Fig. 6)"),
-    ("11_balance_stereotype", "Balance M_b vs stereotype M_s per language, 1-sd ellipse per task (Feng et al. Fig. 2)"),
-    ("12_anova_table", "Type-I ANOVA of M_s and M_b (Feng et al. Sec. 3.3.1, App. C)"),
-    (
-        "13_umap_density",
-        "Shared UMAP of story embeddings with female/male density contours per language x genre (Feng et al. Fig. 3)",
-    ),
-    ("14_probe_auc", "Identity-label probe AUC, full text vs cue-deleted, per language x genre (Feng et al. Table 1)"),
-    ("15_cultural_relevance", "Cultural-marker relevance by source language x context per genre (Feng et al. Fig. 5)"),
-    ("16_separability", "Source-language separability: balanced accuracy per marker version (Feng et al. Sec. 4.3)"),
-    (
-        "17_crosslens",
-        "The three lenses per model x language, standardised per measure, and the most / least concordant "
-        "pair of measures (storybias, issue #30)",
-    ),
-    (
-        "18_harm_agreement",
-        "Human vs LLM-judge harm: median harm per association with Spearman rho, the harm gap per base "
-        "attribute, and each judge's ratings of its own associations against the other judges' (StereoTales)",
-    ),
-    (
-        "19_self_context_advantage",
-        "Self-context advantage per source language x genre with bootstrap CI, and on the high-agreement "
-        "marker subset when human ratings are given (Feng et al. Eq. 5, Sec. 4.3)",
-    ),
-    (
-        "20_glm_table",
-        "Trial-level binomial GLMs of the female and identified shares: Wald tests per term (Feng et al. App. C)",
-    ),
-    (
-        "21_headline_findings",
-        "Significant and harmful associations per model (pooled) and per model x language, with the "
-        "language-only harmful ones: StereoTales' findings 1 and 3 on the run",
-    ),
-]
-
 
 # --- notebook 08: artifacts in, figures + index out -----------------------------------------------
 
@@ -203,55 +140,68 @@ def _plain(value: Any) -> Any:
 
 
 class Gallery:
-    """Notebook 08's figures: ``show`` saves one (PNG + PDF), displays the PNG and prints its quoted
-    statistic; ``write_index`` writes ``figures.json`` (files, statistics, parameters) last, atomically:
-    the Make target of the stage."""
+    """Stage 08's figures: ``save`` writes one (PNG + PDF) with its quoted statistic, ``display`` shows a
+    saved one in the notebook (the PNG, then the quote), ``show`` does both; ``write_index`` writes
+    ``figures.json`` (files, statistics, parameters) last, atomically: the Make target of the stage."""
 
     def __init__(self, out_dir: Path, dpi: int = DPI):
         self.out_dir = Path(out_dir)
         self.dpi = dpi
         self.records: list[dict[str, Any]] = []
 
-    def show(
-        self, stem: str, fig: Figure, stats: Mapping[str, Any], *, quote: str = "{stats}", display_width: int = 720
-    ) -> dict[str, Any]:
-        # only inside a notebook, where IPython runs
-        from IPython.display import Image, display
-
+    def save(self, stem: str, fig: Figure, stats: Mapping[str, Any], *, quote: str = "{stats}") -> dict[str, Any]:
+        """Save ``fig`` as ``stem`` (PNG + PDF) and keep its record: files, quoted text, statistics and
+        whether it says "no data"."""
         files = save_figure(fig, self.out_dir, stem, dpi=self.dpi)
-        text = quote_stats(quote, stats)
         no_data = bool(stats.get("no_data")) or not stats  # the reason, set by no_data_figure
         record = {
             "stem": stem,
             "files": [p.name for p in files],
-            "quote": text,
+            "quote": quote_stats(quote, stats),
             "no_data": bool(no_data),
             "stats": {k: _plain(v) for k, v in stats.items()},
         }
         self.records = [r for r in self.records if r["stem"] != stem] + [record]
-        display(Image(filename=str(files[0]), width=display_width))
-        print(text)
         return record
 
-    def write_index(self, params: Mapping[str, Any] | None = None) -> Path:
+    def display(self, stem: str, display_width: int = 720) -> dict[str, Any]:
+        """Show the saved figure ``stem`` (its PNG) and print its quote; returns its record."""
+        # only inside a notebook, where IPython runs
+        from IPython.display import Image, display
 
+        by_stem = {r["stem"]: r for r in self.records}
+        if stem not in by_stem:
+            raise KeyError(f"figure {stem!r} was not drawn; drawn: {', '.join(by_stem) or 'none'}")
+        record = by_stem[stem]
+        display(Image(filename=str(self.out_dir / record["files"][0]), width=display_width))
+        print(record["quote"])
+        return record
+
+    def show(
+        self, stem: str, fig: Figure, stats: Mapping[str, Any], *, quote: str = "{stats}", display_width: int = 720
+    ) -> dict[str, Any]:
+        """``save`` then ``display``."""
+        self.save(stem, fig, stats, quote=quote)
+        return self.display(stem, display_width)
+
+    def index(self, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """figures.json's content: each figure's record with its description, and the parameters."""
         described = dict(FIGURES)
-        index = {
+        return {
             "figures": [{**r, "description": described.get(r["stem"], "")} for r in self.records],
             "params": dict(params or {}),
         }
-        return write_json_atomic(index, self.out_dir / "figures.json")
 
-    def record(self, run_name: str) -> dict[str, Any]:
-        """The values notebook 08 records (data/<run>/values/08_figures.json): how many figures, how many
-        say "no data", their stems."""
-        return record_values(
-            run_name,
-            "08_figures",
-            n_figures=len(self.records),
-            n_no_data=sum(r["no_data"] for r in self.records),
-            stems=[r["stem"] for r in self.records],
-        )
+    def write_index(self, params: Mapping[str, Any] | None = None) -> Path:
+        return write_json_atomic(self.index(params), self.out_dir / "figures.json")
+
+    def values(self) -> dict[str, Any]:
+        """The values notebook 08 records: how many figures, how many say "no data", their stems."""
+        return {
+            "n_figures": len(self.records),
+            "n_no_data": sum(r["no_data"] for r in self.records),
+            "stems": [r["stem"] for r in self.records],
+        }
 
     def table(self) -> pd.DataFrame:
         return pd.DataFrame(

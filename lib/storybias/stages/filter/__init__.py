@@ -22,7 +22,14 @@ from storybias.config.plan import stories_schema
 from storybias.core import artifacts
 from storybias.core.locks import holds_run_lock
 from storybias.core.results import StageResult
-from storybias.stages.filter.langid import INVALID_REASONS, classify, summary, vsr_table
+from storybias.stages.filter.langid import (
+    INVALID_REASONS,
+    classify,
+    invalid_examples,
+    refusal_rule_counts,
+    summary,
+    vsr_table,
+)
 from storybias.summaries import vsr_by_language
 
 BATCH_ROWS = 20_000  # stories classified and written at a time
@@ -93,7 +100,13 @@ def run(params: Params, progress: bool = True) -> StageResult:
     artifacts.write(run_name, "manifest_filter", manifest)
     artifacts.write(run_name, "vsr", vsr)
     values = {**summary(filtered), "vsr_overall": vsr_by_language(vsr, "bedtime")}
-    return StageResult("filter", run_name, tables={"filtered": filtered, "vsr": vsr}, manifest=manifest, values=values)
+    tables = {
+        "filtered": filtered,
+        "vsr": vsr,
+        "invalid_examples": invalid_examples(filtered),
+        "refusal_rules": refusal_rule_counts(filtered),
+    }
+    return StageResult("filter", run_name, tables=tables, manifest=manifest, values=values)
 
 
 def _shown(classified: pd.DataFrame) -> pd.DataFrame:

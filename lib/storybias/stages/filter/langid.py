@@ -230,3 +230,18 @@ def summary(filtered: pd.DataFrame) -> dict[str, Any]:
         "invalid_reasons": {k: int(v) for k, v in filtered["invalid_reason"].value_counts().items()},
         "refusal_rules": {k: int(v) for k, v in filtered["refusal_rule"].value_counts().items()},
     }
+
+
+EXAMPLE_COLUMNS = ["invalid_reason", "language", "lid_lang", "lid_prob", "refusal_rule", "text"]
+
+
+def invalid_examples(filtered: pd.DataFrame, width: int = 160) -> pd.DataFrame:
+    """The first invalid story of each (reason, language), its text cut to ``width`` characters."""
+    invalid = filtered[~filtered["is_valid"].astype(bool)]
+    examples = invalid.groupby(["invalid_reason", "language"]).head(1)[EXAMPLE_COLUMNS]
+    return examples.assign(text=examples["text"].str.slice(0, width))
+
+
+def refusal_rule_counts(filtered: pd.DataFrame) -> pd.DataFrame:
+    """Stories per refusal rule that matched (column ``stories``, most frequent first)."""
+    return filtered["refusal_rule"].value_counts().rename("stories").to_frame()

@@ -51,6 +51,24 @@ def plan(params: Params, progress: bool = False) -> pd.DataFrame:
     return grid.plan(params)
 
 
+def plan_counts(planned: pd.DataFrame) -> pd.DataFrame:
+    """Stories planned per design x language x model (column ``stories``), as notebook 01 shows the plan."""
+    return planned.groupby(["design", "language", "model"]).size().rename("stories").reset_index()
+
+
+def example_prompts(planned: pd.DataFrame) -> pd.DataFrame:
+    """The first planned row of each design (design order), with its language, prompt id and prompt."""
+    first = planned.drop_duplicates("design").sort_values("design", kind="stable")
+    return first[["design", "language", "prompt_id", "prompt"]].reset_index(drop=True)
+
+
+def finish_reason_counts(stories: pd.DataFrame) -> pd.DataFrame:
+    """Stories per design x language (rows) and finish reason (columns): how many stopped at the token cap."""
+    return stories.pivot_table(
+        index=["design", "language"], columns="finish_reason", values="story_id", aggfunc="count", fill_value=0
+    )
+
+
 def story_request(row: dict[str, Any]) -> ChatRequest:
     return ChatRequest(
         key=row["story_id"],
@@ -86,8 +104,9 @@ class ModelRun:
 def generate_result(
     run_name: str, stories: pd.DataFrame, runs: list[ModelRun], manifest: dict[str, Any]
 ) -> StageResult:
-    """Stage 01's result: the stories (``stories``; without the text of an imported corpus), the per-model
-    records (``runs``) and the values notebook 01 records."""
+    """Stage 01's result: the stories (``stories``; without the text of an imported corpus), their finish
+    reasons per design x language (``finish_reasons``), the per-model records (``runs``) and the values
+    notebook 01 records."""
     values = {
         "n_planned": int(manifest.get("n_planned", len(stories))),
         "n_stories": int(len(stories)),
@@ -95,8 +114,8 @@ def generate_result(
         "stories_per_design": {str(d): int(n) for d, n in stories["design"].value_counts().items()},
         "n_truncated": int((stories["finish_reason"] == "length").sum()),
     }
-    return StageResult("generate", run_name, tables={"stories": stories}, manifest=manifest, values=values,
-                       details={"runs": runs})  # fmt: skip
+    tables = {"stories": stories, "finish_reasons": finish_reason_counts(stories)}
+    return StageResult("generate", run_name, tables=tables, manifest=manifest, values=values, details={"runs": runs})
 
 
 def _null(value: Any) -> Any:

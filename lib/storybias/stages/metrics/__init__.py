@@ -13,6 +13,7 @@ from typing import Any
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from storybias.config.designs import with_lens
 from storybias.config.params import Comparison, MetricsSettings, Params
@@ -54,6 +55,7 @@ from storybias.stages.metrics.feng import (
     trial_glm,
     type1_anova,
 )
+from storybias.summaries import answers_at_list_cap
 
 __all__ = [
     # the study constants the formulas use (storybias.config.studies)
@@ -453,6 +455,25 @@ def _values(tables: dict[str, pd.DataFrame], notes: list[str], n_excluded: int) 
     return values
 
 
+CAPPED_LISTS = ("adjectives_en", "settings", "cultural_refs")  # stage 03's lists that extract.max_list_items caps
+
+
+def capped_answers(run_name: str, cap: int | None) -> pd.Series:
+    """How many parsed answers of the run's extractions reached stage 03's list cap, per list of
+    :data:`CAPPED_LISTS` that the file holds (``storybias.summaries.answers_at_list_cap``)."""
+    path = artifacts.extractions_path(run_name)
+    columns = [c for c in ("parse_ok", *CAPPED_LISTS) if c in pq.read_schema(path).names]
+    return answers_at_list_cap(pd.read_parquet(path, columns=columns), cap, CAPPED_LISTS)
+
+
+def cosine_matrices(cosine: pd.DataFrame) -> dict[tuple[str, str], pd.DataFrame]:
+    """The cosine table as one language x language matrix per (comparison, model), in sorted order."""
+    return {
+        (str(comparison), str(model)): group.pivot(index="language_a", columns="language_b", values="cosine")
+        for (comparison, model), group in cosine.groupby(["comparison", "model"])
+    }
+
+
 @holds_run_lock("metrics")
 def run(params: Params) -> StageResult:
     """Stage 05: read extractions + conditions, compute every table, write data/<run>/metrics_*.parquet."""
@@ -482,5 +503,9 @@ def run(params: Params) -> StageResult:
         manifest=manifest,
         values=_values(tables, notes, n_excluded),
         notes=notes,
-        details={"n_excluded": n_excluded},
+        details={
+            "n_excluded": n_excluded,
+            "answers_at_list_cap": capped_answers(run_name, params.extract.max_list_items),
+            "cosine_matrices": cosine_matrices(tables["cosine"]) if "cosine" in tables else {},
+        },
     )

@@ -84,6 +84,7 @@ OPERATIONAL_MODEL_FIELDS = frozenset(
         "requests_per_minute",
         "request_timeout_s",
         "max_retries",
+        "context_tokens",  # what the endpoint may hold: a request that cannot fit is refused, not answered otherwise
         "price_input_per_mtok",
         "price_output_per_mtok",
     }
@@ -111,6 +112,7 @@ OPERATIONAL_ENGINE_FIELDS = frozenset(
         "shared_server",
         "shared_server_kind",
         "cpu_preload",  # the allocator and the OpenMP runtime: 16 of 16 texts identical with and without
+        "max_failed_share",  # when a stage stops for failed requests, not what any answer says
     }
 )
 PARTS = ("prompt", "sampling", "constraint", "model", "engine")

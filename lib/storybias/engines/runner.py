@@ -24,7 +24,7 @@ from typing import Any
 from tqdm import tqdm  # text bars: readable in papermill logs and JupyterLab without ipywidgets
 
 from storybias.core.io import ShardStore
-from storybias.engines.base import ChatEngine, ChatRequest, ChatResult
+from storybias.engines.base import ChatEngine, ChatRequest, ChatResult, EngineError
 from storybias.engines.progress import ENGINE_RATE, FINISHED_RATE, TokenProgress, tokens_in_flight
 
 RowBuilder = Callable[[ChatResult], "dict[str, Any] | Iterable[dict[str, Any]] | None"]
@@ -73,6 +73,38 @@ class RunStats:
 
 
 MAX_ERRORS_KEPT = 5
+
+
+class RequestsFailed(EngineError):
+    """A stage whose sent requests all failed, or more than the profile's share of them
+    (``generation.engine.max_failed_share``): it stops with a non-zero exit and this summary."""
+
+
+def failure_summary(
+    stage: str, n_sent: int, n_failed: int, errors: Sequence[str], max_failed_share: float
+) -> str | None:
+    """Why ``stage`` must stop, or None: every one of its ``n_sent`` requests failed, or more than
+    ``max_failed_share`` of them did. Names the first ``errors`` (their stored texts)."""
+    if n_sent <= 0 or n_failed <= 0:
+        return None
+    if n_failed < n_sent and n_failed / n_sent <= max_failed_share:
+        return None
+    how = "every one" if n_failed == n_sent else f"more than {max_failed_share:.0%}"
+    shown = "; ".join(errors[:MAX_ERRORS_KEPT]) or "(no error text)"
+    return (
+        f"{stage}: {n_failed} of {n_sent} requests failed ({how}); the first errors: {shown}. "
+        "What arrived is stored and the failed requests were not cached: fix the cause and rerun, "
+        "only those are asked again"
+    )
+
+
+def raise_if_failed(stage: str, n_sent: int, n_failed: int, errors: Sequence[str], max_failed_share: float) -> None:
+    """Raise :class:`RequestsFailed` with :func:`failure_summary`'s text when ``stage`` must stop."""
+    summary = failure_summary(stage, n_sent, n_failed, errors, max_failed_share)
+    if summary is not None:
+        raise RequestsFailed(summary)
+
+
 STARTUP_REFRESH_S = 1.0  # how often a bar waiting on the engine is redrawn
 WAITING_FOR_FIRST_ANSWER = "reading the prompts, no answer yet"
 

@@ -17,7 +17,7 @@ from fake_openai import FakeOpenAI
 from storybias.config import params
 from storybias.config.params import ModelSpec, Sampling
 from storybias.core import artifacts, io, paths
-from storybias.engines import ChatRequest, EngineError, served
+from storybias.engines import ChatRequest, EngineError, context, served
 from storybias.engines.context import EndpointContext, check_requests_fit
 from storybias.engines.runner import RequestsFailed, failure_summary
 from storybias.stages import extract as extract_stage
@@ -103,10 +103,10 @@ def test_the_profiles_context_tokens_holds_for_an_endpoint_that_publishes_none(k
     with FakeOpenAI() as api:  # a provider's API: neither /props nor max_model_len nor /tokenize
         s = spec(api.base_url, context_tokens=80)
         endpoint = served.endpoint_of(s)
-        served.check_fits(s, endpoint, [short("a", max_tokens=16)], WordTokenizer())  # fits
+        context.check_fits(s, endpoint, [short("a", max_tokens=16)], WordTokenizer())  # fits
         with pytest.raises(EngineError, match=r"more than the 80 of the profile's context_tokens"):
-            served.check_fits(s, endpoint, [short("a", max_tokens=100)], WordTokenizer())
-        assert served.endpoint_context(served.endpoint_of(spec(api.base_url))) is None  # nothing to check
+            context.check_fits(s, endpoint, [short("a", max_tokens=100)], WordTokenizer())
+        assert context.endpoint_context(served.endpoint_of(spec(api.base_url))) is None  # nothing to check
 
 
 def test_the_fake_answers_an_overlong_chat_as_llama_server_does(key):

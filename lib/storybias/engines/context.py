@@ -29,8 +29,9 @@ import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
+from storybias.config.params import ModelSpec
 from storybias.engines.base import ChatRequest, EngineError
 
 LLAMA_CPP = "llama.cpp"
@@ -191,3 +192,87 @@ def check_requests_fit(
         f"max_tokens), more than the {context.tokens} of {context.described()}. To make it fit: "
         f"{context.remedy(needs[worst])}. Nothing was sent."
     )
+
+
+# --- at an endpoint ------------------------------------------------------------------------------
+
+
+class ServedEndpoint(Protocol):
+    """What the checks need of a served model's endpoint (storybias.engines.served.Endpoint)."""
+
+    @property
+    def base_url(self) -> str: ...
+
+    @property
+    def model_id(self) -> str: ...
+
+    @property
+    def api_key(self) -> str: ...
+
+    @property
+    def timeout_s(self) -> float: ...
+
+    @property
+    def chat_template_kwargs(self) -> dict[str, Any]: ...
+
+    @property
+    def description(self) -> str: ...
+
+    def where(self) -> str: ...
+
+
+_contexts: dict[tuple[str, str, int], EndpointContext | None] = {}
+
+
+def _json_call(endpoint: ServedEndpoint, method: str, url: str, body: dict[str, Any] | None = None) -> Any:
+    """One JSON request to a route of the endpoint's server; None when it has no such route or gives
+    no JSON (a provider's API has neither /props nor /tokenize)."""
+    # heavy (about 1 s with openai): only a profile that names an endpoint needs the client
+    import httpx
+
+    headers = {"Authorization": f"Bearer {endpoint.api_key}"}
+    try:
+        response = httpx.request(
+            method, url, json=body, headers=headers, timeout=min(CONTEXT_TIMEOUT_S, endpoint.timeout_s)
+        )
+    except httpx.HTTPError:
+        return None
+    if response.status_code != 200:
+        return None
+    try:
+        return response.json()
+    except ValueError:
+        return None
+
+
+def endpoint_context(endpoint: ServedEndpoint, context_tokens: int | None = None) -> EndpointContext | None:
+    """The context one request may use at ``endpoint`` (llama.cpp's /props, vLLM's /v1/models, else the
+    profile's ``context_tokens``), read once per process and endpoint."""
+    key = (endpoint.base_url, endpoint.model_id, hash(endpoint.api_key))
+    if key not in _contexts:  # what the server publishes, asked once
+        _contexts[key] = read_context(
+            endpoint.base_url, endpoint.model_id, lambda url: _json_call(endpoint, "GET", url)
+        )
+    return or_profile(_contexts[key], context_tokens)
+
+
+def check_fits(
+    spec: ModelSpec, endpoint: ServedEndpoint, requests: Sequence[ChatRequest], tokenizer: Any = None
+) -> None:
+    """Refuse ``requests`` (EngineError naming the longest, its size, the limit and the setting to
+    change) when one cannot fit the endpoint's context; nothing to check when the endpoint tells no
+    context, or when neither the model's tokenizer (``tokenizer``) nor the server can count tokens."""
+    context = endpoint_context(endpoint, spec.context_tokens)
+    if context is None or not requests:
+        return
+    if tokenizer is not None:
+        count = tokenizer_counter(tokenizer, endpoint.chat_template_kwargs)
+        counted_by = f"tokenizer of {spec.name} ({endpoint.description})"
+    else:
+        served = server_counter(
+            context, endpoint.base_url, endpoint.model_id, lambda url, body: _json_call(endpoint, "POST", url, body)
+        )
+        if served is None:
+            return
+        count, counted_by = served, f"{endpoint.base_url} {endpoint.model_id}"
+    check_requests_fit(requests, prompt_tokens(requests, count, counted_by), context, endpoint.where())

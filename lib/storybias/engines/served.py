@@ -46,16 +46,7 @@ from storybias.engines.base import (
     top_k_first,
     top_k_top_p_fields,
 )
-from storybias.engines.context import (
-    CONTEXT_TIMEOUT_S,
-    EndpointContext,
-    check_requests_fit,
-    or_profile,
-    prompt_tokens,
-    read_context,
-    server_counter,
-    tokenizer_counter,
-)
+from storybias.engines.context import check_fits, endpoint_context
 
 # A served model's key when the endpoint needs none (a local vLLM server started without --api-key):
 # the SDK refuses an empty key.
@@ -512,60 +503,6 @@ def preflight_endpoint(spec: ModelSpec, timeout_s: float = PREFLIGHT_TIMEOUT_S) 
 
 
 # --- the endpoint's context (storybias.engines.context) ----------------------------------------------
-
-_contexts: dict[tuple[str, str, int], EndpointContext | None] = {}
-
-
-def _json_call(endpoint: Endpoint, method: str, url: str, body: dict[str, Any] | None = None) -> Any:
-    """One JSON request to a route of the endpoint's server; None when it has no such route or gives
-    no JSON (a provider's API has neither /props nor /tokenize)."""
-    # heavy (about 1 s with openai): only a profile that names an endpoint needs the client
-    import httpx
-
-    headers = {"Authorization": f"Bearer {endpoint.api_key}"}
-    try:
-        response = httpx.request(
-            method, url, json=body, headers=headers, timeout=min(CONTEXT_TIMEOUT_S, endpoint.timeout_s)
-        )
-    except httpx.HTTPError:
-        return None
-    if response.status_code != 200:
-        return None
-    try:
-        return response.json()
-    except ValueError:
-        return None
-
-
-def endpoint_context(endpoint: Endpoint, context_tokens: int | None = None) -> EndpointContext | None:
-    """The context one request may use at ``endpoint`` (llama.cpp's /props, vLLM's /v1/models, else the
-    profile's ``context_tokens``), read once per process and endpoint."""
-    key = _preflight_id(endpoint)
-    if key not in _contexts:  # what the server publishes, asked once
-        _contexts[key] = read_context(
-            endpoint.base_url, endpoint.model_id, lambda url: _json_call(endpoint, "GET", url)
-        )
-    return or_profile(_contexts[key], context_tokens)
-
-
-def check_fits(spec: ModelSpec, endpoint: Endpoint, requests: Sequence[ChatRequest], tokenizer: Any = None) -> None:
-    """Refuse ``requests`` (EngineError naming the longest, its size, the limit and the setting to
-    change) when one cannot fit the endpoint's context; nothing to check when the endpoint tells no
-    context, or when neither the model's tokenizer (``tokenizer``) nor the server can count tokens."""
-    context = endpoint_context(endpoint, spec.context_tokens)
-    if context is None or not requests:
-        return
-    if tokenizer is not None:
-        count = tokenizer_counter(tokenizer, endpoint.chat_template_kwargs)
-        counted_by = f"tokenizer of {spec.name} ({endpoint.description})"
-    else:
-        served = server_counter(
-            context, endpoint.base_url, endpoint.model_id, lambda url, body: _json_call(endpoint, "POST", url, body)
-        )
-        if served is None:
-            return
-        count, counted_by = served, f"{endpoint.base_url} {endpoint.model_id}"
-    check_requests_fit(requests, prompt_tokens(requests, count, counted_by), context, endpoint.where())
 
 
 def check_endpoint_fits(spec: ModelSpec, requests: Sequence[ChatRequest]) -> None:

@@ -7,6 +7,8 @@ scripted answers, injected HTTP errors, a key check and a model list; it records
 chat whose prompt does not fit a slot refused with HTTP 400 and its ``exceed_context_size_error`` body.
 ``dialect="vllm"`` adds vLLM's ``max_model_len`` to the model list and its ``POST /tokenize``
 (``{"count", "max_model_len", "tokens"}``). A token is a whitespace-separated word of the templated prompt.
+Live tokens (the progress bar): llama.cpp's ``GET /slots`` (busy slots' ``next_token.n_decoded``, from
+``decoding``) and vLLM's ``GET /metrics`` (``vllm:generation_tokens_total``, from ``generation_tokens``).
 
 The slow tests use the real vLLM server instead (tests/test_served_slow.py)."""
 
@@ -45,6 +47,8 @@ class FakeOpenAI:
         self.delay = delay
         self.finish_reason = finish_reason
         self.dialect, self.n_ctx, self.slots = dialect, n_ctx, slots
+        self.decoding: list[int] = []  # llama.cpp's /slots: tokens decoded so far by each busy slot
+        self.generation_tokens = 0  # vLLM's /metrics: vllm:generation_tokens_total
         self.routes: list[str] = []  # "GET /props", "POST /tokenize", ...: every request's method and path
         self.bodies: list[dict[str, Any]] = []
         self.n_faults_served = 0
@@ -85,6 +89,24 @@ class FakeOpenAI:
                 elif self.path == "/props" and server.dialect == "llama.cpp":
                     if self._authorized():
                         self._send(200, server.props())
+                elif self.path == "/slots" and server.dialect == "llama.cpp":
+                    busy = [
+                        {"id": i, "is_processing": True, "next_token": {"n_decoded": n}}
+                        for i, n in enumerate(server.decoding)
+                    ]
+                    self._send(200, busy + [{"id": len(busy), "is_processing": False, "next_token": {"n_decoded": 9}}])
+                elif self.path == "/metrics" and server.dialect == "vllm":
+                    text = (
+                        "# HELP vllm:generation_tokens_total Number of generation tokens processed.\n"
+                        "# TYPE vllm:generation_tokens_total counter\n"
+                        'vllm:generation_tokens_total{engine="0",model_name="m-1"} '
+                        f"{float(server.generation_tokens)}\n"
+                    ).encode()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/plain; version=0.0.4")
+                    self.send_header("Content-Length", str(len(text)))
+                    self.end_headers()
+                    self.wfile.write(text)
                 else:
                     self._send(404, {"error": {"message": "not found"}})
 

@@ -212,3 +212,35 @@ def test_an_extraction_whose_every_answer_failed_exits_non_zero(tmp_path, monkey
     manifest = json.loads(artifacts.path(p.run_name, "manifest_extract").read_text())
     assert "exceeds the available context size" in json.dumps(manifest)
     assert not artifacts.extractions_path(p.run_name).exists()  # Make's target is not written
+
+
+# --- a served model's live tokens, for the progress bar (issue #60 item 5) -------------------------
+
+
+def test_a_llama_servers_busy_slots_give_the_bar_its_running_tokens(key):
+    with FakeOpenAI(dialect="llama.cpp", delay=0.2) as api:
+        api.decoding = [120, 30]
+        with served.OpenAIEngine(spec(api.base_url, max_concurrency=1), seed=1) as engine:
+            assert engine.tokens_in_flight() is None  # no stream: nothing runs
+            seen = [engine.tokens_in_flight() for _ in engine.stream([short("a"), short("b")])]
+            assert engine.tokens_in_flight() is None
+    assert seen == [150, 150] and "GET /slots" in api.routes
+
+
+def test_vllms_counter_less_the_answers_received_gives_the_running_tokens(key):
+    with FakeOpenAI(dialect="vllm", delay=0.2) as api:
+        api.generation_tokens = 5_000  # what the server generated before this stream
+        with served.OpenAIEngine(spec(api.base_url, max_concurrency=1), seed=1) as engine:
+            stream = engine.stream([short("a"), short("b")])
+            first = next(stream)
+            api.generation_tokens = 5_000 + first.n_tokens + 40  # the first answer, and 40 of the running one's
+            assert engine.tokens_in_flight() == 40
+            list(stream)
+    assert first.n_tokens == 3
+
+
+def test_an_endpoint_that_tells_nothing_leaves_the_bar_on_finished_answers(key):
+    with FakeOpenAI(delay=0.1) as api:
+        with served.OpenAIEngine(spec(api.base_url), seed=1) as engine:
+            seen = [engine.tokens_in_flight() for _ in engine.stream([short("a")])]
+    assert seen == [None]

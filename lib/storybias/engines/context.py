@@ -225,8 +225,9 @@ _contexts: dict[tuple[str, str, int], EndpointContext | None] = {}
 
 
 def _json_call(endpoint: ServedEndpoint, method: str, url: str, body: dict[str, Any] | None = None) -> Any:
-    """One JSON request to a route of the endpoint's server; None when it has no such route or gives
-    no JSON (a provider's API has neither /props nor /tokenize)."""
+    """One request to a route of the endpoint's server: its JSON (its text where it is not JSON, e.g.
+    Prometheus metrics); None when the server has no such route (a provider's API has neither /props
+    nor /tokenize) or cannot be reached."""
     # heavy (about 1 s with openai): only a profile that names an endpoint needs the client
     import httpx
 
@@ -242,7 +243,12 @@ def _json_call(endpoint: ServedEndpoint, method: str, url: str, body: dict[str, 
     try:
         return response.json()
     except ValueError:
-        return None
+        return response.text
+
+
+def fetch_from_root(endpoint: ServedEndpoint, path: str) -> Any:
+    """GET ``path`` at the endpoint's server root (llama.cpp's /slots, vLLM's /metrics): JSON, text or None."""
+    return _json_call(endpoint, "GET", server_root(endpoint.base_url) + path)
 
 
 def endpoint_context(endpoint: ServedEndpoint, context_tokens: int | None = None) -> EndpointContext | None:

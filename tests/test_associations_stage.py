@@ -357,3 +357,25 @@ def test_the_result_counts_the_judges_and_the_human_panels_harmful_associations(
         A._HumanComparison(None, None, None, None),
     )
     assert nobody["n_judges"] == 0 and nobody["n_human_harmful"] is None
+
+
+def test_a_judge_whose_every_request_failed_stops_with_the_first_errors(tmp_path, monkeypatch):
+    """Issue #60: a stage whose every request failed exits non-zero with a summary (it used to go on)."""
+    from fake_engine import FakeEngine
+    from storybias.engines.runner import RequestsFailed
+
+    p = _profile(tmp_path, monkeypatch, judge={"models": [{"name": "m1", "source": "embedded"}]})
+    items = pd.DataFrame(
+        [
+            {
+                "association_id": f"a{i}",
+                "base_attribute": "income_level",
+                "base_value": "low",
+                "compared_attribute": "education",
+                "compared_value": "basic",
+            }
+            for i in range(1, 4)
+        ]
+    )
+    with pytest.raises(RequestsFailed, match=r"associations \(judge\): (\d+) of \1 requests failed.*HTTP 400: no"):
+        J.run_judges(items, p, progress=False, engine_factory=lambda s: FakeEngine(s, fail=lambda r: "HTTP 400: no"))

@@ -332,3 +332,30 @@ def test_the_host_is_given_the_profiles_model_and_settings_exactly():
         assert ModelSpec.model_validate_json(args["--spec"]) == spec
         assert EngineSettings.model_validate_json(args["--settings"]) == p.generation.engine
         assert "\0" not in "".join(command) and args["--socket-name"] == "storybias-host-x"
+
+
+class SteppingEngine(ScriptedEngine):
+    """A scripted engine that, like the in-process one, reports its running sequences' tokens after
+    each step (``on_step``, set by the host) before each answer ends."""
+
+    on_step = None
+
+    def stream(self, requests: list[ChatRequest]) -> Iterator[ChatResult]:
+        for i, r in enumerate(requests):
+            if self.on_step is not None:
+                self.on_step(100 * (i + 1))
+            yield ChatResult(r.key, "t", "stop", n_tokens=3, n_prompt_tokens=5)
+
+
+def test_the_host_forwards_its_running_sequences_tokens_to_the_client_bar(hosted, monkeypatch):
+    """Issue #60: the default profile's stages run on the model host; their progress bar counts the
+    tokens of sequences still running (storybias.engines.progress), which only the host's engine knows."""
+    monkeypatch.setattr(host, "TOKENS_EVERY_S", 0.0)
+    entry, _ = hosted(SteppingEngine())
+    seen = []
+    with client_engine(entry) as client:
+        assert client.tokens_in_flight() is None
+        for result in client.stream(requests(3)):
+            seen.append((result.key, client.tokens_in_flight()))
+        assert client.tokens_in_flight() is None  # the stream ended: nothing runs
+    assert seen == [("k0", 100), ("k1", 200), ("k2", 300)]

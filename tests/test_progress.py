@@ -8,17 +8,21 @@ import re
 import shutil
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import nbformat
+import tqdm.std as tqdm_std
 import yaml
 from tqdm import tqdm
 
-from fake_engine import FakeEngine
+from fake_engine import FakeEngine, VirtualClock, WaveEngine
 from stage_notebooks import tiny_stage_notebook
 from storybias.config.params import EngineSettings, ModelSpec, Sampling
 from storybias.core import paths
 from storybias.engines import ChatRequest
 from storybias.engines.cache import CachingEngine, ResponseCache
+from storybias.engines.inprocess import running_tokens
+from storybias.engines.progress import tokens_in_flight
 from storybias.engines.runner import run_requests
 from storybias.tools.notebook_runner import ProgressFollower, latest_progress, run_stage
 
@@ -216,3 +220,101 @@ def test_the_items_bar_moves_and_says_why_while_no_answer_has_ended(capsys):
     assert all(s.endswith("reading the prompts, no answer yet]") for s in waiting), waiting
     assert latest_progress(waiting[-1]) == waiting[-1]  # the terminal echo of the stage log shows it
     assert "no answer yet" not in states[-1] and "3/3 [" in states[-1]
+
+
+SHOWN_TIMES = re.compile(r"\[(\d+:\d{2}(?::\d{2})?)<([^,\]]*)")
+WAVE_LENGTHS = [300, 260, 340, 280, 320, 300, 250, 330]  # tokens per answer, one length per wave of 128
+WAVE_MAX_TOKENS = 400
+
+
+def _seconds(shown: str) -> float | None:
+    """tqdm's ``[H:]MM:SS`` as seconds; None for its ``?``."""
+    if not re.fullmatch(r"\d+:\d{2}(:\d{2})?", shown):
+        return None
+    parts = [int(p) for p in shown.split(":")]
+    return float(sum(p * 60**i for i, p in enumerate(reversed(parts))))
+
+
+def _estimates_in_waves(monkeypatch, reports_tokens: bool) -> list[tuple[float, float | None, float, float]]:
+    """Run 1,024 requests through a WaveEngine (128 in flight, answers ending in 8 waves at 70 tokens/s,
+    about 73 virtual minutes); returns, at 9 moments of each wave, (share of the tokens generated, the
+    bar's remaining time, the true remaining time as a share of the whole run's, the true remaining time)."""
+    clock = VirtualClock()
+    monkeypatch.setattr(tqdm_std, "time", clock)  # the bar's clock: tqdm reads it for elapsed and its estimate
+    spec = ModelSpec(name="m", source="embedded")
+    sampling = Sampling(max_tokens=WAVE_MAX_TOKENS)
+    batch = [
+        ChatRequest(key=f"k{i}", messages=[{"role": "user", "content": str(i)}], sampling=sampling, seed=1)
+        for i in range(1024)
+    ]
+    total_tokens = 128 * sum(WAVE_LENGTHS)
+    samples: list[tuple[float, float | None, float, float]] = []
+
+    def probe() -> None:
+        bar = next(b for b in list(tqdm._instances) if b.desc == "generate [waves]")
+        shown = SHOWN_TIMES.search(str(bar))
+        assert shown is not None, str(bar)
+        share = (engine.generated + engine.live) / total_tokens
+        samples.append((share, _seconds(shown.group(2)), (end - clock.now) / (end - start), end - clock.now))
+
+    engine = WaveEngine(spec, clock, WAVE_LENGTHS, probe=probe, reports_tokens=reports_tokens)
+    start = clock.now
+    end = engine.end_time(len(batch), start)
+    stats = run_requests(engine, batch, lambda r: None, None, 10_000, desc="generate [waves]", unit="story")
+    assert stats.n_results == 1024 and len(samples) == 8 * 9
+    return samples
+
+
+def test_the_remaining_time_comes_from_tokens_when_answers_end_in_waves(monkeypatch):
+    """Issue #60: with 128 sequences in flight, stories end in waves, and the bar's estimate from
+    finished items (tqdm's) read 2:33:06 or 19 hours for stages that took minutes. From tokens (the
+    engine's running sequences included) it stays within a factor of 1.5 of the true remaining time
+    from the first 10% of the tokens until the last 10% of the time (there the true time goes to zero
+    and no estimate's ratio to it is bounded: the last wave's length is unknown until it ends)."""
+    samples = _estimates_in_waves(monkeypatch, reports_tokens=True)
+    checked = [(share, shown, true) for share, shown, left, true in samples if share >= 0.1 and left >= 0.1]
+    assert len(checked) >= 50
+    off = [
+        (round(share, 2), shown, round(true))
+        for share, shown, true in checked
+        if shown is None or not 1 / 1.5 <= shown / true <= 1.5
+    ]
+    assert not off, off
+
+
+def test_without_the_engines_token_count_the_bar_says_its_rate_is_of_finished_answers(monkeypatch, capsys):
+    """A served endpoint tells no running sequence's tokens: the bar still estimates, from finished
+    answers, and says so (``finished``); an engine that tells says ``engine``."""
+    _estimates_in_waves(monkeypatch, reports_tokens=False)
+    served = capsys.readouterr().err
+    _estimates_in_waves(monkeypatch, reports_tokens=True)
+    engine = capsys.readouterr().err
+    assert "(finished)" in served and "(engine)" not in served
+    assert "(engine)" in engine and "(finished)" not in engine
+
+
+def test_the_in_process_engine_counts_its_running_sequences_tokens():
+    """vLLM 0.32 keeps each running request's tokens in its output processor; a vLLM that does not
+    gives None (the bar falls back to finished answers) rather than a wrong count."""
+
+    def state(n: int) -> SimpleNamespace:
+        return SimpleNamespace(detokenizer=SimpleNamespace(num_output_tokens=lambda: n))
+
+    running = SimpleNamespace(output_processor=SimpleNamespace(request_states={"a": state(5), "b": state(7)}))
+    assert running_tokens(running) == 12
+    assert running_tokens(SimpleNamespace(output_processor=SimpleNamespace(request_states={}))) == 0
+    assert running_tokens(SimpleNamespace()) is None
+    assert running_tokens(SimpleNamespace(output_processor=SimpleNamespace(request_states={"a": object()}))) is None
+
+
+def test_the_cache_passes_on_its_started_engines_token_count(tmp_path):
+    """Stages stream through a CachingEngine: the bar must see the inner engine's running tokens."""
+    spec = ModelSpec(name="m", source="embedded")
+    inner = FakeEngine(spec)
+    inner.tokens_in_flight = lambda: 42  # type: ignore[attr-defined]
+    batch = [ChatRequest(key="k", messages=[{"role": "user", "content": "x"}], sampling=Sampling(), seed=1)]
+    engine = CachingEngine(lambda: inner, spec, EngineSettings(), ResponseCache(tmp_path / "c", 2))
+    with engine:
+        assert tokens_in_flight(engine) is None  # no engine started: nothing runs
+        list(engine.stream(batch))
+        assert tokens_in_flight(engine) == 42

@@ -150,6 +150,9 @@ class ModelSpec(Strict):
     # repetition_penalty; "openai" = the standard response_format json_schema (a choice list becomes a
     # schema with an enum), and only the sampling fields OpenAI's API knows.
     constraints: Literal["vllm", "openai"] = "vllm"
+    # Tokens one request (prompt + answer) may use, for a provider whose endpoint publishes none (llama.cpp's
+    # /props and vLLM's /v1/models are read first): a request that cannot fit is refused before any is sent.
+    context_tokens: Annotated[int, Field(ge=16)] | None = None
     # Prices (per million tokens, in the user's currency) for `make check-params`'s cost estimate only.
     price_input_per_mtok: Annotated[float, Field(ge=0)] | None = None
     price_output_per_mtok: Annotated[float, Field(ge=0)] | None = None
@@ -196,6 +199,7 @@ SERVED_ONLY_FIELDS = (
     "request_timeout_s",
     "max_retries",
     "constraints",
+    "context_tokens",
 )
 
 
@@ -274,6 +278,10 @@ class EngineSettings(Strict):
     # needs the model and fed a stage's whole request list at once, so it gives the in-process engine's
     # texts; "openai" = vLLM's OpenAI-compatible server (HTTP; batches form as requests arrive).
     shared_server_kind: Literal["host", "openai"] = "host"
+    # A stage (01, 03, 04's judge) whose requests all failed exits non-zero with a summary of the first
+    # errors, after storing what it has; so does one where more than this share of its sent requests
+    # failed (1.0: only when all did). Failed requests are never cached: a rerun asks for them again.
+    max_failed_share: Annotated[float, Field(ge=0, le=1)] = 1.0
 
     @model_validator(mode="after")
     def _one_backend(self) -> EngineSettings:

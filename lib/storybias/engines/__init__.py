@@ -28,6 +28,7 @@ from storybias.engines.base import ChatEngine, ChatRequest, ChatResult, EngineEr
 from storybias.engines.host import HostedEngine, session_owner
 from storybias.engines.inprocess import Engine, cpu_scheduler_kwargs, preflight
 from storybias.engines.ray_engine import RayEngine
+from storybias.engines.served import check_endpoint_fits
 
 # The package's interface: what stages and tools import from ``storybias.engines``.
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "Engine",
     "EngineError",
     "EngineInfo",
+    "check_endpoint_fits",
     "cpu_scheduler_kwargs",
     "entered_info",
     "open_engine",

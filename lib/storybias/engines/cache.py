@@ -49,6 +49,7 @@ from storybias.config.params import EngineSettings, ModelSpec
 from storybias.core import paths
 from storybias.core.io import ShardStore
 from storybias.engines.base import ChatEngine, ChatRequest, ChatResult, EngineError, EngineInfo
+from storybias.engines.progress import tokens_in_flight
 
 # How every ModelSpec field bears on a model's identity: one classification, from which both the cache
 # key (what shapes an answer: OUTPUT_MODEL_FIELDS) and the local server key (which weights are loaded,
@@ -83,6 +84,7 @@ OPERATIONAL_MODEL_FIELDS = frozenset(
         "requests_per_minute",
         "request_timeout_s",
         "max_retries",
+        "context_tokens",  # what the endpoint may hold: a request that cannot fit is refused, not answered otherwise
         "price_input_per_mtok",
         "price_output_per_mtok",
     }
@@ -110,6 +112,7 @@ OPERATIONAL_ENGINE_FIELDS = frozenset(
         "shared_server",
         "shared_server_kind",
         "cpu_preload",  # the allocator and the OpenMP runtime: 16 of 16 texts identical with and without
+        "max_failed_share",  # when a stage stops for failed requests, not what any answer says
     }
 )
 PARTS = ("prompt", "sampling", "constraint", "model", "engine")
@@ -414,6 +417,13 @@ class CachingEngine:
             self.cache.append(buffer)
             self.stats.n_stored += len(buffer)
             buffer.clear()
+
+    def tokens_in_flight(self) -> int | None:
+        """The started inner engine's running sequences' tokens (storybias.engines.progress), None when
+        it cannot tell or none was started."""
+        if self._entered is None or not self.model_loaded:
+            return None
+        return tokens_in_flight(self._entered)
 
     def tokenizer(self) -> Any | None:
         """The inner engine's tokenizer; before it is started, one read from the model's weights folder

@@ -29,7 +29,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Connection, Listener
@@ -52,6 +52,7 @@ from storybias.engines.serve import (
 KEY_VARIABLE = "STORYBIAS_HOST_KEY"  # the host's key, passed in its environment (never on its command line)
 START_TIMEOUT_S = 1800.0  # vLLM's CPU start-up took > 8 min on a 2-core machine without AVX-512
 OWNER_POLL_S = 2.0
+TOKENS_EVERY_S = 1.0  # how often a host tells its client what the running sequences generated
 
 
 def session_owner() -> int | None:
@@ -162,6 +163,7 @@ class HostedEngine:
         self.info: EngineInfo | None = None
         self._conn: Connection | None = None
         self._tokenizer: Any = None
+        self._live_tokens: int | None = None  # the host's last word on its running sequences' tokens
 
     def __enter__(self) -> HostedEngine:
         started = time.time()
@@ -197,11 +199,17 @@ class HostedEngine:
 
     def _receive(self, expected: str) -> Any:
         assert self._conn is not None
-        try:
-            kind, payload = self._conn.recv()
-        except (EOFError, OSError) as exc:
-            self._close()
-            raise EngineError(f"the model host for {self.spec.name!r} went away ({exc!r}); see {self.entry}") from None
+        kind = "tokens"
+        while kind == "tokens":  # between results, the host says what its running sequences generated
+            try:
+                kind, payload = self._conn.recv()
+            except (EOFError, OSError) as exc:
+                self._close()
+                raise EngineError(
+                    f"the model host for {self.spec.name!r} went away ({exc!r}); see {self.entry}"
+                ) from None
+            if kind == "tokens":
+                self._live_tokens = payload
         if kind == "error":
             raise EngineError(f"the model host for {self.spec.name!r} failed: {payload}")
         if kind != expected:
@@ -221,8 +229,13 @@ class HostedEngine:
             self._receive("done")
             done = True
         finally:
+            self._live_tokens = None
             if not done:  # closed early: the host sees the connection drop and aborts the rest
                 self._close()
+
+    def tokens_in_flight(self) -> int | None:
+        """What the host last said its running sequences generated (storybias.engines.progress)."""
+        return self._live_tokens
 
     def tokenizer(self) -> Any:
         if self._tokenizer is None:
@@ -245,6 +258,8 @@ def _serve_connection(engine: Any, conn: Connection) -> None:
         if kind == "info":
             conn.send(("info", asdict(engine.info)))
             continue
+        if hasattr(engine, "on_step"):
+            engine.on_step = _tokens_sender(conn)
         results = engine.stream(payload)
         try:
             for result in results:
@@ -256,6 +271,22 @@ def _serve_connection(engine: Any, conn: Connection) -> None:
         except Exception as exc:  # the engine failed: say why, and stop (the next stage starts a fresh host)
             conn.send(("error", f"{type(exc).__name__}: {exc}"))
             raise
+
+
+def _tokens_sender(conn: Connection, every_s: float | None = None) -> Callable[[int | None], None]:
+    """What the engine calls after each step: at most every ``every_s`` seconds, a ``tokens`` message
+    with its running sequences' tokens (the client's progress bar; storybias.engines.progress). Called
+    from the thread that sends the results, so messages never interleave."""
+    interval = TOKENS_EVERY_S if every_s is None else every_s
+    last = [float("-inf")]
+
+    def send(live: int | None) -> None:
+        now = time.monotonic()
+        if live is not None and now - last[0] >= interval:
+            last[0] = now
+            conn.send(("tokens", live))
+
+    return send
 
 
 def _stop_with_owner(owner: int) -> None:

@@ -7,7 +7,7 @@ import ctypes
 import gc
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -157,6 +157,23 @@ def release_freed_memory() -> None:
     trim(0)
 
 
+def running_tokens(llm_engine: Any) -> int | None:
+    """Tokens generated so far by the requests vLLM's engine is still running: its output processor keeps
+    each running request's token ids (``RequestState.detokenizer``, vLLM 0.32). None where this vLLM
+    keeps them elsewhere: the bar then counts finished answers only."""
+    states = getattr(getattr(llm_engine, "output_processor", None), "request_states", None)
+    if not isinstance(states, dict):
+        return None
+    total = 0
+    for state in list(states.values()):
+        detokenizer = getattr(state, "detokenizer", None)
+        count = getattr(detokenizer, "num_output_tokens", None)
+        if not callable(count):
+            return None
+        total += int(count())
+    return total
+
+
 class Engine:
     """One loaded model. Use as a context manager so the engine process is shut down afterwards."""
 
@@ -167,6 +184,9 @@ class Engine:
         self.start_kind = start_kind  # how the start-up log names it: in_process, or host (storybias.engines.host)
         self.llm: Any = None  # vllm.LLM once started
         self.info: EngineInfo | None = None
+        self.live_tokens: int | None = None  # tokens of the running sequences after the last step
+        # called after each step with live_tokens (the model host forwards them to its client)
+        self.on_step: Callable[[int | None], None] | None = None
 
     def start(self) -> Engine:
         folder, described = preflight(self.spec)
@@ -273,7 +293,11 @@ class Engine:
         engine = self.llm.llm_engine
         try:
             while engine.has_unfinished_requests():
-                for output in engine.step():
+                outputs = engine.step()
+                self.live_tokens = running_tokens(engine)
+                if self.on_step is not None:
+                    self.on_step(self.live_tokens)
+                for output in outputs:
                     if not output.finished:
                         continue
                     completion = output.outputs[0]
@@ -285,8 +309,13 @@ class Engine:
                         n_prompt_tokens=len(output.prompt_token_ids or []),
                     )
         finally:
+            self.live_tokens = None
             if engine.has_unfinished_requests():  # closed early: finished ids are ignored by the abort
                 engine.abort_request(list(ids), internal=True)
+
+    def tokens_in_flight(self) -> int | None:
+        """Tokens generated so far by the running sequences of the current stream (storybias.engines.progress)."""
+        return self.live_tokens
 
     def tokenizer(self) -> Any:
         if self.llm is None:

@@ -1,8 +1,9 @@
 """The one resumable loop of every LLM stage: requests in, results streamed to a row builder,
-buffered and flushed as atomic shards every ``shard_size`` rows, with a progress bar (items/s and
-output tokens/s). An engine that starts only when a request needs it (``CachingEngine``) is started
-first, in a phase of its own that shows its elapsed time (``startup_phase``: vLLM's start-up takes
-minutes on a CPU), so the items bar and its estimate start with the first request.
+buffered and flushed as atomic shards every ``shard_size`` rows, with a progress bar (:class:`TokenBar`:
+items done, the engine's tokens/s and the remaining time estimated from tokens, storybias.engines.progress).
+An engine that starts only when a request needs it (``CachingEngine``) is started first, in a phase of
+its own that shows its elapsed time (``startup_phase``: vLLM's start-up takes minutes on a CPU), so the
+items bar and its estimate start with the first request.
 
 Stage 01 (stories), stage 03 (extraction answers) and stage 04's judge (ratings) all run through
 :func:`run_requests`; each decides what a stored row is and which stored rows a rerun skips. Rows
@@ -23,7 +24,8 @@ from typing import Any
 from tqdm import tqdm  # text bars: readable in papermill logs and JupyterLab without ipywidgets
 
 from storybias.core.io import ShardStore
-from storybias.engines.base import ChatEngine, ChatRequest, ChatResult
+from storybias.engines.base import ChatEngine, ChatRequest, ChatResult, EngineError
+from storybias.engines.progress import ENGINE_RATE, FINISHED_RATE, TokenProgress, tokens_in_flight
 
 RowBuilder = Callable[[ChatResult], "dict[str, Any] | Iterable[dict[str, Any]] | None"]
 
@@ -71,6 +73,38 @@ class RunStats:
 
 
 MAX_ERRORS_KEPT = 5
+
+
+class RequestsFailed(EngineError):
+    """A stage whose sent requests all failed, or more than the profile's share of them
+    (``generation.engine.max_failed_share``): it stops with a non-zero exit and this summary."""
+
+
+def failure_summary(
+    stage: str, n_sent: int, n_failed: int, errors: Sequence[str], max_failed_share: float
+) -> str | None:
+    """Why ``stage`` must stop, or None: every one of its ``n_sent`` requests failed, or more than
+    ``max_failed_share`` of them did. Names the first ``errors`` (their stored texts)."""
+    if n_sent <= 0 or n_failed <= 0:
+        return None
+    if n_failed < n_sent and n_failed / n_sent <= max_failed_share:
+        return None
+    how = "every one" if n_failed == n_sent else f"more than {max_failed_share:.0%}"
+    shown = "; ".join(errors[:MAX_ERRORS_KEPT]) or "(no error text)"
+    return (
+        f"{stage}: {n_failed} of {n_sent} requests failed ({how}); the first errors: {shown}. "
+        "What arrived is stored and the failed requests were not cached: fix the cause and rerun, "
+        "only those are asked again"
+    )
+
+
+def raise_if_failed(stage: str, n_sent: int, n_failed: int, errors: Sequence[str], max_failed_share: float) -> None:
+    """Raise :class:`RequestsFailed` with :func:`failure_summary`'s text when ``stage`` must stop."""
+    summary = failure_summary(stage, n_sent, n_failed, errors, max_failed_share)
+    if summary is not None:
+        raise RequestsFailed(summary)
+
+
 STARTUP_REFRESH_S = 1.0  # how often a bar waiting on the engine is redrawn
 WAITING_FOR_FIRST_ANSWER = "reading the prompts, no answer yet"
 
@@ -95,6 +129,39 @@ def redrawn_every_second(line: tqdm) -> Iterator[None]:
     finally:
         stop.set()
         ticker.join()
+
+
+class TokenBar(tqdm):
+    """An items bar whose remaining time comes from tokens (:class:`TokenProgress`), not from tqdm's rate
+    of finished items, and whose ``tok_s`` is the engine's live rate where it reports one (``engine``),
+    else finished answers' (``finished``). Its line keeps tqdm's ``n/total [elapsed<remaining, ...]``
+    shape, which the terminal echo of a stage's log reads (storybias.tools.notebook_runner)."""
+
+    BAR_FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{token_remaining}{postfix}]"
+
+    def __init__(self, tokens: TokenProgress, engine: Any, **kwargs: Any):
+        self.tokens, self.engine, self.n_errors = tokens, engine, 0
+        super().__init__(bar_format=self.BAR_FORMAT, **kwargs)
+
+    @property
+    def format_dict(self) -> dict[str, Any]:
+        shown = super().format_dict
+        if self.disable and not hasattr(self, "unit"):  # tqdm's placeholder of a bar disabled from the start
+            return shown
+        in_flight = tokens_in_flight(self.engine)
+        elapsed = shown["elapsed"]
+        if self.n >= (self.total or 0):
+            left: float | None = 0.0
+        else:
+            left = self.tokens.estimate(elapsed, in_flight)
+        shown["token_remaining"] = "?" if left is None else tqdm.format_interval(left)
+        if self.n == 0 and self.tokens.generated(in_flight) == 0:
+            shown["postfix"] = WAITING_FOR_FIRST_ANSWER
+        else:
+            source = FINISHED_RATE if in_flight is None else ENGINE_RATE
+            rate = self.tokens.rate(elapsed, in_flight)
+            shown["postfix"] = f"tok_s={rate:.1f} ({source}), errors={self.n_errors}"
+        return shown
 
 
 @contextmanager
@@ -131,7 +198,8 @@ def run_requests(
     started = time.time()
     # A batch's prompts are all read before its first answer ends (minutes for stage 03's long prompts on
     # a CPU): until then the bar says so, and its elapsed time keeps moving (redrawn_every_second).
-    bar = tqdm(total=len(requests), desc=desc, unit=unit, disable=not progress, postfix=WAITING_FOR_FIRST_ANSWER)
+    tokens = TokenProgress(requests)
+    bar = TokenBar(tokens, engine, total=len(requests), desc=desc, unit=unit, disable=not progress)
 
     def flush() -> None:
         if store is not None and buffer:
@@ -152,6 +220,7 @@ def run_requests(
                     stats.n_errors += 1
                     if len(stats.errors) < MAX_ERRORS_KEPT:
                         stats.errors.append(f"{result.key}: {result.error}")
+                tokens.finished(result)
                 if on_result is not None:
                     on_result(result)
                 rows = build_row(result)
@@ -159,9 +228,8 @@ def run_requests(
                     buffer.append(rows)
                 elif rows is not None:
                     buffer.extend(rows)
+                bar.n_errors = stats.n_errors
                 bar.update(1)
-                elapsed = max(time.time() - started, 1e-9)
-                bar.set_postfix(tok_s=f"{stats.output_tokens / elapsed:.1f}", errors=stats.n_errors, refresh=False)
                 if len(buffer) >= shard_size:
                     flush()
     finally:

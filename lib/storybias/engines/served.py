@@ -46,6 +46,8 @@ from storybias.engines.base import (
     top_k_first,
     top_k_top_p_fields,
 )
+from storybias.engines.context import check_fits, endpoint_context, fetch_from_root
+from storybias.engines.server_metrics import ServedTokens, for_dialect
 
 # A served model's key when the endpoint needs none (a local vLLM server started without --api-key):
 # the SDK refuses an empty key.
@@ -281,6 +283,7 @@ class OpenAIEngine:
         self._tokenizer: Any = None
         self._check = check
         self.info: EngineInfo | None = None
+        self._served_tokens: ServedTokens | None = None  # the running stream's poller, where the server tells
 
     @classmethod
     def for_local_server(
@@ -336,12 +339,22 @@ class OpenAIEngine:
             self._tokenizer = load_tokenizer(self._tokenizer_from)
         return self._tokenizer
 
+    def tokens_in_flight(self) -> int | None:
+        """What the running requests generated so far, where the server tells it (llama-server's /slots,
+        vLLM's /metrics: storybias.engines.server_metrics); None otherwise (the bar counts finished answers)."""
+        poller = self._served_tokens
+        return poller.in_flight() if poller is not None else None
+
     def stream(self, requests: Sequence[ChatRequest]) -> Iterator[ChatResult]:
         """Send every request (at most ``max_concurrency`` in flight) and yield each result as it
         arrives. Closing the generator early (a crash, an interrupt) cancels what is in flight."""
         if not requests:
             return
         endpoint = self.endpoint
+        check_fits(self.spec, endpoint, requests, self.tokenizer())  # before anything is sent
+        context = endpoint_context(endpoint, self.spec.context_tokens)
+        poller = for_dialect(context.dialect if context else None, lambda path: fetch_from_root(endpoint, path))
+        self._served_tokens = poller
         results: queue.Queue = queue.Queue()
         state: dict[str, Any] = {}
         ready = threading.Event()
@@ -374,8 +387,11 @@ class OpenAIEngine:
                 if isinstance(item, BaseException):
                     raise item
                 received += 1
+                if poller is not None:
+                    poller.finished(item.n_tokens)
                 yield item
         finally:
+            self._served_tokens = None
             loop, task = state.get("loop"), state.get("task")
             if thread.is_alive() and loop is not None and task is not None:
                 try:
@@ -495,4 +511,17 @@ def preflight_endpoint(spec: ModelSpec, timeout_s: float = PREFLIGHT_TIMEOUT_S) 
     finally:
         client.close()
     _preflighted[_preflight_id(endpoint)] = time.time()
-    return f"{endpoint.model_id} at {endpoint.base_url}"
+    context = endpoint_context(endpoint, spec.context_tokens)
+    known = f"; each request may use {context.tokens} tokens ({context.described()})" if context else ""
+    return f"{endpoint.model_id} at {endpoint.base_url}{known}"
+
+
+# --- the endpoint's context (storybias.engines.context) ----------------------------------------------
+
+
+def check_endpoint_fits(spec: ModelSpec, requests: Sequence[ChatRequest]) -> None:
+    """A stage's preflight for a served model (``source: openai``) and the requests it will send: refuse
+    them all before any work when one cannot fit (:func:`check_fits`); nothing to do for a local model.
+    The counts are kept, so the engine's own check before sending costs nothing more."""
+    if spec.source == "openai" and requests:
+        check_fits(spec, endpoint_of(spec), requests)

@@ -37,7 +37,7 @@ from storybias.config.params import ModelSpec, Params, Sampling
 from storybias.engines import ChatEngine, ChatRequest, ChatResult, entered_info, open_stage_engine
 from storybias.engines.cache import CachingEngine, ResponseCache
 from storybias.engines.prepare import prepare_models
-from storybias.engines.runner import run_requests
+from storybias.engines.runner import raise_if_failed, run_requests
 from storybias.evidence.labels import reference_label
 from storybias.evidence.ratings import HARMFUL_MEDIAN, REALISM_ANSWERS
 from storybias.evidence.released_associations import STATED_EFFECTS
@@ -446,6 +446,13 @@ def run_judges(
                 )
             )
         ratings += mine
+    raise_if_failed(  # every rating request failed (or more than the profile's share)
+        "associations (judge)",
+        sum(i["n_requests"] for i in engines_info),
+        sum(i["n_request_errors"] for i in engines_info),
+        [e for i in engines_info for e in i["request_errors"]],
+        params.generation.engine.max_failed_share,
+    )
     return pd.DataFrame(ratings, columns=RATING_COLUMNS), engines_info
 
 

@@ -28,9 +28,17 @@ from storybias.config.params import ExtractionSettings, ModelSpec, Params
 from storybias.core import artifacts, machine
 from storybias.core.locks import holds_run_lock
 from storybias.core.results import StageResult
-from storybias.engines import ChatEngine, ChatRequest, ChatResult, entered_info, open_stage_engine, preflight
+from storybias.engines import (
+    ChatEngine,
+    ChatRequest,
+    ChatResult,
+    check_endpoint_fits,
+    entered_info,
+    open_stage_engine,
+    preflight,
+)
 from storybias.engines.cache import CachingEngine, ResponseCache
-from storybias.engines.runner import RunStats, run_requests
+from storybias.engines.runner import RunStats, raise_if_failed, run_requests
 from storybias.stages.extract import facts as extract_facts
 from storybias.stages.extract import released_profiles
 from storybias.stages.extract import validation as human_validation
@@ -386,8 +394,10 @@ def run(
         mine = [j for j in jobs if j.extractor == spec.name]
         fitted = fitted_stories(engines[spec.name], mine, settings)
         first = [attempt_request(j, fitted[j.answer_key][0], settings, 0) for j in mine]
-        if engines[spec.name].lookup(first).misses:
+        missing = engines[spec.name].lookup(first).misses
+        if missing:
             preflight(spec)
+            check_endpoint_fits(spec, missing)  # a served extractor's context: refused here, not per request
             with_work.append(spec)
     # what the timings were measured on (storybias.core.machine), before any engine takes the cores
     ran_on = machine.record_for([spec.source for spec in with_work], probe=engine_factory is None)
@@ -412,6 +422,13 @@ def run(
     manifest = _manifest(params, extractions, raw, resolved, timings, agreement_how)
     manifest["machine"] = ran_on
     artifacts.write(run_name, "manifest_extract", manifest)
+    raise_if_failed(  # every request failed (or more than the profile's share): stop before Make's target
+        "extract",
+        sum(sum(t["finish_reasons"].values()) - t["n_from_cache"] for t in timings.values()),
+        sum(t["n_request_errors"] for t in timings.values()),
+        [e for t in timings.values() for e in t["request_errors"]],
+        params.generation.engine.max_failed_share,
+    )
     compared, extractions, published_agreement = _published_side(params, stories, extractions, log)
     artifacts.write(run_name, "extractions", extractions)  # last: Make's target
     tables = {

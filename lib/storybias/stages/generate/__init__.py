@@ -35,9 +35,18 @@ from storybias.config.plan import ERROR, plan_columns, stories_schema
 from storybias.core import artifacts, machine, paths
 from storybias.core.locks import holds_run_lock
 from storybias.core.results import StageResult
-from storybias.engines import ChatEngine, ChatRequest, ChatResult, entered_info, open_stage_engine, preflight, prepare
+from storybias.engines import (
+    ChatEngine,
+    ChatRequest,
+    ChatResult,
+    check_endpoint_fits,
+    entered_info,
+    open_stage_engine,
+    preflight,
+    prepare,
+)
 from storybias.engines.cache import REUSED, CachingEngine, ResponseCache, cache_dir
-from storybias.engines.runner import run_requests
+from storybias.engines.runner import raise_if_failed, run_requests
 from storybias.stages.generate import corpus, table
 
 
@@ -207,6 +216,7 @@ def run(
         reasons.update(found.reasons.values())
         if found.misses:
             preflight(spec)
+            check_endpoint_fits(spec, found.misses)  # a served model's context: refused here, not per request
             with_work.append(spec)
     # what the times below were measured on (storybias.core.machine), before any engine takes the cores
     ran_on = machine.record_for([spec.source for spec in with_work], probe=engine_factory is None)
@@ -231,6 +241,13 @@ def run(
     manifest = _manifest(params, planned, frame, runs, time.time() - started)
     manifest.update(reuse=dict(reasons), cache=str(cache_dir(run_name)), machine=ran_on)
     artifacts.write(run_name, "manifest_generate", manifest)
+    raise_if_failed(  # every request failed (or more than the profile's share): stop before Make's target
+        "generate",
+        sum(r.n_generated for r in runs),
+        sum(r.n_errors for r in runs),
+        [e for r in runs for e in r.errors],
+        params.generation.engine.max_failed_share,
+    )
     artifacts.write(run_name, "stories", frame)  # last: Make's target
     n_errors = int(frame["finish_reason"].eq(ERROR).sum())
     log(

@@ -360,6 +360,24 @@ def extract_result(
     return StageResult("extract", run_name, tables=tables, manifest=manifest, values=values, details=details)
 
 
+def _extractors_with_work(
+    engines: dict[str, CachingEngine], jobs: list[Any], settings: ExtractionSettings
+) -> list[ModelSpec]:
+    """The extractors with answers to ask for, each checked (its preflight, a served endpoint's context)
+    before any engine loads: a refusal comes here, not per request."""
+    with_work = []
+    for spec in settings.models:
+        mine = [j for j in jobs if j.extractor == spec.name]
+        fitted = fitted_stories(engines[spec.name], mine, settings)
+        first = [attempt_request(j, fitted[j.answer_key][0], settings, 0) for j in mine]
+        missing = engines[spec.name].lookup(first).misses
+        if missing:
+            preflight(spec)
+            check_endpoint_fits(spec, missing)
+            with_work.append(spec)
+    return with_work
+
+
 @holds_run_lock("extract")
 def run(
     params: Params,
@@ -389,16 +407,7 @@ def run(
     }
     gold_items = choose_gold_items(settings.gold_sample, settings.seed) if settings.gold_sample != 0 else []
     log(f"run '{run_name}': {len(stories)} valid stories, {len(jobs)} extraction answers needed")
-    with_work = []
-    for spec in settings.models:  # every extractor with work is checked before any loads
-        mine = [j for j in jobs if j.extractor == spec.name]
-        fitted = fitted_stories(engines[spec.name], mine, settings)
-        first = [attempt_request(j, fitted[j.answer_key][0], settings, 0) for j in mine]
-        missing = engines[spec.name].lookup(first).misses
-        if missing:
-            preflight(spec)
-            check_endpoint_fits(spec, missing)  # a served extractor's context: refused here, not per request
-            with_work.append(spec)
+    with_work = _extractors_with_work(engines, jobs, settings)
     # what the timings were measured on (storybias.core.machine), before any engine takes the cores
     ran_on = machine.record_for([spec.source for spec in with_work], probe=engine_factory is None)
     rows: list[dict[str, Any]] = []

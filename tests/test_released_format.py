@@ -118,7 +118,30 @@ def test_the_files_hold_every_tested_pair_in_the_released_format(written):
     small = [r for r in records if r["statistics"]["effect_category"] == "small" and r["associated_values"]]
     assert small, "the planted weak association gives at least one small-effect pair with cells"
     pool = {"languages": ["en", "nl"], "additional_en": False, "attributes": None, "sample": None}
-    assert published_pool(folder) == pool
+    marker = published_pool(folder)
+    assert {key: marker[key] for key in pool} == pool
+    # every file that stores a p-value says whether it is the reference's or an estimate (issue #57, item 4)
+    assert marker["p_values"]["exact"] == len(attributes) and marker["p_values"]["estimated"] == 0
+    assert all(r["statistics"]["p_value_exact"] is True for r in records)
+    assert {r["statistics"]["fisher_p_method"] for r in records} == {"reference(20000)"}
+    assert attributes["p_exact"].all()
+
+
+def test_sequential_estimates_are_flagged_in_the_tables_the_files_and_pool_json(tmp_path, monkeypatch):
+    _stories(tmp_path / "data")
+    monkeypatch.setattr(J, "run_judges", _judge)
+    attributes = A.run(_profile(tmp_path, monkeypatch, fisher="sequential"), progress=False)["attributes"]
+    assert not attributes["p_exact"].all()  # stopped early: estimates, flagged as such
+    assert set(attributes.loc[~attributes["p_exact"], "p_method"]) <= {"monte-carlo(1000)", "monte-carlo(5000)"}
+    folder = tmp_path / "data" / "t" / "stereotales_associations"
+    records = [json.loads(line) for f in folder.rglob("*.jsonl") for line in f.read_text().splitlines()]
+    families = attributes.groupby(["model", "scope", "base_attribute"])["p_exact"].all()
+    for r in records:
+        scope = "nl" if r["aggregation_value"] == "du" else r["aggregation_value"]
+        assert r["statistics"]["p_value_exact"] == families[(r["generator_model"], scope, r["base_attribute"])]
+    marker = published_pool(folder)["p_values"]
+    assert marker["estimated"] == int((~attributes["p_exact"]).sum()) > 0
+    assert marker["exact"] + marker["estimated"] == len(attributes)
 
 
 def test_a_run_compared_with_its_own_files_reproduces_every_cell(written, tmp_path, monkeypatch):

@@ -68,6 +68,7 @@ RELEASE_POOL: dict[str, Any] = {
     "sample": None,  # every story
 }
 POOL_FILE = "pool.json"
+POOL_P_VALUES = "p_values"  # pool.json's optional key: how many of the files' p-values are estimates, and how
 NOT_SIGNIFICANT = "N/A"  # the effect category of a pair whose BH-adjusted p is not < 0.05
 STATED_EFFECTS = ("medium", "large")  # StereoTales' stated rule keeps these pairs, and cells of lift >= 2
 # A human-study question's scope: its list mixes associations of the global pass and of single languages'
@@ -347,8 +348,10 @@ def published_pool(path: str | Path) -> dict[str, Any]:
         pool = json.loads(marker.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise PublishedFormatError(f"{marker}: not valid JSON ({exc.msg})") from None
-    if not isinstance(pool, dict) or set(pool) != set(RELEASE_POOL):
-        raise PublishedFormatError(f"{marker}: expected the keys {', '.join(RELEASE_POOL)}")
+    if not isinstance(pool, dict) or set(pool) - {POOL_P_VALUES} != set(RELEASE_POOL):
+        raise PublishedFormatError(f"{marker}: expected the keys {', '.join(RELEASE_POOL)} (and {POOL_P_VALUES})")
+    if not isinstance(pool.get(POOL_P_VALUES, {}), dict):
+        raise PublishedFormatError(f"{marker}: {POOL_P_VALUES} is not an object")
     return pool
 
 

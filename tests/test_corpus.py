@@ -358,7 +358,7 @@ def _association_record(model: str, scope: str, base: str, compared: str, cells:
     """One line of a released association file (associations_global / associations_by_language)."""
     return {
         "generator_model": model,
-        "aggregation_dimension": "language" if scope != "all" else "all",
+        "aggregation_dimension": ["language"] if scope != "all" else [],
         "aggregation_value": scope,
         "base_attribute": base,
         "compared_attribute": compared,
@@ -479,6 +479,7 @@ def test_the_published_comparison_counts_per_model_and_scope(tmp_path, data_dir,
             json.dumps(
                 {
                     "generator_model": "m",
+                    "aggregation_dimension": [],
                     "aggregation_value": "all",
                     "base_attribute": "g",
                     "compared_attribute": "a",

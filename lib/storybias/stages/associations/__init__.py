@@ -86,7 +86,7 @@ from storybias.stages.associations.judge import (
     summarise_ratings,
     with_ratings,
 )
-from storybias.stages.associations.released_format import sample_ids_by_family, write_released
+from storybias.stages.associations.released_format import sample_ids_by_slice, write_released
 from storybias.stages.associations.tables import (
     ALPHA,
     ATTRIBUTE_COLUMNS,
@@ -223,7 +223,7 @@ def run(
     artifacts.write(run_name, "published_comparison", comparison)
     artifacts.write(run_name, "associations_findings", findings)
     pool = run_pool(params, data)
-    write_released(run_name, attributes, values, sample_ids_by_family(data, list(settings.passes)), pool)
+    write_released(run_name, attributes, values, sample_ids_by_slice(data, list(settings.passes)), pool)
     manifest = {
         "stage": "associations",
         "counts": counts,

@@ -16,10 +16,10 @@ pipeline, Giskard-AI/stereotales-pipeline):
   (``{compared label: {base label: count}}``, in the order the test used);
 - ``associated_values``: every cell of the pair's table with BY-adjusted p < 0.05, whatever its lift
   (``p_value`` BY-adjusted, ``fraction``, ``lift``), labels as the release writes them (``release_label``);
-- ``sample_ids``: where the reference lists every sample of the model and slice in each record, storybias
-  lists the stories its record's table was counted from (those prompted with the base attribute): the
-  same information per base attribute at a nineteenth of the size. Imported stories keep the release's
-  ``sample_id``; generated ones give their ``story_id``.
+- ``sample_ids``: as the reference writes them, every story of the model in the slice (all base
+  attributes), one entry per story in the order of stage 04's observations, in each record of the file.
+  Imported stories keep the release's ``sample_id`` (which repeats where a prompt was answered more than
+  once); generated ones give their ``story_id``.
 """
 
 from __future__ import annotations
@@ -102,10 +102,10 @@ def _associated_values(cells: pd.DataFrame, base: str, compared: str) -> list[di
 
 
 def released_records(
-    attributes: pd.DataFrame, values: pd.DataFrame, sample_ids: dict[tuple[str, str, str], list[str]]
+    attributes: pd.DataFrame, values: pd.DataFrame, sample_ids: dict[tuple[str, str], list[str]]
 ) -> Iterator[tuple[str, str, dict[str, Any]]]:
     """(model, scope, record) for every tested pair of ``attributes`` (associations_attributes), its
-    cells from ``values`` (associations_values) and ``sample_ids`` by (model, scope, base attribute)."""
+    cells from ``values`` (associations_values) and ``sample_ids`` by (model, scope)."""
     cells = {key: group for key, group in values.groupby(["model", "scope", "base_attribute", "compared_attribute"])}
     family = ["model", "scope", "base_attribute"]
     exact = attributes.groupby(family)["p_exact"].transform("all") if len(attributes) else attributes["p_exact"]
@@ -118,21 +118,22 @@ def released_records(
             "associated_values": _associated_values(mine, row.base_attribute, row.compared_attribute),
             "statistics": _statistics(row, family_exact),
             "generator_model": row.model,
-            "sample_ids": sample_ids.get((row.model, row.scope, row.base_attribute), []),
+            "sample_ids": sample_ids.get((row.model, row.scope), []),
             "aggregation_dimension": [] if row.scope == GLOBAL_SCOPE else ["language"],
             "aggregation_value": RELEASE_CODE.get(row.scope, row.scope),
         }
         yield row.model, row.scope, record
 
 
-def sample_ids_by_family(data: pd.DataFrame, passes: list[str]) -> dict[tuple[str, str, str], list[str]]:
-    """(model, scope, base attribute) -> the ids of the stories its tables count from, for each pass.
+def sample_ids_by_slice(data: pd.DataFrame, passes: list[str]) -> dict[tuple[str, str], list[str]]:
+    """(model, scope) -> the ids of every story of the model in the slice, for each pass, in ``data``'s
+    order, one per story, as the reference writes ``sample_ids`` (its ``model_df["sample_id"].tolist()``).
     ``data``: stage 04's observations with ``sample_id`` (the release's, or the story id)."""
-    out: dict[tuple[str, str, str], list[str]] = {}
+    out: dict[tuple[str, str], list[str]] = {}
     for name in passes:
         scope = data["language"] if name == "per_language" else pd.Series(GLOBAL_SCOPE, index=data.index)
-        for (model, where, base), ids in data.groupby([data["model"], scope, data["cond_attribute"]])["sample_id"]:
-            out[(str(model), str(where), str(base))] = [str(i) for i in ids]
+        for (model, where), ids in data.groupby([data["model"], scope], sort=False)["sample_id"]:
+            out[(str(model), str(where))] = [str(i) for i in ids]
     return out
 
 
@@ -154,7 +155,7 @@ def write_released(
     run_name: str,
     attributes: pd.DataFrame,
     values: pd.DataFrame,
-    sample_ids: dict[tuple[str, str, str], list[str]],
+    sample_ids: dict[tuple[str, str], list[str]],
     pool: dict[str, Any],
 ) -> Path:
     """Write the run's tests as StereoTales' association files (module docstring) under

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import yaml
 
+from storybias.config.analysis_sections import AssociationSettings
+from storybias.core import paths
 from storybias.stages.associations import tables
 from storybias.stages.extract import answers as extract
 from storybias.stats import contingency
@@ -90,3 +93,11 @@ def test_the_run_bound_on_decisions_differing_from_the_reference():
     assert contingency.disagreement_bound(sizes) == pytest.approx(contingency.TABLE_ERROR * 18 * 18 * len(sizes))
     with pytest.raises(ValueError, match="family_sizes"):
         contingency.disagreement_bound([3, -1])
+
+
+def test_the_profiles_that_read_the_release_use_sequential_and_reference_stays_selectable():
+    for name in ("stereotales-published.yaml", "stereotales-three-lenses.yaml"):
+        shipped = yaml.safe_load((paths.repo_root() / "params" / name).read_text())
+        assert AssociationSettings(**shipped["associations"]).fisher == "sequential", name
+    assert AssociationSettings().fisher == "reference"  # the default elsewhere, selectable by name
+    assert AssociationSettings(fisher="reference").fisher == "reference"

@@ -70,7 +70,7 @@ def _published_line(compared: str) -> str:
     """One record of StereoTales' released association files: m1's low income -> ``compared`` education."""
     record = {
         "generator_model": "m1",
-        "aggregation_dimension": "language",
+        "aggregation_dimension": [],
         "aggregation_value": "all",
         "base_attribute": "income_level",
         "compared_attribute": "education",

@@ -96,8 +96,10 @@ class AssociationSettings(Strict):
     # The attribute-level Monte-Carlo Fisher test. reference: every table's p-value exactly as the
     # reference pipeline computes it (scipy's MonteCarloMethod, max_resamples, a generator seeded `seed`
     # per table): a re-test of the released data gives the released p-values. sequential: resamples only
-    # until BH's decisions are settled, the same decisions at a fraction of the cost (paper scale on 2
-    # cores: 7 minutes instead of 12 CPU-hours, see docs/benchmarks.md), p-values estimates where decided early.
+    # until BH's decisions are settled, the reference's decisions up to a proven error (expected differing
+    # decisions <= sum of m^2 x 5e-9 over BH families: 0.008 at paper scale) at a fraction of the cost
+    # (about 35 CPU-minutes instead of 12 CPU-hours, docs/benchmarks.md), p-values flagged as estimates
+    # (p_exact) where decided early. The profiles that read the release use it.
     fisher: Literal["reference", "sequential"] = "reference"
     # `check-params` estimates the smallest lift stage 04 could detect (stages.associations.power) before a run,
     # from the planned stories per prompted value times this assumed share of answers the extractor

@@ -291,7 +291,8 @@ ARTIFACTS: tuple[Artifact, ...] = (
         "published_comparison",
         "published_comparison.parquet",
         "associations",
-        "associations.published set: each published association reproduced, missed or untested per model x scope",
+        "associations.published set: each published association reproduced, missed, underpowered or untested per "
+        "model x scope",
         "stages.associations.comparison:COMPARISON_SCHEMA",
     ),
     Artifact(

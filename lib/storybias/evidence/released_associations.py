@@ -4,16 +4,25 @@ The StereoTales release (*StereoTales: A Multilingual Framework for Open-Ended S
 LLMs*, Le Jeune et al., Giskard AI, 2026, arXiv:2605.10442; Hugging Face dataset ``giskardai/StereoTales``,
 configs ``associations_global`` and ``associations_by_language``) holds its association tests as JSONL
 files, one per generator model and slice (``<model with / as _>__<slice>.jsonl``), one record per line
-and per attribute pair::
+and per attribute pair, the reference pipeline's ``Association`` model (Giskard-AI/stereotales-pipeline,
+``src/stereotales_pipeline/models.py``) in its field order::
 
-    {"generator_model": "azure_ai/gpt-4o", "aggregation_dimension": "language", "aggregation_value": "fr",
-     "base_attribute": "gender", "compared_attribute": "professional_field",
-     "statistics": {"p_value": 0.003, "cramer_v": 0.31, "effect_category": "medium", ...},
+    {"base_attribute": "gender", "compared_attribute": "professional_field",
      "associated_values": [{"base_value": {"name": "gender", "value": "man"},
                             "compared_value": {"name": "professional_field", "value": "trades and manual labor"},
-                            "statistics": {"p_value": 0.001, "fraction": 0.42, "lift": 2.3}}, ...]}
+                            "statistics": {"p_value": 0.001, "fraction": 0.42, "lift": 2.3}}, ...],
+     "statistics": {"alpha": 0.05, "alpha_corrected": 0.05, "p_value": 0.003, "cramer_v": 0.31,
+                    "effect_category": "medium", "chi_square": 41.2, "degrees_of_freedom": 4,
+                    "dim_table": [3, 3],
+                    "contingency_table_data": {"<compared label>": {"<base label>": 12, ...}, ...}},
+     "generator_model": "azure_ai/gpt-4o", "sample_ids": ["<sample_id>", ...],
+     "aggregation_dimension": ["language"], "aggregation_value": "fr"}
 
-``aggregation_value`` is ``all`` (the global pass) or a release language code (``du`` for Dutch).
+``aggregation_dimension`` is a list: ``[]`` in the global pass, ``["language"]`` per language.
+``aggregation_value`` is ``all`` (the global pass) or the stories' language code; the reference names its
+Dutch folder ``du`` (its exporter maps ``nl`` to ``du``, and its seed files are ``*.du.yaml``), and this
+reader takes ``du`` and ``nl`` alike. ``sample_ids`` lists the ``sample_id`` of every story of the model in
+the slice, one entry per story (a prompt answered several times repeats), in every record of the file.
 A file holds every attribute pair the reference tested (a table of at least 2 x 2 after cleaning);
 ``statistics.p_value`` is the pair's Benjamini-Hochberg-adjusted p-value. A pair with adjusted p < 0.05
 carries its bias-corrected Cramer's V, its ``effect_category`` (negligible, small, medium or large) and,
@@ -68,6 +77,7 @@ RELEASE_POOL: dict[str, Any] = {
     "sample": None,  # every story
 }
 POOL_FILE = "pool.json"
+POOL_P_VALUES = "p_values"  # pool.json's optional key: how many of the files' p-values are estimates, and how
 NOT_SIGNIFICANT = "N/A"  # the effect category of a pair whose BH-adjusted p is not < 0.05
 STATED_EFFECTS = ("medium", "large")  # StereoTales' stated rule keeps these pairs, and cells of lift >= 2
 # A human-study question's scope: its list mixes associations of the global pass and of single languages'
@@ -189,12 +199,25 @@ def _scope(record: dict, path: Path, line: int, languages: frozenset[str]) -> st
     return scope
 
 
+def _aggregation(record: dict, scope: str, path: Path, line: int) -> None:
+    """Refuse an ``aggregation_dimension`` that is not the reference's list for the record's scope:
+    ``[]`` for ``all``, ``["language"]`` for a language (the model allows scenario and attribute too,
+    which no released pass uses)."""
+    dimension = record.get("aggregation_dimension")
+    expected = [] if scope == GLOBAL_SCOPE else ["language"]
+    if dimension != expected:
+        raise _fail(
+            path, line, "aggregation_dimension", f"{shown(dimension)} is not {expected}, the list of scope {scope}"
+        )
+
+
 def _pair(record: Any, path: Path, line: int, languages: frozenset[str]) -> dict[str, Any]:
     """The tested attribute pair of one JSONL record: model, scope, attributes and its statistics."""
     if not isinstance(record, dict):
         raise _fail(path, line, "(record)", "not a JSON object")
     model = _text(record, "generator_model", path, line)
     scope = _scope(record, path, line, languages)
+    _aggregation(record, scope, path, line)
     base = _attribute_name(_text(record, "base_attribute", path, line))
     compared = _attribute_name(_text(record, "compared_attribute", path, line))
     if base == compared:
@@ -347,8 +370,10 @@ def published_pool(path: str | Path) -> dict[str, Any]:
         pool = json.loads(marker.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise PublishedFormatError(f"{marker}: not valid JSON ({exc.msg})") from None
-    if not isinstance(pool, dict) or set(pool) != set(RELEASE_POOL):
-        raise PublishedFormatError(f"{marker}: expected the keys {', '.join(RELEASE_POOL)}")
+    if not isinstance(pool, dict) or set(pool) - {POOL_P_VALUES} != set(RELEASE_POOL):
+        raise PublishedFormatError(f"{marker}: expected the keys {', '.join(RELEASE_POOL)} (and {POOL_P_VALUES})")
+    if not isinstance(pool.get(POOL_P_VALUES, {}), dict):
+        raise PublishedFormatError(f"{marker}: {POOL_P_VALUES} is not an object")
     return pool
 
 

@@ -106,17 +106,24 @@ class _NullTables:
 SPARSE_EXPECTED = 5.0  # Cochran's rule: below an expected count of 5 the chi-square approximation is doubtful
 
 
-# How far below and above the G-test p Fisher's exact p may lie: (factor below, factor above). Measured
-# on 1,200 synthetic paper-scale tables with 1e-6 < p < 0.5 against 20,000-resample Monte-Carlo
-# p-values: dense tables within 3x either way; sparse ones (the per-language tables, n ~ 80) up to 3.4x
-# below and 13x above (the G-test is anti-conservative on sparse tables, so the margin is lopsided).
-DENSE_MARGIN = (10.0, 10.0)
+# The sequential test's error budget. TABLE_ERROR bounds, for one table, the probability that any of its
+# intervals, at any of its looks, misses the reference p-value; it is spent evenly over the table's
+# looks (``look_count``). When no interval misses, ``fisher_family`` stops only once BH's decisions are
+# those of the reference p-values (``bh_open``), so a family of m tables decides differently from the
+# reference with probability at most m x TABLE_ERROR, and then at most its m decisions differ: over a
+# run, E[#decisions differing from the reference] <= sum_f m_f^2 x TABLE_ERROR <= max m x N x TABLE_ERROR.
+# The paper-scale bench (N = 85,014 tables, families of at most 18): 18 x 85,014 x 5e-9 = 0.0077 < 0.01.
+TABLE_ERROR = 5e-9
 
 
-SPARSE_MARGIN = (10.0, 100.0)
-
-
-MC_CONFIDENCE = 0.9999  # level of every interval at every look of the sequential Monte-Carlo test
+def disagreement_bound(family_sizes: Sequence[int], table_error: float = TABLE_ERROR) -> float:
+    """The bound on the expected number of BH decisions of a ``sequential`` run that differ from the
+    ``reference`` run: sum over families of m^2 x ``table_error`` (TABLE_ERROR's arithmetic), for the
+    run's ``family_sizes`` (tables per BH family)."""
+    sizes = np.asarray(family_sizes, float)
+    if (sizes < 0).any():
+        raise ValueError("family_sizes must be counts of tables (>= 0)")
+    return float((sizes**2).sum() * table_error)
 
 
 PILOT_RESAMPLES = (1_000, 5_000)  # cumulative sizes of the pilot stages (their own stream)
@@ -152,51 +159,51 @@ def g_test(table: np.ndarray) -> tuple[float, int, bool]:
 @dataclass
 class FisherDecision:
     p_value: float
-    method: str  # "asymptotic" or "monte-carlo(<B>)", B the resamples behind p_value
-
-
-def asymptotic_interval(
-    p: float,
-    sparse: bool,
-    dense_margin: tuple[float, float] = DENSE_MARGIN,
-    sparse_margin: tuple[float, float] = SPARSE_MARGIN,
-) -> tuple[float, float]:
-    """Where Fisher's exact p may lie given the asymptotic p: [p / below, min(1, p * above)]."""
-    below, above = sparse_margin if sparse else dense_margin
-    return p / below, min(1.0, p * above)
+    method: str  # "reference(<B>)" or "monte-carlo(<B>)", B the resamples behind p_value
+    exact: bool = True  # p_value is the reference's own (all B resamples of its seeded stream), not an estimate
 
 
 def clopper_pearson(count: float, n: float, confidence: float) -> tuple[float, float]:
     """Exact binomial interval of count / n: lo = I^-1(a/2; k, n - k + 1), hi = I^-1(1 - a/2; k + 1, n - k)
-    with a = 1 - confidence (I^-1 the inverse regularized incomplete beta; real k and n allowed). The
-    same interval as scipy.stats.binomtest(k, n).proportion_ci(confidence), written out because it runs
-    at every look of every refined table and binomtest's set-up costs more than the two inverse betas."""
+    with a = 1 - confidence (I^-1 the inverse regularized incomplete beta). The same interval as
+    scipy.stats.binomtest(k, n).proportion_ci(confidence), written out because it runs at every look of
+    every table and binomtest's set-up costs more than the two inverse betas."""
     a = 1.0 - confidence
     lo = 0.0 if count <= 0 else float(special.betaincinv(count, n - count + 1, a / 2))
     hi = 1.0 if count >= n else float(special.betaincinv(count + 1, n - count, 1 - a / 2))
     return lo, hi
 
 
-def reference_interval(
-    count: int, drawn: int, total: int, prefix: bool, confidence: float = MC_CONFIDENCE
-) -> tuple[float, float]:
-    """Where the reference p-value (1 + C) / (total + 1) will lie, C its count over ``total`` resamples
-    (``fisher_rxc_monte_carlo(table, total, seed)``), given ``count`` of ``drawn`` resamples: C / total
-    is predicted around pi^ = count / drawn as a binomial proportion with an effective size B_eff
-    matching its variance, and the interval is Clopper-Pearson's at B_eff (real-valued counts):
+def reference_interval(count: int, drawn: int, total: int, prefix: bool, error: float) -> tuple[float, float]:
+    """An interval that holds the reference p-value (1 + C) / (total + 1) with probability >= 1 - error,
+    C its count over ``total`` resamples, given ``count`` of ``drawn`` resamples of one stream:
 
-    - ``prefix``: the drawn resamples are the reference's first ones, C = count + R with
-      R ~ Binomial(total - drawn, pi): Var(C / total) = pi (1 - pi) (rest / total^2) (1 + rest / drawn),
-      rest = total - drawn, so 1 / B_eff = rest (drawn + rest) / (total^2 drawn); exact (zero width)
-      once rest = 0.
-    - otherwise (an independent pilot stream): C ~ Binomial(total, pi), 1 / B_eff = 1 / total + 1 / drawn.
+    - pi, the probability that a null table is at most as probable as the observed one, lies in the
+      Clopper-Pearson interval [pi_lo, pi_hi] of count / drawn at confidence 1 - error / 2;
+    - the resamples still to come, F of them, count R ~ Binomial(F, pi), and R lies in
+      [q(error / 4; F, pi_lo), q(1 - error / 4; F, pi_hi)], q the binomial quantile (increasing in pi):
+      each tail misses with probability <= error / 4 whatever pi in [pi_lo, pi_hi].
+    With ``prefix`` the drawn resamples are the reference's first ones: C = count + R, F = total - drawn,
+    exact once F = 0; otherwise (an independent pilot stream) C = R, F = total. A union bound over the
+    two steps gives the stated level: a proof, not a measured margin.
     """
-    rest = total - drawn
-    if prefix and rest <= 0:
-        return (1 + count) / (total + 1), (1 + count) / (total + 1)
-    b_eff = total * total * drawn / (rest * (drawn + rest)) if prefix else 1.0 / (1.0 / total + 1.0 / drawn)
-    lo, hi = clopper_pearson(count / drawn * b_eff, b_eff, confidence)
-    return (1 + total * lo) / (total + 1), (1 + total * hi) / (total + 1)
+    rest = total - drawn if prefix else total
+    base = count if prefix else 0
+    if rest <= 0:
+        return (1 + base) / (total + 1), (1 + base) / (total + 1)
+    pi_lo, pi_hi = clopper_pearson(count, drawn, 1.0 - error / 2)
+    c_lo = base + float(stats.binom.ppf(error / 4, rest, pi_lo))
+    c_hi = base + float(stats.binom.ppf(1.0 - error / 4, rest, pi_hi))
+    return (1 + c_lo) / (total + 1), (1 + c_hi) / (total + 1)
+
+
+def look_count(table: np.ndarray, max_resamples: int) -> int:
+    """The most looks ``SequentialFisher`` can take at one table: its pilot stages, then every chunk of
+    the reference stream (one look for a table drawn with Boyett's algorithm)."""
+    pilots = [size for size in PILOT_RESAMPLES if size < max_resamples]
+    if not batch_invariant(table):
+        return len(pilots) + len([size for size in BOYETT_PILOT_RESAMPLES if size < max_resamples]) + 1
+    return len(pilots) + max(1, math.ceil(max_resamples / MC_CHUNK))
 
 
 class SequentialFisher:
@@ -204,43 +211,31 @@ class SequentialFisher:
     ``fisher_reference_p(table, max_resamples, seed)``), as an interval [lo, hi] that narrows on
     demand (``reference_interval``), with the point estimate ``p`` inside it.
 
-    It starts at the G-test p: the exact p-value pi lies in ``asymptotic_interval``, and the
-    reference in the Clopper-Pearson interval of Binomial(max_resamples, pi) around it. Each
-    ``refine()`` draws more resamples, p = (1 + count) / (B + 1) and ``reference_interval``: the pilot
-    stages (PILOT_RESAMPLES, a stream of its own seeded (seed, 1)), then 20,000-resample chunks of the
-    reference's own stream (seeded ``seed``, drawn in its order): the count so far is part of the
-    reference's, and once ``exhausted`` the p-value is the reference's exactly. A table whose stream
-    depends on the batch size (``batch_invariant`` false: small n, scipy draws it with Boyett's
-    algorithm) has longer pilots (BOYETT_PILOT_RESAMPLES) and gets the reference p-value in one step when
-    they do not settle it.
+    Each ``refine()`` draws more resamples and takes a look: the pilot stages (PILOT_RESAMPLES, a stream
+    of its own seeded (seed, 1)), then 20,000-resample chunks of the reference's own stream (seeded
+    ``seed``, drawn in its order): the count so far is part of the reference's, and once ``exhausted``
+    the p-value is the reference's exactly. A table whose stream depends on the batch size
+    (``batch_invariant`` false: small n, scipy draws it with Boyett's algorithm) has longer pilots
+    (BOYETT_PILOT_RESAMPLES) and gets the reference p-value in one step when they do not settle it.
+    The first look is taken at once: no p-value comes from an asymptotic approximation. Every look's
+    interval misses with probability at most ``table_error / look_count`` (TABLE_ERROR: the run's bound).
     """
 
-    def __init__(
-        self,
-        table: np.ndarray,
-        seed: int,
-        max_resamples: int = 500_000,
-        dense_margin: tuple[float, float] = DENSE_MARGIN,
-        sparse_margin: tuple[float, float] = SPARSE_MARGIN,
-    ):
+    def __init__(self, table: np.ndarray, seed: int, max_resamples: int = 500_000, table_error: float = TABLE_ERROR):
         self.table = np.asarray(table, np.int64)
         self.seed = seed
         self.max_resamples = max_resamples
-        g, df, self.sparse = g_test(self.table)
-        self.p = float(stats.chi2.sf(g, df))
-        pi_lo, pi_hi = asymptotic_interval(self.p, self.sparse, dense_margin, sparse_margin)
-        if max_resamples > 0:
-            n = max_resamples
-            pi_lo = (1 + n * clopper_pearson(n * pi_lo, n, MC_CONFIDENCE)[0]) / (n + 1)
-            pi_hi = (1 + n * clopper_pearson(n * pi_hi, n, MC_CONFIDENCE)[1]) / (n + 1)
-        self.lo, self.hi = pi_lo, pi_hi
-        self.method = "asymptotic"
+        self.look_error = table_error / look_count(self.table, max_resamples)
+        self.lo, self.hi, self.p = 0.0, 1.0, 1.0
+        self.method = "none"
         self.resamples = 0
         self._pilots = [size for size in PILOT_RESAMPLES if size < max_resamples]
         if not batch_invariant(self.table):  # the reference's stream comes whole: more pilot stages first
             self._pilots += [size for size in BOYETT_PILOT_RESAMPLES if size < max_resamples]
         self._pilot: _NullTables | None = None
         self._reference: _NullTables | None = None
+        if max_resamples > 0:
+            self.refine()
 
     @property
     def exhausted(self) -> bool:
@@ -263,25 +258,24 @@ class SequentialFisher:
                 p = fisher_reference_p(self.table, self.max_resamples, self.seed)
                 stream.count, stream.done = round(p * (self.max_resamples + 1)) - 1, self.max_resamples
         self.resamples = stream.done
-        self.p = (1 + stream.count) / (stream.done + 1)
-        self.lo, self.hi = reference_interval(stream.count, stream.done, self.max_resamples, stream is self._reference)
+        prefix = stream is self._reference
+        self.lo, self.hi = reference_interval(stream.count, stream.done, self.max_resamples, prefix, self.look_error)
+        # the estimate, kept inside the interval so that the decisions BH takes from it are the settled ones
+        self.p = min(max((1 + stream.count) / (stream.done + 1), self.lo), self.hi)
         self.method = f"monte-carlo({stream.done})"
 
     def decision(self) -> FisherDecision:
-        return FisherDecision(self.p, self.method)
+        return FisherDecision(self.p, self.method, self.exhausted)
 
 
 def fisher_rxc(
-    table: np.ndarray, thresholds: Sequence[float], seed: int, max_resamples: int = 500_000, margin: float = 10.0
+    table: np.ndarray, thresholds: Sequence[float], seed: int, max_resamples: int = 500_000
 ) -> FisherDecision:
     """Fisher r x c p-value good enough to decide against every threshold in ``thresholds``, one
-    table alone (``fisher_family`` decides a family of tables, refining only what BH needs).
-
-    The asymptotic p is kept when its interval (``margin`` either way for a dense table,
-    SPARSE_MARGIN for a sparse one) holds no threshold; otherwise ``SequentialFisher`` adds resamples
-    until the interval holds none, or ``max_resamples`` is reached.
-    """
-    estimate = SequentialFisher(table, seed, max_resamples, dense_margin=(margin, margin))
+    table alone (``fisher_family`` decides a family of tables, refining only what BH needs):
+    ``SequentialFisher`` adds resamples until its interval holds no threshold, or ``max_resamples`` is
+    reached."""
+    estimate = SequentialFisher(table, seed, max_resamples)
     t = np.asarray(thresholds, float)
     while not estimate.exhausted and ((estimate.lo < t) & (estimate.hi >= t)).any():
         estimate.refine()
@@ -303,15 +297,18 @@ def fisher_family(
     - ``reference`` (default): every table's p-value is the reference pipeline's,
       ``fisher_reference_p(table, max_resamples, seed)``: what a re-test of the released data must give.
     - ``sequential``: each p-value only good enough that BH's decisions (adjusted p < alpha) are those of
-      the reference p-values: every table starts asymptotic; while ``bh_open`` reports open tables, each
-      gets its next Monte-Carlo stage of ``SequentialFisher``. A table that has drawn every resample has
-      the reference p-value itself; the others have an estimate (``method`` says which).
+      the reference p-values: every table gets a first Monte-Carlo look; while ``bh_open`` reports open
+      tables, each gets its next stage of ``SequentialFisher``. A table that has drawn every resample has
+      the reference p-value itself (``exact``); the others have an estimate (``method`` says from how
+      many resamples). The decisions differ from the reference's with probability at most m x
+      TABLE_ERROR for a family of m tables (TABLE_ERROR states the run's bound and its arithmetic).
     """
     if not len(tables):
         return []
     if method == "reference":
         return [
-            FisherDecision(fisher_reference_p(t, max_resamples, seed), f"reference({max_resamples})") for t in tables
+            FisherDecision(fisher_reference_p(t, max_resamples, seed), f"reference({max_resamples})", True)
+            for t in tables
         ]
     if method != "sequential":
         raise ValueError(f"Fisher method {method!r} is not one of {', '.join(FISHER_METHODS)}")

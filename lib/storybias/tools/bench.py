@@ -48,7 +48,6 @@ from storybias.engines.served import OpenAIEngine
 from storybias.stages.generate import ModelRun, generate_with, prepare_models, story_request
 from storybias.tools.bench_associations import (
     LANGUAGES,
-    REFERENCE_CONFIDENCE,
     REFERENCE_RESAMPLES,
     bench_associations,
     synthetic_extractions,
@@ -56,7 +55,6 @@ from storybias.tools.bench_associations import (
 
 __all__ = [
     "LANGUAGES",
-    "REFERENCE_CONFIDENCE",
     "REFERENCE_RESAMPLES",
     "KillAfter",
     "bench_associations",

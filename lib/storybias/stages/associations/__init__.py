@@ -18,11 +18,12 @@ as the reference pipeline computes it (``associations.fisher: reference``, the d
 ``stats.contingency.fisher_reference_p``, scipy's ``MonteCarloMethod`` with a generator seeded 42 per
 table, on the table in the reference's row and column order), so that re-testing StereoTales' released
 data gives its released p-values. ``associations.fisher: sequential`` draws resamples only for the
-tables whose BH decision is open (``fisher_family``): each table starts with an interval for the
-reference p-value around the asymptotic (G-test) one, and only the tables whose interval leaves a
-decision of their family open get Monte-Carlo resamples, in stages, until every decision is settled
-(``SequentialFisher``); after two short pilot stages the resamples are the reference's own, in its
-order, so the decisions are the reference's and a table that needs every resample gets its p-value.
+tables whose BH decision is open (``fisher_family``): each table gets a first Monte-Carlo look and an
+interval that holds the reference p-value but with a proven small probability, and only the tables
+whose interval leaves a decision of their family open get more resamples, in stages, until every
+decision is settled (``SequentialFisher``); after short pilot stages the resamples are the reference's
+own, in its order, so a table that needs every resample gets its p-value. ``p_exact`` says which
+p-values are the reference's and which estimates (the run's error bound: ``stats.contingency.TABLE_ERROR``).
 
 As the reference, every attribute pair with BH-adjusted p < 0.05 gets its value level (the files it
 released list every such cell with BY-adjusted p < 0.05, whatever the effect and lift); StereoTales'
@@ -86,7 +87,7 @@ from storybias.stages.associations.judge import (
     with_ratings,
 )
 from storybias.stages.associations.language_effects import language_heterogeneity
-from storybias.stages.associations.released_format import sample_ids_by_family, write_released
+from storybias.stages.associations.released_format import sample_ids_by_slice, write_released
 from storybias.stages.associations.tables import (
     ALPHA,
     ATTRIBUTE_COLUMNS,
@@ -101,9 +102,8 @@ from storybias.stages.associations.tables import (
 )
 from storybias.summaries import significant_per_language, why_nothing_found
 
-# The sequential test's settings are in storybias.stats.contingency (MC_CONFIDENCE, PILOT_RESAMPLES,
-# MC_CHUNK): with these, 0 of 19,500 sequential runs on 2 x 2 and 2 x 3 tables with the threshold
-# within 8 sd of the reference p-value decided otherwise than the reference (0.999 instead: 35).
+# The sequential test's settings are in storybias.stats.contingency (TABLE_ERROR, PILOT_RESAMPLES,
+# MC_CHUNK), with the bound on its decisions that differ from the reference's.
 #
 # The Arrow schemas of the stage's tables are in tables.py (OUTPUT_SCHEMAS): they are written with
 # them, so that an empty result (no testable table, nothing significant) has the same column types as
@@ -225,7 +225,7 @@ def run(
     artifacts.write(run_name, "published_comparison", comparison)
     artifacts.write(run_name, "associations_findings", findings)
     pool = run_pool(params, data)
-    write_released(run_name, attributes, values, sample_ids_by_family(data, list(settings.passes)), pool)
+    write_released(run_name, attributes, values, sample_ids_by_slice(data, list(settings.passes)), pool)
     manifest = {
         "stage": "associations",
         "counts": counts,

@@ -11,7 +11,9 @@ scope, under two rules, each its own column:
   the run's same pair has BH-adjusted p < 0.05 and the same cell BY-adjusted p < 0.05, whatever the
   effect size and the lift; ``missed`` when the run tested it and did not find it (the pair not
   BH-significant, the cell not BY-significant, or the compared value never observed in the run's
-  tested table); ``untested`` when the run has no test of it (the model or scope is absent, the table
+  tested table) though its own table had 80 % power to see the published lift (``run_power``,
+  ``cell_power.detection_power``), ``underpowered`` when it did not (a sampled run's small tables);
+  ``untested`` when the run has no test of it (the model or scope is absent, the table
   was untestable, the base value had fewer than 10 known answers, or the run's pooled pass did not
   pool what the release's global pass pooled).
 - ``status_stated``, StereoTales' stated rule (a medium or large effect and lift >= 2), for the published
@@ -19,10 +21,12 @@ scope, under two rules, each its own column:
   (medium or large) and its cell significant (BY-adjusted p < 0.05 and lift >= 2).
 
 Scope ``all`` is compared only when the run's pooled pass pooled what the release's global pass pooled
-(its ten languages, no ``additional_en`` prompt, no sample; ``PooledScope``); otherwise ``untested`` with
-that reason. A human-study question (``questions.json``) names its models but no scope: it is counted
-once per listed model in that model's pooled scope (``counted``), and the outcome in every other scope
-the run tested is kept beside it (``counted`` false), so the table says which scope would have found it.
+(its ten languages, no ``additional_en`` prompt, no sample; ``PooledScope``); otherwise ``untested``
+with that reason. Every other scope says in ``pool_difference`` how the stories it pooled differ from
+the release's slice of that language (a subset of prompted attributes, a sample, the additional_en
+variants). A human-study question (``questions.json``) names its models but no scope: it is counted once
+per listed model in that model's pooled scope (``counted``), and the outcome in every other scope the
+run tested is kept beside it (``counted`` false), so the table says which scope would have found it.
 
 Run models are matched with published ones by name without the provider prefix (``storybias.evidence.
 published.model_key``); when no run model matches any published one, every run model is compared, one
@@ -42,6 +46,7 @@ import pyarrow as pa
 
 from storybias.evidence.labels import ASSOCIATION_KEY, model_key
 from storybias.evidence.released_associations import ANY_SCOPE, GLOBAL_SCOPE, STATED_EFFECTS
+from storybias.stages.associations.cell_power import POWER_TARGET, detection_power
 from storybias.stages.associations.tables import ALPHA, MIN_LIFT
 
 POOLED_MODELS = "(pooled over models)"  # the `model` of a question compared with every run model
@@ -72,20 +77,32 @@ COMPARISON_SCHEMA = pa.schema(
         ("run_lift", pa.float64()),
         ("run_p_adjusted", pa.float64()),  # the run cell's BY-adjusted p
         ("run_stated", pa.bool_()),  # the run cell meets the stated rule (retained pair, p < 0.05, lift >= 2)
+        ("run_power", pa.float64()),  # a cell not reproduced: the run table's power to see the published lift
+        ("pool_difference", pa.string()),  # how the run's scope pooled other stories than the release's ("": same)
     ]
 )
 COMPARISON_COLUMNS = COMPARISON_SCHEMA.names
-STATUS_ORDER = ("reproduced", "missed", "untested", "not_published")
+STATUS_ORDER = ("reproduced", "missed", "underpowered", "untested", "not_published")
 STATUS_COLUMN = {"files": "status", "stated": "status_stated"}
 NOT_APPLICABLE = "not_applicable"
 NAN = float("nan")
 
 
 class PooledScope(NamedTuple):
-    """Whether the run's pooled pass (scope ``all``) pooled what the release's global pass pooled."""
+    """Whether the run's pooled pass (scope ``all``) pooled what the release's global pass pooled, and how
+    the run's per-language scopes differ from the release's per-language slices (every story of the
+    language: every prompted attribute, no sample, no additional_en variant)."""
 
     comparable: bool
     reason: str  # why not ("" when comparable)
+    per_language: str = ""  # how every language scope differs ("" when it pooled what the release pooled)
+    additional_en: str = ""  # how scope en differs besides (the additional_en variants)
+
+    def difference(self, scope: str) -> str:
+        """How the run's ``scope`` pooled other stories than the release's same slice ("" if it did not)."""
+        if scope == GLOBAL_SCOPE:
+            return self.reason
+        return "; ".join(part for part in (self.per_language, self.additional_en if scope == "en" else "") if part)
 
 
 def pooled_scope(run_pool: dict[str, Any], published_pool: dict[str, Any]) -> PooledScope:
@@ -98,11 +115,21 @@ def pooled_scope(run_pool: dict[str, Any], published_pool: dict[str, Any]) -> Po
     if bool(run_pool["additional_en"]) != bool(published_pool["additional_en"]):
         pooled = "pools" if run_pool["additional_en"] else "leaves out"
         problems.append(f"{pooled} the additional_en prompt variants, the published global pass does not")
+    per_language = []
     for key, what in (("attributes", "prompted attributes"), ("sample", "sample")):
         if run_pool[key] != published_pool[key]:
             mine, theirs = (pool[key] if pool[key] is not None else "all" for pool in (run_pool, published_pool))
             problems.append(f"pools {what} {mine}, the published global pass {theirs}")
-    return PooledScope(not problems, "the run's pooled pass " + "; ".join(problems) if problems else "")
+            per_language.append(f"pools {what} {mine}, the published pass of the language {theirs}")
+    en = ""
+    if bool(run_pool["additional_en"]) != bool(published_pool["additional_en"]):
+        en = f"{'pools' if run_pool['additional_en'] else 'leaves out'} the additional_en prompt variants"
+    return PooledScope(
+        not problems,
+        "the run's pooled pass " + "; ".join(problems) if problems else "",
+        "the run's per-language pass " + "; ".join(per_language) if per_language else "",
+        en,
+    )
 
 
 class _Pair(NamedTuple):
@@ -111,6 +138,8 @@ class _Pair(NamedTuple):
     retained: bool
     rows: frozenset[str]
     cols: frozenset[str]
+    table: dict[str, Any]  # the tested table (rows, cols, counts), for the power to see a published cell
+    family_size: int  # the tables BH corrected over with this one
 
 
 class _RunIndex(NamedTuple):
@@ -124,7 +153,8 @@ class _RunIndex(NamedTuple):
 
 def _run_index(attributes: pd.DataFrame, values: pd.DataFrame) -> _RunIndex:
     pairs: dict[tuple[str, ...], _Pair] = {}
-    for r in attributes.itertuples(index=False):
+    family = attributes.groupby(["model", "scope", "base_attribute"])["compared_attribute"].transform("size")
+    for r, size in zip(attributes.itertuples(index=False), family):
         table = json.loads(r.table) if isinstance(r.table, str) else {"rows": [], "cols": []}
         pairs[(r.model, r.scope, r.base_attribute, r.compared_attribute)] = _Pair(
             float(r.p_adjusted),
@@ -132,6 +162,8 @@ def _run_index(attributes: pd.DataFrame, values: pd.DataFrame) -> _RunIndex:
             bool(r.retained),
             frozenset(table["rows"]),
             frozenset(table["cols"]),
+            table,
+            int(size),
         )
     cells = {
         (r.model, r.scope, *(getattr(r, k) for k in ASSOCIATION_KEY)): (float(r.p_adjusted), float(r.lift))
@@ -153,6 +185,41 @@ class _Outcome(NamedTuple):
     lift: float = NAN
     p_adjusted: float = NAN
     stated: bool | None = None
+    power: float = NAN  # files' rule power of the run's table to see the published effect (a non-reproduced cell)
+
+
+def _power(pair: _Pair, key: tuple[str, ...], effect: tuple[float, float]) -> tuple[float, float]:
+    """(files' rule, stated rule) power of the run's table of ``pair`` to see the published cell ``key``
+    of published (lift, fraction) ``effect`` (``cell_power.detection_power``); NaN without counts."""
+    counts = np.asarray(pair.table.get("counts") or [], np.int64)
+    lift, fraction = effect
+    if counts.ndim != 2 or counts.size == 0 or not (np.isfinite(lift) or np.isfinite(fraction)):
+        return NAN, NAN
+    cols = list(pair.table["cols"])
+    if key[3] not in cols:  # the run never saw the published value: a column of zeros
+        counts, cols = np.hstack([counts, np.zeros((len(counts), 1), np.int64)]), [*cols, key[3]]
+    row = list(pair.table["rows"]).index(key[1])
+    return detection_power(counts, row, cols.index(key[3]), lift, fraction, pair.family_size)
+
+
+def _by_power(outcome: _Outcome, pair: _Pair, key: tuple[str, ...], effect: tuple[float, float]) -> _Outcome:
+    """A cell the run did not reproduce: ``missed`` when its table had POWER_TARGET power to see the
+    published effect, ``underpowered`` otherwise (each rule its own power), the power in the reason."""
+    files, stated = _power(pair, key, effect)
+    if not np.isfinite(files):
+        return outcome._replace(reason=f"{outcome.reason}; power unknown (the run's table has no counts)")
+
+    def relabel(status: str, reason: str, power: float) -> tuple[str, str]:
+        if status != "missed":
+            return status, reason
+        label = "missed" if power >= POWER_TARGET else "underpowered"
+        return label, f"{reason}; power {power:.0%} to see the published lift with the run's table"
+
+    status, reason = relabel(outcome.status, outcome.reason, files)
+    stated_status, stated_reason = relabel(outcome.status_stated, outcome.reason_stated, stated)
+    return outcome._replace(
+        status=status, reason=reason, status_stated=stated_status, reason_stated=stated_reason, power=files
+    )
 
 
 def _untested(reason: str, stated: bool) -> _Outcome:
@@ -172,10 +239,28 @@ def _stated_outcome(pair: _Pair, cell: tuple[float, float]) -> tuple[str, str]:
 
 
 def cell_outcome(
-    run: _RunIndex, model: str, scope: str, key: tuple[str, ...], stated: bool, pooled: PooledScope
+    run: _RunIndex,
+    model: str,
+    scope: str,
+    key: tuple[str, ...],
+    stated: bool,
+    pooled: PooledScope,
+    effect: tuple[float, float] = (NAN, NAN),
 ) -> _Outcome:
     """One published cell (``key``) against one run model's test in one scope, under both rules;
-    ``stated``: the published cell meets the stated rule (else its stated status is not_applicable)."""
+    ``stated``: the published cell meets the stated rule (else its stated status is not_applicable);
+    ``effect``: its published (lift, fraction), for the power that tells missed from underpowered."""
+    outcome = _tested_outcome(run, model, scope, key, stated, pooled)
+    pair = run.pairs.get((model, scope, key[0], key[2]))
+    if pair is None or "missed" not in (outcome.status, outcome.status_stated):
+        return outcome
+    return _by_power(outcome, pair, key, effect)
+
+
+def _tested_outcome(
+    run: _RunIndex, model: str, scope: str, key: tuple[str, ...], stated: bool, pooled: PooledScope
+) -> _Outcome:
+    """``cell_outcome`` before the power: reproduced, missed or untested."""
     if scope == GLOBAL_SCOPE and not pooled.comparable:
         return _untested(pooled.reason, stated)
     pair = run.pairs.get((model, scope, key[0], key[2]))
@@ -243,8 +328,9 @@ def _rows_of(row: Any, run: _RunIndex, same_model: bool, pooled: PooledScope) ->
         scopes = [home]
         if row.scope == ANY_SCOPE:
             scopes += sorted(run.scopes.get(run_model, set()) - {GLOBAL_SCOPE})
+        effect = (float(row.published_lift), float(row.published_fraction))
         for scope in scopes:
-            outcome = cell_outcome(run, run_model, scope, key, stated, pooled)
+            outcome = cell_outcome(run, run_model, scope, key, stated, pooled, effect)
             out.append(_outcome_row(row, label, run_model, scope, outcome, counted=scope == home))
     return out
 
@@ -268,6 +354,8 @@ def _outcome_row(row: Any, label: str, run_model: str | None, scope: str, o: _Ou
         "run_lift": o.lift,
         "run_p_adjusted": o.p_adjusted,
         "run_stated": o.stated,
+        "run_power": o.power,
+        "pool_difference": None,
     }
 
 
@@ -360,6 +448,7 @@ def compare_published(
     frames = [pd.DataFrame(rows), _not_published(published, values, attributes, same_model, pooled)]
     out = pd.concat([f for f in frames if len(f)], ignore_index=True).reindex(columns=COMPARISON_COLUMNS)
     out["match"] = "same_model" if same_model else "any_model"
+    out["pool_difference"] = [pooled.difference(s if isinstance(s, str) else GLOBAL_SCOPE) for s in out["run_scope"]]
     return out
 
 
@@ -367,8 +456,9 @@ def comparison_counts(
     comparison: pd.DataFrame, by: tuple[str, ...] = ("source", "model", "run_model", "scope"), rule: str = "files"
 ) -> pd.DataFrame:
     """Per group of ``by``, over the counted rows: how many published associations the run reproduces,
-    misses and cannot test, how many of its significant ones were not published, and the reproduced
-    share of the tested ones (reproduced / (reproduced + missed); NaN when none was tested), under the
+    misses, could not see (underpowered) and cannot test, how many of its significant ones were not
+    published, and the reproduced share of the tested ones its tables could see (reproduced / (reproduced
+    + missed), underpowered cells left out; NaN when none), under the
     files' rule (``rule`` files) or StereoTales' stated rule (``stated``; not_applicable rows left out)."""
     keys = list(by)
     columns = [*keys, *STATUS_ORDER, "reproduced_share"]

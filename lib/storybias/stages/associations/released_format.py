@@ -16,10 +16,10 @@ pipeline, Giskard-AI/stereotales-pipeline):
   (``{compared label: {base label: count}}``, in the order the test used);
 - ``associated_values``: every cell of the pair's table with BY-adjusted p < 0.05, whatever its lift
   (``p_value`` BY-adjusted, ``fraction``, ``lift``), labels as the release writes them (``release_label``);
-- ``sample_ids``: where the reference lists every sample of the model and slice in each record, storybias
-  lists the stories its record's table was counted from (those prompted with the base attribute): the
-  same information per base attribute at a nineteenth of the size. Imported stories keep the release's
-  ``sample_id``; generated ones give their ``story_id``.
+- ``sample_ids``: as the reference writes them, every story of the model in the slice (all base
+  attributes), one entry per story in the order of stage 04's observations, in each record of the file.
+  Imported stories keep the release's ``sample_id`` (which repeats where a prompt was answered more than
+  once); generated ones give their ``story_id``.
 """
 
 from __future__ import annotations
@@ -36,7 +36,13 @@ from scipy.stats import chi2_contingency
 
 from storybias.core import artifacts
 from storybias.evidence.labels import release_label
-from storybias.evidence.released_associations import GLOBAL_SCOPE, NOT_SIGNIFICANT, POOL_FILE, RELEASE_CODE
+from storybias.evidence.released_associations import (
+    GLOBAL_SCOPE,
+    NOT_SIGNIFICANT,
+    POOL_FILE,
+    POOL_P_VALUES,
+    RELEASE_CODE,
+)
 from storybias.stages.associations.tables import ALPHA
 
 FOLDER = "stereotales_associations"
@@ -48,7 +54,16 @@ def file_name(model: str, scope: str) -> str:
     return f"{model.replace('/', '_').replace(chr(92), '_')}__{RELEASE_CODE.get(scope, scope)}.jsonl"
 
 
-def _statistics(row: Any) -> dict[str, Any]:
+def p_value_flags(row: Any, family_exact: bool) -> dict[str, Any]:
+    """The fields that say where a record's p-value comes from (the reference's ``statistics`` allows
+    extra fields): ``p_value_exact`` true when the BH-adjusted p-value is the reference's, i.e. every
+    raw p-value of its family (model, scope, base attribute) is the reference's own Monte-Carlo p;
+    ``fisher_p_method`` how the pair's raw p-value was computed (``reference(<B>)``, or a sequential
+    estimate ``monte-carlo(<B>)`` from B resamples)."""
+    return {"p_value_exact": bool(family_exact), "fisher_p_method": str(row.p_method)}
+
+
+def _statistics(row: Any, family_exact: bool = True) -> dict[str, Any]:
     """A tested pair's ``statistics`` object, from its associations_attributes row."""
     table = json.loads(row.table)
     counts = np.asarray(table["counts"], np.int64)
@@ -69,6 +84,7 @@ def _statistics(row: Any) -> dict[str, Any]:
             }
             for j, col in enumerate(table["cols"])
         },
+        **p_value_flags(row, family_exact),
     }
 
 
@@ -86,49 +102,67 @@ def _associated_values(cells: pd.DataFrame, base: str, compared: str) -> list[di
 
 
 def released_records(
-    attributes: pd.DataFrame, values: pd.DataFrame, sample_ids: dict[tuple[str, str, str], list[str]]
+    attributes: pd.DataFrame, values: pd.DataFrame, sample_ids: dict[tuple[str, str], list[str]]
 ) -> Iterator[tuple[str, str, dict[str, Any]]]:
     """(model, scope, record) for every tested pair of ``attributes`` (associations_attributes), its
-    cells from ``values`` (associations_values) and ``sample_ids`` by (model, scope, base attribute)."""
+    cells from ``values`` (associations_values) and ``sample_ids`` by (model, scope)."""
     cells = {key: group for key, group in values.groupby(["model", "scope", "base_attribute", "compared_attribute"])}
-    for row in attributes.itertuples(index=False):
+    family = ["model", "scope", "base_attribute"]
+    exact = attributes.groupby(family)["p_exact"].transform("all") if len(attributes) else attributes["p_exact"]
+    for row, family_exact in zip(attributes.itertuples(index=False), exact.astype(bool)):
         key = (row.model, row.scope, row.base_attribute, row.compared_attribute)
         mine = cells.get(key, values.iloc[:0])
         record = {
             "base_attribute": row.base_attribute,
             "compared_attribute": row.compared_attribute,
             "associated_values": _associated_values(mine, row.base_attribute, row.compared_attribute),
-            "statistics": _statistics(row),
+            "statistics": _statistics(row, family_exact),
             "generator_model": row.model,
-            "sample_ids": sample_ids.get((row.model, row.scope, row.base_attribute), []),
+            "sample_ids": sample_ids.get((row.model, row.scope), []),
             "aggregation_dimension": [] if row.scope == GLOBAL_SCOPE else ["language"],
             "aggregation_value": RELEASE_CODE.get(row.scope, row.scope),
         }
         yield row.model, row.scope, record
 
 
-def sample_ids_by_family(data: pd.DataFrame, passes: list[str]) -> dict[tuple[str, str, str], list[str]]:
-    """(model, scope, base attribute) -> the ids of the stories its tables count from, for each pass.
+def sample_ids_by_slice(data: pd.DataFrame, passes: list[str]) -> dict[tuple[str, str], list[str]]:
+    """(model, scope) -> the ids of every story of the model in the slice, for each pass, in ``data``'s
+    order, one per story, as the reference writes ``sample_ids`` (its ``model_df["sample_id"].tolist()``).
     ``data``: stage 04's observations with ``sample_id`` (the release's, or the story id)."""
-    out: dict[tuple[str, str, str], list[str]] = {}
+    out: dict[tuple[str, str], list[str]] = {}
     for name in passes:
         scope = data["language"] if name == "per_language" else pd.Series(GLOBAL_SCOPE, index=data.index)
-        for (model, where, base), ids in data.groupby([data["model"], scope, data["cond_attribute"]])["sample_id"]:
-            out[(str(model), str(where), str(base))] = [str(i) for i in ids]
+        for (model, where), ids in data.groupby([data["model"], scope], sort=False)["sample_id"]:
+            out[(str(model), str(where))] = [str(i) for i in ids]
     return out
+
+
+def p_value_summary(attributes: pd.DataFrame) -> dict[str, Any]:
+    """What ``pool.json`` says of the files' p-values (its ``p_values`` key): how many raw p-values are
+    the reference's own Monte-Carlo p (``exact``) and how many are estimates of the sequential test
+    (``estimated``), and in words how the estimates were made."""
+    exact = attributes["p_exact"].astype(bool) if len(attributes) else pd.Series([], dtype=bool)
+    return {
+        "exact": int(exact.sum()),
+        "estimated": int((~exact).sum()),
+        "how": "exact: the reference's Monte-Carlo Fisher p (every resample of its stream seeded 42); estimated: "
+        "associations.fisher: sequential stopped once BH's decision was settled, the p-value from the "
+        "resamples its record's fisher_p_method counts (statistics.p_value_exact false)",
+    }
 
 
 def write_released(
     run_name: str,
     attributes: pd.DataFrame,
     values: pd.DataFrame,
-    sample_ids: dict[tuple[str, str, str], list[str]],
+    sample_ids: dict[tuple[str, str], list[str]],
     pool: dict[str, Any],
 ) -> Path:
     """Write the run's tests as StereoTales' association files (module docstring) under
-    data/<run>/stereotales_associations/, with ``pool.json`` (what the global pass pooled: ``pool``, the
-    ``RELEASE_POOL`` keys) beside them, replacing the previous run's files whole: written into a
-    temporary folder first, so a kill leaves the old folder or the new one, never a mix."""
+    data/<run>/stereotales_associations/, with ``pool.json`` beside them (what the global pass pooled:
+    ``pool``, the ``RELEASE_POOL`` keys; and ``p_values``: ``p_value_summary``), replacing the previous
+    run's files whole: written into a temporary folder first, so a kill leaves the old folder or the new
+    one, never a mix."""
     target = artifacts.path(run_name, "stereotales_associations")
     staging = target.with_name(f".{target.name}.partial")
     shutil.rmtree(staging, ignore_errors=True)
@@ -144,7 +178,8 @@ def write_released(
         for handle in handles.values():
             handle.close()
     staging.mkdir(parents=True, exist_ok=True)
-    (staging / POOL_FILE).write_text(json.dumps(pool, sort_keys=True) + "\n", encoding="utf-8")
+    marker = {**pool, POOL_P_VALUES: p_value_summary(attributes)}
+    (staging / POOL_FILE).write_text(json.dumps(marker, sort_keys=True) + "\n", encoding="utf-8")
     old = target.with_name(f".{target.name}.old")
     shutil.rmtree(old, ignore_errors=True)
     if target.exists():

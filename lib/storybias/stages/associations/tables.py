@@ -142,6 +142,7 @@ ATTRIBUTES_SCHEMA = pa.schema(
         ("n_cols", _COUNT),
         ("p_value", _REAL),
         ("p_method", _TEXT),
+        ("p_exact", _FLAG),  # p_value is the reference's own Monte-Carlo p (all its resamples), not an estimate
         ("p_adjusted", _REAL),
         ("cramers_v", _REAL),
         ("effect_size", _TEXT),
@@ -273,7 +274,17 @@ def table_json(table: Table) -> str:
                        "counts": table.counts.tolist()})  # fmt: skip
 
 
-FAMILY_COLUMNS = ["base_attribute", "compared_attribute", "n", "n_rows", "n_cols", "p_value", "p_method", "table"]
+FAMILY_COLUMNS = [
+    "base_attribute",
+    "compared_attribute",
+    "n",
+    "n_rows",
+    "n_cols",
+    "p_value",
+    "p_method",
+    "p_exact",
+    "table",
+]
 
 
 def analyse_family(
@@ -294,6 +305,7 @@ def analyse_family(
             "n_cols": table.counts.shape[1],
             "p_value": decision.p_value,
             "p_method": decision.method,
+            "p_exact": decision.exact,
             "table": table_json(table),
         }
         for (other, table), decision in zip(tables.items(), decisions)

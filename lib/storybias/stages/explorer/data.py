@@ -337,7 +337,7 @@ def published_counts(published: pd.DataFrame) -> dict[str, Any]:
     counted = published[published["counted"].astype(bool)] if "counted" in published else published
     listed = counted[counted["status"] != "not_published"]
     per_association = listed.groupby(["source", "file", "model", "scope", *ASSOC_KEYS], dropna=False)["status"]
-    tested = per_association.agg(lambda s: bool(s.isin(["reproduced", "missed"]).any()))
+    tested = per_association.agg(lambda s: bool(s.isin(["reproduced", "missed", "underpowered"]).any()))
     reproduced = per_association.agg(lambda s: bool((s == "reproduced").any()))
     return {
         "mode": str(published["match"].iloc[0]) if len(published) else "any_model",

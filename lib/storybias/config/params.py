@@ -36,6 +36,7 @@ from storybias.config.analysis_sections import (
     ProbeSettings,
     UmapSettings,
 )
+from storybias.config.bounds import plan_size_problems, token_problems
 from storybias.config.checks import repeated_items
 from storybias.config.corpus import CorpusSettings, check_files
 from storybias.config.designs import design_cells, get
@@ -289,7 +290,7 @@ def _check_semantics(profile: Profile, source: Path) -> list[str]:
     problems += _check_evidence_files(profile)
     problems += _check_ray(profile)
     problems += _check_model_files(profile)
-    return problems
+    return problems + token_problems(profile) + plan_size_problems(profile)
 
 
 def _check_design_runs(profile: Profile) -> list[str]:

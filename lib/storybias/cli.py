@@ -52,6 +52,7 @@ from storybias.config.params import Params, ParamsError, load, write_stage_stamp
 from storybias.core import paths
 from storybias.core.artifacts import data_contract
 from storybias.core.artifacts import outputs as stage_outputs
+from storybias.core.integrity import invalidate_corrupt
 from storybias.core.locks import RunBusy, clean_run
 from storybias.core.run_folders import RunFolderError, claim
 from storybias.engines import EngineError
@@ -295,6 +296,7 @@ def _stamps(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     p = _load(args.params)
     try:
         write_stage_stamps(p, claim(p.run_name) / ".params")
+        invalidate_corrupt(p.run_name, paths.run_dir(p.run_name) / ".params", log=lambda m: print(m, file=sys.stderr))
     except ParamsError as exc:  # a file the profile names vanished after it loaded
         print(f"storybias: {exc}", file=sys.stderr)
         return 2

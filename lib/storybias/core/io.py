@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from storybias.core import paths
+from storybias.core.digests import record_written
 
 
 def current_umask() -> int:
@@ -76,6 +77,7 @@ def atomic_open(path: Path, mode: str = "wb", **kwargs: Any) -> Iterator[IO[Any]
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, path)
+            record_written(path)  # a run's artifact: its size and sha256 in the run's ledger (core.digests)
             # fsync the folder so the rename itself survives a power cut, not only a kill.
             dir_fd = os.open(path.parent, os.O_RDONLY)
             try:

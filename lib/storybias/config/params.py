@@ -128,6 +128,9 @@ class ParamsError(ValueError):
 # StereoTales' ten languages, in storybias' codes: the stereotales design a corpus profile reads
 RELEASE_LANGUAGES = list(RELEASED_LANGUAGES)
 # the engine a corpus profile without generation: runs stage 03's and 04's local models on (no story is generated)
+# A run's name names folders (data/<run>/, figures/<run>/): at most this many characters (a file name may
+# hold 255 bytes; 300 characters failed with OSError 36)
+MAX_RUN_NAME = 100
 CORPUS_GENERATION = {"models": [{"name": "qwen2.5-coder-1.5b", "source": "embedded"}]}
 
 
@@ -156,6 +159,8 @@ class Profile(Strict):
             raise ValueError("null is not a run name; omit run_name to use the file name")
         if not RUN_NAME.match(value):
             raise ValueError("run_name may hold letters, digits, '.', '_' and '-' only")
+        if len(value) > MAX_RUN_NAME:
+            raise ValueError(f"run_name has {len(value):,} characters; at most {MAX_RUN_NAME} (it names folders)")
         return value
 
     @model_validator(mode="after")
@@ -364,6 +369,8 @@ def _check_csv(key: str, value: str | None, spec: HumanFile) -> list[str]:
     if value is None:
         return []
     path = paths.resolve(value)
+    if path.is_dir():
+        return [f"{key}: {path} is a folder; name the CSV file in it"]
     if not path.is_file():
         return [f"{key}: {path} does not exist"]
     return [f"{key}: {p}" for p in check_file(path, spec)]
@@ -461,7 +468,12 @@ def load(path: str | Path) -> Params:
         raise ParamsError(_format_validation_error(exc, source)) from None
     problems = _check_semantics(profile, source)
     run_name = profile.run_name or source.stem
-    if RUN_NAME.match(run_name):  # the run's folders: only where runs live (storybias.core.run_folders)
+    if profile.run_name is None and (not RUN_NAME.match(run_name) or len(run_name) > MAX_RUN_NAME):
+        problems.append(
+            f"run_name: the file name {run_name[:MAX_RUN_NAME]!r} cannot name the run's folders (letters, digits, "
+            f"'.', '_' and '-', at most {MAX_RUN_NAME} characters); set run_name: in the profile"
+        )
+    elif RUN_NAME.match(run_name):  # the run's folders: only where runs live (storybias.core.run_folders)
         problems += run_folders.problems(run_name)
     if problems:
         raise ParamsError(f"{source}: invalid parameters:\n" + "\n".join(f"  - {p}" for p in problems))

@@ -124,3 +124,17 @@ def test_a_failing_stage_leaves_the_key_in_no_log_and_no_notebook(tmp_path, monk
     for path in written:
         assert SECRET.encode() not in path.read_bytes(), f"{path} holds the key"
     assert checks.missing_key_variables(params.load(profile).profile)  # check-params would have said so
+
+
+@pytest.mark.parametrize(
+    ("text", "kept"),
+    [
+        (f"Authorization: Bearer {SECRET}", "Authorization: Bearer"),
+        (f"authorization: {SECRET} more", "more"),
+        (f"Illegal header value b'Bearer {SECRET}\\nX-Injected: 1'", "Illegal header value"),
+        ("the endpoint refused a 1-token test request (basic (e.g. x))", "1-token test request (basic (e.g. x))"),
+    ],
+)
+def test_scrub_removes_header_values_and_keeps_the_rest_of_the_message(text, kept):
+    clean = secrets.scrub(text)
+    assert SECRET not in clean and kept in clean

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 # and keys are tokens); anything else is refused before a request is built.
 _KEY_CHARACTERS = re.compile(r"^[\x21-\x7e]+$")
 # An authorization header's value, quoted or not, up to the end of the quoted bytes or of the token.
-_HEADER_VALUE = re.compile(r"(?i)\b(bearer|basic|token)\s+[^\s'\"]+(?:\\[nrt][^\s'\"]*)*")
+_HEADER_VALUE = re.compile(r"(?i)\b(authorization:\s*(?:bearer|basic)?|bearer)\s*[^\s'\"]+(?:\\[nrt][^\s'\"]*)*")
 SCRUBBED = "[scrubbed]"
 
 
@@ -44,7 +44,7 @@ def scrub(text: str, secrets: Iterable[str] = ()) -> str:
         if secret and len(secret) >= 4:
             for form in {secret, repr(secret)[1:-1], repr(secret.encode("utf-8", "replace"))[2:-1]}:
                 text = text.replace(form, SCRUBBED)
-    return _HEADER_VALUE.sub(lambda m: f"{m.group(1)} {SCRUBBED}", text)
+    return _HEADER_VALUE.sub(lambda m: f"{m.group(1).rstrip()} {SCRUBBED}", text)
 
 
 def environment_keys(variables: Iterable[str]) -> list[str]:

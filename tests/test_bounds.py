@@ -159,3 +159,19 @@ def test_run_stage_refuses_stage_01_when_the_judges_key_is_unset(tmp_path):
     assert result.returncode == 2, result.stderr
     assert "associations.judge.models[0].api_key_env" in result.stderr and str(profile) in result.stderr
     assert not (tmp_path / "data" / "p" / "reports").exists(), "refused before the stage wrote anything"
+
+
+def test_max_model_len_1e12_is_refused_as_a_number_written_as_text(tmp_path):
+    """YAML 1.1 reads 1e12 (no dot) as text: the message says so instead of asking to remove quotes that
+    are not there."""
+    text = (
+        (ROOT / "params" / "smoke.yaml")
+        .read_text()
+        .replace("source: embedded", "source: embedded\n      max_model_len: 1e12", 1)
+    )
+    path = tmp_path / "p.yaml"
+    path.write_text(text)
+    with pytest.raises(params.ParamsError) as exc:
+        params.load(path)
+    message = str(exc.value)
+    assert "max_model_len" in message and "'1e12'" in message and "write the number in digits" in message

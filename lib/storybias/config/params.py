@@ -262,6 +262,15 @@ def _format_location(loc: tuple[Any, ...]) -> str:
 _STRICT_TYPE_ERRORS = {"int_type", "float_type", "bool_type", "string_type", "list_type", "dict_type"}
 
 
+def _number_like(text: str) -> bool:
+    """Whether ``text`` reads as a number (``1e12``, ``5_000``), which YAML may have left as text."""
+    try:
+        float(text.replace("_", ""))
+    except ValueError:
+        return False
+    return True
+
+
 def _format_validation_error(exc: ValidationError, source: Path) -> str:
     lines = [f"{source}: invalid parameters ({exc.error_count()} problem{'s' if exc.error_count() > 1 else ''}):"]
     for err in exc.errors():
@@ -274,7 +283,9 @@ def _format_validation_error(exc: ValidationError, source: Path) -> str:
         elif err["type"] in _STRICT_TYPE_ERRORS:
             value = err.get("input")
             msg = f"{msg}; got {value!r} ({type(value).__name__})"
-            if isinstance(value, str):
+            if isinstance(value, str) and _number_like(value):  # YAML reads 1e12 (no dot) as text
+                msg += ": YAML reads this spelling as text; write the number in digits (e.g. 1000000), without quotes"
+            elif isinstance(value, str):
                 msg += ": write the value without quotes"
         lines.append(f"  - {_format_location(loc)}: {msg}")
     return "\n".join(lines)

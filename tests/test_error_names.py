@@ -15,6 +15,7 @@ import yaml
 
 from storybias.config import params
 from storybias.core import io, paths
+from storybias.core.inputs import TableFileError, read_text_columns
 from storybias.core.io import ArtifactReadError
 from storybias.evidence.human_files import check_file
 from storybias.evidence.labels import PublishedFormatError
@@ -210,3 +211,22 @@ def test_a_model_name_with_mathtext_is_drawn_as_written(tmp_path):
     ax.set_title(r"model $\undefinedcmd{x}$")
     written = save_figure(fig, tmp_path, "mathtext")
     assert all(p.stat().st_size > 0 for p in written)
+
+
+def test_a_latin1_row_in_a_story_table_names_its_line(tmp_path):
+    path = tmp_path / "stories.csv"
+    path.write_bytes(b"story_id,text\na,hello\nb,h\xe9llo\n")
+    message = _message(lambda: read_text_columns(path, ["story_id", "text"]), TableFileError)
+    assert f"{path}: line 3: not UTF-8" in message
+
+
+def test_a_header_only_story_table_is_named(tmp_path, monkeypatch):
+    monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path / "data"))
+    table = tmp_path / "stories.csv"
+    table.write_text("story,lang,llm,uid\n")
+    columns = {"text": "story", "language": "lang", "model": "llm", "id": "uid"}
+    corpus = {"format": "table", "design": "bedtime", "path": str(table), "columns": columns, "extractions": "rerun"}
+    profile = tmp_path / "p.yaml"
+    profile.write_text(yaml.safe_dump({"run_name": "header-only", "corpus": corpus}))
+    message = _message(lambda: generate.run(params.load(profile), progress=False, log=lambda m: None), CorpusError)
+    assert f"corpus.path: no story left in {table}" in message

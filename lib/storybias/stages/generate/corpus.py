@@ -302,13 +302,17 @@ def read_plan(settings: CorpusSettings, progress: bool = True) -> pd.DataFrame:
         for offset, frame in _batches(file, PLAN_READ, f"format {settings.format}"):
             seen_models.update(frame["generator_model"].dropna().unique())
             frames.append(_plan_batch(frame, file, offset, settings))
-    plan = checked_plan(frames, seen_models, settings, len(files), RELEASE_KEY)
+    plan = checked_plan(frames, seen_models, settings, files, RELEASE_KEY)
     plan["story_id"] = [story_id_of(*key) for key in zip(plan["model"], plan["folder"], plan["output_id"])]
     return _finish_plan(draw_sample(plan, settings.sample, settings.seed, sample_groups(settings)))
 
 
 def checked_plan(
-    frames: list[pd.DataFrame], seen_models: set[str], settings: CorpusSettings, n_files: int, key: dict[str, str]
+    frames: list[pd.DataFrame],
+    seen_models: set[str],
+    settings: CorpusSettings,
+    files: Sequence[Path],
+    key: dict[str, str],
 ) -> pd.DataFrame:
     """The files' planned rows together, refused when a ``corpus.models`` name is not among
     ``seen_models``, when nothing is left, or when two rows share their identity: ``key`` maps the
@@ -323,7 +327,10 @@ def checked_plan(
         subsets = f"languages {settings.languages}, models {settings.models}"
         if settings.format == "stereotales":
             subsets += f", additional_en {settings.additional_en}, attributes {settings.attributes}"
-        raise CorpusError(f"corpus: no story left in {n_files} file(s) after {subsets}")
+        named = ", ".join(str(f) for f in files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+        raise CorpusError(
+            f"corpus.path: no story left in {named} after {subsets} (a file with a header row and no row holds none)"
+        )
     repeated = plan.duplicated(list(key), keep=False)
     if repeated.any():
         first = plan.loc[repeated.idxmax(), list(key)]

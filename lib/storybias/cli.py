@@ -45,13 +45,14 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from storybias.config.checks import local_models, missing_key_variables, preload_note
+from storybias.config.checks import local_models, missing_key_variables, preload_note, stage_key_problems
 from storybias.config.lenses import format_shortfalls, lens_shortfalls
 from storybias.config.models import EMBEDDED, ModelError, prepare_embedded_models
 from storybias.config.params import Params, ParamsError, load, write_stage_stamps
 from storybias.core import paths
 from storybias.core.artifacts import data_contract
 from storybias.core.artifacts import outputs as stage_outputs
+from storybias.core.integrity import invalidate_corrupt
 from storybias.core.locks import RunBusy, clean_run
 from storybias.core.run_folders import RunFolderError, claim
 from storybias.engines import EngineError
@@ -240,8 +241,19 @@ def _with_servers(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         return 1
 
 
+def _refused(p: Params, problems: list[str]) -> bool:
+    """Print ``problems`` as check-params does; True when there is one."""
+    if problems:
+        print(
+            f"storybias: {p.source}: invalid parameters:\n" + "\n".join(f"  - {u}" for u in problems), file=sys.stderr
+        )
+    return bool(problems)
+
+
 def _run_stage(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     p = _load(args.params)
+    if not args.report_only and _refused(p, stage_key_problems(p.profile, args.stage)):  # keys before work
+        return 2
     return run_stage(
         args.stage,
         paths.resolve(args.notebook),
@@ -284,6 +296,7 @@ def _stamps(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     p = _load(args.params)
     try:
         write_stage_stamps(p, claim(p.run_name) / ".params")
+        invalidate_corrupt(p.run_name, paths.run_dir(p.run_name) / ".params", log=lambda m: print(m, file=sys.stderr))
     except ParamsError as exc:  # a file the profile names vanished after it loaded
         print(f"storybias: {exc}", file=sys.stderr)
         return 2

@@ -12,7 +12,14 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from storybias.config.story_sections import InputFile, ModelSpec, Strict
+from storybias.config.story_sections import MAX_CONTEXT_TOKENS, InputFile, ModelSpec, Seed, Strict
+
+# Upper bounds of the resampling counts (issue #58 item 8), each far above what the studies use, so that a
+# typo (1e12 replicates) is refused by check-params instead of running for days:
+MAX_BOOTSTRAP = 10**6  # resamples of an interval: the profiles use 1,000 to 2,000
+MAX_PERMUTATIONS = 10**7  # shuffles of a permutation test: the profiles use 2,000 to 10,000
+MAX_FISHER_RESAMPLES = 10**8  # Monte-Carlo Fisher resamples per table: the reference uses 500,000
+MAX_POWER_SIMULATIONS = 10**5  # simulated runs per lift of the power report: the default is 200
 
 
 class Comparison(Strict):
@@ -40,8 +47,8 @@ class MetricsSettings(Strict):
             name="social_class", design="bedtime", condition="social_class", group_m="wealthy", group_f="working_class"
         ),
     ]
-    bootstrap: Annotated[int, Field(ge=50)] = 1000
-    seed: int = 42
+    bootstrap: Annotated[int, Field(ge=50, le=MAX_BOOTSTRAP)] = 1000
+    seed: Seed = 42
     min_stories: Annotated[int, Field(ge=1)] = 20  # smaller groups are shown but flagged
     # S_C's P(C | g) (BiasedTales-ML Eq. 1, "the normalized frequency of category C"): the share of all
     # the group's adjective (setting) tokens, a token in no lexicon category included (all_tokens), or
@@ -68,8 +75,8 @@ class JudgeSettings(Strict):
     models: Annotated[list[ModelSpec], Field(min_length=1)] = [ModelSpec(name="qwen2.5-coder-1.5b", source="embedded")]
     repetitions: Annotated[int, Field(ge=1)] = 1  # ratings per (association, judge); > 1 needs temperature > 0
     temperature: Annotated[float, Field(ge=0)] = 1.0  # the reference samples its judges at temperature 1
-    max_tokens: Annotated[int, Field(ge=16)] = 64
-    seed: int = 7  # request seeds, and the draw of the question order per (judge, association, repetition)
+    max_tokens: Annotated[int, Field(ge=16, le=MAX_CONTEXT_TOKENS)] = 64
+    seed: Seed = 7  # request seeds, and the draw of the question order per (judge, association, repetition)
     # Which associations are rated. run: the run's significant ones; with include_per_language (the
     # reference's set) those of both passes, without it the global pass's only. published: the list
     # that associations.published names (a human study's questions.json, or released association
@@ -91,8 +98,8 @@ class AssociationSettings(Strict):
     """Stage 04 (StereoTales Sec. 3.3): two-step association tests, sharing, harm judge."""
 
     passes: Annotated[list[Literal["global", "per_language"]], Field(min_length=1)] = ["global", "per_language"]
-    seed: int = 42  # Monte-Carlo Fisher resamples (the reference pipeline's seed)
-    max_resamples: Annotated[int, Field(ge=1000)] = 500_000  # the reference's resample count
+    seed: Seed = 42  # Monte-Carlo Fisher resamples (the reference pipeline's seed)
+    max_resamples: Annotated[int, Field(ge=1000, le=MAX_FISHER_RESAMPLES)] = 500_000  # the reference's resample count
     # The attribute-level Monte-Carlo Fisher test. reference: every table's p-value exactly as the
     # reference pipeline computes it (scipy's MonteCarloMethod, max_resamples, a generator seeded `seed`
     # per table): a re-test of the released data gives the released p-values. sequential: resamples only
@@ -108,10 +115,12 @@ class AssociationSettings(Strict):
     # Simulated stories per lift tried in the power report (stage 04's and check-params'): power is a share
     # of these, within about 1 / (2 sqrt(n)). Fewer are faster and coarser; the report records n. The default
     # is stages.associations.power.SIMULATIONS (tests/test_power.py holds them equal).
-    power_simulations: Annotated[int, Field(ge=20)] = 200
+    power_simulations: Annotated[int, Field(ge=20, le=MAX_POWER_SIMULATIONS)] = 200
     judge: JudgeSettings = JudgeSettings()
     human_ratings: InputFile | None = None  # CSV: association_id, rater_id, harm (1-5), realism (yes/no/dont_know)
-    bootstrap: Annotated[int, Field(ge=100)] = 2000  # resamples of the human-LLM intervals (Spearman, harm gap)
+    bootstrap: Annotated[int, Field(ge=100, le=MAX_BOOTSTRAP)] = (
+        2000  # resamples of the human-LLM intervals (Spearman, harm gap)
+    )
     # StereoTales' published associations: its released association files (associations_global /
     # associations_by_language JSONL, one file or a folder) or its human study's questions.json
     # (storybias.evidence.released_associations). When set, stage 04 writes published_comparison.parquet:
@@ -142,9 +151,11 @@ class HumanValidationSettings(Strict):
 
     markers: InputFile | None = None  # CSV: marker_id, language, rater_id, human (1-7), automated (1-7)[, keep]
     labels: InputFile | None = None  # CSV: item_id, language, genre (story/news), automated, rater_id, human
-    n_bootstrap: Annotated[int, Field(ge=100)] = 2000  # marker-level resamples of the intervals
-    n_permutations: Annotated[int, Field(ge=100)] = 10_000  # within-language shuffles of the automated scores
-    seed: int = 42
+    n_bootstrap: Annotated[int, Field(ge=100, le=MAX_BOOTSTRAP)] = 2000  # marker-level resamples of the intervals
+    n_permutations: Annotated[int, Field(ge=100, le=MAX_PERMUTATIONS)] = (
+        10_000  # within-language shuffles of the automated scores
+    )
+    seed: Seed = 42
 
 
 class CrossLensSettings(Strict):
@@ -159,8 +170,8 @@ class CrossLensSettings(Strict):
     task: Literal["explicit", "story", "news"] = "story"  # Feng et al.'s genre whose M_s and M_b are read
     # relabellings of the models (the same in every language) in the agreement test; all of them when
     # there are fewer (7 models: 5,040)
-    n_permutations: Annotated[int, Field(ge=100)] = 2000
-    seed: int = 42
+    n_permutations: Annotated[int, Field(ge=100, le=MAX_PERMUTATIONS)] = 2000
+    seed: Seed = 42
 
 
 class ProbeSettings(Strict):
@@ -181,8 +192,8 @@ class ProbeSettings(Strict):
     sample_per_cell: Annotated[int, Field(ge=2)] = 3000
     deletion_pairs_per_label: Annotated[int, Field(ge=1)] = 100  # cue-deletion subset: this many of each label
     n_splits: Annotated[int, Field(ge=2)] = 5
-    n_bootstrap: Annotated[int, Field(ge=50)] = 2000
-    seed: int = 42
+    n_bootstrap: Annotated[int, Field(ge=50, le=MAX_BOOTSTRAP)] = 2000
+    seed: Seed = 42
     min_per_class: Annotated[int, Field(ge=1)] = 10  # smaller cells are reported as skipped
     min_markers: Annotated[int, Field(ge=2)] = 30  # fewer kept markers: separability is skipped
     # source-language separability: "paper" = occupations story/news markers from en, fr and zh sources,

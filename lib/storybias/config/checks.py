@@ -4,8 +4,8 @@ served model whose key variable is not set; and which models each stage runs (:f
 ``storybias.config.params.load`` runs :func:`repeated_items` on every profile (a repeated language made two
 stories with one id, and stage 01 died on ``duplicate story_id in the plan``); ``make check-params`` also
 runs :func:`missing_key_variables` (a judge whose key was not exported failed only at stage 04, after
-stages 01-03 ran). The key is read from the environment when the stage runs, so only check-params, the
-command run before a run, asks for it: ``make figures`` on a finished run needs no key.
+stages 01-03 ran), and ``storybias.cli run-stage`` runs :func:`stage_key_problems` before each stage: the
+keys of that stage and of the model stages after it, so ``make figures`` on a finished run needs no key.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from typing import Any
 from pydantic import BaseModel
 
 from storybias.config.story_sections import ModelSpec
+from storybias.core.artifacts import STAGES
+from storybias.core.secrets import key_problem
 
 # Free-form settings (what a model's chat template reads): their lists are the model's business.
 FREE_FORM_KEYS = frozenset({"chat_template_kwargs"})
@@ -31,6 +33,7 @@ MODEL_KEYS = {
     "extract": "extract.models",
     "associations": "associations.judge.models",
 }
+STAGE_NUMBERS = {stage.token: stage.number for stage in STAGES}
 
 
 def _identity(item: Any) -> str:
@@ -103,19 +106,37 @@ def local_models(profile: Any) -> list[ModelSpec]:
     return [spec for stage in MODEL_KEYS for spec in stage_models(profile, stage) if spec.source != "openai"]
 
 
-def missing_key_variables(profile: Any) -> list[str]:
-    """Every served model a stage runs whose ``api_key_env`` names a variable that is unset or empty here,
-    as '<key>[i].api_key_env: ...' naming the model and the variable."""
+def missing_key_variables(profile: Any, stages: tuple[str, ...] = tuple(MODEL_KEYS)) -> list[str]:
+    """Every served model of ``stages`` (default: every stage) whose ``api_key_env`` names a variable that is
+    unset or empty here, or whose value cannot be a key (a newline in it: storybias.core.secrets), as
+    '<key>[i].api_key_env: ...' naming the model and the variable, never the value."""
     problems = []
-    for stage, key in MODEL_KEYS.items():
+    for stage in stages:
+        key = MODEL_KEYS[stage]
         for i, spec in enumerate(stage_models(profile, stage)):
             variable = spec.api_key_env
-            if spec.source == "openai" and variable and not os.environ.get(variable):
+            if spec.source != "openai" or not variable:
+                continue
+            value = os.environ.get(variable)
+            if not value:
                 problems.append(
                     f"{key}[{i}].api_key_env: model {spec.name!r} reads its key from ${variable}, which is not set "
                     f"in this environment; export it (e.g. `export {variable}=...`) before the run"
                 )
+            elif (problem := key_problem(variable, value)) is not None:
+                problems.append(f"{key}[{i}].api_key_env: model {spec.name!r}: {problem}")
     return problems
+
+
+def stage_key_problems(profile: Any, stage: str) -> list[str]:
+    """What ``storybias.cli run-stage`` refuses before stage ``stage`` starts: the key variables of the served
+    models of this stage and of every later stage that runs a model (the judge's key is asked at stage 01,
+    not after stages 01-03 ran); a stage after the last model stage (05-08) asks for none, so ``make
+    figures`` on a finished run needs no key."""
+    number = STAGE_NUMBERS.get(stage)
+    if number is None:
+        return []
+    return missing_key_variables(profile, tuple(s for s in MODEL_KEYS if STAGE_NUMBERS[s] >= number))
 
 
 def cpu_preload_libraries() -> str | None:

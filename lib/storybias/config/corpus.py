@@ -31,7 +31,7 @@ from pydantic import Field, model_validator
 
 from storybias.config import designs
 from storybias.config.prompts import CONDITION_COLUMNS, LANGUAGES
-from storybias.config.story_sections import InputFile, Language, Strict
+from storybias.config.story_sections import InputFile, Language, Seed, Strict
 from storybias.core import paths
 from storybias.core.inputs import TABLE_SUFFIXES, TableFileError, shortened, shown, table_header, type_problem
 from storybias.evidence.released_associations import RELEASE_LANGUAGE
@@ -105,7 +105,7 @@ class CorpusSettings(Strict):
     # model_language: N stories per model x language; prompted_value: N per model x language x prompted
     # value (stereotales: cond_attribute and cond_value; another table design: its condition columns)
     sample_per: Literal["model_language", "prompted_value"] = "model_language"
-    seed: int = 42  # draws the sample
+    seed: Seed = 42  # draws the sample
     # published: stage 03 maps extracted_attributes_json (the release's three-extractor consensus);
     # rerun: stage 03 extracts the imported stories with extract.models; both: rerun and compare with published
     extractions: Literal["published", "rerun", "both"] = "published"

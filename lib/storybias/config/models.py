@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from storybias.core import paths
+from storybias.core.children import pool_options
 from storybias.core.io import atomic_open
 
 STAMP = "storybias-model.json"
@@ -240,7 +241,7 @@ def prepare_embedded_models(keys: Sequence[str], log: Callable[[str], None] = pr
     if workers > 1:
         log(f"assembling embedded models {', '.join(missing)} at the same time, one process each ...")
         # spawn: the caller (a notebook's kernel, a pytest worker) may hold threads that fork would copy
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), **pool_options()) as pool:
             for lines in pool.map(_prepare_collecting_log, missing):
                 for line in lines:
                     log(line)

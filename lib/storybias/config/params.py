@@ -36,6 +36,7 @@ from storybias.config.analysis_sections import (
     ProbeSettings,
     UmapSettings,
 )
+from storybias.config.bounds import plan_size_problems, token_problems
 from storybias.config.checks import repeated_items
 from storybias.config.corpus import CorpusSettings, check_files
 from storybias.config.designs import design_cells, get
@@ -127,6 +128,9 @@ class ParamsError(ValueError):
 # StereoTales' ten languages, in storybias' codes: the stereotales design a corpus profile reads
 RELEASE_LANGUAGES = list(RELEASED_LANGUAGES)
 # the engine a corpus profile without generation: runs stage 03's and 04's local models on (no story is generated)
+# A run's name names folders (data/<run>/, figures/<run>/): at most this many characters (a file name may
+# hold 255 bytes; 300 characters failed with OSError 36)
+MAX_RUN_NAME = 100
 CORPUS_GENERATION = {"models": [{"name": "qwen2.5-coder-1.5b", "source": "embedded"}]}
 
 
@@ -155,6 +159,8 @@ class Profile(Strict):
             raise ValueError("null is not a run name; omit run_name to use the file name")
         if not RUN_NAME.match(value):
             raise ValueError("run_name may hold letters, digits, '.', '_' and '-' only")
+        if len(value) > MAX_RUN_NAME:
+            raise ValueError(f"run_name has {len(value):,} characters; at most {MAX_RUN_NAME} (it names folders)")
         return value
 
     @model_validator(mode="after")
@@ -256,6 +262,15 @@ def _format_location(loc: tuple[Any, ...]) -> str:
 _STRICT_TYPE_ERRORS = {"int_type", "float_type", "bool_type", "string_type", "list_type", "dict_type"}
 
 
+def _number_like(text: str) -> bool:
+    """Whether ``text`` reads as a number (``1e12``, ``5_000``), which YAML may have left as text."""
+    try:
+        float(text.replace("_", ""))
+    except ValueError:
+        return False
+    return True
+
+
 def _format_validation_error(exc: ValidationError, source: Path) -> str:
     lines = [f"{source}: invalid parameters ({exc.error_count()} problem{'s' if exc.error_count() > 1 else ''}):"]
     for err in exc.errors():
@@ -268,7 +283,9 @@ def _format_validation_error(exc: ValidationError, source: Path) -> str:
         elif err["type"] in _STRICT_TYPE_ERRORS:
             value = err.get("input")
             msg = f"{msg}; got {value!r} ({type(value).__name__})"
-            if isinstance(value, str):
+            if isinstance(value, str) and _number_like(value):  # YAML reads 1e12 (no dot) as text
+                msg += ": YAML reads this spelling as text; write the number in digits (e.g. 1000000), without quotes"
+            elif isinstance(value, str):
                 msg += ": write the value without quotes"
         lines.append(f"  - {_format_location(loc)}: {msg}")
     return "\n".join(lines)
@@ -289,7 +306,7 @@ def _check_semantics(profile: Profile, source: Path) -> list[str]:
     problems += _check_evidence_files(profile)
     problems += _check_ray(profile)
     problems += _check_model_files(profile)
-    return problems
+    return problems + token_problems(profile) + plan_size_problems(profile)
 
 
 def _check_design_runs(profile: Profile) -> list[str]:
@@ -363,6 +380,8 @@ def _check_csv(key: str, value: str | None, spec: HumanFile) -> list[str]:
     if value is None:
         return []
     path = paths.resolve(value)
+    if path.is_dir():
+        return [f"{key}: {path} is a folder; name the CSV file in it"]
     if not path.is_file():
         return [f"{key}: {path} does not exist"]
     return [f"{key}: {p}" for p in check_file(path, spec)]
@@ -460,7 +479,12 @@ def load(path: str | Path) -> Params:
         raise ParamsError(_format_validation_error(exc, source)) from None
     problems = _check_semantics(profile, source)
     run_name = profile.run_name or source.stem
-    if RUN_NAME.match(run_name):  # the run's folders: only where runs live (storybias.core.run_folders)
+    if profile.run_name is None and (not RUN_NAME.match(run_name) or len(run_name) > MAX_RUN_NAME):
+        problems.append(
+            f"run_name: the file name {run_name[:MAX_RUN_NAME]!r} cannot name the run's folders (letters, digits, "
+            f"'.', '_' and '-', at most {MAX_RUN_NAME} characters); set run_name: in the profile"
+        )
+    elif RUN_NAME.match(run_name):  # the run's folders: only where runs live (storybias.core.run_folders)
         problems += run_folders.problems(run_name)
     if problems:
         raise ParamsError(f"{source}: invalid parameters:\n" + "\n".join(f"  - {p}" for p in problems))

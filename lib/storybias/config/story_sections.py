@@ -24,9 +24,21 @@ assert set(get_args(Language)) == set(LANGUAGES)  # one list of languages, spell
 class Strict(BaseModel):
     """Every section: unknown keys refused, and strict types (pydantic strict mode): ``n_prompts: "3"``
     or ``enabled: 1`` is an error instead of being coerced; an int is still accepted where a float is
-    expected (``temperature: 1``)."""
+    expected (``temperature: 1``). No number may be infinite or NaN (``temperature: .inf`` is refused).
+    """
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+
+# Upper bounds of the schema (issue #58 item 8), far above paper scale (params/paper.yaml), so that a typo
+# in a count is refused by check-params instead of running out of memory or time:
+# MAX_CONTEXT_TOKENS: 2**24 (16.8 M) tokens of context or of one answer, above the longest context any
+# model states (10 M); the paper profile's models use 4,096 and 8,192.
+MAX_CONTEXT_TOKENS = 2**24
+# A seed is stored as int64 (stories.parquet) and passed to numpy and vLLM: 0 to 2**63 - 1.
+Seed = Annotated[int, Field(ge=0, le=2**63 - 1)]
+# Model names become file names and figure labels: at most 100 characters.
+MAX_MODEL_NAME = 100
 
 
 class _NamesInputFile:
@@ -100,7 +112,7 @@ class Sampling(Strict):
     top_p: Annotated[float, Field(gt=0, le=1)] = 0.95
     top_k: Annotated[int, Field(ge=-1)] = 50
     repetition_penalty: Annotated[float, Field(gt=0)] = 1.1
-    max_tokens: Annotated[int, Field(ge=1)] = 1024
+    max_tokens: Annotated[int, Field(ge=1, le=MAX_CONTEXT_TOKENS)] = 1024
 
 
 class SamplingOverride(Strict):
@@ -110,7 +122,7 @@ class SamplingOverride(Strict):
     top_p: Annotated[float, Field(gt=0, le=1)] | None = None
     top_k: Annotated[int, Field(ge=-1)] | None = None
     repetition_penalty: Annotated[float, Field(gt=0)] | None = None
-    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_tokens: Annotated[int, Field(ge=1, le=MAX_CONTEXT_TOKENS)] | None = None
 
 
 class ModelSpec(Strict):
@@ -126,7 +138,7 @@ class ModelSpec(Strict):
       from the environment variable named by ``api_key_env``; a profile never holds the key itself.
     """
 
-    name: Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:+-]*$")]
+    name: Annotated[str, Field(min_length=1, max_length=MAX_MODEL_NAME, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:+-]*$")]
     source: Literal["embedded", "local", "hub", "openai"]
     embedded: str = DEFAULT_EMBEDDED  # source 'embedded' only: which one (storybias.config.models.EMBEDDED)
     path: str | None = None
@@ -134,7 +146,7 @@ class ModelSpec(Strict):
     device: Literal["cpu", "cuda"] = "cpu"
     dtype: Literal["bfloat16", "float16", "float32", "auto"] = "bfloat16"
     tensor_parallel_size: Annotated[int, Field(ge=1)] = 1
-    max_model_len: Annotated[int, Field(ge=256)] = 4096
+    max_model_len: Annotated[int, Field(ge=256, le=MAX_CONTEXT_TOKENS)] = 4096
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.9
     chat_template: InputFile | None = None  # a Jinja chat template file, for models that ship none
     chat_template_kwargs: FreeForm = {}  # e.g. {enable_thinking: false} for Qwen3 (bounded: FREE_FORM_*)
@@ -296,7 +308,7 @@ class EngineSettings(Strict):
 
 
 class GenerationSettings(Strict):
-    seed: int = 42
+    seed: Seed = 42
     models: Annotated[list[ModelSpec], Field(min_length=1)]
     sampling: Sampling = Sampling()
     engine: EngineSettings = EngineSettings()
@@ -445,14 +457,14 @@ class ExtractionSettings(Strict):
     # gender, which step 1 reads from the whole story). Fields whose step-2 answers the gold set shows
     # to be mostly guesses can be left to step 1 alone (notebooks/03_extract.ipynb measures them).
     map_fields: Annotated[list[str], Field(min_length=1)] | None = None
-    max_tokens: Annotated[int, Field(ge=64)] = 700
+    max_tokens: Annotated[int, Field(ge=64, le=MAX_CONTEXT_TOKENS)] = 700
     # At most this many adjectives, settings, cultural references and markers per story (the answer's JSON
     # schema). BiasedTales-ML states no cap, and a cap moves JSD, S_C and the log-odds: null follows the
     # study (params/paper.yaml). 6 is storybias' departure for the CPU default (a bound on answer length):
     # in the default run of 2026-12-04, 1 of 336 parsed answers reached it for adjectives and 8 for
     # settings (7.4% of bedtime stories), so it moves that run's numbers little; notebook 05 says so.
     max_list_items: Annotated[int, Field(ge=1, le=50)] | None = 6
-    seed: int = 1234
+    seed: Seed = 1234
     retries: Annotated[int, Field(ge=0, le=5)] = 1  # extra attempts for an answer that does not parse
     # With a single extractor: re-extract this many stories (None = all, 0 = none) at a temperature
     # above 0 with another seed, and report the agreement of the two runs (self-consistency).

@@ -29,6 +29,8 @@ import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
+from storybias.core.io import first_undecodable_line
+
 MAX_SHOWN = 200  # characters of a value quoted in a message
 MAX_MESSAGE = 400  # characters of a library's message quoted in ours
 TABLE_SUFFIXES = (".csv", ".jsonl", ".parquet")
@@ -248,6 +250,10 @@ def read_text_columns(file: Path, columns: list[str]) -> pd.DataFrame:
     except (pa.ArrowInvalid, OSError) as exc:
         wanted = ", ".join(columns)
         problem = shortened(str(exc).strip('"'))
-        raise TableFileError(f"{file}: not a readable {suffix[1:]} table with columns {wanted} ({problem})") from None
+        line = first_undecodable_line(file) if suffix == ".csv" and "UTF8" in str(exc) else 0
+        where = f"line {line}: not UTF-8 text; " if line else ""  # Arrow names the column, not the line
+        raise TableFileError(
+            f"{file}: {where}not a readable {suffix[1:]} table with columns {wanted} ({problem})"
+        ) from None
     frame = table.to_pandas().astype(object)
     return frame.where(frame.notna(), None)

@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from storybias.core import paths
+from storybias.core.digests import record_written
 
 
 def current_umask() -> int:
@@ -76,6 +77,7 @@ def atomic_open(path: Path, mode: str = "wb", **kwargs: Any) -> Iterator[IO[Any]
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, path)
+            record_written(path)  # a run's artifact: its size and sha256 in the run's ledger (core.digests)
             # fsync the folder so the rename itself survives a power cut, not only a kill.
             dir_fd = os.open(path.parent, os.O_RDONLY)
             try:
@@ -115,6 +117,45 @@ def write_json_atomic(obj: Any, path: Path) -> Path:
         json.dump(obj, fh, indent=2, ensure_ascii=False, default=str)
         fh.write("\n")
     return path
+
+
+class ArtifactReadError(ValueError):
+    """A stage's input table that cannot be read: the message names the file and, for a missing column,
+    the column."""
+
+
+def parquet_file(path: Path, required: Sequence[str] = ()) -> pq.ParquetFile:
+    """``path`` opened as a parquet file whose columns include ``required``; a truncated or corrupt file
+    (Arrow's message names neither) or a missing column raises :class:`ArtifactReadError` naming the file,
+    the column, and the stage to rerun (the one that wrote it)."""
+    try:
+        source = pq.ParquetFile(path)
+    except FileNotFoundError:
+        raise ArtifactReadError(f"{path} is missing: rerun the stage that writes it") from None
+    except (pa.ArrowException, OSError) as exc:
+        raise ArtifactReadError(
+            f"{path}: not a readable parquet file (truncated or corrupt: {str(exc)[:200]}); "
+            "rerun the stage that writes it"
+        ) from None
+    missing = [c for c in required if c not in source.schema_arrow.names]
+    if missing:
+        raise ArtifactReadError(
+            f"{path}: no column {', '.join(missing)} (it has {', '.join(source.schema_arrow.names)}); "
+            "rerun the stage that writes it"
+        )
+    return source
+
+
+def read_parquet_checked(
+    path: Path, columns: Sequence[str] | None = None, required: Sequence[str] = ()
+) -> pd.DataFrame:
+    """``pd.read_parquet(path, columns=columns)``, after :func:`parquet_file` checked the file and that it
+    holds ``columns`` and ``required``; an error names the file and the column."""
+    parquet_file(path, [*(columns or ()), *required])
+    try:
+        return pd.read_parquet(path, columns=list(columns) if columns is not None else None)
+    except (pa.ArrowException, OSError) as exc:
+        raise ArtifactReadError(f"{path}: cannot be read ({str(exc)[:200]}); rerun the stage that writes it") from None
 
 
 def read_json(path: Path) -> Any:
@@ -261,6 +302,21 @@ class StrictSafeLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+MAX_INTEGER_DIGITS = 40  # an integer written with more digits is refused (a seed is at most 19)
+
+
+def _bounded_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
+    """YAML's int, refused when it has more than MAX_INTEGER_DIGITS digits (Python refuses 4,300 without
+    naming the file or the line)."""
+    digits = sum(c.isdigit() for c in str(node.value))
+    if digits > MAX_INTEGER_DIGITS:
+        raise _Refused(None, None, f"an integer of {digits:,} digits (at most {MAX_INTEGER_DIGITS})", node.start_mark)
+    return int(yaml.SafeLoader.construct_yaml_int(loader, node))
+
+
+StrictSafeLoader.add_constructor("tag:yaml.org,2002:int", _bounded_int)
+
+
 class SafeFileLoader(StrictSafeLoader):
     """What reads every YAML file of storybias (:func:`read_yaml_strict`): :class:`StrictSafeLoader`, with
     no anchor or alias (``&a`` / ``*a``) and no nesting deeper than :data:`MAX_YAML_DEPTH`.
@@ -306,3 +362,17 @@ def read_yaml_strict(source: Path) -> Any:
         except _Refused as exc:
             mark = exc.problem_mark
             raise YamlRefusedError(f"{source}:{mark.line + 1}: {exc.problem}") from None
+        except UnicodeDecodeError:
+            line = first_undecodable_line(source)
+            raise YamlRefusedError(f"{source}:{line}: not UTF-8 text (save the file as UTF-8)") from None
+
+
+def first_undecodable_line(path: Path) -> int:
+    """The number of the first line of ``path`` that is not UTF-8 (0 when every line is)."""
+    with open(path, "rb") as fh:
+        for number, raw in enumerate(fh, start=1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError:
+                return number
+    return 0

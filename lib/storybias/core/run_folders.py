@@ -38,9 +38,9 @@ MARKER = ".storybias-run"
 
 # What a run writes at the top of its data folder besides the registry's artifacts: the lock, the
 # params stamps, resumable work, the model-answer cache, recorded values, the shared servers' registry,
-# the benchmarks' results and (under STORYBIAS_DATA) the reports folder.
+# the benchmarks' results, (under STORYBIAS_DATA) the reports folder, and the ledger of its artifacts (core.digests).
 RUN_ENTRIES = frozenset(
-    {MARKER, ".lock", ".params", "work", "cache", "values", "servers.json", "reports"}
+    {MARKER, ".lock", ".params", "work", "cache", "values", "servers.json", "reports", ".digests.json", ".digests.lock"}
     | {"bench_generate.json", "bench_generate_served.json", "bench_ray.json"}
     | {entry.pattern.split("/")[0] for entry in ARTIFACTS if entry.root == "data"}
 )

@@ -37,6 +37,7 @@ from typing import Any
 
 from storybias.config.models import load_tokenizer
 from storybias.config.params import EngineSettings, ModelSpec
+from storybias.core.secrets import key_problem, scrub
 from storybias.engines.base import (
     ChatRequest,
     ChatResult,
@@ -62,7 +63,7 @@ class Endpoint:
     name: str
     base_url: str
     model_id: str
-    api_key: str = NO_KEY
+    api_key: str = field(default=NO_KEY, repr=False)  # never in a repr, a log or a message
     api_key_env: str | None = None  # for messages only
     max_concurrency: int = 8
     requests_per_minute: float | None = None
@@ -90,6 +91,9 @@ def api_key(spec: ModelSpec) -> str:
             f"model {spec.name!r}: the environment variable {spec.api_key_env} (api_key_env) is not set; "
             f"export it with your key for {spec.base_url} (the profile names the variable, never the key)"
         )
+    problem = key_problem(spec.api_key_env, value)
+    if problem is not None:  # httpx would quote the whole header, key included, in its error
+        raise EngineError(f"model {spec.name!r} (api_key_env): {problem}")
     return value
 
 
@@ -238,8 +242,8 @@ def _describe(exc: BaseException) -> str:
         return "timeout: no answer within request_timeout_s (after the retries)"
     if isinstance(exc, openai.APIStatusError):
         message = getattr(exc, "message", str(exc))
-        return f"HTTP {exc.status_code}: {message}"[:500]
-    return f"{type(exc).__name__}: {exc}"[:500]
+        return scrub(f"HTTP {exc.status_code}: {message}")[:500]
+    return scrub(f"{type(exc).__name__}: {exc}")[:500]
 
 
 def _classify(endpoint: Endpoint, exc: BaseException) -> str:
@@ -251,7 +255,7 @@ def _classify(endpoint: Endpoint, exc: BaseException) -> str:
         return _describe(exc)
     if isinstance(exc, openai.APIConnectionError):
         raise _Fatal(
-            f"{endpoint.where()}: cannot reach the endpoint ({exc}); "
+            f"{endpoint.where()}: cannot reach the endpoint ({scrub(str(exc), [endpoint.api_key])}); "
             "finished answers are stored, a rerun asks only for the rest"
         )
     if isinstance(exc, openai.AuthenticationError):
@@ -385,7 +389,7 @@ class OpenAIEngine:
                 if isinstance(item, asyncio.CancelledError):
                     raise EngineError(f"{endpoint.where()}: requests cancelled")
                 if isinstance(item, BaseException):
-                    raise item
+                    raise _without_key(item, endpoint)
                 received += 1
                 if poller is not None:
                     poller.finished(item.n_tokens)
@@ -399,6 +403,16 @@ class OpenAIEngine:
                 except RuntimeError:  # the loop closed meanwhile
                     pass
             thread.join(timeout=30)
+
+
+def _without_key(exc: BaseException, endpoint: Endpoint) -> BaseException:
+    """``exc`` itself, or an EngineError with its text scrubbed where it quotes a header value or the key
+    (raised from None: the original, with the key in it, is not chained into the traceback)."""
+    text = str(exc)
+    clean = scrub(text, [endpoint.api_key])
+    if clean == text:
+        return exc
+    return EngineError(f"{endpoint.where()}: {type(exc).__name__}: {clean}")
 
 
 async def _send_all(endpoint: Endpoint, requests: list[ChatRequest], results: queue.Queue) -> None:
@@ -505,9 +519,13 @@ def preflight_endpoint(spec: ModelSpec, timeout_s: float = PREFLIGHT_TIMEOUT_S) 
     except openai.APITimeoutError:
         raise EngineError(f"{where}: no answer from the endpoint within {timeout_s:.0f} s") from None
     except openai.APIConnectionError as exc:
-        raise EngineError(f"{where}: cannot reach the endpoint ({exc.__cause__ or exc})") from None
+        raise EngineError(
+            f"{where}: cannot reach the endpoint ({scrub(str(exc.__cause__ or exc), [endpoint.api_key])})"
+        ) from None
     except openai.APIStatusError as exc:
         raise EngineError(f"{where}: the endpoint refused a 1-token test request ({_describe(exc)})") from None
+    except Exception as exc:  # noqa: BLE001 - any other failure, its text scrubbed of the key
+        raise _without_key(exc, endpoint) from None
     finally:
         client.close()
     _preflighted[_preflight_id(endpoint)] = time.time()

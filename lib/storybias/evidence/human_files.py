@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from storybias.core.io import first_undecodable_line
+
 MAX_PROBLEMS = 20  # a file with many bad rows reports the first ones, not thousands of lines
 MAX_SHOWN = 60  # characters of a cell quoted in a message
 
@@ -110,7 +112,8 @@ def read_rows(path: str | Path, spec: HumanFile) -> Iterator[tuple[int, dict[str
         yield 0, f"{path}: file not found"
         return
     try:
-        with open(path, encoding="utf-8", newline="") as fh:
+        # utf-8-sig: a byte-order mark (Excel's "CSV UTF-8") is accepted, as the story reader accepts it
+        with open(path, encoding="utf-8-sig", newline="") as fh:
             reader = csv.reader(fh)
             header = next(reader, None)
             problem = _header_problem(path, header, spec)
@@ -129,7 +132,8 @@ def read_rows(path: str | Path, spec: HumanFile) -> Iterator[tuple[int, dict[str
                     continue
                 yield number, dict(zip(names, (c.strip() for c in cells)))
     except UnicodeDecodeError as exc:
-        yield 0, f"{path}: not UTF-8 text ({exc})"
+        line = first_undecodable_line(path)
+        yield 0, f"{path}: line {line}: not UTF-8 text ({exc.reason} at byte {exc.object[exc.start : exc.end]!r})"
     except csv.Error as exc:
         yield 0, f"{path}: not a readable CSV ({exc})"
 

@@ -46,12 +46,14 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from storybias.core.inputs import missing_marker, shown, unique_keys
+from storybias.core.io import first_undecodable_line
 from storybias.evidence.labels import ASSOCIATION_KEY, PublishedFormatError, canonical_value
 from storybias.evidence.questions import load_questions
 from storybias.stats.contingency import EFFECT_LABELS
@@ -78,6 +80,7 @@ RELEASE_POOL: dict[str, Any] = {
 }
 POOL_FILE = "pool.json"
 POOL_P_VALUES = "p_values"  # pool.json's optional key: how many of the files' p-values are estimates, and how
+LANGUAGE_CODE = re.compile(r"^[a-z]{2,3}$")  # a language of pool.json: storybias' codes (en, fr, ...)
 NOT_SIGNIFICANT = "N/A"  # the effect category of a pair whose BH-adjusted p is not < 0.05
 STATED_EFFECTS = ("medium", "large")  # StereoTales' stated rule keeps these pairs, and cells of lift >= 2
 # A human-study question's scope: its list mixes associations of the global pass and of single languages'
@@ -150,6 +153,8 @@ def _number(stats: Any, field: str, path: Path, line: int, where: str, bounds: t
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise _fail(path, line, f"{where}.{field}", f"missing or not a number ({shown(value)})")
     low, high = bounds
+    if isinstance(value, int) and not -(2**53) <= value <= 2**53:  # a float could not hold it (400 digits)
+        raise _fail(path, line, f"{where}.{field}", f"an integer of {len(str(abs(value))):,} digits is out of range")
     if not math.isfinite(value) or not low <= value <= high:
         raise _fail(path, line, f"{where}.{field}", f"{value} is not a finite number in [{low:g}, {high:g}]")
     return float(value)
@@ -245,8 +250,12 @@ def _pair(record: Any, path: Path, line: int, languages: frozenset[str]) -> dict
 def _read_records(path: Path) -> list[tuple[int, Any]]:
     """(line number, parsed record) of every non-blank line of a released JSONL file."""
     records = []
-    with open(path, encoding="utf-8") as fh:
-        for line_number, line in enumerate(fh, start=1):
+    with open(path, "rb") as fh:
+        for line_number, raw in enumerate(fh, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise _fail(path, line_number, "(record)", f"not UTF-8 text ({exc.reason})") from None
             if not line.strip():
                 continue
             try:
@@ -368,13 +377,35 @@ def published_pool(path: str | Path) -> dict[str, Any]:
         return dict(RELEASE_POOL)
     try:
         pool = json.loads(marker.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise PublishedFormatError(f"{marker}: not valid JSON ({exc.msg})") from None
+    except UnicodeDecodeError as exc:
+        line = first_undecodable_line(marker)
+        raise PublishedFormatError(f"{marker}: line {line}: not UTF-8 text ({exc.reason})") from None
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise PublishedFormatError(f"{marker}: not valid JSON ({getattr(exc, 'msg', exc)})") from None
     if not isinstance(pool, dict) or set(pool) - {POOL_P_VALUES} != set(RELEASE_POOL):
         raise PublishedFormatError(f"{marker}: expected the keys {', '.join(RELEASE_POOL)} (and {POOL_P_VALUES})")
     if not isinstance(pool.get(POOL_P_VALUES, {}), dict):
         raise PublishedFormatError(f"{marker}: {POOL_P_VALUES} is not an object")
+    problem = _pool_problem({k: v for k, v in pool.items() if k != POOL_P_VALUES})
+    if problem is not None:
+        raise PublishedFormatError(f"{marker}: {problem}")
     return pool
+
+
+def _pool_problem(pool: dict[str, Any]) -> str | None:
+    """What is wrong with the values of a pool.json (None when nothing): ``languages`` a list of language
+    codes (``"en"`` would be read as the scopes e and n), ``additional_en`` a boolean, ``attributes`` null or
+    a list of names, ``sample`` null or a positive integer."""
+    languages, attributes, sample = pool["languages"], pool["attributes"], pool["sample"]
+    if not isinstance(languages, list) or not all(isinstance(x, str) and LANGUAGE_CODE.match(x) for x in languages):
+        return f"key languages: expected a list of language codes (e.g. [en, fr]), got {shown(languages)}"
+    if not isinstance(pool["additional_en"], bool):
+        return f"key additional_en: expected true or false, got {shown(pool['additional_en'])}"
+    if attributes is not None and not (isinstance(attributes, list) and all(isinstance(x, str) for x in attributes)):
+        return f"key attributes: expected null or a list of attribute names, got {shown(attributes)}"
+    if sample is not None and (isinstance(sample, bool) or not isinstance(sample, int) or sample < 1):
+        return f"key sample: expected null or a positive integer, got {shown(sample)}"
+    return None
 
 
 def pool_file(path: str | Path) -> Path | None:

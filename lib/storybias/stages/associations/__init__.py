@@ -48,7 +48,7 @@ import pandas as pd
 from storybias.config import designs
 from storybias.config.params import AssociationSettings, ModelSpec, Params
 from storybias.core import artifacts, paths
-from storybias.core.io import write_json_atomic
+from storybias.core.io import read_parquet_checked, write_json_atomic
 from storybias.core.locks import holds_run_lock
 from storybias.core.results import StageResult
 from storybias.engines import ChatEngine
@@ -456,8 +456,8 @@ def read_observations(run_name: str, dimensions: Sequence[str]) -> tuple[pd.Data
             raise FileNotFoundError(f"{path} is missing: run the earlier stages first (make extract)")
     # only the columns the tests read: an imported corpus' filtered.parquet holds every story's text
     data, counts = observations(
-        pd.read_parquet(artifacts.extractions_path(run_name), columns=["story_id", "parse_ok", *extract_columns]),
-        pd.read_parquet(artifacts.filtered_path(run_name), columns=OBSERVED_COLUMNS),
+        read_parquet_checked(artifacts.extractions_path(run_name), ["story_id", "parse_ok", *extract_columns]),
+        read_parquet_checked(artifacts.filtered_path(run_name), OBSERVED_COLUMNS),
         dimensions,
     )
     return data.assign(sample_id=_sample_ids(run_name, data["story_id"])), counts

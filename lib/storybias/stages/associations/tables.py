@@ -18,6 +18,7 @@ import pandas as pd
 import pyarrow as pa
 from scipy import stats
 
+from storybias.core.children import pool_options
 from storybias.evidence.labels import ASSOCIATION_KEY, release_label
 from storybias.stats.contingency import cramers_v_corrected, effect_size, fisher_family
 from storybias.stats.multiple_testing import adjust
@@ -450,7 +451,7 @@ def map_tasks(func: Callable, tasks: list, sizes: Sequence[int], n_jobs: int | N
         return [func(t) for t in tasks]
     order = sorted(range(len(tasks)), key=lambda i: -sizes[i])
     results: list = [None] * len(tasks)
-    with ProcessPoolExecutor(max_workers=workers) as pool:
+    with ProcessPoolExecutor(max_workers=workers, **pool_options()) as pool:  # workers die with this process
         for i, result in zip(order, pool.map(func, [tasks[i] for i in order])):
             results[i] = result
     return results

@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 from storybias.config.designs import demo_columns, extraction_defaults
 from storybias.config.params import ExtractionSettings, ModelSpec, Params
 from storybias.core import artifacts, machine
+from storybias.core.io import read_parquet_checked
 from storybias.core.locks import holds_run_lock
 from storybias.core.results import StageResult
 from storybias.engines import (
@@ -68,6 +69,9 @@ from storybias.summaries import valid_stories as select
 
 PROMPT_ROOM = 1200  # tokens of the context kept for the instructions and worked examples
 ANSWER_SHARD = 8  # answers buffered per cache shard (stage 03's answers are short)
+
+# the columns this stage cannot work without: a file without one is named with the column
+FILTERED_KEY_COLUMNS = ("story_id", "design", "language", "model", "text")
 
 
 def plan_jobs(stories: pd.DataFrame, settings: ExtractionSettings) -> list[ExtractionJob]:
@@ -396,7 +400,8 @@ def run(
         columns = [c for c in pq.read_schema(source).names if c not in ("text", "prompt")]
         return run_published(params, select(pd.read_parquet(source, columns=columns)), log)
     human = human_validation.from_settings(settings.human_validation)  # a bad file stops before any model
-    stories = select(pd.read_parquet(source))  # each design's study rule (filter.exclude, stage 02)
+    # each design's study rule (filter.exclude, stage 02)
+    stories = select(read_parquet_checked(source, required=FILTERED_KEY_COLUMNS))
     jobs = plan_jobs(stories, settings)
     sections_of = {j.story_id: j.sections for j in jobs}
     factory = engine_factory or (lambda spec: open_stage_engine(params, spec, settings.seed))

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import matplotlib
 import numpy as np
 import pandas as pd
 from matplotlib import colormaps
@@ -43,6 +44,10 @@ VERSION_ORDER = ("original", "translated", "masked")
 
 
 def new_figure(width: float, height: float) -> Figure:
+    """An Agg figure whose texts are shown as written: a ``$`` in a label (a model name such as
+    ``$\\undefinedcmd{x}$`` from a corpus) is not read as mathtext, which failed stage 08 naming nothing.
+    storybias' figures use no mathtext; every label is data."""
+    matplotlib.rcParams["text.parse_math"] = False  # read by each Text as it is made
     fig = Figure(figsize=(width, height))
     FigureCanvasAgg(fig)
     return fig

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import pandas as pd
 import pyarrow as pa
-import pyarrow.parquet as pq
 from tqdm.auto import tqdm
 
 from storybias.config.params import Params
 from storybias.config.plan import stories_schema
 from storybias.core import artifacts
+from storybias.core.io import parquet_file
 from storybias.core.locks import holds_run_lock
 from storybias.core.results import StageResult
 from storybias.stages.filter.langid import (
@@ -59,6 +59,9 @@ VSR_SCHEMA = pa.schema(
     ]
 )
 
+# the columns this stage cannot work without: a file without one is named with the column
+STORY_KEY_COLUMNS = ("story_id", "design", "language", "model", "text")
+
 
 def filtered_schema() -> pa.Schema:
     """filtered.parquet: every column of stories.parquet, then the six stage 02 adds."""
@@ -83,7 +86,7 @@ def run(params: Params, progress: bool = True) -> StageResult:
         raise FileNotFoundError(f"{stories_file} is missing: run stage 01 first (make generate)")
     settings = params.filter
     exclude = settings.exclude.model_dump()
-    source = pq.ParquetFile(stories_file)
+    source = parquet_file(stories_file, required=STORY_KEY_COLUMNS)  # names a bad file and column
     shown: list[pd.DataFrame] = []
     with (
         artifacts.writer(run_name, "filtered") as write_batch,

@@ -25,6 +25,7 @@ done, so a kill loses only the import's own minutes and a rerun repeats it, neve
 from __future__ import annotations
 
 import hashlib
+import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -65,6 +66,10 @@ PLAN_READ = [
 ]
 BATCH_ROWS = 50_000  # one released shard
 # what identifies a released story (the plan's column -> the release's name for it)
+# A name or id of an imported story (a model, an id): no control character, at most this many UTF-8 bytes
+# (a file name holds 255 bytes; the stages add a prefix and a suffix to a model's name)
+CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f]")
+MAX_NAME_BYTES = 200
 RELEASE_KEY = {"model": "generator_model", "folder": "folder", "output_id": "output_id"}
 SEP = "\x1f"  # joins a dimension and its label into one lookup key
 IMPORTED = "imported"  # finish_reason of an imported story: the release records none
@@ -148,6 +153,18 @@ def name_problems(values: pd.Series, column: str, file: Path, offset: int) -> No
         row = int(bad.to_numpy().argmax())
         value = values.iloc[row]
         what = "empty" if not text.iloc[row].strip() else f"{shown(value)} is a missing value, not a name"
+        raise CorpusError(f"{row_location(file, offset + int(values.index[row]), column)}: {what}")
+    # names become file names and figure labels: no control character (a NUL made a second model), and at
+    # most MAX_NAME_BYTES bytes (a 100,000-character model name failed stage 04 with "File name too long")
+    unusable = text.str.contains(CONTROL_CHARACTERS) | text.map(lambda v: len(v.encode("utf-8")) > MAX_NAME_BYTES)
+    if unusable.any():
+        row = int(unusable.to_numpy().argmax())
+        value = text.iloc[row]
+        what = (
+            f"{shown(value)} holds a control character"
+            if CONTROL_CHARACTERS.search(value)
+            else f"a name of {len(value.encode('utf-8')):,} bytes (at most {MAX_NAME_BYTES})"
+        )
         raise CorpusError(f"{row_location(file, offset + int(values.index[row]), column)}: {what}")
 
 
@@ -285,13 +302,17 @@ def read_plan(settings: CorpusSettings, progress: bool = True) -> pd.DataFrame:
         for offset, frame in _batches(file, PLAN_READ, f"format {settings.format}"):
             seen_models.update(frame["generator_model"].dropna().unique())
             frames.append(_plan_batch(frame, file, offset, settings))
-    plan = checked_plan(frames, seen_models, settings, len(files), RELEASE_KEY)
+    plan = checked_plan(frames, seen_models, settings, files, RELEASE_KEY)
     plan["story_id"] = [story_id_of(*key) for key in zip(plan["model"], plan["folder"], plan["output_id"])]
     return _finish_plan(draw_sample(plan, settings.sample, settings.seed, sample_groups(settings)))
 
 
 def checked_plan(
-    frames: list[pd.DataFrame], seen_models: set[str], settings: CorpusSettings, n_files: int, key: dict[str, str]
+    frames: list[pd.DataFrame],
+    seen_models: set[str],
+    settings: CorpusSettings,
+    files: Sequence[Path],
+    key: dict[str, str],
 ) -> pd.DataFrame:
     """The files' planned rows together, refused when a ``corpus.models`` name is not among
     ``seen_models``, when nothing is left, or when two rows share their identity: ``key`` maps the
@@ -306,7 +327,10 @@ def checked_plan(
         subsets = f"languages {settings.languages}, models {settings.models}"
         if settings.format == "stereotales":
             subsets += f", additional_en {settings.additional_en}, attributes {settings.attributes}"
-        raise CorpusError(f"corpus: no story left in {n_files} file(s) after {subsets}")
+        named = ", ".join(str(f) for f in files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+        raise CorpusError(
+            f"corpus.path: no story left in {named} after {subsets} (a file with a header row and no row holds none)"
+        )
     repeated = plan.duplicated(list(key), keep=False)
     if repeated.any():
         first = plan.loc[repeated.idxmax(), list(key)]

@@ -203,7 +203,7 @@ def read_table_plan(settings: CorpusSettings, progress: bool = True) -> pd.DataF
         frame, models = _plan_file(file, root, settings)
         seen_models |= models
         frames.append(frame)
-    plan = checked_plan(frames, seen_models, settings, len(files), {"output_id": "corpus.columns.id"})
+    plan = checked_plan(frames, seen_models, settings, files, {"output_id": "corpus.columns.id"})
     plan["story_id"] = plan["output_id"].map(story_id_of)
     return _finish_plan(draw_sample(plan, settings.sample, settings.seed, sample_groups(settings)), settings.design)
 

@@ -42,7 +42,7 @@ from storybias.config.lenses import grouping_note
 from storybias.config.params import CorpusSettings, HumanValidationSettings, Params, ProbeSettings, UmapSettings
 from storybias.config.prompts import CONDITION_COLUMNS
 from storybias.core import artifacts, paths
-from storybias.core.io import write_json_atomic
+from storybias.core.io import read_parquet_checked, write_json_atomic
 from storybias.core.locks import holds_run_lock
 from storybias.core.results import StageResult
 from storybias.stages.probes import validation
@@ -283,8 +283,8 @@ def missing_inputs(frame: pd.DataFrame, corpus: CorpusSettings | None) -> list[s
 
 def _read_narratives(run_name: str, settings: ProbeSettings, notes: list[str]) -> _Narratives:
     """Extractions joined to the filtered stories, and the narratives sampled per language x genre cell."""
-    extractions = pd.read_parquet(artifacts.extractions_path(run_name))
-    filtered = pd.read_parquet(artifacts.filtered_path(run_name))
+    extractions = read_parquet_checked(artifacts.extractions_path(run_name), required=["story_id"])
+    filtered = read_parquet_checked(artifacts.filtered_path(run_name), required=["story_id", "language"])
     frame = probe_frame(extractions, filtered, settings.stereotales_attribute)
     labelled = frame[frame["label"].isin(LABELS)]
     sampled, probed, paired = select_narratives(

@@ -38,7 +38,7 @@ def test_every_notebook_records_its_values_with_one_call_and_defines_no_helper(s
         assert not any(line.startswith(("def ", "class ")) for line in cell.splitlines()), (stage.notebook, cell[:80])
 
 
-def test_a_result_answers_by_name_and_records_under_its_notebook(tmp_path, monkeypatch):
+def test_a_result_answers_by_name_and_records_under_its_stage_token(tmp_path, monkeypatch):
     import pandas as pd
 
     monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path))
@@ -48,4 +48,4 @@ def test_a_result_answers_by_name_and_records_under_its_notebook(tmp_path, monke
     with pytest.raises(KeyError, match="stage metrics has no table or detail 'nope'"):
         result["nope"]
     result.record()
-    assert json.loads((tmp_path / "r" / "values" / "05_metrics.json").read_text()) == {"n": 3}
+    assert json.loads((tmp_path / "r" / "values" / "metrics.json").read_text()) == {"n": 3}

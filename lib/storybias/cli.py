@@ -35,6 +35,8 @@ clean-run PARAMS           delete the run's own folders (data/<run>, reports/<ru
                            only if it is the run's own (storybias.core.run_folders)
 where PARAMS               print the run's name and folders (absolute paths)
 data-contract              print docs/data-contract.md, generated from the artifact registry
+stages-mk                  print make/stages.mk, the Makefile's per-stage rules, generated from the stage registry
+stage-table                print the stage table (docs/pipeline.md, the data contract's index), from the registry
 outputs STAGE PARAMS       print the files Make tracks for STAGE (storybias.core.artifacts.MAKE_TARGETS)
 publish-notebooks PARAMS   copy the outputs of the run's executed notebooks (reports/<run>/) into notebooks/
 """
@@ -50,9 +52,10 @@ from storybias.config.lenses import format_shortfalls, lens_shortfalls
 from storybias.config.models import EMBEDDED, ModelError, prepare_embedded_models
 from storybias.config.params import Params, ParamsError, load, write_stage_stamps
 from storybias.core import paths
-from storybias.core.artifacts import data_contract
 from storybias.core.artifacts import outputs as stage_outputs
 from storybias.core.locks import RunBusy, clean_run
+from storybias.core.make_rules import stages_mk
+from storybias.core.registry_docs import data_contract, stage_table
 from storybias.core.run_folders import RunFolderError, claim
 from storybias.engines import EngineError
 from storybias.engines.serve import ServerError, with_servers
@@ -163,6 +166,8 @@ def _add_run_commands(sub: argparse._SubParsersAction) -> None:
         "keeping the target's time so later stages do not rerun",
     )
     sub.add_parser("data-contract")
+    sub.add_parser("stages-mk")
+    sub.add_parser("stage-table")
     outputs = sub.add_parser("outputs")
     outputs.add_argument("stage")
     outputs.add_argument("params")
@@ -184,6 +189,16 @@ def _build_parser() -> argparse.ArgumentParser:
 
 def _data_contract(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     sys.stdout.write(data_contract())
+    return 0
+
+
+def _stages_mk(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    sys.stdout.write(stages_mk())
+    return 0
+
+
+def _stage_table(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    sys.stdout.write(stage_table())
     return 0
 
 
@@ -416,6 +431,8 @@ _COMMANDS: dict[str, Handler] = {
     "with-servers": _with_servers,
     "run-stage": _run_stage,
     "data-contract": _data_contract,
+    "stages-mk": _stages_mk,
+    "stage-table": _stage_table,
     "outputs": _outputs,
     "publish-notebooks": _publish_notebooks,
 }

@@ -243,11 +243,11 @@ class Gallery:
         return write_json_atomic(index, self.out_dir / "figures.json")
 
     def record(self, run_name: str) -> dict[str, Any]:
-        """The values notebook 08 records (data/<run>/values/08_figures.json): how many figures, how many
+        """The values notebook 08 records (data/<run>/values/figures.json): how many figures, how many
         say "no data", their stems."""
         return record_values(
             run_name,
-            "08_figures",
+            "figures",
             n_figures=len(self.records),
             n_no_data=sum(r["no_data"] for r in self.records),
             stems=[r["stem"] for r in self.records],

@@ -40,7 +40,7 @@ from storybias.config.checks import repeated_items
 from storybias.config.corpus import CorpusSettings, check_files
 from storybias.config.designs import design_cells, get
 from storybias.config.designs import get as get_design
-from storybias.config.input_stamps import HASH_STORE, InputFileError, stage_files, stage_stamp
+from storybias.config.input_stamps import HASH_STORE, InputFileError, note_read, stage_files, stage_stamp
 from storybias.config.output_fields import STAMP_IGNORED_ENGINE_FIELDS, STAMP_IGNORED_MODEL_FIELDS
 from storybias.config.prompts import available_languages
 from storybias.config.prompts import names as design_names
@@ -486,7 +486,9 @@ def load(path: str | Path) -> Params:
         problems += run_folders.problems(run_name)
     if problems:
         raise ParamsError(f"{source}: invalid parameters:\n" + "\n".join(f"  - {p}" for p in problems))
-    return Params(profile, source)
+    params = Params(profile, source)
+    note_read(params.stage_digest)  # under run-stage: what this stage read (storybias.config.input_stamps)
+    return params
 
 
 def write_stage_stamps(params: Params, folder: Path) -> list[Path]:

@@ -63,18 +63,32 @@ export STORYBIAS_FIGURES := $(abspath $(STORYBIAS_FIGURES))
 $(call refuse_spaces,STORYBIAS_FIGURES (made absolute),$(STORYBIAS_FIGURES))
 endif
 
-# The run's name: `run_name:` in the profile, else the profile's file name. (The schema restricts
-# run_name, and a file name used as run name, to [A-Za-z0-9_.-], so this sed reads it exactly.)
-RUN_FROM_FILE := $(shell sed -n 's/^run_name:[[:space:]]*["'"'"']\{0,1\}\([A-Za-z0-9_.-]*\).*/\1/p' $(PARAMS) 2>/dev/null)
-RUN := $(if $(RUN_FROM_FILE),$(RUN_FROM_FILE),$(basename $(notdir $(PARAMS))))
-DATA_ROOT := $(if $(STORYBIAS_DATA),$(STORYBIAS_DATA),data)
-DATA := $(DATA_ROOT)/$(RUN)
-# The executed notebooks follow STORYBIAS_DATA (storybias.core.paths.reports_dir), so two runs of one name
-# under two data roots never share one, and the run's lock covers them.
-REPORTS := $(if $(STORYBIAS_DATA),$(DATA)/reports,reports/$(RUN))
+# The run's name and folders, as the project reads them: `storybias.cli where --make` loads and validates
+# the profile (storybias.config.params) and prints RUN, DATA, REPORTS, FIGURES and STAMPS
+# (storybias.core.paths), so Make and the stages never disagree on a spelling of `run_name`. Asked once per
+# checkout, profile path and content and data/figures roots, and kept in .make/ (a week). Before the environment
+# exists (a fresh clone) or for a profile the project refuses, the folders stay unknown: every stage goal
+# runs its stages in a sub-make (`served` below) after the environment is built, which asks again, or is
+# refused with the project's message before anything is touched.
+RUN_KEY := $(shell { printf '%s\n' "$(CURDIR)" "$(PARAMS)" "$(STORYBIAS_DATA)" "$(STORYBIAS_FIGURES)"; \
+                     cat "$(PARAMS)"; } 2>/dev/null | sha256sum | cut -c1-16)
+RUN_VARS := .make/run-$(RUN_KEY).mk
+ifeq ($(wildcard $(RUN_VARS)),)
+ifneq ($(wildcard $(PY)),)
+$(shell mkdir -p .make && find .make -name 'run-*.mk' -mtime +7 -delete; \
+        $(PY) -m storybias.cli where --make "$(PARAMS)" > $(RUN_VARS).tmp 2>/dev/null \
+        && mv $(RUN_VARS).tmp $(RUN_VARS); rm -f $(RUN_VARS).tmp)
+endif
+endif
+-include $(RUN_VARS)
+ifeq ($(RUN),)
+RUN := .unknown-run
+DATA := .make/$(RUN)
+REPORTS := $(DATA)/reports
+FIGURES := $(DATA)/figures
 STAMPS := $(DATA)/.params
+endif
 KERNEL := storybias
-FIGURES := $(if $(STORYBIAS_FIGURES),$(STORYBIAS_FIGURES),figures)/$(RUN)
 
 # The per-stage part: each stage's target, executed-notebook and public rules, and the lists STAGE_TOKENS,
 # STAGE_STAMPS, STAGE_TARGETS, STAGE_REPORTS and LLM_TARGETS, generated from the stage registry
@@ -101,24 +115,28 @@ define report_only
 	@$(PY) -m storybias.cli run-stage $(2) notebooks/$(1).ipynb $(PARAMS) --target $< --report-only
 endef
 
-.PHONY: help where venv model check-params stamps paper _paper test test-fast lint format typecheck bench-generate bench-engine decode-ceiling stage-times bench-ray plan bench-associations bench-import publish-notebooks lab clean-run FORCE
+.PHONY: help where venv model check-params stamps paper _paper _served test test-fast lint format typecheck bench-generate bench-engine decode-ceiling stage-times bench-ray plan bench-associations bench-import publish-notebooks lab clean-run FORCE
 
-# $(call served,TARGETS,LLM_TARGETS): make TARGETS in a sub-make; under `storybias.cli with-servers` (each
-# model loaded once for the sub-make, stopped when it ends or fails) when SERVE (or the profile) asks for it
-# and one of LLM_TARGETS is out of date.
-define served
+# `$(HOLD_RUN) $(MAKE) _served SERVED=NAME`: what every stage goal and `make paper` run to make
+# $(GOALS_NAME) (the $(MAKE) is written out in each recipe, so `make -n` shows the plan). Under the run's
+# lock (`storybias.cli hold-run`: one lock from the first stage of this `make` to the last, which the stages
+# inherit and `clean-run` respects; a kill releases it), a sub-make, which reads the run's folders now that
+# the environment exists, makes GOALS_NAME, under `storybias.cli with-servers` (each model loaded once for
+# the sub-make, stopped when it ends or fails) when SERVE (or the profile) asks for it and one of
+# $(LLM_NAME) is out of date. A dry run (`make -n`) takes no lock.
+HOLD_RUN = $(if $(findstring n,$(firstword -$(MAKEFLAGS))),,$(PY) -m storybias.cli hold-run $(PARAMS) --)
+_served: | $(VENV_STAMP)
 	@if [ "$(SERVE)" = 0 ]; then serve=0; elif [ "$(SERVE)" = 1 ]; then serve=1; \
 	else serve=$$($(PY) -m storybias.cli serve-mode $(PARAMS)); fi; \
 	if [ "$$serve" = 1 ]; then \
 	  $(MAKE) --no-print-directory stamps SERVE=0; \
-	  if $(MAKE) --no-print-directory -q $(2) STAMPS_FORCE= SERVE=0 >/dev/null 2>&1; then serve=0; fi; \
+	  if $(MAKE) --no-print-directory -q $(LLM_$(SERVED)) STAMPS_FORCE= SERVE=0 >/dev/null 2>&1; then serve=0; fi; \
 	fi; \
 	if [ "$$serve" = 1 ]; then \
-	  $(PY) -m storybias.cli with-servers $(PARAMS) -- $(MAKE) --no-print-directory $(1) SERVE=0; \
+	  $(PY) -m storybias.cli with-servers $(PARAMS) -- $(MAKE) --no-print-directory $(GOALS_$(SERVED)) SERVE=0; \
 	else \
-	  $(MAKE) --no-print-directory $(1) SERVE=0; \
+	  $(MAKE) --no-print-directory $(GOALS_$(SERVED)) SERVE=0; \
 	fi
-endef
 
 # `make help` lists every target whose rule line ends in `## description` (each public one does;
 # tests/test_habits.py checks that every .PHONY target but FORCE is listed).
@@ -152,13 +170,17 @@ check-params: $(VENV_STAMP)  ## validate PARAMS against the schema, run nothing
 	$(PY) -m storybias.cli check-params $(PARAMS)
 
 # One process validates the profile and refreshes every stage's params stamp; a stamp file changes
-# only when its stage's parameters do, so Make reruns only the stages whose parameters changed.
+# only when its stage's parameters do, so Make reruns only the stages whose parameters changed. A refused
+# profile writes no stamp, and Make must delete none (.PRECIOUS): a refused command deletes nothing.
+.PRECIOUS: $(STAGE_STAMPS)
 $(STAGE_STAMPS) &: $(STAMPS_FORCE) | $(VENV_STAMP)
 	@$(PY) -m storybias.cli stamps $(PARAMS)
 stamps: $(STAGE_STAMPS)  ## refresh every stage's parameter stamp (Make reruns stages whose stamp changed)
 
+GOALS_paper = _paper
+LLM_paper = $(LLM_TARGETS)
 paper: | $(VENV_STAMP)  ## every stage for PARAMS (default params/default.yaml), notebooks executed into reports/<run>/
-	$(call served,_paper,$(LLM_TARGETS))
+	@$(HOLD_RUN) $(MAKE) --no-print-directory _served SERVED=paper
 
 _paper: $(STAGE_TARGETS) $(STAGE_REPORTS)
 	@echo "run '$(RUN)' complete:"

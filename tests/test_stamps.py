@@ -117,7 +117,7 @@ def test_an_operational_setting_reruns_nothing_under_make(tmp_path):
     _write(tmp_path, changed)
     assert make("stamps", f"PARAMS={params_file}", env=env).returncode == 0
     planned = make("-n", *goals, env=env).stdout
-    assert "run-stage" not in planned and "explorer" not in planned, planned
+    assert "run-stage" not in planned and "cli explorer" not in planned, planned
     _write(tmp_path, _set(changed, "generation.engine.enforce_eager", False))  # output-shaping: 01, 03, 04 rerun
     assert make("stamps", f"PARAMS={params_file}", env=env).returncode == 0
     planned = make("-n", *goals, env=env).stdout

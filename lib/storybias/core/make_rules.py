@@ -7,7 +7,9 @@ the committed file is the output, byte for byte). It holds, for every stage:
 - the rule of its Make target (the artifact its notebook writes last): the earlier stages' targets it reads,
   its notebook, its params stamp and the data files it reads (``input_files``), run by ``run-stage``;
 - the rule of its executed notebook (``--report-only``, when the target is up to date but the notebook is
-  missing), and its public target ``make <token>`` (under the ``served`` wrapper when it runs models);
+  missing), and its public target ``make <token>``, which makes both under the Makefile's ``served``
+  wrapper (the run's lock for the whole ``make``, a sub-make that reads the run's folders, the models kept
+  up when the profile asks);
 - the stage's side targets (the explorer), and the lists ``STAGE_TOKENS``, ``STAGE_STAMPS``,
   ``STAGE_TARGETS``, ``STAGE_REPORTS`` and ``LLM_TARGETS`` the Makefile's run-wide rules use.
 
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from storybias.core.artifacts import MAKE_TARGETS, SIDE_TARGETS, STAGES, Stage, artifact
+from storybias.core.artifacts import MAKE_TARGETS, SIDE_TARGETS, STAGE_BY_TOKEN, STAGES, Stage, artifact
 
 GENERATED_PATH = "make/stages.mk"
 HEADER = (
@@ -64,14 +66,12 @@ def _stage_rules(stage: Stage) -> list[str]:
     prereqs += [f"$(wildcard {glob})" for glob in stage.input_files]
     public = f"{stage.token}:"
     describe = f"## stage {stage.number:02d}: {stage.title} ({stage.notebook})"
-    if stage.runs_models:
-        goals = f"{target} {report(stage)}"
-        public_rule = [
-            f"{public} | $(VENV_STAMP)  {describe}",
-            f"\t$(call served,{goals},{' '.join(_llm_targets(stage.number))})",
-        ]
-    else:
-        public_rule = [f"{public} {target} {report(stage)}  {describe}"]
+    public_rule = [
+        f"GOALS_{stage.token} = {target} {report(stage)}",
+        _words(f"LLM_{stage.token} =", _llm_targets(stage.number)),
+        f"{public} | $(VENV_STAMP)  {describe}",
+        f"\t@$(HOLD_RUN) $(MAKE) --no-print-directory _served SERVED={stage.token}",
+    ]
     return [
         _words(f"{target}:", prereqs) + " | $(VENV_STAMP)",
         f"\t$(call run_notebook,{name},{stage.token})",
@@ -84,6 +84,9 @@ def _stage_rules(stage: Stage) -> list[str]:
     ]
 
 
+STAGE_NUMBER = {token: stage.number for token, stage in STAGE_BY_TOKEN.items()}
+
+
 def _side_rules() -> list[str]:
     out = []
     for side in SIDE_TARGETS:
@@ -94,7 +97,10 @@ def _side_rules() -> list[str]:
             f'\t@echo "== {side.artifact}: $@"',
             f"\t@$(PY) -m storybias.cli {side.command} $(PARAMS) > /dev/null",
             "",
-            f"{side.artifact}: {target}  ## {side.title}",
+            f"GOALS_{side.artifact} = {target}",
+            _words(f"LLM_{side.artifact} =", _llm_targets(STAGE_NUMBER[side.stage])),
+            f"{side.artifact}: | $(VENV_STAMP)  ## {side.title}",
+            f"\t@$(HOLD_RUN) $(MAKE) --no-print-directory _served SERVED={side.artifact}",
             "",
         ]
     return out

@@ -2,7 +2,7 @@
 #
 #   make paper [PARAMS=params/default.yaml]   every stage, notebooks executed into reports/<run>/
 #                                              (into $STORYBIAS_DATA/<run>/reports/ when STORYBIAS_DATA is set)
-#   make generate|filter|extract|associations|metrics|probes|crosslens|figures|explorer   one stage (and what it needs)
+#   make <stage> | explorer                   one stage (and what it needs); `make help` lists the stages
 #   SERVE=1|0   each model loaded once per run, kept up across the LLM stages | one in-process engine per stage
 #   make check-params PARAMS=params/x.yaml     validate a profile only
 #   make where | clean-run [PARAMS=...]        print the run's folders | delete them, if they are the run's own
@@ -63,43 +63,43 @@ export STORYBIAS_FIGURES := $(abspath $(STORYBIAS_FIGURES))
 $(call refuse_spaces,STORYBIAS_FIGURES (made absolute),$(STORYBIAS_FIGURES))
 endif
 
-# The run's name: `run_name:` in the profile, else the profile's file name. (The schema restricts
-# run_name, and a file name used as run name, to [A-Za-z0-9_.-], so this sed reads it exactly.)
-RUN_FROM_FILE := $(shell sed -n 's/^run_name:[[:space:]]*["'"'"']\{0,1\}\([A-Za-z0-9_.-]*\).*/\1/p' $(PARAMS) 2>/dev/null)
-RUN := $(if $(RUN_FROM_FILE),$(RUN_FROM_FILE),$(basename $(notdir $(PARAMS))))
-DATA_ROOT := $(if $(STORYBIAS_DATA),$(STORYBIAS_DATA),data)
-DATA := $(DATA_ROOT)/$(RUN)
-# The executed notebooks follow STORYBIAS_DATA (storybias.core.paths.reports_dir), so two runs of one name
-# under two data roots never share one, and the run's lock covers them.
-REPORTS := $(if $(STORYBIAS_DATA),$(DATA)/reports,reports/$(RUN))
+# The run's name and folders, as the project reads them: `storybias.cli where --make` loads and validates
+# the profile (storybias.config.params) and prints RUN, DATA, REPORTS, FIGURES and STAMPS
+# (storybias.core.paths), so Make and the stages never disagree on a spelling of `run_name`. Asked once per
+# checkout, profile path and content and data/figures roots, and kept in .make/ (a week). Before the environment
+# exists (a fresh clone) or for a profile the project refuses, the folders stay unknown: every stage goal
+# runs its stages in a sub-make (`served` below) after the environment is built, which asks again, or is
+# refused with the project's message before anything is touched.
+RUN_KEY := $(shell { printf '%s\n' "$(CURDIR)" "$(PARAMS)" "$(STORYBIAS_DATA)" "$(STORYBIAS_FIGURES)"; \
+                     cat "$(PARAMS)"; } 2>/dev/null | sha256sum | cut -c1-16)
+RUN_VARS := .make/run-$(RUN_KEY).mk
+ifeq ($(wildcard $(RUN_VARS)),)
+ifneq ($(wildcard $(PY)),)
+$(shell mkdir -p .make && find .make -name 'run-*.mk' -mtime +7 -delete; \
+        $(PY) -m storybias.cli where --make "$(PARAMS)" > $(RUN_VARS).tmp 2>/dev/null \
+        && mv $(RUN_VARS).tmp $(RUN_VARS); rm -f $(RUN_VARS).tmp)
+endif
+endif
+-include $(RUN_VARS)
+ifeq ($(RUN),)
+RUN := .unknown-run
+DATA := .make/$(RUN)
+REPORTS := $(DATA)/reports
+FIGURES := $(DATA)/figures
 STAMPS := $(DATA)/.params
+endif
 KERNEL := storybias
-STAGE_STAMPS := $(STAMPS)/generate.params $(STAMPS)/filter.params $(STAMPS)/extract.params $(STAMPS)/metrics.params \
-                $(STAMPS)/associations.params $(STAMPS)/probes.params $(STAMPS)/crosslens.params $(STAMPS)/figures.params
-FIGURES := $(if $(STORYBIAS_FIGURES),$(STORYBIAS_FIGURES),figures)/$(RUN)
 
-# The data files each stage reads besides its parameters: editing one reruns that stage (a stage
-# reuses every stored story / answer whose own inputs did not change, so a rerun costs little).
-DESIGN_FILES := $(wildcard params/designs/*/*.yaml)
-DESIGN_SPECS := $(wildcard params/designs/*/design.yaml)
-REFUSAL_FILES := $(wildcard params/refusals/*.yaml)
-LEXICON_FILES := $(wildcard params/lexicon/*.yaml)
-CUE_FILES := $(wildcard params/cues/*.yaml)
-GOLD_FILES := $(wildcard params/extract/gold/*.yaml)
-EXTRACT_FILES := $(wildcard params/extract/*.yaml)
+# The per-stage part: each stage's target, executed-notebook and public rules, and the lists STAGE_TOKENS,
+# STAGE_STAMPS, STAGE_TARGETS, STAGE_REPORTS and LLM_TARGETS, generated from the stage registry
+# (storybias.core.artifacts.STAGES; `python -m storybias.cli stages-mk > make/stages.mk` after changing it).
+include make/stages.mk
 
 # Every stage's Make target is written last by its notebook. `run-stage` runs the notebook under the
 # run's lock (a second process on the same run is refused and touches nothing) and removes the target
 # itself if its own run fails after writing it; Make must never delete one (.PRECIOUS), or a refused
 # second `make` would delete the good file the first had just written.
-STAGE_TARGETS := $(DATA)/stories.parquet $(DATA)/filtered.parquet $(DATA)/extractions.parquet \
-                 $(DATA)/manifest_metrics.json $(DATA)/manifest_associations.json $(DATA)/manifest_probes.json \
-                 $(DATA)/manifest_crosslens.json $(FIGURES)/figures.json $(FIGURES)/explorer.html
 .PRECIOUS: $(STAGE_TARGETS)
-# The executed notebook of each stage, in stage order (written by the stage's run, after its target).
-STAGE_REPORTS := $(REPORTS)/01_generate.ipynb $(REPORTS)/02_filter.ipynb $(REPORTS)/03_extract.ipynb \
-                 $(REPORTS)/04_associations.ipynb $(REPORTS)/05_metrics.ipynb $(REPORTS)/06_probes.ipynb \
-                 $(REPORTS)/07_crosslens.ipynb $(REPORTS)/08_figures.ipynb
 .PRECIOUS: $(STAGE_REPORTS)
 
 # Execute notebook $(1) for stage $(2) (papermill into reports/<run>/, moved into place on success).
@@ -115,32 +115,35 @@ define report_only
 	@$(PY) -m storybias.cli run-stage $(2) notebooks/$(1).ipynb $(PARAMS) --target $< --report-only
 endef
 
-.PHONY: help where venv model check-params stamps generate filter extract associations metrics probes crosslens figures explorer paper _paper test test-fast lint format typecheck bench-generate bench-engine decode-ceiling stage-times bench-ray plan bench-associations bench-import publish-notebooks lab clean-run FORCE
+.PHONY: help where venv model check-params stamps paper _paper _served test test-fast lint format typecheck bench-generate bench-engine decode-ceiling stage-times bench-ray plan bench-associations bench-import publish-notebooks lab clean-run FORCE
 
-# $(call served,TARGETS,LLM_TARGETS): make TARGETS in a sub-make; under `storybias.cli with-servers` (each
-# model loaded once for the sub-make, stopped when it ends or fails) when SERVE (or the profile) asks for it
-# and one of LLM_TARGETS is out of date.
-define served
+# `$(HOLD_RUN) $(MAKE) _served SERVED=NAME`: what every stage goal and `make paper` run to make
+# $(GOALS_NAME) (the $(MAKE) is written out in each recipe, so `make -n` shows the plan). Under the run's
+# lock (`storybias.cli hold-run`: one lock from the first stage of this `make` to the last, which the stages
+# inherit and `clean-run` respects; a kill releases it), a sub-make, which reads the run's folders now that
+# the environment exists, makes GOALS_NAME, under `storybias.cli with-servers` (each model loaded once for
+# the sub-make, stopped when it ends or fails) when SERVE (or the profile) asks for it and one of
+# $(LLM_NAME) is out of date. A dry run (`make -n`) takes no lock.
+HOLD_RUN = $(if $(findstring n,$(firstword -$(MAKEFLAGS))),,$(PY) -m storybias.cli hold-run $(PARAMS) --)
+_served: | $(VENV_STAMP)
 	@if [ "$(SERVE)" = 0 ]; then serve=0; elif [ "$(SERVE)" = 1 ]; then serve=1; \
 	else serve=$$($(PY) -m storybias.cli serve-mode $(PARAMS)); fi; \
 	if [ "$$serve" = 1 ]; then \
 	  $(MAKE) --no-print-directory stamps SERVE=0; \
-	  if $(MAKE) --no-print-directory -q $(2) STAMPS_FORCE= SERVE=0 >/dev/null 2>&1; then serve=0; fi; \
+	  if $(MAKE) --no-print-directory -q $(LLM_$(SERVED)) STAMPS_FORCE= SERVE=0 >/dev/null 2>&1; then serve=0; fi; \
 	fi; \
 	if [ "$$serve" = 1 ]; then \
-	  $(PY) -m storybias.cli with-servers $(PARAMS) -- $(MAKE) --no-print-directory $(1) SERVE=0; \
+	  $(PY) -m storybias.cli with-servers $(PARAMS) -- $(MAKE) --no-print-directory $(GOALS_$(SERVED)) SERVE=0; \
 	else \
-	  $(MAKE) --no-print-directory $(1) SERVE=0; \
+	  $(MAKE) --no-print-directory $(GOALS_$(SERVED)) SERVE=0; \
 	fi
-endef
-LLM_TARGETS := $(DATA)/stories.parquet $(DATA)/extractions.parquet $(DATA)/manifest_associations.json
 
 # `make help` lists every target whose rule line ends in `## description` (each public one does;
 # tests/test_habits.py checks that every .PHONY target but FORCE is listed).
 help:  ## this list: every target and the variables they read
 	@echo "usage: make TARGET [PARAMS=params/x.yaml] [DEVICE=cpu|cuda]"
 	@echo ""
-	@awk 'BEGIN { FS = ":[^=]*## " } /^[a-zA-Z][a-zA-Z_-]*:[^=]*## / { printf "  %-20s %s\n", $$1, $$2 }' $(firstword $(MAKEFILE_LIST))
+	@awk 'BEGIN { FS = ":[^=]*## " } /^[a-zA-Z][a-zA-Z_-]*:[^=]*## / { printf "  %-20s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
 	@echo ""
 	@echo "variables:"
 	@echo "  PARAMS               the profile (default params/default.yaml); its run_name names data/<run>/"
@@ -167,90 +170,17 @@ check-params: $(VENV_STAMP)  ## validate PARAMS against the schema, run nothing
 	$(PY) -m storybias.cli check-params $(PARAMS)
 
 # One process validates the profile and refreshes every stage's params stamp; a stamp file changes
-# only when its stage's parameters do, so Make reruns only the stages whose parameters changed.
+# only when its stage's parameters do, so Make reruns only the stages whose parameters changed. A refused
+# profile writes no stamp, and Make must delete none (.PRECIOUS): a refused command deletes nothing.
+.PRECIOUS: $(STAGE_STAMPS)
 $(STAGE_STAMPS) &: $(STAMPS_FORCE) | $(VENV_STAMP)
 	@$(PY) -m storybias.cli stamps $(PARAMS)
 stamps: $(STAGE_STAMPS)  ## refresh every stage's parameter stamp (Make reruns stages whose stamp changed)
 
-$(DATA)/stories.parquet: notebooks/01_generate.ipynb $(STAMPS)/generate.params $(DESIGN_FILES) | $(VENV_STAMP)
-	$(call run_notebook,01_generate,generate)
-
-generate: | $(VENV_STAMP)  ## stage 01: generate the stories (notebooks/01_generate.ipynb)
-	$(call served,$(DATA)/stories.parquet $(REPORTS)/01_generate.ipynb,$(DATA)/stories.parquet)
-
-$(DATA)/filtered.parquet: $(DATA)/stories.parquet notebooks/02_filter.ipynb $(STAMPS)/filter.params $(REFUSAL_FILES) | $(VENV_STAMP)
-	$(call run_notebook,02_filter,filter)
-
-filter: $(DATA)/filtered.parquet $(REPORTS)/02_filter.ipynb  ## stage 02: empty, truncated, refusal and language checks (notebooks/02_filter.ipynb)
-
-$(DATA)/extractions.parquet: $(DATA)/filtered.parquet notebooks/03_extract.ipynb $(STAMPS)/extract.params \
-                             $(DESIGN_SPECS) $(GOLD_FILES) $(EXTRACT_FILES) | $(VENV_STAMP)
-	$(call run_notebook,03_extract,extract)
-
-extract: | $(VENV_STAMP)  ## stage 03: extract attributes from each story (notebooks/03_extract.ipynb)
-	$(call served,$(DATA)/extractions.parquet $(REPORTS)/03_extract.ipynb,$(DATA)/stories.parquet $(DATA)/extractions.parquet)
-
-$(DATA)/manifest_metrics.json: $(DATA)/extractions.parquet notebooks/05_metrics.ipynb $(STAMPS)/metrics.params \
-                               $(LEXICON_FILES) $(DESIGN_SPECS) | $(VENV_STAMP)
-	$(call run_notebook,05_metrics,metrics)
-
-metrics: $(DATA)/manifest_metrics.json $(REPORTS)/05_metrics.ipynb  ## stage 05: BiasedTales-ML metrics (notebooks/05_metrics.ipynb)
-
-$(DATA)/manifest_associations.json: $(DATA)/extractions.parquet notebooks/04_associations.ipynb $(STAMPS)/associations.params \
-                                    $(DESIGN_FILES) | $(VENV_STAMP)
-	$(call run_notebook,04_associations,associations)
-
-associations: | $(VENV_STAMP)  ## stage 04: StereoTales associations and harm (notebooks/04_associations.ipynb)
-	$(call served,$(DATA)/manifest_associations.json $(REPORTS)/04_associations.ipynb,$(LLM_TARGETS))
-
-$(DATA)/manifest_probes.json: $(DATA)/extractions.parquet notebooks/06_probes.ipynb $(STAMPS)/probes.params \
-                              $(CUE_FILES) | $(VENV_STAMP)
-	$(call run_notebook,06_probes,probes)
-
-probes: $(DATA)/manifest_probes.json $(REPORTS)/06_probes.ipynb  ## stage 06: Feng et al. probes (notebooks/06_probes.ipynb)
-
-# The cross-lens stage reads stages 04-06's tables and computes no lens: a change in one of them reruns
-# that stage and this one only.
-$(DATA)/manifest_crosslens.json: $(DATA)/manifest_associations.json $(DATA)/manifest_metrics.json $(DATA)/manifest_probes.json \
-                                 notebooks/07_crosslens.ipynb $(STAMPS)/crosslens.params | $(VENV_STAMP)
-	$(call run_notebook,07_crosslens,crosslens)
-
-crosslens: $(DATA)/manifest_crosslens.json $(REPORTS)/07_crosslens.ipynb  ## stage 07: the three lenses side by side (notebooks/07_crosslens.ipynb)
-
-# Notebook 08 only draws: it reruns when an artifact it reads or a `figures:` parameter changes.
-$(FIGURES)/figures.json: $(DATA)/filtered.parquet $(DATA)/manifest_associations.json $(DATA)/manifest_metrics.json \
-                         $(DATA)/manifest_probes.json $(DATA)/manifest_crosslens.json notebooks/08_figures.ipynb \
-                         $(STAMPS)/figures.params | $(VENV_STAMP)
-	$(call run_notebook,08_figures,figures)
-
-figures: $(FIGURES)/figures.json $(REPORTS)/08_figures.ipynb  ## stage 08: every figure, PNG + PDF, into figures/<run>/ (notebooks/08_figures.ipynb)
-
-$(FIGURES)/explorer.html: $(DATA)/filtered.parquet $(DATA)/extractions.parquet $(DATA)/manifest_associations.json \
-                          $(STAMPS)/figures.params | $(VENV_STAMP)
-	@echo "== explorer: $@"
-	@$(PY) -m storybias.cli explorer $(PARAMS) > /dev/null
-
-explorer: $(FIGURES)/explorer.html  ## the stories explorer, one HTML page in figures/<run>/
-
-$(REPORTS)/01_generate.ipynb: $(DATA)/stories.parquet | $(VENV_STAMP)
-	$(call report_only,01_generate,generate)
-$(REPORTS)/02_filter.ipynb: $(DATA)/filtered.parquet | $(VENV_STAMP)
-	$(call report_only,02_filter,filter)
-$(REPORTS)/03_extract.ipynb: $(DATA)/extractions.parquet | $(VENV_STAMP)
-	$(call report_only,03_extract,extract)
-$(REPORTS)/04_associations.ipynb: $(DATA)/manifest_associations.json | $(VENV_STAMP)
-	$(call report_only,04_associations,associations)
-$(REPORTS)/05_metrics.ipynb: $(DATA)/manifest_metrics.json | $(VENV_STAMP)
-	$(call report_only,05_metrics,metrics)
-$(REPORTS)/06_probes.ipynb: $(DATA)/manifest_probes.json | $(VENV_STAMP)
-	$(call report_only,06_probes,probes)
-$(REPORTS)/07_crosslens.ipynb: $(DATA)/manifest_crosslens.json | $(VENV_STAMP)
-	$(call report_only,07_crosslens,crosslens)
-$(REPORTS)/08_figures.ipynb: $(FIGURES)/figures.json | $(VENV_STAMP)
-	$(call report_only,08_figures,figures)
-
+GOALS_paper = _paper
+LLM_paper = $(LLM_TARGETS)
 paper: | $(VENV_STAMP)  ## every stage for PARAMS (default params/default.yaml), notebooks executed into reports/<run>/
-	$(call served,_paper,$(LLM_TARGETS))
+	@$(HOLD_RUN) $(MAKE) --no-print-directory _served SERVED=paper
 
 _paper: $(STAGE_TARGETS) $(STAGE_REPORTS)
 	@echo "run '$(RUN)' complete:"

@@ -15,7 +15,7 @@ import yaml
 
 from storybias import cli
 from storybias.config import params
-from storybias.core import artifacts, paths
+from storybias.core import artifacts, make_rules, paths, registry_docs
 from storybias.stages.associations import tables
 from storybias.stages.associations.comparison import COMPARISON_SCHEMA
 from storybias.stages.associations.findings import FINDINGS_SCHEMA
@@ -56,8 +56,8 @@ def test_eight_stages_one_token_each():
 
 
 def _make_rules() -> dict[str, tuple[str, str]]:
-    """stage token -> (the file its notebook rule makes, that rule's text) from the Makefile."""
-    text = (ROOT / "Makefile").read_text().replace("\\\n", " ")
+    """stage token -> (the file its notebook rule makes, that rule's text) from the generated make/stages.mk."""
+    text = (ROOT / make_rules.GENERATED_PATH).read_text().replace("\\\n", " ")
     rules = {}
     for m in re.finditer(
         r"^\$\((DATA|FIGURES)\)/(\S+):([^\n]*)\n\t\$\(call run_notebook,(\d\d)_(\w+),(\w+)\)", text, re.M
@@ -71,7 +71,7 @@ def _make_rules() -> dict[str, tuple[str, str]]:
 def test_make_targets_are_the_registry_paths():
     rules = _make_rules()
     assert set(rules) == set(TOKENS)
-    text = (ROOT / "Makefile").read_text()
+    text = (ROOT / make_rules.GENERATED_PATH).read_text()
     for stage in artifacts.STAGES:
         target, prereqs = rules[stage.token]
         first = artifacts.artifact(artifacts.MAKE_TARGETS[stage.token][0])
@@ -80,26 +80,22 @@ def test_make_targets_are_the_registry_paths():
         assert re.search(rf"^{stage.token}:.*## stage {stage.number:02d}", text, re.M), f"make {stage.token}"
     # every file in STAGE_TARGETS is a registry path of the stage that makes it
     made = {a.pattern for names in artifacts.MAKE_TARGETS.values() for a in map(artifacts.artifact, names)}
-    assert set(artifacts.make_target_names(ROOT / "Makefile")) == made
-
-
-def _make_variables() -> dict[str, str]:
-    """NAME -> glob of every ``NAME := $(wildcard GLOB)`` line of the Makefile."""
-    text = (ROOT / "Makefile").read_text()
-    return dict(re.findall(r"^(\w+) := \$\(wildcard (\S+)\)$", text, re.M))
+    assert set(artifacts.make_target_names(ROOT / make_rules.GENERATED_PATH)) == made
 
 
 def test_make_rules_read_what_the_registry_says_each_stage_reads():
     """Each notebook rule's prerequisites are exactly the stage's registry inputs: the earlier stages'
     artifacts (``reads``) and the data files (``input_files``), besides its notebook and params stamp."""
-    rules, globs = _make_rules(), _make_variables()
+    rules = {
+        token: (target, rule.replace("$(wildcard ", "$(wildcard")) for token, (target, rule) in _make_rules().items()
+    }
     by_pattern = {a.pattern: a.name for a in artifacts.ARTIFACTS}
     for stage in artifacts.STAGES:
         _, prereqs = rules[stage.token]
         words = prereqs.split("|")[0].split()
         assert stage.notebook in words and f"$(STAMPS)/{stage.token}.params" in words, stage.token
         reads = [by_pattern[w.split("/", 1)[1]] for w in words if w.startswith(("$(DATA)/", "$(FIGURES)/"))]
-        files = [globs[w[2:-1]] for w in words if w.startswith("$(") and w.endswith(("_FILES)", "_SPECS)"))]
+        files = [w[len("$(wildcard") : -1] for w in words if w.startswith("$(wildcard")]
         assert sorted(reads) == sorted(stage.reads), (stage.token, reads)
         assert sorted(files) == sorted(stage.input_files), (stage.token, files)
         assert len(words) == 2 + len(reads) + len(files), (stage.token, words)
@@ -109,7 +105,7 @@ def test_make_rules_read_what_the_registry_says_each_stage_reads():
 
 def test_data_contract_is_generated_from_the_registry():
     committed = (ROOT / "docs" / "data-contract.md").read_text()
-    assert committed == artifacts.data_contract(), (
+    assert committed == registry_docs.data_contract(), (
         "docs/data-contract.md differs from the registry: run "
         "`python -m storybias.cli data-contract > docs/data-contract.md`"
     )
@@ -196,7 +192,7 @@ def test_cli_prints_stage_outputs_and_data_contract(capsys):
         str(paths.figures_dir("smoke") / "explorer.html"),
     ]
     assert cli.main(["data-contract"]) == 0
-    assert capsys.readouterr().out == artifacts.data_contract()
+    assert capsys.readouterr().out == registry_docs.data_contract()
 
 
 def test_stage_table_lists_the_stage_entries():
@@ -205,3 +201,77 @@ def test_stage_table_lists_the_stage_entries():
     assert table.loc[table.artifact == "vsr", "columns"].item().startswith("design: large_string, model: large_string")
     with pytest.raises(KeyError, match="no stage 'extraction'"):
         artifacts.stage_table("extraction")
+
+
+# --- one declaration per stage (issue #59, item 1) ------------------------------------------------
+
+
+def test_make_stages_mk_is_generated_from_the_registry():
+    committed = (ROOT / make_rules.GENERATED_PATH).read_text()
+    assert committed == make_rules.stages_mk(), (
+        "make/stages.mk differs from the stage registry: run `python -m storybias.cli stages-mk > make/stages.mk`"
+    )
+
+
+def test_makefile_names_no_stage_outside_the_generated_part():
+    """Adding a stage is a registry entry and a regenerated make/stages.mk: the Makefile itself names
+    no stage token, notebook, stage target or per-stage stamp."""
+    text = (ROOT / "Makefile").read_text()
+    assert re.search(r"^include make/stages\.mk$", text, re.M)
+    # comments and messages may name stages; `$(filter` is Make's function, `figures/` the figures root
+    code = "\n".join(line.split("#", 1)[0] for line in text.splitlines() if not line.startswith("\t@echo"))
+    code = code.replace("$(filter ", "$(")
+    for stage in artifacts.STAGES:
+        assert not re.search(rf"(?<![\w/-]){stage.token}(?![\w/-])", code.replace(",figures)/", ")/")), stage.token
+        assert Path(stage.notebook).stem not in code
+    for name in (n for names in artifacts.MAKE_TARGETS.values() for n in names):
+        assert artifacts.artifact(name).pattern not in code, name
+
+
+def test_stage_independence_contract_lists_every_stage():
+    """pyproject.toml's "no stage imports another stage" contract covers every registry stage (it once
+    left out storybias.stages.crosslens), plus the explorer, which stage 08's Make target writes."""
+    import tomllib
+
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    independent = next(c for c in contracts if c["type"] == "independence")
+    expected = [f"storybias.{s.module}" for s in artifacts.STAGES]
+    expected += [f"storybias.stages.{side.command}" for side in artifacts.SIDE_TARGETS]
+    assert independent["modules"] == expected
+
+
+def test_every_make_target_of_the_registry_is_a_rule(tmp_path):
+    """`make -pn` of the generated rules knows each stage's public target, Make target and report."""
+    import subprocess
+
+    done = subprocess.run(
+        ["make", "-pn", "--no-print-directory", "help", "PARAMS=params/default.yaml"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    rules = set(re.findall(r"^([^#\s][^:\s]*):", done.stdout, re.M))
+    for stage in artifacts.STAGES:
+        assert stage.token in rules
+        assert f"reports/default/{Path(stage.notebook).stem}.ipynb" in rules
+        for name in artifacts.MAKE_TARGETS[stage.token]:
+            entry = artifacts.artifact(name)
+            assert f"{'data' if entry.root == 'data' else 'figures'}/default/{entry.pattern}" in rules
+
+
+def test_pipeline_stage_table_is_generated_from_the_registry():
+    text = (ROOT / "docs" / "pipeline.md").read_text()
+    assert text == registry_docs.with_stage_table(text), (
+        "docs/pipeline.md's stage table differs from the registry: regenerate it from "
+        "`python -m storybias.cli stage-table`"
+    )
+    assert registry_docs.stage_table() in registry_docs.data_contract()  # the data contract's index
+
+
+def test_stage_times_reads_the_registry_stages():
+    from storybias.tools import stage_times
+
+    assert set(stage_times.DETAILS) <= set(artifacts.STAGE_BY_TOKEN)
+    assert set(stage_times.MACHINE_STAGES) <= {s.token for s in artifacts.STAGES if s.runs_models}

@@ -124,7 +124,9 @@ def promises_without_tests(text: str, section: str) -> list[str]:
 
 
 def makefile_targets() -> set[str]:
-    text = (ROOT / "Makefile").read_text(encoding="utf-8").replace("\\\n", " ")
+    """The targets of the Makefile and of what it includes (make/stages.mk: the stages)."""
+    files = [ROOT / "Makefile", *sorted((ROOT / "make").glob("*.mk"))]
+    text = "\n".join(f.read_text(encoding="utf-8") for f in files).replace("\\\n", " ")
     targets = set(re.findall(r"^([A-Za-z0-9_][A-Za-z0-9_.-]*)[ \t]*:(?!=)", text, re.M))
     for line in text.splitlines():
         if line.startswith(".PHONY:"):

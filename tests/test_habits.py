@@ -30,7 +30,9 @@ ARXIV_IDS = {"2605.10442", "2604.17008", "2608.23026"}  # StereoTales, BiasedTal
 
 
 def _phony_targets() -> set[str]:
-    text = (ROOT / "Makefile").read_text().replace("\\\n", " ")
+    """The .PHONY targets of the Makefile and of what it includes (make/stages.mk: the stages)."""
+    files = [ROOT / "Makefile", *sorted((ROOT / "make").glob("*.mk"))]
+    text = "\n".join(f.read_text() for f in files).replace("\\\n", " ")
     return {t for line in text.splitlines() if line.startswith(".PHONY:") for t in line.split(":", 1)[1].split()}
 
 

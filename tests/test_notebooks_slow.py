@@ -88,7 +88,7 @@ def test_named_values_of_stage_04_are_what_its_tables_say(nbval_run):
     """Notebook 04's recorded counts equal the counts of the tables stage 04 wrote, and the stories
     it analysed are the parsed stereotales extractions."""
     _, data, _, _ = nbval_run
-    values = _values(data, "04_associations")
+    values = _values(data, "associations")
     attributes = pd.read_parquet(data / "associations_attributes.parquet")
     cells = pd.read_parquet(data / "associations_values.parquet")
     ratings = pd.read_parquet(data / "harm_ratings.parquet")
@@ -105,7 +105,7 @@ def test_named_values_of_stage_04_are_what_its_tables_say(nbval_run):
 
 def test_named_values_of_stage_06_are_what_its_tables_say(nbval_run):
     _, data, _, _ = nbval_run
-    values = _values(data, "06_probes")
+    values = _values(data, "probes")
     manifest = json.loads((data / "manifest_probes.json").read_text())
     probes = pd.read_parquet(data / "probes.parquet")
     separability = pd.read_parquet(data / "separability.parquet")
@@ -115,7 +115,7 @@ def test_named_values_of_stage_06_are_what_its_tables_say(nbval_run):
     assert values["separability"] == {r.version: _nan_to_none(r.balanced_accuracy) for r in separability.itertuples()}
     ok = probes[probes["variant"].isin(["full", "cue_deleted", "delta"]) & (probes["status"] == "ok")]
     assert values["auc"] == {f"{r.language}/{r.genre}/{r.variant}": _nan_to_none(r.auc) for r in ok.itertuples()}
-    figures = _values(data, "08_figures")
+    figures = _values(data, "figures")
     assert figures["n_figures"] == len(plots.FIGURES) and figures["stems"][0] == "01_vsr_heatmap"
 
 

@@ -310,9 +310,11 @@ def test_editing_a_params_data_file_reruns_the_stage_that_reads_it(tmp_path, edi
         (data / run / name).write_text("stand-in")
         time.sleep(0.01)
     finished_reports(data / run / "reports", "04_associations", "05_metrics", "06_probes")
-    up_to_date = make("-n", "probes", "metrics", f"PARAMS={params_file}", env=env)
+    # the stage targets' files: `-W` does not reach the sub-make that `make probes` runs its stages in
+    goals = [str(data / run / "manifest_probes.json"), str(data / run / "manifest_metrics.json")]
+    up_to_date = make("-n", *goals, f"PARAMS={params_file}", env=env)
     assert "run-stage" not in up_to_date.stdout, up_to_date.stdout
-    after_edit = make("-n", "-W", edited, "probes", "metrics", f"PARAMS={params_file}", env=env)
+    after_edit = make("-n", "-W", edited, *goals, f"PARAMS={params_file}", env=env)
     assert f"notebooks/{stage_notebook}.ipynb" in after_edit.stdout, after_edit.stdout
 
 
@@ -333,6 +335,7 @@ def test_changing_stage_04s_parameters_reruns_04_and_the_cross_lens_stage_not_th
     stamp = data / run / ".params" / "associations.params"
     up_to_date = make("-n", "crosslens", f"PARAMS={params_file}", "STAMPS_FORCE=", env=env)
     assert "run-stage" not in up_to_date.stdout, up_to_date.stdout
-    after = make("-n", "-W", str(stamp), "crosslens", "probes", f"PARAMS={params_file}", "STAMPS_FORCE=", env=env)
+    goals = [str(data / run / "manifest_crosslens.json"), str(data / run / "manifest_probes.json")]  # (-W: files)
+    after = make("-n", "-W", str(stamp), *goals, f"PARAMS={params_file}", "STAMPS_FORCE=", env=env)
     assert "notebooks/04_associations.ipynb" in after.stdout and "notebooks/07_crosslens.ipynb" in after.stdout
     assert "06_probes" not in after.stdout, after.stdout

@@ -110,7 +110,7 @@ def test_every_notebook_runs_its_stage_records_once_and_computes_nothing(stage):
     assert not offending, f"{stage.notebook} computes in its code cells: {offending}"
 
 
-def test_a_result_answers_by_name_and_records_under_its_notebook(tmp_path, monkeypatch):
+def test_a_result_answers_by_name_and_records_under_its_stage_token(tmp_path, monkeypatch):
     import pandas as pd
 
     monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path))
@@ -120,4 +120,4 @@ def test_a_result_answers_by_name_and_records_under_its_notebook(tmp_path, monke
     with pytest.raises(KeyError, match="stage metrics has no table or detail 'nope'"):
         result["nope"]
     result.record()
-    assert json.loads((tmp_path / "r" / "values" / "05_metrics.json").read_text()) == {"n": 3}
+    assert json.loads((tmp_path / "r" / "values" / "metrics.json").read_text()) == {"n": 3}

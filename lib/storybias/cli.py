@@ -8,6 +8,8 @@ check-params PARAMS        validate a profile (exit 2 with the problems, naming 
 with-servers PARAMS -- CMD ...   run CMD with each local model of the profile loaded once and kept up (a
                            model host started by the first stage that needs it, storybias.engines.host, or
                            a vLLM server, storybias.engines.serve), stopped when CMD ends, fails or is interrupted
+hold-run PARAMS -- CMD ...  run CMD (Make's sub-make of a stage goal or of the paper) holding the run's lock
+                           from its first stage to its last; the stages inherit it, clean-run is refused
 serve-mode PARAMS          print 1 when the profile keeps its models up across stages (shared_server), else 0
 stamps PARAMS              write data/<run>/.params/<stage>.params (content changes only): each stage's
                            parameters digest and the sha256 of every file the profile names that it reads
@@ -32,9 +34,13 @@ run-stage STAGE NOTEBOOK PARAMS [--target FILE] [--report-only]   what Make runs
                            the run's lock (--report-only: the target is up to date, only its executed
                            notebook is missing; the target keeps its time)
 clean-run PARAMS           delete the run's own folders (data/<run>, reports/<run>, figures/<run>), each
-                           only if it is the run's own (storybias.core.run_folders)
-where PARAMS               print the run's name and folders (absolute paths)
+                           only if it is the run's own (storybias.core.run_folders) and no make holds the
+                           run; a file git tracks is kept, and named
+where PARAMS [--make]      print the run's name and folders (absolute paths; --make: as the Makefile's
+                           RUN, DATA, REPORTS, FIGURES and STAMPS, which it reads from here)
 data-contract              print docs/data-contract.md, generated from the artifact registry
+stages-mk                  print make/stages.mk, the Makefile's per-stage rules, generated from the stage registry
+stage-table                print the stage table (docs/pipeline.md, the data contract's index), from the registry
 outputs STAGE PARAMS       print the files Make tracks for STAGE (storybias.core.artifacts.MAKE_TARGETS)
 publish-notebooks PARAMS   copy the outputs of the run's executed notebooks (reports/<run>/) into notebooks/
 """
@@ -50,10 +56,12 @@ from storybias.config.lenses import format_shortfalls, lens_shortfalls
 from storybias.config.models import EMBEDDED, ModelError, prepare_embedded_models
 from storybias.config.params import Params, ParamsError, load, write_stage_stamps
 from storybias.core import paths
-from storybias.core.artifacts import data_contract
 from storybias.core.artifacts import outputs as stage_outputs
 from storybias.core.integrity import invalidate_corrupt
 from storybias.core.locks import RunBusy, clean_run
+from storybias.core.locks import RunBusy, clean_run, hold_run
+from storybias.core.make_rules import stages_mk
+from storybias.core.registry_docs import data_contract, stage_table
 from storybias.core.run_folders import RunFolderError, claim
 from storybias.engines import EngineError
 from storybias.engines.serve import ServerError, with_servers
@@ -91,8 +99,11 @@ def _load(path: str) -> Params:
 
 def _add_profile_commands(sub: argparse._SubParsersAction) -> None:
     """The commands that take a profile only, and prepare-model."""
-    for name in ("check-params", "stamps", "run-name", "generate", "clean-run", "where", "serve-mode"):
+    for name in ("check-params", "stamps", "run-name", "generate", "clean-run", "serve-mode"):
         sub.add_parser(name).add_argument("params")
+    where = sub.add_parser("where")
+    where.add_argument("params")
+    where.add_argument("--make", action="store_true", help="as Make assignments (RUN, DATA, REPORTS, FIGURES, STAMPS)")
     prep = sub.add_parser("prepare-model")
     prep.add_argument("--model", action="append", help="an embedded model's key (repeatable; default: every one)")
 
@@ -147,6 +158,9 @@ def _add_run_commands(sub: argparse._SubParsersAction) -> None:
     explorer.add_argument(
         "--max-stories", type=int, default=None, help="stories embedded per design x model x language (default 200)"
     )
+    hold = sub.add_parser("hold-run")
+    hold.add_argument("params")
+    hold.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the command to run")
     servers = sub.add_parser("with-servers")
     servers.add_argument("params")
     servers.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the command to run")
@@ -164,6 +178,8 @@ def _add_run_commands(sub: argparse._SubParsersAction) -> None:
         "keeping the target's time so later stages do not rerun",
     )
     sub.add_parser("data-contract")
+    sub.add_parser("stages-mk")
+    sub.add_parser("stage-table")
     outputs = sub.add_parser("outputs")
     outputs.add_argument("stage")
     outputs.add_argument("params")
@@ -185,6 +201,16 @@ def _build_parser() -> argparse.ArgumentParser:
 
 def _data_contract(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     sys.stdout.write(data_contract())
+    return 0
+
+
+def _stages_mk(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    sys.stdout.write(stages_mk())
+    return 0
+
+
+def _stage_table(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    sys.stdout.write(stage_table())
     return 0
 
 
@@ -250,6 +276,14 @@ def _refused(p: Params, problems: list[str]) -> bool:
     return bool(problems)
 
 
+def _hold_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    p = _load(args.params)
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        parser.error("hold-run: give the command after --")
+    return hold_run(p.run_name, cmd, log=lambda m: print(m, file=sys.stderr, flush=True))
+
+
 def _run_stage(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     p = _load(args.params)
     if not args.report_only and _refused(p, stage_key_problems(p.profile, args.stage)):  # keys before work
@@ -267,7 +301,7 @@ def _run_stage(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
 def _clean_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     p = _load(args.params)
     try:
-        removed = clean_run(p.run_name)
+        removed, kept = clean_run(p.run_name)
     except RunBusy as exc:
         print(f"storybias: {exc}", file=sys.stderr)
         return 3
@@ -275,11 +309,20 @@ def _clean_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
         print(f"storybias: {exc}", file=sys.stderr)
         return 2
     print("\n".join(f"removed {path}" for path in removed) if removed else f"run '{p.run_name}': nothing to remove")
+    if kept:
+        print(f"kept {len(kept)} file(s) git tracks (committed, not the run's to delete): " + ", ".join(map(str, kept)))
     return 0
 
 
 def _where(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     p = _load(args.params)
+    if args.make:  # the Makefile's one reader of the run's name and folders
+        try:
+            sys.stdout.write(paths.make_variables(p.run_name))
+        except ValueError as exc:
+            print(f"storybias: {exc}", file=sys.stderr)
+            return 2
+        return 0
     print(
         f"run {p.run_name}\ndata {paths.run_dir(p.run_name)}\nreports {paths.reports_dir(p.run_name)}\n"
         f"figures {paths.figures_dir(p.run_name)}"
@@ -426,8 +469,11 @@ _COMMANDS: dict[str, Handler] = {
     "bench-import": _bench_import,
     "explorer": _explorer,
     "with-servers": _with_servers,
+    "hold-run": _hold_run,
     "run-stage": _run_stage,
     "data-contract": _data_contract,
+    "stages-mk": _stages_mk,
+    "stage-table": _stage_table,
     "outputs": _outputs,
     "publish-notebooks": _publish_notebooks,
 }

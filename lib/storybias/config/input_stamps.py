@@ -8,13 +8,21 @@ stage's parameters digest, then one ``<sha256>  <file>`` line per file the stage
 stage whose stamp changed, so editing one story of an imported table reruns stage 01 (and what reads
 its output), editing a human rating reruns stage 04 (and 07, 08), and nothing else.
 
+A stamp is what the stage read, not what the profile said when Make looked: ``run-stage`` asks the stage's
+notebook to note the digest of the parameters it loaded (:data:`READ_ENV`, :func:`note_read`, called by
+``storybias.config.params.load``), and after the stage puts that digest in the stamp (:func:`settle_stamp`).
+A profile edited while the stage ran, then restored, leaves a stamp that differs from the profile, so the
+next ``make`` reruns the stage instead of calling its result up to date.
+
 The hashes are cached by file size and modification time (``storybias.core.fingerprint``) in
 ``data/<run>/.params/input-hashes.json``: an unchanged multi-gigabyte corpus is not read again.
 """
 
 from __future__ import annotations
 
+import os
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +37,9 @@ from storybias.evidence.labels import PublishedFormatError
 from storybias.evidence.released_associations import published_files
 
 HASH_STORE = "input-hashes.json"  # in data/<run>/.params/, beside the stamps
+# "<stage>:<file>": set by run-stage for the stage's notebook; each profile load appends its digest to <file>
+READ_ENV = "STORYBIAS_STAGE_READ"
+MIXED = "mixed"  # the first line of a stamp whose stage loaded two different profiles: never matches one
 
 
 class InputFileError(ValueError):
@@ -115,3 +126,31 @@ def file_settings(model: type[BaseModel], prefix: str = "") -> list[str]:
         for inner in _models_in(info.annotation):
             keys += file_settings(inner, f"{key}.")
     return sorted(set(keys))
+
+
+def note_read(stage_digest: Callable[[str], str]) -> None:
+    """Append the digest of the parameters just loaded (``stage_digest(stage)``) to the file :data:`READ_ENV`
+    names, when a stage run set it for this process (a stage's notebook under ``run-stage``)."""
+    stage, _, record = os.environ.get(READ_ENV, "").partition(":")
+    if stage in STAGE_BY_TOKEN and record:
+        with open(record, "a", encoding="utf-8") as out:
+            out.write(stage_digest(stage) + "\n")
+
+
+def settle_stamp(stamp: Path, record: Path, target: Path | None) -> str | None:
+    """After a stage ran: make ``stamp`` hold the digest its notebook noted in ``record`` (:func:`note_read`),
+    with ``target``'s modification time, so that ``make`` reruns the stage exactly when the profile now
+    differs from what the stage read. Returns the digest written when it differed from the stamp's, else
+    None (nothing noted, no stamp, or the same digest)."""
+    noted = list(dict.fromkeys(record.read_text(encoding="utf-8").split())) if record.is_file() else []
+    if not noted or not stamp.is_file():
+        return None
+    read = noted[0] if len(noted) == 1 else MIXED
+    head, _, files = stamp.read_text(encoding="utf-8").partition("\n")
+    if head == read:
+        return None
+    stamp.write_text(f"{read}\n{files}", encoding="utf-8")
+    if target is not None and target.exists():  # not newer than the target: a kept edit reruns nothing
+        when = target.stat().st_mtime_ns
+        os.utime(stamp, ns=(when, when))
+    return read

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ValidationError, field_validator, model_validator
 
 from storybias.config.analysis_sections import (
     AssociationSettings,
@@ -41,7 +41,8 @@ from storybias.config.checks import repeated_items
 from storybias.config.corpus import CorpusSettings, check_files
 from storybias.config.designs import design_cells, get
 from storybias.config.designs import get as get_design
-from storybias.config.input_stamps import HASH_STORE, InputFileError, stage_files, stage_stamp
+from storybias.config.input_stamps import HASH_STORE, InputFileError, note_read, stage_files, stage_stamp
+from storybias.config.output_fields import STAMP_IGNORED_ENGINE_FIELDS, STAMP_IGNORED_MODEL_FIELDS
 from storybias.config.prompts import available_languages
 from storybias.config.prompts import names as design_names
 from storybias.config.story_sections import (
@@ -236,7 +237,11 @@ class Params:
         return {"run_name": self.run_name, "source": str(self.source), **self.profile.model_dump(mode="json")}
 
     def stage_digest(self, stage: str) -> str:
-        dumped = self.profile.model_dump(mode="json")
+        """The sha256 of the parameters stage ``stage`` reads (its registry sections), without the settings
+        that cannot change its outputs (storybias.config.output_fields, the answer cache's classification):
+        an operational engine or model setting reruns no stage, an output-shaping one reruns each stage
+        whose sections hold it."""
+        dumped = _output_shaping(self.profile, self.profile.model_dump(mode="json"))
         section = {}
         for name in STAGE_SECTIONS[stage]:
             value = dumped
@@ -246,6 +251,23 @@ class Params:
         for key in NOT_IN_DIGEST.get(stage, ()):
             section[stage].pop(key, None)
         return hashlib.sha256(json.dumps(section, sort_keys=True).encode()).hexdigest()
+
+
+def _output_shaping(value: Any, dumped: Any) -> Any:
+    """``dumped`` (``value``'s JSON dump) without the operational fields of every ModelSpec and
+    EngineSettings in it (STAMP_IGNORED_MODEL_FIELDS, STAMP_IGNORED_ENGINE_FIELDS)."""
+    if isinstance(value, BaseModel) and isinstance(dumped, dict):
+        skip: frozenset[str] = frozenset()
+        if isinstance(value, ModelSpec):
+            skip = STAMP_IGNORED_MODEL_FIELDS
+        elif isinstance(value, EngineSettings):
+            skip = STAMP_IGNORED_ENGINE_FIELDS
+        return {k: _output_shaping(getattr(value, k, None), v) for k, v in dumped.items() if k not in skip}
+    if isinstance(value, list | tuple) and isinstance(dumped, list):
+        return [_output_shaping(item, d) for item, d in zip(value, dumped, strict=False)]
+    if isinstance(value, dict) and isinstance(dumped, dict):
+        return {k: _output_shaping(value.get(k), v) for k, v in dumped.items()}
+    return dumped
 
 
 def _format_location(loc: tuple[Any, ...]) -> str:
@@ -488,7 +510,9 @@ def load(path: str | Path) -> Params:
         problems += run_folders.problems(run_name)
     if problems:
         raise ParamsError(f"{source}: invalid parameters:\n" + "\n".join(f"  - {p}" for p in problems))
-    return Params(profile, source)
+    params = Params(profile, source)
+    note_read(params.stage_digest)  # under run-stage: what this stage read (storybias.config.input_stamps)
+    return params
 
 
 def write_stage_stamps(params: Params, folder: Path) -> list[Path]:

@@ -1,10 +1,13 @@
 """The registry of stages and artifacts: one name per stage, one entry per file a stage writes.
 
 Each stage has one token (``generate``, ``filter``, ``extract``, ``associations``, ``metrics``,
-``probes``, ``figures``) used as its Make target, notebook name (``notebooks/NN_<token>.ipynb``),
-``lib`` module (``storybias.<token>``; stage 08's figures are drawn by ``storybias.stages.figures``), params
-section and manifest (``manifest_<token>.json``). :data:`STAGES` lists them; tests check that the
-Makefile, the notebooks, the modules and the params schema agree with it.
+``probes``, ``crosslens``, ``figures``) used as its Make target, notebook name
+(``notebooks/NN_<token>.ipynb``), ``lib`` module (``storybias.stages.<token>``), params section, manifest
+(``manifest_<token>.json``) and recorded values (``values/<token>.json``). :data:`STAGES` is the one
+declaration of the stages: the Makefile's per-stage rules (``make/stages.mk``, written by
+``python -m storybias.cli stages-mk``, :mod:`storybias.core.make_rules`), the import-linter contract that
+stages never import each other, ``stage-times``, the data contract's index and the stage table of
+``docs/pipeline.md`` are derived from it, and tests check that each derived copy equals it.
 
 Each artifact has a name, a path pattern under ``data/<run>/`` (or ``figures/<run>/``), its Arrow
 schema, the stage that writes it and a one-line meaning (:data:`ARTIFACTS`). ``storybias.core.paths``
@@ -50,6 +53,14 @@ class Stage:
     # the profile's settings that name files it reads ("a.b.c"; a list of models: "generation.models.chat_template"):
     # each file's sha256 enters the stage's params stamp (storybias.config.input_stamps)
     profile_files: tuple[str, ...] = ()
+    # its notebook runs models (stages 01, 03, 04): under SERVE=1 Make keeps them up across these stages
+    runs_models: bool = False
+    target: str | None = None  # the artifact Make tracks for the stage, written last (default: its manifest)
+
+    @property
+    def make_target(self) -> str:
+        """The registry name of the artifact Make tracks for the stage (its notebook writes it last)."""
+        return self.target or self.manifest
 
     @property
     def notebook(self) -> str:
@@ -76,6 +87,8 @@ STAGES: tuple[Stage, ...] = (
         (),
         (DESIGN_FILES,),
         ("corpus.path", "generation.models.chat_template"),
+        runs_models=True,
+        target="stories",
     ),
     Stage(
         2,
@@ -85,6 +98,7 @@ STAGES: tuple[Stage, ...] = (
         "language identification, refusals, valid-story rate",
         ("stories",),
         ("params/refusals/*.yaml",),
+        target="filtered",
     ),
     # stages 03 and 04 run their models on generation.engine: a setting there that shapes outputs reruns them
     Stage(
@@ -96,6 +110,8 @@ STAGES: tuple[Stage, ...] = (
         ("filtered",),
         (DESIGN_SPECS, "params/extract/gold/*.yaml", "params/extract/*.yaml"),
         ("extract.models.chat_template", "extract.human_validation"),  # the validation: notebook 03's report
+        runs_models=True,
+        target="extractions",
     ),
     Stage(
         4,
@@ -106,6 +122,7 @@ STAGES: tuple[Stage, ...] = (
         ("extractions",),
         (DESIGN_FILES,),
         ("associations.judge.models.chat_template", "associations.human_ratings", "associations.published"),
+        runs_models=True,
     ),
     Stage(
         5,
@@ -339,17 +356,34 @@ ARTIFACTS: tuple[Artifact, ...] = (
 )
 ARTIFACT_BY_NAME: dict[str, Artifact] = {a.name: a for a in ARTIFACTS}
 
-# The file Make tracks for each stage (written last by the stage): `make <stage>` is up to date when
-# it is. Stage 08 has two (the figures and the explorer, separate Make targets).
+
+@dataclass(frozen=True)
+class SideTarget:
+    """A file of a stage that a command writes, not the stage's notebook, under its own Make target
+    (named after the artifact): stage 08's stories explorer."""
+
+    artifact: str
+    stage: str
+    reads: tuple[str, ...]  # the registry artifacts it reads (besides its stage's params stamp)
+    command: str  # the storybias.cli command that writes it from the profile
+    title: str
+
+
+SIDE_TARGETS: tuple[SideTarget, ...] = (
+    SideTarget(
+        "explorer",
+        "figures",
+        ("filtered", "extractions", "manifest_associations"),
+        "explorer",
+        "the stories explorer, one HTML page in figures/<run>/",
+    ),
+)
+
+# The files Make tracks for each stage (each written last by what writes it): `make <stage>` is up to
+# date when they are. Stage 08 has two (the figures and the explorer, separate Make targets).
 MAKE_TARGETS: dict[str, tuple[str, ...]] = {
-    "generate": ("stories",),
-    "filter": ("filtered",),
-    "extract": ("extractions",),
-    "associations": ("manifest_associations",),
-    "metrics": ("manifest_metrics",),
-    "probes": ("manifest_probes",),
-    "crosslens": ("manifest_crosslens",),
-    "figures": ("manifest_figures", "explorer"),
+    stage.token: (stage.make_target, *(side.artifact for side in SIDE_TARGETS if side.stage == stage.token))
+    for stage in STAGES
 }
 
 
@@ -440,64 +474,11 @@ def stage_table(stage: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-_NOTES = Path(__file__).with_name("data_contract")
-
-
-def _inputs(stage: Stage) -> str:
-    """The stage's inputs in words: earlier artifacts (by registry name) and data files (globs)."""
-    named = [f"`{name}` (`{artifact(name).pattern}`)" for name in stage.reads]
-    named += [f"`{glob}`" for glob in stage.input_files]
-    if stage.profile_files:  # a file named by one of these settings is in the stage's params stamp by content
-        named.append("the files named by " + ", ".join(f"`{key}`" for key in stage.profile_files))
-    return ", ".join(named) if named else "only its parameters"
-
-
-def data_contract() -> str:
-    """docs/data-contract.md: each stage's artifacts from the registry, their columns and Arrow types
-    from the schemas, then the stage's prose (``data_contract/<stage>.md``)."""
-    out = [(_NOTES / "intro.md").read_text().rstrip(), ""]
-    for stage in STAGES:
-        entries = of_stage(stage.token)
-        files = ", ".join(f"`{e.pattern}`" for e in entries)
-        out += [
-            f"## Stage {stage.number:02d} `{stage.token}` → {files}",
-            "",
-            f"Notebook `{stage.notebook}`, `make {stage.token}`, module `storybias.{stage.module}`, "
-            f"params section(s) {', '.join(f'`{s}:`' for s in stage.sections)}.",
-            "",
-            f"Reads {_inputs(stage)}.",
-            "",
-            "| artifact | path | meaning |",
-            "|---|---|---|",
-        ]
-        for e in entries:
-            prefix = "data/<run>/" if e.root == "data" else "figures/<run>/"
-            out.append(f"| `{e.name}` | `{prefix}{e.pattern}` | {e.meaning} |")
-        out.append("")
-        for e in entries:
-            kind = e.schema()
-            if kind is None:
-                continue
-            out.append(
-                f"`{e.pattern}` columns and Arrow types (`{e.schema_ref}`): "
-                + ", ".join(f"`{f.name}` {f.type}" for f in kind)
-                + "."
-            )
-            out.append("")
-        notes = _NOTES / f"{stage.token}.md"
-        if notes.is_file():
-            out += [notes.read_text().rstrip(), ""]
-    tail = _NOTES / "work.md"
-    out += [tail.read_text().rstrip(), ""]
-    return "\n".join(out)
-
-
 def make_target_names(makefile: str | os.PathLike[str]) -> list[str]:
-    """The file names in the Makefile's STAGE_TARGETS (for the test that checks them against the registry)."""
-    text = Path(makefile).read_text()
-    start = text.index("STAGE_TARGETS :=")
-    block = text[start : text.index("\n.PRECIOUS", start)].replace("\\\n", " ")
-    return [word.split("/")[-1] for word in block.split(":=", 1)[1].split()]
+    """The file names in a makefile's STAGE_TARGETS (for the test that checks them against the registry)."""
+    text = Path(makefile).read_text().replace("\\\n", " ")
+    line = next(line for line in text.splitlines() if line.startswith("STAGE_TARGETS :="))
+    return [word.split("/")[-1] for word in line.split(":=", 1)[1].split()]
 
 
 # Stage artifacts: their names and patterns live in the registry (storybias.core.artifacts, the data

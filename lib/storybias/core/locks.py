@@ -16,7 +16,9 @@ a killed stage left are removed (:func:`storybias.core.run_folders.remove_stale_
 
 The Make wrapper (``storybias.cli run-stage``) takes the lock and then runs the notebook in a child
 kernel; it passes ``STORYBIAS_RUN_LOCK=<lock file>:<pid>`` down so the stage code inside that kernel
-knows its parent holds the lock for it and does not wait on itself.
+knows its parent holds the lock for it and does not wait on itself. Every ``make`` of a stage or of the
+paper holds the lock for all its stages (:func:`hold_run`, ``storybias.cli hold-run``), so no other process
+(a second ``make``, ``make clean-run``) gets the run between two of them; the stages inherit it.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ import functools
 import json
 import os
 import shutil
+import signal
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -130,6 +134,25 @@ def run_lock(run_name: str, stage: str, log: Callable[[str], None] = print) -> I
         os.close(fd)  # closing the descriptor releases the flock
 
 
+def hold_run(run_name: str, command: list[str], log: Callable[[str], None] = print) -> int:
+    """Run ``command`` (a ``make``) holding the run's lock from its start to its end; returns its exit code.
+    The command's processes inherit the lock (``STORYBIAS_RUN_LOCK``); SIGINT and SIGTERM sent to this
+    process are passed on to the command, and the lock is released when it ends (or this process dies).
+    Raises RunBusy, starting nothing, when another live process holds the run."""
+    with run_lock(run_name, "make", log=log):
+        child = subprocess.Popen(command)
+
+        def forward(signum: int, frame: Any) -> None:
+            child.send_signal(signum)
+
+        previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            return child.wait()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
 def holds_run_lock(stage: str) -> Callable[[Callable[..., T]], Callable[..., T]]:
     """Decorate a stage's entry point ``run(params, ...)`` so it runs under its run's lock."""
 
@@ -144,26 +167,58 @@ def holds_run_lock(stage: str) -> Callable[[Callable[..., T]], Callable[..., T]]
     return decorate
 
 
-def clean_run(run_name: str) -> list[Path]:
-    """Delete the run's own folders (data, reports, figures) and return what was deleted.
+def tracked_files(folder: Path) -> set[Path]:
+    """The files under ``folder`` that git tracks, when the folder is inside a git work tree (empty otherwise,
+    or without git)."""
+    try:
+        listed = subprocess.run(
+            ["git", "-C", str(folder), "ls-files", "-z"], capture_output=True, text=True, timeout=60, check=False
+        )
+    except (OSError, subprocess.SubprocessError):
+        return set()
+    if listed.returncode != 0:
+        return set()
+    return {folder / name for name in listed.stdout.split("\0") if name}
+
+
+def _remove_untracked(folder: Path, tracked: set[Path]) -> None:
+    """Delete ``folder`` but the ``tracked`` files in it (and the folders that hold them)."""
+    if not tracked:
+        shutil.rmtree(folder)
+        return
+    for path in sorted(folder.rglob("*"), key=lambda p: len(p.parts), reverse=True):  # deepest first
+        if path.is_dir() and not path.is_symlink():
+            if not any(path.iterdir()):
+                path.rmdir()
+        elif path not in tracked:
+            path.unlink()
+
+
+def clean_run(run_name: str) -> tuple[list[Path], list[Path]]:
+    """Delete the run's own folders (data, reports, figures); returns what was deleted and the files kept.
 
     Refuses, deleting nothing, unless every folder is the run's own (:func:`storybias.core.run_folders.
     deletable`: where runs live, marked with the run's name, or made by an earlier version and holding
     only what a run writes) and exactly ``<root>/<run_name>`` after resolving links; takes the run's lock
-    first, so a running stage is never pulled out from under.
+    first, so a run that a ``make`` holds (from its first stage to its last) is never pulled out from
+    under it (RunBusy). A file git tracks (the default run's committed figures, in a checkout) is kept,
+    with the folders that hold it: only what the run wrote is deleted.
     """
 
     if not paths.RUN_NAME.match(run_name) or run_name in (".", ".."):
         raise ValueError(f"refusing to clean run {run_name!r}: not a valid run name")
     present = run_folders.deletable(run_name)
     removed: list[Path] = []
+    kept: list[Path] = []
     if not present:
-        return removed
+        return removed, kept
     with run_lock(run_name, "clean-run"):
         for folder in present:
-            shutil.rmtree(folder, ignore_errors=False)
+            tracked = tracked_files(folder)
+            _remove_untracked(folder, tracked)
             removed.append(folder)
+            kept += sorted(tracked)
     data = paths.run_dir(run_name)
-    if data not in present and {p.name for p in data.iterdir()} <= {".lock", run_folders.MARKER}:
+    if data.is_dir() and data not in present and {p.name for p in data.iterdir()} <= {".lock", run_folders.MARKER}:
         shutil.rmtree(data)  # made only to hold the lock
-    return removed
+    return removed, kept

@@ -119,3 +119,32 @@ def run_folders(run_name: str) -> list[tuple[Path, Path]]:
 
 
 RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+# Characters Make would read as something else in a variable's value (or split a path on).
+_MAKE_UNSAFE = re.compile(r"[\s$#\\:;=%*?\[\]`'\"]")
+
+
+def make_variables(run_name: str) -> str:
+    """The run's name and folders as Make assignments (``RUN``, ``DATA``, ``REPORTS``, ``FIGURES``,
+    ``STAMPS``): what the Makefile reads instead of parsing the profile itself (``storybias.cli where
+    --make``). A folder inside the repository is written relative to it, as Make runs there. Raises
+    ValueError naming the folder when a path holds a character Make cannot carry in a file name."""
+    root = repo_root()
+
+    def shown(path: Path) -> str:
+        text = str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
+        unsafe = _MAKE_UNSAFE.search(text)
+        if unsafe:
+            raise ValueError(f"{text}: Make cannot track a folder whose path holds {unsafe[0]!r}")
+        return text
+
+    data = shown(run_dir(run_name))
+    folders = {
+        "RUN": run_name,
+        "DATA": data,
+        "REPORTS": shown(reports_dir(run_name)),
+        "FIGURES": shown(figures_dir(run_name)),
+        "STAMPS": f"{data}/.params",
+    }
+    return "".join(f"{name} := {value}\n" for name, value in folders.items())

@@ -5,7 +5,7 @@ values its notebook records, its notes, and the files it wrote.
 A notebook runs its stage and records its values with one call each::
 
     result = associations.run(p)
-    result.record()      # data/<run>/values/04_associations.json
+    result.record()      # data/<run>/values/associations.json
 
 and shows ``result["associations_values"]`` and the like (``result[name]`` is a table, or one of the
 ``details`` a stage adds for its notebook: a dict of settings, a list of per-model records).
@@ -78,5 +78,6 @@ class StageResult:
         return Path(artifacts.STAGE_BY_TOKEN[self.stage].notebook).stem
 
     def record(self) -> dict[str, Any]:
-        """Store ``values`` in data/<run>/values/<notebook>.json (merged with what is there)."""
-        return record_values(self.run_name, self.notebook, **self.values)
+        """Store ``values`` in data/<run>/values/<stage token>.json (merged with what is there): keyed by the
+        stage's token, not its notebook's number, so inserting a stage renames no file."""
+        return record_values(self.run_name, self.stage, **self.values)

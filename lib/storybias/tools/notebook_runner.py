@@ -11,7 +11,9 @@ it is just an argument):
 2. execute the notebook with papermill into ``<reports>/NN_name.tmp.ipynb``, its log in
    ``<reports>/NN_name.log`` (``<reports>``: :func:`storybias.core.paths.reports_dir`, reports/<run>/
    or, under STORYBIAS_DATA, the run folder's reports/);
-3. on success, rename the executed notebook to ``<reports>/NN_name.ipynb``; on failure, show the
+3. on success, rename the executed notebook to ``<reports>/NN_name.ipynb`` and put in the stage's params
+   stamp the digest of the parameters the notebook loaded (storybias.config.input_stamps.settle_stamp: a
+   profile edited during the stage makes its result stale, never up to date); on failure, show the
    log's tail and remove the Make target *if this process wrote it*, so Make reruns the stage next
    time. (The Makefile marks the stage targets .PRECIOUS: Make itself never deletes them, because a
    refused second process must not delete the target that the first one just wrote.)
@@ -39,6 +41,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
+from storybias.config.input_stamps import READ_ENV, settle_stamp
 from storybias.core import paths
 from storybias.core.locks import RunBusy, run_lock
 from storybias.core.run_folders import RunFolderError, claim_reports
@@ -143,14 +146,17 @@ def _mtime(path: Path | None) -> float | None:
     return path.stat().st_mtime_ns if path is not None and path.exists() else None
 
 
-def _papermill(notebook: Path, output: Path, params_file: Path, log_file: Path, follower: ProgressFollower) -> int:
-    """Run papermill into ``output``, its log in ``log_file``, echoing its progress; returns its exit code."""
+def _papermill(
+    notebook: Path, output: Path, params_file: Path, log_file: Path, follower: ProgressFollower, read_note: str
+) -> int:
+    """Run papermill into ``output``, its log in ``log_file``, echoing its progress; returns its exit code.
+    ``read_note`` (``<stage>:<file>``) asks the notebook to note the parameters it loads (READ_ENV)."""
     with open(log_file, "w", encoding="utf-8") as fh:
         proc = subprocess.Popen(
             papermill_command(notebook, output, params_file),
             stdout=fh,
             stderr=subprocess.STDOUT,
-            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+            env=dict(os.environ, PYTHONUNBUFFERED="1", **{READ_ENV: read_note}),
         )
         try:
             while True:
@@ -210,7 +216,10 @@ def run_stage(
             follower = ProgressFollower(
                 log_file, sys.stdout if progress is None else progress, interval=progress_interval
             )
-            if _papermill(notebook, tmp_notebook, params_file, log_file, follower) != 0:
+            stamps = paths.run_dir(run_name) / ".params"
+            record = stamps / f"{stage}.read"
+            record.unlink(missing_ok=True)
+            if _papermill(notebook, tmp_notebook, params_file, log_file, follower, f"{stage}:{record}") != 0:
                 tail = log_file.read_text(encoding="utf-8", errors="replace").splitlines()[-25:]
                 print(f"stage {stage} FAILED: see {log_file} and {tmp_notebook}", file=sys.stderr)
                 print("\n".join(tail), file=sys.stderr)
@@ -221,6 +230,9 @@ def run_stage(
             os.replace(tmp_notebook, final_notebook)
             if stat_before is not None and target is not None and target.exists():
                 os.utime(target, ns=(stat_before.st_atime_ns, stat_before.st_mtime_ns))
+            if not report_only and settle_stamp(stamps / f"{stage}.params", record, target):
+                log(f"   the profile changed while stage {stage} ran: its result is stale, and the next make reruns it")
+            record.unlink(missing_ok=True)
             return 0
     except RunBusy as exc:
         print(f"storybias: {exc}", file=sys.stderr)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from storybias.core.artifacts import STAGE_BY_TOKEN, STAGES, Stage, artifact
 from storybias.core.machine import summary as machine_summary
 
 
@@ -104,17 +105,24 @@ def probes_detail(manifest: dict[str, Any]) -> str:
     return _seconds_listed(manifest.get("timings") or {}, ("embedding_seconds", "umap_seconds", "total_seconds"))
 
 
-# notebook-name prefix -> (its manifest, what to say of it)
+# stage token (storybias.core.artifacts.STAGES) -> what to say of its manifest
 DETAILS = {
-    "01": ("manifest_generate.json", generation_detail),
-    "03": ("manifest_extract.json", extraction_detail),
-    "04": ("manifest_associations.json", associations_detail),
-    "06": ("manifest_probes.json", probes_detail),
+    "generate": generation_detail,
+    "extract": extraction_detail,
+    "associations": associations_detail,
+    "probes": probes_detail,
 }
 
+# the stages that run local models, and so record their machine (stage 04's judge may be an API)
+MACHINE_STAGES = ("generate", "extract")
 
-# the stages that run models, and so record their machine
-MACHINE_STAGES = (("01_generate", "manifest_generate.json"), ("03_extract", "manifest_extract.json"))
+
+def _manifest_file(stage: Stage) -> str:
+    return artifact(stage.manifest).pattern
+
+
+def _report_name(stage: Stage) -> str:
+    return Path(stage.notebook).stem
 
 
 def machine_lines(data: Path) -> list[str]:
@@ -122,8 +130,9 @@ def machine_lines(data: Path) -> list[str]:
     manifest written before the record says so, and one where no model ran (every answer cached, or a
     corpus imported with its published extractions) says that."""
     lines = []
-    for stage, name in MACHINE_STAGES:
-        manifest = _read_json(data / name)
+    for token in MACHINE_STAGES:
+        stage = _report_name(STAGE_BY_TOKEN[token])
+        manifest = _read_json(data / _manifest_file(STAGE_BY_TOKEN[token]))
         if not manifest:
             continue
         if "machine" not in manifest:
@@ -145,15 +154,17 @@ def _papermill_times(report: Path) -> tuple[datetime.datetime, datetime.datetime
 
 
 def collect(reports: Path, data: Path) -> list[StageTime]:
-    """Every executed stage notebook in ``reports`` (``NN_name.ipynb``; papermill's work-in-progress
-    ``*.tmp.ipynb`` left out) with its manifest's detail from ``data``, in the order the stages started."""
+    """The executed notebook of every registry stage in ``reports`` (``NN_name.ipynb``; papermill's
+    work-in-progress ``*.tmp.ipynb`` is not one) with its manifest's detail from ``data``, in the order the
+    stages started."""
     rows = []
-    for report in sorted(reports.glob("[0-9][0-9]_*.ipynb")):
-        if report.name.endswith(".tmp.ipynb"):
+    for stage in STAGES:
+        report = reports / f"{_report_name(stage)}.ipynb"
+        if not report.is_file():
             continue
         started, ended, seconds = _papermill_times(report)
-        described = DETAILS.get(report.name[:2])
-        detail = described[1](_read_json(data / described[0])) if described else ""
+        describe = DETAILS.get(stage.token)
+        detail = describe(_read_json(data / _manifest_file(stage))) if describe else ""
         rows.append(StageTime(report.stem, started, ended, seconds, detail))
     if not rows:
         raise StageTimesError(f"{reports}: no executed stage notebook (run `make paper` first)")

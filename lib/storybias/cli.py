@@ -58,7 +58,6 @@ from storybias.config.params import Params, ParamsError, load, write_stage_stamp
 from storybias.core import paths
 from storybias.core.artifacts import outputs as stage_outputs
 from storybias.core.integrity import invalidate_corrupt
-from storybias.core.locks import RunBusy, clean_run
 from storybias.core.locks import RunBusy, clean_run, hold_run
 from storybias.core.make_rules import stages_mk
 from storybias.core.registry_docs import data_contract, stage_table

@@ -4,6 +4,8 @@ is biased through every lens and another through one lens only."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -205,18 +207,8 @@ def test_the_crosslens_stage_reads_the_runs_artifacts(tmp_path, monkeypatch):
     from storybias.config.params import CrossLensSettings
 
     monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path / "data"))
-    values, shared, stories, jsd, sc, occupations, probes = _run({"a": (0.5, 0.5, 0.5), "b": (0.2, 0.2, 0.2)})
-    stories = stories.assign(story_id=[f"s{i}" for i in range(len(stories))], design="stereotales")
+    probes = write_run(tmp_path / "data" / "x", {"a": (0.5, 0.5, 0.5), "b": (0.2, 0.2, 0.2)})
     run = tmp_path / "data" / "x"
-    run.mkdir(parents=True)
-    stories.to_parquet(run / "filtered.parquet")
-    stories[["story_id"]].assign(parse_ok=True).to_parquet(run / "extractions.parquet")
-    values.to_parquet(run / "associations_values.parquet")
-    _tested(values).to_parquet(run / "associations_attributes.parquet")
-    shared.to_parquet(run / "associations_shared.parquet")
-    jsd.to_parquet(run / "metrics_jsd.parquet")
-    sc.to_parquet(run / "metrics_sc.parquet")
-    _aggregates(occupations).to_parquet(run / "metrics_aggregates.parquet")
     table, agreement = X.run_tables("x", "child_gender", CrossLensSettings(n_permutations=100))
     assert len(table) == 6 and table["assoc_per_1000"].notna().all() and table["jsd"].notna().all()
     assert table["m_s"].notna().all() and table["m_s_low"].isna().all()  # no interval shown to cover
@@ -230,6 +222,23 @@ def test_the_crosslens_stage_reads_the_runs_artifacts(tmp_path, monkeypatch):
         ("assoc_per_1000", "share_harmful"), ("auc_full", "delta_auc"), ("jsd", "max_abs_sc"), ("m_s", "m_b")
     ]  # fmt: skip
     assert set(agreement["finding"]) == {"not assessed"}  # two models cannot be relabelled into a test
+
+
+def write_run(run: Path, models: dict[str, tuple[float, float, float]]) -> pd.DataFrame:
+    """Write the stage 03-05 tables of a synthetic run of ``models`` into the run folder ``run``; returns
+    stage 06's per-model probes, unwritten (a test writes them when it wants the probe lens)."""
+    values, shared, stories, jsd, sc, occupations, probes = _run(models)
+    stories = stories.assign(story_id=[f"s{i}" for i in range(len(stories))], design="stereotales")
+    run.mkdir(parents=True)
+    stories.to_parquet(run / "filtered.parquet")
+    stories[["story_id"]].assign(parse_ok=True).to_parquet(run / "extractions.parquet")
+    values.to_parquet(run / "associations_values.parquet")
+    _tested(values).to_parquet(run / "associations_attributes.parquet")
+    shared.to_parquet(run / "associations_shared.parquet")
+    jsd.to_parquet(run / "metrics_jsd.parquet")
+    sc.to_parquet(run / "metrics_sc.parquet")
+    _aggregates(occupations).to_parquet(run / "metrics_aggregates.parquet")
+    return probes
 
 
 def test_a_probe_that_could_not_be_fitted_gives_its_status():

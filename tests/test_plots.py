@@ -1154,9 +1154,11 @@ def make_crosslens() -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def test_crosslens_heatmap_marks_missing_cells_and_picks_the_extreme_pairs():
+    from storybias.stages.crosslens.measures import MEASURES
+
     table, agreement = make_crosslens()
     fig, stats = plots.crosslens_heatmap(table, agreement)
-    assert stats["n_cells"] == 6 and stats["n_measures"] == 8 and stats["n_missing"] == 1
+    assert stats["n_cells"] == 6 and stats["n_measures"] == len(MEASURES) and stats["n_missing"] == 1
     assert stats["r_most"] == pytest.approx(1.0) and "share_harmful" not in stats["most_concordant"]
     assert "share_harmful" in stats["least_concordant"] and abs(stats["r_least"]) < 0.5
     heat = fig.axes[0]
@@ -1471,7 +1473,8 @@ def test_stage_08_runs_like_every_stage_draws_every_figure_and_writes_its_index(
     result = plots.run(p)
     assert isinstance(result, StageResult) and result.stage == "figures"
     stems = [stem for stem, _ in plots.FIGURES]
-    assert result.values == {"n_figures": len(stems), "n_no_data": len(stems) - 1, "stems": stems}
+    drawn = [spec.stem for spec in plots.FIGURE_SPECS if "vsr" in spec.reads]  # the run has only vsr.parquet
+    assert result.values == {"n_figures": len(stems), "n_no_data": len(stems) - len(drawn), "stems": stems}
     assert result["figures"]["figure"].tolist() == stems
     assert result["figures"]["shows"].iloc[0] == (
         "Mean valid-story rate 65.0% over 1 model(s) × 2 language(s); lowest 50.0% (m / fr)."
@@ -1592,3 +1595,60 @@ def test_a_table_missing_columns_is_refused_with_its_file_name_from_the_registry
         plots.vsr_heatmap(
             pd.DataFrame({"design": ["d"], "model": ["m"], "language": ["en"], "vsr": [1.0], "n_stories": [1]})
         )
+
+
+# --- each figure declares what it reads (issue #59 item 2) ------------------------------------------
+
+
+def test_each_figure_declares_registry_artifacts_and_stage_08_reads_their_union():
+    from storybias.core import artifacts
+
+    reads = [name for spec in plots.FIGURE_SPECS for name in spec.reads]
+    assert all(spec.reads and len(set(spec.reads)) == len(spec.reads) for spec in plots.FIGURE_SPECS)
+    assert all(artifacts.artifact(name).stage != "figures" for name in reads)  # unknown: KeyError naming it
+    assert set(plots.ARTIFACT_NAMES) | set(plots.MANIFEST_NAMES) == set(reads)
+    assert not set(plots.ARTIFACT_NAMES) & set(plots.MANIFEST_NAMES)
+    assert all(artifacts.artifact(name).pattern.endswith(".json") for name in plots.MANIFEST_NAMES)
+
+
+def test_stage_08s_make_prerequisites_cover_exactly_what_the_figures_read():
+    """core.artifacts' STAGES (``reads``, from which the Makefile's prerequisites are generated) lists for
+    stage 08 only Make targets a figure reads from, and every table a figure reads is one of them or is
+    built before one of them (Make reruns the figures when it changes)."""
+    from storybias.core import artifacts
+    from storybias.stages.crosslens.registry import upstream
+
+    declared = {artifacts.MAKE_TARGETS[artifacts.artifact(n).stage][0] for n in plots.FIGURE_READS}
+    prerequisites = set(artifacts.STAGE_BY_TOKEN["figures"].reads)
+    assert prerequisites <= declared
+    assert declared <= prerequisites | set().union(*(upstream(t) for t in prerequisites))
+
+
+def test_a_figure_is_given_only_what_it_declares(tmp_path, monkeypatch):
+    monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path))
+    (tmp_path / "r").mkdir()
+    art = plots.load_artifacts("r")
+    spec = next(s for s in plots.FIGURE_SPECS if s.stem == "19_self_context_advantage")
+    mine = art.only(spec.reads)
+    assert set(mine) == {"cultural_advantage"} and set(mine.manifests) == {"manifest_probes"}
+    assert mine.notes == art.notes
+    with pytest.raises(KeyError, match="artifact 'probes' was not read: add it to the figure's reads"):
+        mine["probes"]
+    with pytest.raises(KeyError, match="manifest 'manifest_associations' was not read"):
+        mine.manifest_table("manifest_associations", "human_agreement")
+
+
+def test_the_figures_readme_and_notebook_08_list_the_registry():
+    from storybias.core.paths import repo_root
+    from storybias.stages.figures.registry import figure_list
+
+    readme = (repo_root() / "figures" / "README.md").read_text()
+    assert figure_list() in readme, "figures/README.md's table differs from the registry: paste figure_list()"
+    notebook = json.loads((repo_root() / "notebooks" / "08_figures.ipynb").read_text())
+    shown = [
+        m
+        for cell in notebook["cells"]
+        if cell["cell_type"] == "code"
+        for m in re.findall(r'gallery\.display\("(\w+)"\)', "".join(cell["source"]))
+    ]
+    assert shown == [stem for stem, _ in plots.FIGURES]

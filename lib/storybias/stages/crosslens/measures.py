@@ -20,16 +20,18 @@ missing), never a silent blank. A measure keeps an interval only where a simulat
   group-bootstrap intervals. Feng et al. pool the models in one probe per language x genre
   (``probes.parquet`` keeps that); the per-model refit is storybias' own, on fewer stories per probe.
 
-:func:`run_tables` builds the table from a run's artifacts (the cross-lens stage writes it as ``crosslens.parquet``)
-and the agreement of every pair of measures (``storybias.stats.concordance``, ``crosslens_agreement.parquet``):
-the rank correlation centred within each language, a test that relabels whole models, Benjamini-Hochberg
-over the pairs across lenses. ``LENS_OF`` says which lens each measure reads, so that two readings of one
-lens (M_s and M_b, say) are labelled ``within one lens`` and never counted as agreement between lenses.
+Each measure is declared once, by ``@register`` on the part that computes it (its lens, the artifacts
+it reads, why it can be absent, why its interval is not kept; ``storybias.stages.crosslens.registry``):
+``MEASURES``, ``LENS_OF``, ``LENS_REASONS``, ``INTERVALS``, the schema and :func:`run_tables`' parts derive
+from those registrations. :func:`run_tables` builds the table from a run's artifacts (the cross-lens stage
+writes it as ``crosslens.parquet``) and the agreement of every pair of measures
+(``storybias.stats.concordance``, ``crosslens_agreement.parquet``): the rank correlation centred within each
+language, a test that relabels whole models, Benjamini-Hochberg over the pairs across lenses. ``LENS_OF``
+says which lens each measure reads, so that two readings of one lens (M_s and M_b, say) are labelled
+``within one lens`` and never counted as agreement between lenses.
 """
 
 from __future__ import annotations
-
-from typing import NotRequired, TypedDict
 
 import numpy as np
 import pandas as pd
@@ -39,65 +41,36 @@ from statsmodels.stats.proportion import proportion_confint
 from storybias.config.params import CrossLensSettings
 from storybias.core import artifacts
 from storybias.evidence.labels import ASSOCIATION_KEY
+from storybias.stages.crosslens.registry import (
+    INTERVALS,
+    LENS_OF,
+    LENS_REASONS,
+    MEASURES,
+    PARTS,
+    CellMeasures,
+    LensInputs,
+    Measure,
+    MeasureSpec,
+    crosslens_schema,
+    register,
+)
 from storybias.stats.concordance import lens_agreement
 
 CELL = ["model", "language"]
 
 
-class Measure(TypedDict):
-    """One lens's measure for one cell: the value, its interval, its n, and why it is missing (or "");
-    ``n_tables``: the association tables the cell's language pass tested (assoc_per_1000 only)."""
-
-    value: float
-    low: float
-    high: float
-    n: int
-    reason: str
-    n_tables: NotRequired[int]
-
-
-CellMeasures = dict[tuple[str, str], dict[str, Measure]]  # (model, language) -> measure name -> Measure
-MEASURES = ("assoc_per_1000", "share_harmful", "jsd", "max_abs_sc", "m_s", "m_b", "auc_full", "delta_auc")
-# The lens each measure reads. Two measures of one lens are two readings of the same stories: their
-# agreement is a consistency check, not agreement between lenses. Feng et al. (Beyond Surface Cues,
-# arXiv:2608.23026) give two lenses here: M_s and M_b count the genders a model writes for each
-# occupation, while the probes (AUC, Delta AUC) ask how far a story's embedding separates the
-# protagonist's gender; they read different features by different methods, so a pair across them counts
-# as a pair across lenses.
-LENS_OF = {
-    "assoc_per_1000": "stereotales",
-    "share_harmful": "stereotales",
-    "jsd": "biasedtales",
-    "max_abs_sc": "biasedtales",
-    "m_s": "feng_occupations",
-    "m_b": "feng_occupations",
-    "auc_full": "feng_probes",
-    "delta_auc": "feng_probes",
-}
 # stage 06's per-model probes (probes.model_probes): variant full_sample (the AUC) or delta (Delta AUC)
 MODEL_PROBE_COLUMNS = ["model", "language", "variant", "n", "auc", "ci_low", "ci_high", "status"]
 PROBE_MEASURE = {"full_sample": "auc_full", "delta": "delta_auc"}
 MIN_STORIES = 10  # fewer stories of the lens's design in a cell: the measure is not computed
-# Which per-cell intervals the table keeps (issue #57, item 6): only those whose coverage a simulation in
-# tests/test_crosslens_intervals.py shows (>= 90% for a nominal 95%, on cells of the default run's size).
-# A measure with a reason here gets NaN bounds and the reason in ``interval_<measure>``.
-INTERVALS: dict[str, str] = {
-    "assoc_per_1000": "none: a count of BH/BY discoveries is not a Poisson count, and no interval of it was "
-    "shown to cover",
-    "share_harmful": "",  # Clopper-Pearson: covers >= 95% at every share and every number of rated associations
-    "jsd": "none: the stories bootstrap of the plug-in JSD covered the true JSD in 0% of simulated cells of "
-    "25 stories per group (the estimate is biased upward at this size)",
-    "max_abs_sc": "none: the bootstrap interval of S_C was taken after picking the largest category, a "
-    "selection it does not resample (it covered the true largest |S_C| in 80% of simulated cells)",
-    "m_s": "none: the per-occupation bootstrap covered M_s in 80% of simulated cells with strongly gendered "
-    "occupations and 5 outputs each",
-    "m_b": "none: the per-occupation bootstrap covered M_b in 55% of simulated cells with strongly gendered "
-    "occupations and 5 outputs each",
-    "auc_full": "none: the group bootstrap of out-of-fold scores leaves the probe's refit out; it covered the "
-    "procedure's expected AUC in 82% of simulated cells of 90 stories",
-    "delta_auc": "none: the same group bootstrap, on the difference of two refitted probes, leaves both refits "
-    "out, and no simulation has shown it to cover",
-}
+# Each measure's interval is kept only where a simulation in tests/test_crosslens_intervals.py shows its
+# coverage (>= 90% for a nominal 95%, on cells of the default run's size; issue #57, item 6): a measure
+# declares why not (``MeasureSpec.interval``) and gets NaN bounds and that reason in ``interval_<measure>``.
+# Two measures of one lens are two readings of the same stories: their agreement is a consistency check,
+# not agreement between lenses. Feng et al. (Beyond Surface Cues, arXiv:2608.23026) give two lenses here:
+# M_s and M_b count the genders a model writes for each occupation, while the probes (AUC, Delta AUC) ask
+# how far a story's embedding separates the protagonist's gender; they read different features by
+# different methods, so a pair across them counts as a pair across lenses.
 
 
 def _empty(reason: str, n: int = 0) -> Measure:
@@ -165,6 +138,31 @@ def _harmful_by_scope(shared: pd.DataFrame) -> dict[tuple[str, tuple[str, ...]],
     return {(r[0], tuple(r[1:5])): bool(r[5]) for r in rated[["scope", *ASSOCIATION_KEY, "harmful"]].to_numpy()}
 
 
+STEREOTALES_ABSENT = "no stereotales stories by this model in this language"
+
+
+@register(
+    reads=("extractions", "filtered", "associations_values", "associations_shared", "associations_attributes"),
+    measures=(
+        MeasureSpec(
+            "assoc_per_1000",
+            "stereotales",
+            STEREOTALES_ABSENT,
+            "none: a count of BH/BY discoveries is not a Poisson count, and no interval of it was shown to cover",
+        ),
+        # Clopper-Pearson: covers >= 95% at every share and every number of rated associations
+        MeasureSpec("share_harmful", "stereotales", STEREOTALES_ABSENT),
+    ),
+)
+def association_part(run: LensInputs) -> CellMeasures:
+    """StereoTales' measures from stage 04's tables and the parsed stereotales stories (none without either)."""
+    stories = stereotales_stories(run["extractions"], run["filtered"])
+    values = run["associations_values"]
+    if values.empty and stories.empty:
+        return {}
+    return association_measures(values, run["associations_shared"], stories, run["associations_attributes"])
+
+
 def narrative_measures(jsd: pd.DataFrame, sc: pd.DataFrame, comparison: str) -> CellMeasures:
     """Per (model, language): BiasedTales-ML's JSD and largest |S_C| (adjective categories) for ``comparison``."""
     out: CellMeasures = {}
@@ -198,6 +196,36 @@ def narrative_measures(jsd: pd.DataFrame, sc: pd.DataFrame, comparison: str) -> 
     return out
 
 
+BEDTIME_ABSENT = "no bedtime comparison for this model in this language"
+
+
+@register(
+    reads=("metrics_jsd", "metrics_sc"),
+    measures=(
+        MeasureSpec(
+            "jsd",
+            "biasedtales",
+            BEDTIME_ABSENT,
+            "none: the stories bootstrap of the plug-in JSD covered the true JSD in 0% of simulated cells of "
+            "25 stories per group (the estimate is biased upward at this size)",
+        ),
+        MeasureSpec(
+            "max_abs_sc",
+            "biasedtales",
+            BEDTIME_ABSENT,
+            "none: the bootstrap interval of S_C was taken after picking the largest category, a "
+            "selection it does not resample (it covered the true largest |S_C| in 80% of simulated cells)",
+        ),
+    ),
+)
+def narrative_part(run: LensInputs) -> CellMeasures:
+    """BiasedTales-ML's measures from stage 05's JSD and S_C tables (none without a comparison or a JSD)."""
+    jsd = run["metrics_jsd"]
+    if run.comparison is None or jsd.empty:
+        return {}
+    return narrative_measures(jsd, run["metrics_sc"], run.comparison)
+
+
 def occupation_measures(aggregates: pd.DataFrame, task: str) -> CellMeasures:
     """Per (model, language): Feng et al.'s M_s and M_b over the occupations of ``task`` (all outputs in
     the denominator) with their intervals, as stage 05 computed them (``metrics_aggregates``)."""
@@ -223,6 +251,33 @@ def occupation_measures(aggregates: pd.DataFrame, task: str) -> CellMeasures:
     return out
 
 
+OCCUPATIONS_ABSENT = "no occupations outputs by this model in this language"
+
+
+@register(
+    reads=("metrics_aggregates",),
+    measures=(
+        MeasureSpec(
+            "m_s",
+            "feng_occupations",
+            OCCUPATIONS_ABSENT,
+            "none: the per-occupation bootstrap covered M_s in 80% of simulated cells with strongly gendered "
+            "occupations and 5 outputs each",
+        ),
+        MeasureSpec(
+            "m_b",
+            "feng_occupations",
+            OCCUPATIONS_ABSENT,
+            "none: the per-occupation bootstrap covered M_b in 55% of simulated cells with strongly gendered "
+            "occupations and 5 outputs each",
+        ),
+    ),
+)
+def occupation_part(run: LensInputs) -> CellMeasures:
+    """Feng et al.'s M_s and M_b from stage 05's aggregates, for the stage's ``task``."""
+    return occupation_measures(run["metrics_aggregates"], run.settings.task)
+
+
 def probe_measures(model_probes: pd.DataFrame) -> CellMeasures:
     """Per (model, language): the full-text probe AUC and the Delta AUC of stage 06's per-model probes;
     a probe that could not be fitted gives its status as the reason."""
@@ -240,6 +295,34 @@ def probe_measures(model_probes: pd.DataFrame) -> CellMeasures:
         }
         out.setdefault((r.model, r.language), {})[PROBE_MEASURE[r.variant]] = measure
     return out
+
+
+PROBES_ABSENT = "no parsed, gender-labelled narratives of the task genre by this model in this language"
+
+
+@register(
+    reads=("probes_per_model",),
+    measures=(
+        MeasureSpec(
+            "auc_full",
+            "feng_probes",
+            PROBES_ABSENT,
+            "none: the group bootstrap of out-of-fold scores leaves the probe's refit out; it covered the "
+            "procedure's expected AUC in 82% of simulated cells of 90 stories",
+        ),
+        MeasureSpec(
+            "delta_auc",
+            "feng_probes",
+            PROBES_ABSENT,
+            "none: the same group bootstrap, on the difference of two refitted probes, leaves both refits "
+            "out, and no simulation has shown it to cover",
+        ),
+    ),
+)
+def probe_part(run: LensInputs) -> CellMeasures:
+    """Feng et al.'s probe measures from stage 06's per-model probes (none where it wrote none)."""
+    model_probes = run["probes_per_model"]
+    return probe_measures(model_probes) if not model_probes.empty else {}
 
 
 def crosslens_table(parts: list[CellMeasures], lens_reasons: dict[str, str]) -> pd.DataFrame:
@@ -270,21 +353,6 @@ def crosslens_table(parts: list[CellMeasures], lens_reasons: dict[str, str]) -> 
     return pd.DataFrame(rows)
 
 
-def _schema() -> pa.Schema:
-    fields = [("model", pa.string()), ("language", pa.string())]
-    for measure in MEASURES:
-        fields += [
-            (measure, pa.float64()),
-            (f"{measure}_low", pa.float64()),
-            (f"{measure}_high", pa.float64()),
-            (f"n_{measure}", pa.int64()),
-            (f"reason_{measure}", pa.string()),
-            (f"interval_{measure}", pa.string()),  # "" where the interval is kept, else why it is not
-        ]
-    return pa.schema([*fields, ("n_tables", pa.int64())])  # association tables tested in the language pass
-
-
-CROSSLENS_SCHEMA = _schema()
 CROSSLENS_AGREEMENT_SCHEMA = pa.schema(
     [
         ("measure_a", pa.string()),
@@ -304,17 +372,6 @@ CROSSLENS_AGREEMENT_SCHEMA = pa.schema(
         ("verdict", pa.string()),
     ]
 )
-# Why a whole lens is absent from a cell, when no stage table gives it the measure.
-LENS_REASONS = {
-    "assoc_per_1000": "no stereotales stories by this model in this language",
-    "share_harmful": "no stereotales stories by this model in this language",
-    "jsd": "no bedtime comparison for this model in this language",
-    "max_abs_sc": "no bedtime comparison for this model in this language",
-    "m_s": "no occupations outputs by this model in this language",
-    "m_b": "no occupations outputs by this model in this language",
-    "auc_full": "no parsed, gender-labelled narratives of the task genre by this model in this language",
-    "delta_auc": "no parsed, gender-labelled narratives of the task genre by this model in this language",
-}
 
 
 def _read(run_name: str, name: str) -> pd.DataFrame:
@@ -322,36 +379,36 @@ def _read(run_name: str, name: str) -> pd.DataFrame:
     return pd.read_parquet(path) if path.is_file() else pd.DataFrame()
 
 
-def parsed_stories(run_name: str) -> pd.DataFrame:
-    """The run's stories whose extraction parsed (design, model, language): the n of the association lens."""
-    extractions, filtered = _read(run_name, "extractions"), _read(run_name, "filtered")
+def stereotales_stories(extractions: pd.DataFrame, filtered: pd.DataFrame) -> pd.DataFrame:
+    """The stereotales stories whose extraction parsed (story_id, design, model, language): the n of the
+    association lens."""
     if extractions.empty or filtered.empty:
         return pd.DataFrame(columns=["story_id", "design", "model", "language"])
     parsed = extractions.loc[extractions["parse_ok"].astype(bool), ["story_id"]]
-    return parsed.merge(filtered[["story_id", "design", "model", "language"]], on="story_id")
+    stories = parsed.merge(filtered[["story_id", "design", "model", "language"]], on="story_id")
+    return stories[stories["design"] == "stereotales"]
 
 
 def run_tables(run_name: str, comparison: str | None, settings: CrossLensSettings) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The cross-lens table and the agreement of its measures, from the run's stage 04, 05 and 06 tables
-    (a table a stage did not write gives that lens's reasons). ``comparison``: BiasedTales-ML's comparison
-    the narrative measures read (None: no comparison, no narrative measure)."""
+    """The cross-lens table and the agreement of its measures: every registered part (``PARTS``) computed
+    from the run's artifacts it declares (a table a stage did not write is empty, and the lens's measures
+    read its reasons). ``comparison``: BiasedTales-ML's comparison the narrative measures read (None: no
+    comparison, no narrative measure)."""
+    tables: dict[str, pd.DataFrame] = {}
     parts: list[CellMeasures] = []
-    stories = parsed_stories(run_name)
-    stories = stories[stories["design"] == "stereotales"]
-    values, shared = _read(run_name, "associations_values"), _read(run_name, "associations_shared")
-    if not values.empty or not stories.empty:
-        parts.append(association_measures(values, shared, stories, _read(run_name, "associations_attributes")))
-    jsd, sc = _read(run_name, "metrics_jsd"), _read(run_name, "metrics_sc")
-    if comparison is not None and not jsd.empty:
-        parts.append(narrative_measures(jsd, sc, comparison))
-    parts.append(occupation_measures(_read(run_name, "metrics_aggregates"), settings.task))
-    model_probes = _read(run_name, "probes_per_model")
-    if not model_probes.empty:
-        parts.append(probe_measures(model_probes))
+    for part in PARTS.values():
+        for name in part.reads:
+            if name not in tables:
+                tables[name] = _read(run_name, name)
+        parts.append(part.compute(LensInputs({n: tables[n] for n in part.reads}, comparison, settings)))
     table = crosslens_table(parts, LENS_REASONS)
     if table.empty:
-        return pd.DataFrame(columns=CROSSLENS_SCHEMA.names), pd.DataFrame(columns=CROSSLENS_AGREEMENT_SCHEMA.names)
+        return pd.DataFrame(columns=crosslens_schema().names), pd.DataFrame(columns=CROSSLENS_AGREEMENT_SCHEMA.names)
     agreement = lens_agreement(
         table, list(MEASURES), "language", settings.n_permutations, settings.seed, unit="model", lenses=LENS_OF
     )
     return table, agreement
+
+
+# The registered measures' columns (the artifact registry reads it): last, after every @register above.
+CROSSLENS_SCHEMA = crosslens_schema()

@@ -17,8 +17,9 @@ grids wrap, long labels are truncated and top-k lists are capped, so a 1-model C
 23-model x 14-language run both stay readable.
 
 Stage 08's :func:`run` draws every figure of :data:`FIGURE_SPECS` (``registry``: each figure's stem,
-description, drawing call and quoted sentence, declared once; :data:`FIGURES` lists the stable file
-stems in notebook order) from the run's artifacts, saves them, writes ``figures.json`` and returns the
+description, the artifacts it reads, drawing call and quoted sentence, declared once; :data:`FIGURES`
+lists the stable file stems in notebook order, :data:`FIGURE_READS` what they read; each figure is given
+only its declared reads) from the run's artifacts, saves them, writes ``figures.json`` and returns the
 ``StageResult`` every stage returns; notebook 08 shows each figure with ``result["gallery"].display(stem)``.
 
 The package has one module per stage whose artifacts the figures draw: ``generation`` (stages 02-03),
@@ -79,13 +80,14 @@ from storybias.stages.figures.probes import (
     trim_for_display,
     umap_density,
 )
-from storybias.stages.figures.registry import FIGURE_SPECS, FIGURES, FigureSpec
+from storybias.stages.figures.registry import FIGURE_READS, FIGURE_SPECS, FIGURES, FigureSpec, figure_list
 from storybias.stages.figures.style import DPI, LABEL, SMALL, TITLE, message_panel, save_figure
 
 __all__ = [
     "ARTIFACT_NAMES",
     "DPI",
     "FIGURES",
+    "FIGURE_READS",
     "FIGURE_SPECS",
     "HARM_GAP_KEY",
     "HDR_LEVELS",
@@ -112,6 +114,7 @@ __all__ = [
     "crosslens_heatmap",
     "cultural_relevance",
     "distinctive_words",
+    "figure_list",
     "glm_table",
     "harm_agreement",
     "headline_findings",
@@ -143,7 +146,7 @@ def run(params: Params) -> StageResult:
     art = load_artifacts(params.run_name)
     gallery = Gallery(paths.figures_dir(params.run_name), dpi=params.figures.dpi)
     for spec in FIGURE_SPECS:
-        fig, stats = spec.draw(art, params)
+        fig, stats = spec.draw(art.only(spec.reads), params)  # what it declares, nothing else
         gallery.save(spec.stem, fig, stats, quote=spec.quote)
     settings = params.resolved()["figures"]
     gallery.write_index(params=settings)

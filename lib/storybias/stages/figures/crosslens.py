@@ -42,7 +42,8 @@ from storybias.stages.figures.style import (
 )
 from storybias.stats.concordance import ACROSS, ALPHA, WITHIN, centred_rank_cells
 
-# The cross-lens measures in the table's order, with the lens and the label a reader sees.
+# The label a reader sees for each of the cross-lens measures (display only: the figure draws every measure
+# the table holds, in its order, and labels a measure not listed here by its name).
 MEASURE_LABELS: dict[str, str] = {
     "assoc_per_1000": "StereoTales\nassoc./1k",
     "share_harmful": "StereoTales\nharmful",
@@ -79,6 +80,12 @@ def standardise(values: pd.DataFrame) -> pd.DataFrame:
     """Each column's z-score over its finite values (0 where the column is constant; NaN stays NaN)."""
     mean, sd = values.mean(), values.std(ddof=0)
     return (values - mean) / sd.where(sd > 0, np.inf)
+
+
+def table_measures(crosslens: pd.DataFrame) -> list[str]:
+    """The measures of a cross-lens table, in its column order: each has a ``reason_<measure>`` column
+    (the table's schema comes from the measures' registrations, storybias.stages.crosslens.registry)."""
+    return [c.removeprefix("reason_") for c in crosslens.columns if c.startswith("reason_")]
 
 
 def _label(measure: str) -> str:
@@ -258,7 +265,7 @@ def crosslens_heatmap(crosslens: pd.DataFrame, agreement: pd.DataFrame) -> tuple
     title = "The three lenses side by side"
     if is_empty(crosslens):
         return no_data_figure(title, "no cross-lens table (stage 07 found no model x language cell)", _KEYS)
-    measures = [m for m in MEASURE_LABELS if m in crosslens.columns]
+    measures = table_measures(crosslens)
     require_columns(crosslens, ["model", "language", *measures], "crosslens")
     if not is_empty(agreement):
         require_columns(agreement, AGREEMENT_NEEDS, "crosslens_agreement")

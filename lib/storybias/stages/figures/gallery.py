@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,42 +16,15 @@ from matplotlib.figure import Figure
 
 from storybias.core import artifacts
 from storybias.core.io import write_json_atomic
-from storybias.stages.figures.registry import FIGURES
+from storybias.stages.figures.registry import FIGURE_READS, FIGURES
 from storybias.stages.figures.style import DPI, is_missing, save_figure
 
 # --- notebook 08: artifacts in, figures + index out -----------------------------------------------
 
-ARTIFACT_NAMES: tuple[str, ...] = (
-    # everything notebook 08 reads: names in storybias.core.artifacts (the registry says where each file lives)
-    "vsr",
-    "filtered",
-    "extractions",
-    "associations_values",
-    "associations_shared",
-    "associations_findings",
-    "metrics_sc",
-    "metrics_cosine",
-    "metrics_jsd",
-    "metrics_log_odds",
-    "metrics_vsr_jsd",
-    "metrics_aggregates",
-    "metrics_anova",
-    "umap",
-    "probes",
-    "cultural",
-    "separability",
-    "associations_power",
-    "crosslens",
-    "crosslens_agreement",
-    "cultural_advantage",
-    "metrics_glm",
-)
-
-MANIFEST_NAMES: tuple[str, ...] = (
-    # the manifests whose values notebook 08 draws (stage 04's human agreement, stage 06's human validation)
-    "manifest_associations",
-    "manifest_probes",
-)
+# What notebook 08 reads, from what each figure declares (registry.FigureSpec.reads): the tables, and the
+# manifests whose values it draws (stage 04's human agreement, stage 06's human validation).
+MANIFEST_NAMES: tuple[str, ...] = tuple(n for n in FIGURE_READS if artifacts.artifact(n).pattern.endswith(".json"))
+ARTIFACT_NAMES: tuple[str, ...] = tuple(n for n in FIGURE_READS if n not in MANIFEST_NAMES)
 
 
 class Artifacts(dict):
@@ -66,10 +39,23 @@ class Artifacts(dict):
         self.notes = notes
         self.manifests: dict[str, dict[str, Any]] = dict(manifests or {})
 
+    def __missing__(self, name: str) -> pd.DataFrame:
+        raise KeyError(f"artifact {name!r} was not read: add it to the figure's reads (registry.FigureSpec)")
+
+    def only(self, names: Iterable[str]) -> Artifacts:
+        """The tables and manifests ``names`` alone (a figure's declared reads), with every note: a figure
+        that reads anything else raises ``KeyError`` naming it."""
+        wanted = list(names)
+        tables = {name: self[name] for name in wanted if name in self}
+        return Artifacts(tables, self.notes, {name: self.manifests[name] for name in wanted if name in self.manifests})
+
     def manifest_table(self, manifest: str, *keys: str) -> pd.DataFrame:
         """A table a manifest holds as a list of rows, under ``keys`` (e.g. ``manifest_probes``,
-        ``human_validation``, ``validation_markers``); empty where a key is missing or None."""
-        value: Any = self.manifests.get(manifest, {})
+        ``human_validation``, ``validation_markers``); empty where a key is missing or None (a manifest
+        that was not read raises ``KeyError``)."""
+        if manifest not in self.manifests:
+            raise KeyError(f"manifest {manifest!r} was not read: add it to the figure's reads (registry.FigureSpec)")
+        value: Any = self.manifests[manifest]
         for key in keys:
             value = value.get(key) if isinstance(value, Mapping) else None
         return pd.DataFrame(value) if isinstance(value, list) and value else pd.DataFrame()

@@ -1488,7 +1488,7 @@ def test_stage_08_runs_like_every_stage_draws_every_figure_and_writes_its_index(
     with pytest.raises(KeyError, match="figure 'nope' was not drawn"):
         result["gallery"].display("nope")
     result.record()
-    recorded = json.loads((tmp_path / "data" / p.run_name / "values" / "08_figures.json").read_text())
+    recorded = json.loads((tmp_path / "data" / p.run_name / "values" / "figures.json").read_text())
     assert recorded == result.values
 
 

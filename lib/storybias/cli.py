@@ -54,7 +54,7 @@ from storybias.core.artifacts import data_contract
 from storybias.core.artifacts import outputs as stage_outputs
 from storybias.core.locks import RunBusy, clean_run
 from storybias.core.run_folders import RunFolderError, claim
-from storybias.engines import EngineError
+from storybias.engines import EngineError, server_starter
 from storybias.engines.serve import ServerError, with_servers
 from storybias.stages import generate
 from storybias.stages.associations.power import format_planned, planned_power
@@ -234,7 +234,8 @@ def _with_servers(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         parser.error("with-servers: give the command after --")
 
     try:
-        return with_servers(p, cmd, log=lambda m: print(m, file=sys.stderr, flush=True))
+        start = server_starter(p.generation.engine)  # llama.cpp's llama-server, or None for vLLM's
+        return with_servers(p, cmd, log=lambda m: print(m, file=sys.stderr, flush=True), start=start)
     except (ServerError, EngineError) as exc:
         print(f"storybias: {exc}", file=sys.stderr)
         return 1

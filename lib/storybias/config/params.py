@@ -36,11 +36,12 @@ from storybias.config.analysis_sections import (
     ProbeSettings,
     UmapSettings,
 )
-from storybias.config.checks import repeated_items
+from storybias.config.checks import local_models, repeated_items
 from storybias.config.corpus import CorpusSettings, check_files
 from storybias.config.designs import design_cells, get
 from storybias.config.designs import get as get_design
 from storybias.config.input_stamps import HASH_STORE, InputFileError, stage_files, stage_stamp
+from storybias.config.llamacpp import llama_cpp_problems
 from storybias.config.prompts import available_languages
 from storybias.config.prompts import names as design_names
 from storybias.config.story_sections import (
@@ -288,6 +289,7 @@ def _check_semantics(profile: Profile, source: Path) -> list[str]:
         problems.append("designs: no design is enabled")
     problems += _check_evidence_files(profile)
     problems += _check_ray(profile)
+    problems += llama_cpp_problems(profile.generation.engine, local_models(profile))
     problems += _check_model_files(profile)
     return problems
 

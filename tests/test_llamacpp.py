@@ -5,7 +5,9 @@ in its dialect, the profile checks, the cache identity and the GGUF re-joined on
 from __future__ import annotations
 
 import hashlib
+import json
 import stat
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,7 +18,7 @@ from storybias.config import models
 from storybias.config.llamacpp import LlamaCppSettings
 from storybias.config.params import EngineSettings, ModelSpec, ParamsError, Sampling, load
 from storybias.core import paths
-from storybias.engines import LlamaServerEngine, open_engine, serve, served
+from storybias.engines import LlamaServerEngine, llamacpp, open_engine, serve, served, server_starter
 from storybias.engines.base import ChatRequest
 from storybias.engines.cache import engine_identity
 from storybias.engines.llamacpp import server_command
@@ -229,3 +231,98 @@ def test_the_bench_reports_both_columns_the_ratio_and_the_machine():
     assert result["ratio_llama_cpp_over_vllm_cpu"] == 2.0 and result["machine"]["cores"] >= 1
     table = bench_llamacpp.format_columns(result)
     assert "llama.cpp is faster on this machine" in table and "35.0" in table and "22.0" in table
+
+
+# --- the wiring, with a stand-in llama-server ----------------------------------------------------
+
+FAKE_SERVER = """
+import json, os, sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+args = sys.argv[1:]
+port = int(args[args.index("--port") + 1])
+key = next(a.split("=", 1)[1] for a in args if a.startswith("--api-key="))
+seen = os.environ["FAKE_LLAMA_SEEN"]
+with open(seen, "a") as fh:
+    fh.write(json.dumps({"argv": args}) + "\\n")
+
+
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+
+    def reply(self, status, payload):
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        self.reply(200 if self.path == "/health" else 404, {"status": "ok"})
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        with open(seen, "a") as fh:
+            fh.write(json.dumps({"body": body}) + "\\n")
+        if self.headers.get("Authorization") != f"Bearer {key}":
+            return self.reply(401, {"error": {"code": 401, "message": "Invalid API Key"}})
+        text = body["grammar"].split('"')[1] if "grammar" in body else "free"
+        message = {"role": "assistant", "content": text}
+        usage = {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}
+        choice = {"index": 0, "message": message, "finish_reason": "stop"}
+        self.reply(200, {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
+                         "choices": [choice], "usage": usage})
+
+
+ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
+"""
+
+
+@pytest.fixture()
+def stand_in(tmp_path, monkeypatch) -> Path:
+    """A stand-in llama-server (stdlib HTTP: /health and chat completions) recording its argv and bodies."""
+    script = tmp_path / "llama-server"
+    script.write_text(f"#!{sys.executable}\n{FAKE_SERVER}")
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv(llama_config.BINARY_VARIABLE, str(script))
+    monkeypatch.setenv("FAKE_LLAMA_SEEN", str(tmp_path / "seen.jsonl"))
+    monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path / "data"))
+    monkeypatch.setattr(llamacpp, "embedded_gguf", lambda key, log=print: tmp_path / "model.gguf")
+    return tmp_path / "seen.jsonl"
+
+
+def _seen(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_an_engine_without_a_run_server_starts_its_own_and_stops_it(stand_in, tmp_path):
+    settings = EngineSettings(shared_server_kind="llama.cpp", llama_cpp={"parallel": 2, "threads": 1})
+    request = ChatRequest("k", [{"role": "user", "content": "?"}], SAMPLING, seed=3, choice=["left", "right"])
+    with open_engine(SPEC, settings, 1, run_name="r") as engine:
+        [result] = list(engine.stream([request]))
+        pid = engine._server.process.pid
+    assert result.error is None and result.text == "left"
+    argv, body = _seen(stand_in)[0]["argv"], _seen(stand_in)[1]["body"]
+    assert argv[argv.index("--model") + 1] == str(tmp_path / "model.gguf") and argv[argv.index("--parallel") + 1] == "2"
+    assert body["grammar"] == 'root ::= "left" | "right"' and body["repeat_last_n"] == -1
+    assert not serve.pid_alive(pid), "the engine's own server is stopped when the engine closes"
+
+
+def test_with_servers_registers_one_llama_server_in_its_dialect_and_stops_it(stand_in, tmp_path):
+    p = load(_profile(tmp_path, {"llama_cpp": {"parallel": 3, "threads": 1}}))
+    out = tmp_path / "entries.json"
+    probe = (
+        "import json; from storybias.config import checks, params; from storybias.engines import serve; "
+        f"p = params.load({str(p.source)!r}); "
+        "entries = {m.name: serve.lookup(p.run_name, m) for m in checks.local_models(p.profile)}; "
+        f"json.dump(entries, open({str(out)!r}, 'w'))"
+    )
+    code = serve.with_servers(
+        p, [sys.executable, "-c", probe], log=lambda m: None, start=server_starter(p.generation.engine)
+    )
+    assert code == 0
+    [entry] = json.loads(out.read_text()).values()
+    assert entry["kind"] == "llama.cpp" and entry["constraints"] == "llama.cpp" and entry["max_concurrency"] == 3
+    assert not serve.pid_alive(entry["pid"]) and not serve.registry_path(p.run_name).exists()

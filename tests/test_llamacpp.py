@@ -21,7 +21,7 @@ from storybias.core import paths
 from storybias.engines import LlamaServerEngine, llamacpp, open_engine, serve, served, server_starter
 from storybias.engines.base import ChatRequest
 from storybias.engines.cache import engine_identity
-from storybias.engines.llamacpp import server_command
+from storybias.engines.llamacpp import server_command, server_environment
 from storybias.engines.llamacpp_dialect import choice_grammar, gbnf_literal
 from storybias.tools import bench_llamacpp
 
@@ -52,13 +52,12 @@ def _profile(tmp_path: Path, engine: dict, model: dict | None = None) -> Path:
 # --- the command line ----------------------------------------------------------------------------
 
 
-def test_the_command_line_serves_the_gguf_on_loopback_with_the_profiles_sizes_and_a_key_in_one_token():
+def test_the_command_line_serves_the_gguf_on_loopback_with_the_profiles_sizes_and_the_key_stays_off_it():
     cmd = server_command(
         Path("/x/llama-server"),
         Path("/m/q.gguf"),
         LlamaCppSettings(ctx_size=8192, parallel=4, threads=2),
         port=4321,
-        api_key="-starts-with-a-dash",
         seed=7,
         alias="qwen2.5-coder-0.5b",
     )
@@ -70,7 +69,9 @@ def test_the_command_line_serves_the_gguf_on_loopback_with_the_profiles_sizes_an
     assert value("--host") == "127.0.0.1" and value("--port") == "4321"
     assert (value("--ctx-size"), value("--parallel"), value("--threads")) == ("8192", "4", "2")
     assert value("--alias") == "qwen2.5-coder-0.5b" and value("--seed") == "7"
-    assert "--api-key=-starts-with-a-dash" in cmd and "--jinja" in cmd
+    assert "--jinja" in cmd and not any("api-key" in c for c in cmd)
+    assert "--no-repack" in cmd, "repacking (llama.cpp's AMX path) is off unless the profile turns it on"
+    assert server_environment("-starts-with-a-dash")["LLAMA_API_KEY"] == "-starts-with-a-dash"
     assert "--chat-template-file" not in cmd
 
 
@@ -81,20 +82,23 @@ def test_threads_default_to_every_core_and_a_chat_template_file_is_passed(monkey
         Path("g"),
         LlamaCppSettings(),
         port=1,
-        api_key=None,
         seed=1,
         alias="m",
         chat_template=Path("/t.jinja"),
     )
     assert cmd[cmd.index("--threads") + 1] == "6"
+    assert "--no-repack" not in server_command(
+        Path("b"), Path("g"), LlamaCppSettings(repack=True), port=1, seed=1, alias="m"
+    )
     assert cmd[cmd.index("--chat-template-file") + 1] == "/t.jinja"
-    assert not any(c.startswith("--api-key") for c in cmd)
     assert LlamaCppSettings(ctx_size=8192, parallel=4).slot_context() == 2048
 
 
 # --- the request body ----------------------------------------------------------------------------
 
-ENDPOINT = served.Endpoint(name="m", base_url="http://127.0.0.1:1/v1", model_id="m", constraints="llama.cpp")
+ENDPOINT = served.Endpoint(
+    name="m", base_url="http://127.0.0.1:1/v1", model_id="m", constraints="llama.cpp", context_tokens=2048
+)
 SAMPLING = Sampling(temperature=0.7, top_p=0.9, top_k=-1, repetition_penalty=1.1, max_tokens=64)
 
 
@@ -105,7 +109,7 @@ def test_a_choice_becomes_a_grammar_of_exactly_the_strings_and_sampling_takes_ll
     assert body["grammar"] == 'root ::= "yes" | "say \\"no\\""'
     assert "structured_outputs" not in body and "response_format" not in kwargs
     assert body["top_k"] == 0, "vLLM's -1 (no top-k) is llama.cpp's 0"
-    assert body["repeat_penalty"] == 1.1 and body["repeat_last_n"] == -1 and body["min_p"] == 0.0
+    assert body["repeat_penalty"] == 1.1 and body["repeat_last_n"] == 2048 and body["min_p"] == 0.0
     assert kwargs["seed"] == 3 and kwargs["top_p"] == 0.9 and kwargs["max_tokens"] == 64
 
 
@@ -241,7 +245,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 args = sys.argv[1:]
 port = int(args[args.index("--port") + 1])
-key = next(a.split("=", 1)[1] for a in args if a.startswith("--api-key="))
+key = os.environ["LLAMA_API_KEY"]
 seen = os.environ["FAKE_LLAMA_SEEN"]
 with open(seen, "a") as fh:
     fh.write(json.dumps({"argv": args}) + "\\n")
@@ -306,7 +310,7 @@ def test_an_engine_without_a_run_server_starts_its_own_and_stops_it(stand_in, tm
     assert result.error is None and result.text == "left"
     argv, body = _seen(stand_in)[0]["argv"], _seen(stand_in)[1]["body"]
     assert argv[argv.index("--model") + 1] == str(tmp_path / "model.gguf") and argv[argv.index("--parallel") + 1] == "2"
-    assert body["grammar"] == 'root ::= "left" | "right"' and body["repeat_last_n"] == -1
+    assert body["grammar"] == 'root ::= "left" | "right"' and body["repeat_last_n"] == SPEC.max_model_len
     assert not serve.pid_alive(pid), "the engine's own server is stopped when the engine closes"
 
 

@@ -35,6 +35,10 @@ class LlamaCppSettings(BaseModel):
     ctx_size: Annotated[int, Field(ge=256)] = 16384  # -c: the whole KV cache, shared out among the slots
     parallel: Annotated[int, Field(ge=1)] = 4  # -np: requests decoded together (storybias sends as many at once)
     threads: Annotated[int, Field(ge=1)] | None = None  # -t; null: every core of the machine
+    # llama.cpp's weight repacking into its extra CPU buffer types (AVX-512 layouts, and AMX where the CPU has
+    # it). Off (--no-repack) by default: on the AMX machine of the build, the server died with SIGSEGV in
+    # ggml_backend_amx_mul_mat at its first matrix product; turn it on where the AMX path works (or no AMX).
+    repack: bool = False
 
     def slot_context(self) -> int:
         """The tokens one request may use (llama-server divides ``-c`` among its ``-np`` slots)."""

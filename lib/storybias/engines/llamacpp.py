@@ -49,7 +49,6 @@ def server_command(
     settings: LlamaCppSettings,
     *,
     port: int,
-    api_key: str | None,
     seed: int,
     alias: str,
     chat_template: Path | None = None,
@@ -77,11 +76,17 @@ def server_command(
         "--jinja",  # the GGUF's own chat template, with chat_template_kwargs, as transformers renders it
         "--no-webui",
     ]
+    if not settings.repack:
+        cmd.append("--no-repack")  # storybias.config.llamacpp.LlamaCppSettings.repack: why off by default
     if chat_template is not None:
         cmd += ["--chat-template-file", str(chat_template)]
-    if api_key:
-        cmd.append(f"--api-key={api_key}")  # one token: a random key may start with "-"
     return cmd
+
+
+def server_environment(api_key: str) -> dict[str, str]:
+    """The server's environment: ours, and the key in ``LLAMA_API_KEY`` (llama-server's variable for
+    ``--api-key``), never on its command line, where any user of the machine could read it."""
+    return dict(os.environ, LLAMA_API_KEY=api_key)
 
 
 @dataclass
@@ -117,7 +122,7 @@ def start_llama_server(
     port, key = free_port(), secrets.token_urlsafe(24)
     template = paths.resolve(spec.chat_template) if spec.chat_template else None
     command = server_command(
-        binary, gguf, settings.llama_cpp, port=port, api_key=key, seed=seed, alias=spec.name, chat_template=template
+        binary, gguf, settings.llama_cpp, port=port, seed=seed, alias=spec.name, chat_template=template
     )
     logfile = (log_dir or run_folders.claim_reports(run_name)) / f"server-{spec.name}.log"
     logfile.parent.mkdir(parents=True, exist_ok=True)
@@ -128,6 +133,7 @@ def start_llama_server(
             stdout=fh,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
+            env=server_environment(key),
             start_new_session=True,
             preexec_fn=terminate_with_parent,
         )

@@ -9,8 +9,9 @@ own sampling parameter (llama.cpp's ``tools/server``: ``oaicompat_chat_params_pa
 - a choice list: a GBNF ``grammar`` whose root is exactly one of the strings, so the answer is the bare
   string, as vLLM's ``choice`` gives (a JSON enum would come back quoted);
 - ``top_k`` (0, not vLLM's -1, switches it off), ``repeat_penalty`` over the whole context
-  (``repeat_last_n: -1``; llama.cpp's default looks back 64 tokens only), ``min_p: 0`` (llama.cpp's default
-  0.05 would cut tokens vLLM keeps), ``ignore_eos``, the request's ``seed`` and ``chat_template_kwargs``.
+  (``repeat_last_n``: the model's ``max_model_len``; llama.cpp's default looks back 64 tokens only),
+  ``min_p: 0`` (llama.cpp's default 0.05 would cut tokens vLLM keeps), ``ignore_eos``, the request's
+  ``seed`` and ``chat_template_kwargs``.
 
 No counterpart: vLLM's structured-output backend options (``compact_json``) and storybias' CPU logits
 processor (``cpu_top_k_first``); check-params refuses both (storybias.config.llamacpp).
@@ -39,13 +40,15 @@ def choice_grammar(choice: Sequence[str]) -> str:
     return "root ::= " + " | ".join(gbnf_literal(c) for c in choice)
 
 
-def sampling_fields(sampling: Sampling, ignore_eos: bool) -> dict[str, Any]:
-    """llama.cpp's names for the sampling fields the OpenAI body has no place for."""
+def sampling_fields(sampling: Sampling, ignore_eos: bool, context_tokens: int) -> dict[str, Any]:
+    """llama.cpp's names for the sampling fields the OpenAI body has no place for. The repetition penalty
+    looks back over ``context_tokens`` (the request's whole context: llama-server feeds the prompt's tokens
+    to the penalty too, as vLLM does; this llama-server refuses -1, the older spelling of that)."""
     fields: dict[str, Any] = {
         "top_k": max(sampling.top_k, 0),
         "min_p": 0.0,
         "repeat_penalty": sampling.repetition_penalty,
-        "repeat_last_n": -1,
+        "repeat_last_n": context_tokens,
     }
     if ignore_eos:
         fields["ignore_eos"] = True

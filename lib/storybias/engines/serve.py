@@ -258,7 +258,7 @@ def _group_alive(pgid: int) -> bool:
         return False
 
 
-def _terminate_with_parent() -> None:
+def terminate_with_parent() -> None:
     """In the server's child process, before exec: Linux sends it SIGTERM when the process that
     started it dies, even by SIGKILL (no orphan server when `make` is killed outright)."""
     try:
@@ -333,7 +333,7 @@ def start_server(
             stdin=subprocess.DEVNULL,
             env=server_environment(spec, settings),
             start_new_session=True,
-            preexec_fn=_terminate_with_parent,
+            preexec_fn=terminate_with_parent,
         )
     server = Server(
         models=names,
@@ -423,16 +423,24 @@ def _raise_on_signal(signum: int, frame: Any) -> None:
 
 
 def _start_servers(
-    params: Params, groups: dict[str, list[ModelSpec]], log: Callable[[str], None], override: list[str] | None
+    params: Params,
+    groups: dict[str, list[ModelSpec]],
+    log: Callable[[str], None],
+    override: list[str] | None,
+    start: Callable[..., Server] | None = None,
 ) -> list[Server]:
-    """vLLM OpenAI-compatible servers (``shared_server_kind: openai``), one per group, registered as each is up."""
+    """vLLM OpenAI-compatible servers (``shared_server_kind: openai``), or the servers ``start`` starts
+    (``storybias.engines.llamacpp.start_llama_server``), one per group, registered as each is up."""
     servers: list[Server] = []
     entries: dict[str, dict[str, Any]] = {}
     try:
         for key, specs in groups.items():
             names = list(dict.fromkeys(s.name for s in specs))
             engine, seed = params.generation.engine, params.generation.seed
-            server = start_server(specs[0], engine, seed, params.run_name, names, command=override, log=log)
+            if start is None:
+                server = start_server(specs[0], engine, seed, params.run_name, names, command=override, log=log)
+            else:
+                server = start(specs[0], engine, seed, params.run_name, names, log=log)
             servers.append(server)
             for name in names:
                 entries[name] = {**server.entry(), "serve_key": key}
@@ -459,10 +467,13 @@ def with_servers(
     command: Sequence[str],
     log: Callable[[str], None] = print,
     server_command_override: list[str] | None = None,
+    start: Callable[..., Server] | None = None,
 ) -> int:
     """Run ``command`` with the profile's local models shared across its stages, and stop them whatever
     happens; returns the command's exit code. ``shared_server_kind: host`` (storybias.engines.host): each
-    model's host starts when a stage first needs it; ``openai``: every model's vLLM server starts first."""
+    model's host starts when a stage first needs it; ``openai``: every model's vLLM server starts first;
+    ``llama.cpp``: every model's server that ``start`` starts (``storybias.engines.llamacpp``, which builds
+    on this module: the caller passes it)."""
 
     run_name = params.run_name
     groups: dict[str, list[ModelSpec]] = {}
@@ -492,7 +503,7 @@ def with_servers(
             env[OWNER_VARIABLE] = str(os.getpid())
             log(f"with-servers: each local model loads once, when a stage first needs it; running: {' '.join(command)}")
         elif groups:
-            servers = _start_servers(params, groups, log, server_command_override)
+            servers = _start_servers(params, groups, log, server_command_override, start)
             log(
                 f"with-servers: {len(servers)} server(s) up in {sum(s.startup_seconds for s in servers):.0f} s; "
                 f"running: {' '.join(command)}"

@@ -10,7 +10,8 @@ constraint; results stream back as they finish, in any order, one per request.
   {"choice": [...]}) in the request body. (vLLM 0.32 silently ignores the removed ``guided_json``
   field, so the slow tests prove the constraint is applied.) ``constraints: openai`` sends the standard
   ``response_format`` json_schema; a choice list becomes ``{"answer": <enum>}`` and the answer is
-  unwrapped, so stages see the chosen string as with vLLM.
+  unwrapped, so stages see the chosen string as with vLLM. ``constraints: llama.cpp`` speaks llama.cpp's
+  server (a GBNF grammar for a choice, top_k, repeat_penalty: storybias.engines.llamacpp_dialect).
 - Retries: the ``openai`` SDK's own (408/409/429/5xx and connection errors, honouring retry-after),
   ``max_retries`` times with ``request_timeout_s`` per attempt. Concurrency is capped by a semaphore
   (``max_concurrency``), request starts by an optional requests-per-minute limiter.
@@ -38,6 +39,7 @@ from typing import Any
 from storybias.config.models import load_tokenizer
 from storybias.config.params import EngineSettings, ModelSpec
 from storybias.core.secrets import key_problem, scrub
+from storybias.engines import llamacpp_dialect
 from storybias.engines.base import (
     ChatRequest,
     ChatResult,
@@ -75,6 +77,8 @@ class Endpoint:
     # a local vLLM server of a CPU model with generation.engine.cpu_top_k_first: top-k and top-p go to
     # the server's logits processor (``vllm_xargs``) instead of its sort (storybias.engines.cpu_sampling)
     top_k_first: bool = False
+    # the tokens a request may use (the model's max_model_len): llama.cpp's repetition window
+    context_tokens: int = 4096
 
     def where(self) -> str:
         key = f"key from ${self.api_key_env}" if self.api_key_env else "no key"
@@ -112,6 +116,7 @@ def endpoint_of(spec: ModelSpec) -> Endpoint:
         constraints=spec.constraints,
         chat_template_kwargs=dict(spec.chat_template_kwargs),
         description=spec.model_id,
+        context_tokens=spec.max_model_len,
     )
 
 
@@ -154,6 +159,14 @@ def request_kwargs(endpoint: Endpoint, request: ChatRequest) -> dict[str, Any]:
             extra["structured_outputs"] = {"choice": list(request.choice)}
         elif request.json_schema is not None:
             extra["structured_outputs"] = {"json": request.json_schema}
+        if endpoint.chat_template_kwargs:
+            extra["chat_template_kwargs"] = dict(endpoint.chat_template_kwargs)
+    elif endpoint.constraints == "llama.cpp":  # storybias.engines.llamacpp_dialect
+        extra.update(llamacpp_dialect.sampling_fields(s, request.ignore_eos, endpoint.context_tokens))
+        constraint = llamacpp_dialect.constraint_fields(request.choice, request.json_schema)
+        if "response_format" in constraint:
+            kwargs["response_format"] = constraint.pop("response_format")
+        extra.update(constraint)
         if endpoint.chat_template_kwargs:
             extra["chat_template_kwargs"] = dict(endpoint.chat_template_kwargs)
     else:
@@ -300,13 +313,14 @@ class OpenAIEngine:
             base_url=entry["base_url"],
             model_id=entry["model_id"],
             api_key=entry.get("api_key") or NO_KEY,
-            max_concurrency=settings.max_num_seqs,
+            max_concurrency=int(entry.get("max_concurrency", settings.max_num_seqs)),
             timeout_s=3600.0,
             max_retries=2,
-            constraints="vllm",
+            constraints=entry.get("constraints", "vllm"),  # a llama-server's entry says "llama.cpp"
             chat_template_kwargs=dict(spec.chat_template_kwargs),
             description=entry.get("described", entry["model_id"]),
-            top_k_first=top_k_first(spec, settings),
+            top_k_first=top_k_first(spec, settings) and entry.get("constraints", "vllm") == "vllm",
+            context_tokens=spec.max_model_len,
         )
         return cls(spec, seed, endpoint=endpoint, tokenizer_from=spec, check=False)
 

@@ -37,7 +37,7 @@ def test_extraction_answers_every_valid_story_within_the_schema(extracted):
     parsed = raw[raw.parse_ok]
     assert len(parsed) >= 1
     assert all(isinstance(json.loads(t), dict) for t in parsed.raw)
-    values = json.loads((extracted / "values" / "03_extract.json").read_text())
+    values = json.loads((extracted / "values" / "extract.json").read_text())
     assert values["n_extracted"] == len(ex)
     assert values["n_parse_failed"] == int((~ex.parse_ok).sum())
 

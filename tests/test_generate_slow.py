@@ -73,7 +73,7 @@ def test_real_generation_is_sane(resumed):
     assert explicit["text"].isin(["female", "woman", "male", "man"]).all(), "the explicit task is constrained"
     story = stories[stories["design"] == "bedtime"].iloc[0]
     assert len(story["text"].split()) > 10
-    values = json.loads((data / "values" / "01_generate.json").read_text())
+    values = json.loads((data / "values" / "generate.json").read_text())
     assert values["n_stories"] == values["n_unique_story_ids"] == len(stories)
 
 

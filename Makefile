@@ -131,8 +131,8 @@ endef
 # the environment exists, makes GOALS_NAME, under `storybias.cli with-servers` (each model loaded once for
 # the sub-make, stopped when it ends or fails) when SERVE (or the profile) asks for it and one of
 # $(LLM_NAME) is out of date. A dry run (`make -n`) takes no lock.
-# With SET, what moved against the base run, printed at the end of the stage goal (not on a dry run).
-WHAT_MOVED = $(if $(strip $(SET)),$(if $(findstring n,$(firstword -$(MAKEFLAGS))),,$(PY) -m storybias.cli what-moved $(PARAMS)),:)
+# With SET, what moved against the base run, printed at the end of the stage goal (without SET, no line at all).
+WHAT_MOVED = $(if $(strip $(SET)),@$(PY) -m storybias.cli what-moved $(PARAMS))
 HOLD_RUN = $(if $(findstring n,$(firstword -$(MAKEFLAGS))),,$(PY) -m storybias.cli hold-run $(PARAMS) --)
 _served: | $(VENV_STAMP)
 	@if [ "$(SERVE)" = 0 ]; then serve=0; elif [ "$(SERVE)" = 1 ]; then serve=1; \
@@ -146,7 +146,7 @@ _served: | $(VENV_STAMP)
 	else \
 	  $(MAKE) --no-print-directory $(GOALS_$(SERVED)) SERVE=0; \
 	fi
-	@$(WHAT_MOVED)
+	$(WHAT_MOVED)
 
 # `make help` lists every target whose rule line ends in `## description` (each public one does;
 # tests/test_habits.py checks that every .PHONY target but FORCE is listed).

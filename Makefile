@@ -5,6 +5,7 @@
 #   make <stage> | explorer                   one stage (and what it needs); `make help` lists the stages
 #   SERVE=1|0   each model loaded once per run, kept up across the LLM stages | one in-process engine per stage
 #   make check-params PARAMS=params/x.yaml     validate a profile only
+#   make <stage> SET="key.path=value ..."      one parameter changed: a run of its own, then what moved
 #   make where | clean-run [PARAMS=...]        print the run's folders | delete them, if they are the run's own
 #   make test | test-fast                      every test | those that need no model, browser or GPU
 #   make lint | format | typecheck             ruff check + format check | apply ruff | mypy on lib/
@@ -20,6 +21,12 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
 PARAMS ?= params/default.yaml
+# Overrides on top of PARAMS ("associations.power_known_share=0.25", several separated by spaces; values
+# read as YAML scalars): a run of its own, named from PARAMS' run and the overrides, that starts from a copy
+# of that run (storybias.config.overrides, storybias.core.derived_runs). Every storybias.cli command reads
+# them from STORYBIAS_SET; exported empty without SET, so a stray variable changes nothing.
+SET ?=
+export STORYBIAS_SET := $(SET)
 # 1: `make paper` / generate / extract / associations run their LLM stages under `with-servers`: each model
 # loads once and stays up across the stages (a model host, storybias.engines.host, or a vLLM server, as the
 # profile's generation.engine.shared_server_kind says), stopped at the end whatever happens; 0: one
@@ -70,13 +77,13 @@ endif
 # exists (a fresh clone) or for a profile the project refuses, the folders stay unknown: every stage goal
 # runs its stages in a sub-make (`served` below) after the environment is built, which asks again, or is
 # refused with the project's message before anything is touched.
-RUN_KEY := $(shell { printf '%s\n' "$(CURDIR)" "$(PARAMS)" "$(STORYBIAS_DATA)" "$(STORYBIAS_FIGURES)"; \
+RUN_KEY := $(shell { printf '%s\n' "$(CURDIR)" "$(PARAMS)" "$(STORYBIAS_DATA)" "$(STORYBIAS_FIGURES)" "$(SET)"; \
                      cat "$(PARAMS)"; } 2>/dev/null | sha256sum | cut -c1-16)
 RUN_VARS := .make/run-$(RUN_KEY).mk
 ifeq ($(wildcard $(RUN_VARS)),)
 ifneq ($(wildcard $(PY)),)
 $(shell mkdir -p .make && find .make -name 'run-*.mk' -mtime +7 -delete; \
-        $(PY) -m storybias.cli where --make "$(PARAMS)" > $(RUN_VARS).tmp 2>/dev/null \
+        STORYBIAS_SET="$(SET)" $(PY) -m storybias.cli where --make "$(PARAMS)" > $(RUN_VARS).tmp 2>/dev/null \
         && mv $(RUN_VARS).tmp $(RUN_VARS); rm -f $(RUN_VARS).tmp)
 endif
 endif
@@ -115,7 +122,7 @@ define report_only
 	@$(PY) -m storybias.cli run-stage $(2) notebooks/$(1).ipynb $(PARAMS) --target $< --report-only
 endef
 
-.PHONY: help where venv model check-params stamps paper _paper _served llama-server test test-fast lint format typecheck bench-generate bench-engine decode-ceiling stage-times bench-ray plan bench-associations bench-import publish-notebooks lab clean-run FORCE
+.PHONY: help where venv model check-params stamps paper _paper _served llama-server test test-fast lint format typecheck bench-generate bench-engine decode-ceiling stage-times bench-ray plan bench-associations bench-import publish-notebooks lab clean-run what-moved FORCE
 
 # `$(HOLD_RUN) $(MAKE) _served SERVED=NAME`: what every stage goal and `make paper` run to make
 # $(GOALS_NAME) (the $(MAKE) is written out in each recipe, so `make -n` shows the plan). Under the run's
@@ -124,6 +131,8 @@ endef
 # the environment exists, makes GOALS_NAME, under `storybias.cli with-servers` (each model loaded once for
 # the sub-make, stopped when it ends or fails) when SERVE (or the profile) asks for it and one of
 # $(LLM_NAME) is out of date. A dry run (`make -n`) takes no lock.
+# With SET, what moved against the base run, printed at the end of the stage goal (without SET, no line at all).
+WHAT_MOVED = $(if $(strip $(SET)),@$(PY) -m storybias.cli what-moved $(PARAMS))
 HOLD_RUN = $(if $(findstring n,$(firstword -$(MAKEFLAGS))),,$(PY) -m storybias.cli hold-run $(PARAMS) --)
 _served: | $(VENV_STAMP)
 	@if [ "$(SERVE)" = 0 ]; then serve=0; elif [ "$(SERVE)" = 1 ]; then serve=1; \
@@ -137,6 +146,7 @@ _served: | $(VENV_STAMP)
 	else \
 	  $(MAKE) --no-print-directory $(GOALS_$(SERVED)) SERVE=0; \
 	fi
+	$(WHAT_MOVED)
 
 # `make help` lists every target whose rule line ends in `## description` (each public one does;
 # tests/test_habits.py checks that every .PHONY target but FORCE is listed).
@@ -268,6 +278,9 @@ publish-notebooks: $(VENV_STAMP)  ## copy the outputs of PARAMS' executed notebo
 # marker of the run, or a place where runs do not live: lib/, params/, the model weights, ...).
 clean-run: $(VENV_STAMP)  ## delete exactly this run's folders (data/<run>, reports/<run>, figures/<run>), if they are its own
 	@$(PY) -m storybias.cli clean-run $(PARAMS)
+
+what-moved: $(VENV_STAMP)  ## with SET="key=value ...": the recorded values that moved against PARAMS' own run
+	@$(PY) -m storybias.cli what-moved $(PARAMS)
 
 # The run's name and absolute folders, as every stage will see them.
 where: $(VENV_STAMP)  ## print the run's name and absolute folders

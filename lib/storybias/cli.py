@@ -44,20 +44,28 @@ stages-mk                  print make/stages.mk, the Makefile's per-stage rules,
 stage-table                print the stage table (docs/pipeline.md, the data contract's index), from the registry
 outputs STAGE PARAMS       print the files Make tracks for STAGE (storybias.core.artifacts.MAKE_TARGETS)
 publish-notebooks PARAMS   copy the outputs of the run's executed notebooks (reports/<run>/) into notebooks/
+what-moved PARAMS          the named values that differ between a run with overrides and its base run
+
+Every command that takes PARAMS reads the overrides in STORYBIAS_SET (``key.path=value`` items separated
+by spaces, storybias.config.overrides), which the Makefile sets from SET: the profile with them is a run
+of its own, named from them, that starts from a copy of its base run (storybias.core.derived_runs).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 
 from storybias.config.checks import local_models, missing_key_variables, preload_note, stage_key_problems
 from storybias.config.lenses import format_shortfalls, lens_shortfalls
 from storybias.config.models import EMBEDDED, ModelError, prepare_embedded_models
+from storybias.config.overrides import SET_ENV
 from storybias.config.params import Params, ParamsError, load, write_stage_stamps
 from storybias.core import paths
 from storybias.core.artifacts import outputs as stage_outputs
+from storybias.core.derived_runs import format_what_moved, seed, what_moved
 from storybias.core.integrity import invalidate_corrupt
 from storybias.core.locks import RunBusy, clean_run, hold_run
 from storybias.core.make_rules import stages_mk
@@ -87,9 +95,9 @@ from storybias.tools.stage_times import machine_lines as stage_machines
 
 
 def _load(path: str) -> Params:
-
+    """The profile at ``path`` with the overrides in STORYBIAS_SET (Make's SET); exit 2 naming the problem."""
     try:
-        return load(path)
+        return load(path, os.environ.get(SET_ENV, ""))
     except ParamsError as exc:
         print(f"storybias: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -190,6 +198,7 @@ def _add_run_commands(sub: argparse._SubParsersAction) -> None:
     outputs.add_argument("stage")
     outputs.add_argument("params")
     sub.add_parser("publish-notebooks").add_argument("params")
+    sub.add_parser("what-moved").add_argument("params")
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -288,7 +297,7 @@ def _hold_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
         parser.error("hold-run: give the command after --")
-    return hold_run(p.run_name, cmd, log=lambda m: print(m, file=sys.stderr, flush=True))
+    return hold_run(p.run_name, cmd, log=lambda m: print(m, file=sys.stderr, flush=True), base_run=p.base_run)
 
 
 def _run_stage(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -302,6 +311,7 @@ def _run_stage(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
         p.run_name,
         target=paths.resolve(args.target) if args.target else None,
         report_only=args.report_only,
+        overrides=p.overrides,
     )
 
 
@@ -345,11 +355,18 @@ def _run_name(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 def _stamps(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     p = _load(args.params)
     try:
+        seed(p.base_run, p.run_name)  # a run with overrides starts from its base run's files (once)
         write_stage_stamps(p, claim(p.run_name) / ".params")
         invalidate_corrupt(p.run_name, paths.run_dir(p.run_name) / ".params", log=lambda m: print(m, file=sys.stderr))
     except ParamsError as exc:  # a file the profile names vanished after it loaded
         print(f"storybias: {exc}", file=sys.stderr)
         return 2
+    return 0
+
+
+def _what_moved(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    p = _load(args.params)
+    print(format_what_moved(p.base_run, p.run_name, what_moved(p.base_run, p.run_name)))
     return 0
 
 
@@ -483,6 +500,7 @@ _COMMANDS: dict[str, Handler] = {
     "stage-table": _stage_table,
     "outputs": _outputs,
     "publish-notebooks": _publish_notebooks,
+    "what-moved": _what_moved,
 }
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,7 @@ from storybias.config.designs import get as get_design
 from storybias.config.input_stamps import HASH_STORE, InputFileError, note_read, stage_files, stage_stamp
 from storybias.config.llamacpp import llama_cpp_problems
 from storybias.config.output_fields import STAMP_IGNORED_ENGINE_FIELDS, STAMP_IGNORED_MODEL_FIELDS
+from storybias.config.overrides import OverrideError, apply_overrides, derived_run_name, normalize_overrides
 from storybias.config.prompts import available_languages
 from storybias.config.prompts import names as design_names
 from storybias.config.story_sections import (
@@ -217,10 +219,12 @@ NOT_IN_DIGEST: dict[str, tuple[str, ...]] = {"extract": ("human_validation",)}
 class Params:
     """A validated profile plus where it came from and the run it names."""
 
-    def __init__(self, profile: Profile, source: Path):
+    def __init__(self, profile: Profile, source: Path, overrides: Mapping[str, Any] | None = None):
         self.profile = profile
         self.source = source
-        self.run_name = profile.run_name or source.stem
+        self.overrides = dict(overrides or {})
+        self.base_run = profile.run_name or source.stem  # the profile's own run; with overrides, a run of its own
+        self.run_name = derived_run_name(self.base_run, self.overrides)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.profile, name)
@@ -235,7 +239,10 @@ class Params:
         return Sampling(**{**base, **override})
 
     def resolved(self) -> dict[str, Any]:
-        return {"run_name": self.run_name, "source": str(self.source), **self.profile.model_dump(mode="json")}
+        origin: dict[str, Any] = {"run_name": self.run_name, "source": str(self.source)}
+        if self.overrides:
+            origin |= {"base_run": self.base_run, "overrides": self.overrides}
+        return {**origin, **self.profile.model_dump(mode="json")}
 
     def stage_digest(self, stage: str) -> str:
         """The sha256 of the parameters stage ``stage`` reads (its registry sections), without the settings
@@ -294,8 +301,9 @@ def _number_like(text: str) -> bool:
     return True
 
 
-def _format_validation_error(exc: ValidationError, source: Path) -> str:
-    lines = [f"{source}: invalid parameters ({exc.error_count()} problem{'s' if exc.error_count() > 1 else ''}):"]
+def _format_validation_error(exc: ValidationError, source: Path, overrides: Mapping[str, Any] | None = None) -> str:
+    label = f"{source} with overrides {', '.join(overrides)}" if overrides else str(source)
+    lines = [f"{label}: invalid parameters ({exc.error_count()} problem{'s' if exc.error_count() > 1 else ''}):"]
     for err in exc.errors():
         loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith(("function-after", "literal"))))
         msg = err["msg"]
@@ -486,8 +494,10 @@ def load_yaml_strict(source: Path) -> Any:
         raise ParamsError(str(exc)) from None
 
 
-def load(path: str | Path) -> Params:
-    """Read and validate a profile. Raises ParamsError with every problem, each naming its key."""
+def load(path: str | Path, overrides: Mapping[str, Any] | str | None = None) -> Params:
+    """Read and validate a profile, with ``overrides`` (``{"associations.alpha": 0.1}`` or SET's text
+    ``"associations.alpha=0.1"``, storybias.config.overrides) written over it first: the run is then
+    named from them. Raises ParamsError with every problem, each naming its key."""
     source = paths.resolve(path)
     if not source.is_file():
         raise ParamsError(f"{source}: params file not found")
@@ -498,9 +508,14 @@ def load(path: str | Path) -> Params:
     if not isinstance(raw, dict):
         raise ParamsError(f"{source}: expected a mapping of parameters at the top level")
     try:
+        changes = normalize_overrides(overrides)
+        raw = apply_overrides(raw, changes)
+    except OverrideError as exc:
+        raise ParamsError(f"{source}: invalid override: {exc}") from None
+    try:
         profile = Profile.model_validate(raw)
     except ValidationError as exc:
-        raise ParamsError(_format_validation_error(exc, source)) from None
+        raise ParamsError(_format_validation_error(exc, source, changes)) from None
     problems = _check_semantics(profile, source)
     run_name = profile.run_name or source.stem
     if profile.run_name is None and (not RUN_NAME.match(run_name) or len(run_name) > MAX_RUN_NAME):
@@ -512,7 +527,10 @@ def load(path: str | Path) -> Params:
         problems += run_folders.problems(run_name)
     if problems:
         raise ParamsError(f"{source}: invalid parameters:\n" + "\n".join(f"  - {p}" for p in problems))
-    params = Params(profile, source)
+    params = Params(profile, source, changes)
+    problems = run_folders.problems(params.run_name) if changes else []  # the derived run's own folders
+    if problems:
+        raise ParamsError(f"{source}: invalid parameters:\n" + "\n".join(f"  - {p}" for p in problems))
     note_read(params.stage_digest)  # under run-stage: what this stage read (storybias.config.input_stamps)
     return params
 

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from storybias.core import paths, run_folders
+from storybias.core.derived_runs import seed
 from storybias.core.io import current_umask
 
 LOCK_ENV = "STORYBIAS_RUN_LOCK"
@@ -134,12 +135,15 @@ def run_lock(run_name: str, stage: str, log: Callable[[str], None] = print) -> I
         os.close(fd)  # closing the descriptor releases the flock
 
 
-def hold_run(run_name: str, command: list[str], log: Callable[[str], None] = print) -> int:
+def hold_run(run_name: str, command: list[str], log: Callable[[str], None] = print, base_run: str = "") -> int:
     """Run ``command`` (a ``make``) holding the run's lock from its start to its end; returns its exit code.
+    A run with overrides is seeded from ``base_run`` first (storybias.core.derived_runs.seed), before the
+    ``make`` looks at any file.
     The command's processes inherit the lock (``STORYBIAS_RUN_LOCK``); SIGINT and SIGTERM sent to this
     process are passed on to the command, and the lock is released when it ends (or this process dies).
     Raises RunBusy, starting nothing, when another live process holds the run."""
     with run_lock(run_name, "make", log=log):
+        seed(base_run or run_name, run_name)
         child = subprocess.Popen(command)
 
         def forward(signum: int, frame: Any) -> None:
@@ -154,12 +158,15 @@ def hold_run(run_name: str, command: list[str], log: Callable[[str], None] = pri
 
 
 def holds_run_lock(stage: str) -> Callable[[Callable[..., T]], Callable[..., T]]:
-    """Decorate a stage's entry point ``run(params, ...)`` so it runs under its run's lock."""
+    """Decorate a stage's entry point ``run(params, ...)`` so it runs under its run's lock; a run with
+    overrides (``params.base_run`` differs from ``params.run_name``) starts from a copy of its base run's
+    files the first time (storybias.core.derived_runs.seed), from JupyterLab as from Make."""
 
     def decorate(func: Callable[..., T]) -> Callable[..., T]:
         @functools.wraps(func)
         def locked(params: Any, *args: Any, **kwargs: Any) -> T:
             with run_lock(params.run_name, stage):
+                seed(getattr(params, "base_run", params.run_name), params.run_name)
                 return func(params, *args, **kwargs)
 
         return locked

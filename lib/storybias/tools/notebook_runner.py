@@ -31,15 +31,16 @@ terminal: one line rewritten in place when stdout is a terminal, otherwise a new
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from storybias.config.input_stamps import READ_ENV, settle_stamp
 from storybias.core import paths
@@ -47,8 +48,12 @@ from storybias.core.locks import RunBusy, run_lock
 from storybias.core.run_folders import RunFolderError, claim_reports
 
 
-def papermill_command(notebook: Path, output: Path, params_file: Path) -> list[str]:
-    """papermill's argument list (no shell: every path is one argument, spaces and all)."""
+def papermill_command(
+    notebook: Path, output: Path, params_file: Path, overrides: Mapping[str, Any] | None = None
+) -> list[str]:
+    """papermill's argument list (no shell: every path is one argument, spaces and all); ``overrides``
+    (storybias.config.overrides) reach the notebook's ``overrides`` parameter as YAML (JSON)."""
+    given = ["-y", json.dumps({"overrides": dict(overrides)})] if overrides else []
     return [
         sys.executable,
         "-m",
@@ -62,6 +67,7 @@ def papermill_command(notebook: Path, output: Path, params_file: Path) -> list[s
         "-p",
         "params_file",
         str(params_file),
+        *given,
         "--log-output",
         "--no-progress-bar",
     ]
@@ -146,14 +152,12 @@ def _mtime(path: Path | None) -> float | None:
     return path.stat().st_mtime_ns if path is not None and path.exists() else None
 
 
-def _papermill(
-    notebook: Path, output: Path, params_file: Path, log_file: Path, follower: ProgressFollower, read_note: str
-) -> int:
+def _papermill(command: list[str], log_file: Path, follower: ProgressFollower, read_note: str) -> int:
     """Run papermill into ``output``, its log in ``log_file``, echoing its progress; returns its exit code.
     ``read_note`` (``<stage>:<file>``) asks the notebook to note the parameters it loads (READ_ENV)."""
     with open(log_file, "w", encoding="utf-8") as fh:
         proc = subprocess.Popen(
-            papermill_command(notebook, output, params_file),
+            command,
             stdout=fh,
             stderr=subprocess.STDOUT,
             env=dict(os.environ, PYTHONUNBUFFERED="1", **{READ_ENV: read_note}),
@@ -183,8 +187,10 @@ def run_stage(
     progress: TextIO | None = None,
     progress_interval: float = 30.0,
     report_only: bool = False,
+    overrides: Mapping[str, Any] | None = None,
 ) -> int:
     """Execute one stage notebook for ``run_name``; returns the process exit code (0 = success).
+    ``overrides``: the run's (storybias.config.overrides), given to the notebook's parameters cell.
 
     ``progress`` (default: stdout) receives the stage's latest tqdm line while it runs (see
     :class:`ProgressFollower`; ``progress_interval`` is the seconds between lines off a terminal).
@@ -219,7 +225,8 @@ def run_stage(
             stamps = paths.run_dir(run_name) / ".params"
             record = stamps / f"{stage}.read"
             record.unlink(missing_ok=True)
-            if _papermill(notebook, tmp_notebook, params_file, log_file, follower, f"{stage}:{record}") != 0:
+            command = papermill_command(notebook, tmp_notebook, params_file, overrides)
+            if _papermill(command, log_file, follower, f"{stage}:{record}") != 0:
                 tail = log_file.read_text(encoding="utf-8", errors="replace").splitlines()[-25:]
                 print(f"stage {stage} FAILED: see {log_file} and {tmp_notebook}", file=sys.stderr)
                 print("\n".join(tail), file=sys.stderr)

@@ -133,6 +133,7 @@ def note_read(stage_digest: Callable[[str], str]) -> None:
     names, when a stage run set it for this process (a stage's notebook under ``run-stage``)."""
     stage, _, record = os.environ.get(READ_ENV, "").partition(":")
     if stage in STAGE_BY_TOKEN and record:
+        Path(record).parent.mkdir(parents=True, exist_ok=True)  # a stage run before any stamp was written
         with open(record, "a", encoding="utf-8") as out:
             out.write(stage_digest(stage) + "\n")
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -35,7 +34,7 @@ from storybias.engines.serve import (
     ServerError,
     free_port,
     health_ok,
-    terminate_with_parent,
+    launch_server,
     wait_until_ready,
 )
 from storybias.engines.served import OpenAIEngine
@@ -125,18 +124,8 @@ def start_llama_server(
         binary, gguf, settings.llama_cpp, port=port, seed=seed, alias=spec.name, chat_template=template
     )
     logfile = (log_dir or run_folders.claim_reports(run_name)) / f"server-{spec.name}.log"
-    logfile.parent.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    with open(logfile, "w", encoding="utf-8") as fh:
-        process = subprocess.Popen(
-            command,
-            stdout=fh,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=server_environment(key),
-            start_new_session=True,
-            preexec_fn=terminate_with_parent,
-        )
+    process = launch_server(command, server_environment(key), logfile)
     described = f"{embedded_weights(spec.embedded).model_id.split(' (')[0]} GGUF on llama-server"
     server = LlamaServer(
         models=names,

@@ -267,6 +267,22 @@ def terminate_with_parent() -> None:
         pass
 
 
+def launch_server(command: list[str], env: dict[str, str], logfile: Path) -> subprocess.Popen:
+    """Start a server process in a session of its own (so that ``stop_group`` stops it whole), killed with
+    its parent (``terminate_with_parent``), its output in ``logfile``: the vLLM server and llama-server."""
+    logfile.parent.mkdir(parents=True, exist_ok=True)
+    with open(logfile, "w", encoding="utf-8") as fh:
+        return subprocess.Popen(
+            command,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+            preexec_fn=terminate_with_parent,
+        )
+
+
 def wait_until_ready(
     process: subprocess.Popen,
     ready: Callable[[], bool],
@@ -323,18 +339,8 @@ def start_server(
         described = "test server"
         command = [c.replace("{port}", str(port)).replace("{key}", key) for c in command]
     logfile = (log_dir or run_folders.claim_reports(run_name)) / f"server-{spec.name}.log"
-    logfile.parent.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    with open(logfile, "w", encoding="utf-8") as fh:
-        process = subprocess.Popen(
-            command,
-            stdout=fh,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=server_environment(spec, settings),
-            start_new_session=True,
-            preexec_fn=terminate_with_parent,
-        )
+    process = launch_server(command, server_environment(spec, settings), logfile)
     server = Server(
         models=names,
         process=process,

@@ -244,7 +244,7 @@ XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope --
 # `make test` does not build it (issue #60).
 test: $(VENV_STAMP)  ## every test, the slow ones (embedded model) and the browser one (installs Chromium) included
 	scripts/install-browser.sh
-	$(VENV)/bin/pytest $(XDIST) tests
+	$(VENV)/bin/pytest $(XDIST) --durations=15 tests
 
 # Markers (registered in tests/conftest.py): slow = the embedded model, browser = Chromium.
 test-fast: $(VENV_STAMP)  ## the tests that need no model or browser (runs anywhere, a few minutes)

@@ -279,6 +279,17 @@ def test_judge_ratings_are_reused_only_for_the_same_request(tmp_path, monkeypatc
     assert info[0]["reuse"] == {"prompt changed": 1}
 
 
+def _three_judge_items() -> pd.DataFrame:
+    """Three associations a1-a3 of one pair, for the judge's failure tests."""
+    row = {
+        "base_attribute": "income_level",
+        "base_value": "low",
+        "compared_attribute": "education",
+        "compared_value": "basic",
+    }
+    return pd.DataFrame([{"association_id": f"a{i}", **row} for i in range(1, 4)])
+
+
 def test_a_failed_judge_request_is_counted_not_stored_and_asked_again(tmp_path, monkeypatch):
     """Issue #14: a request that fails after the engine's retries is data (counted per judge), and a
     rerun asks for exactly the failed ones."""
@@ -296,18 +307,7 @@ def test_a_failed_judge_request_is_counted_not_stored_and_asked_again(tmp_path, 
         )
 
     p = _profile(tmp_path, monkeypatch, judge={"models": [{"name": "m1", "source": "embedded"}]})
-    items = pd.DataFrame(
-        [
-            {
-                "association_id": f"a{i}",
-                "base_attribute": "income_level",
-                "base_value": "low",
-                "compared_attribute": "education",
-                "compared_value": "basic",
-            }
-            for i in range(1, 4)
-        ]
-    )
+    items = _three_judge_items()
     ratings, info = J.run_judges(items, p, progress=False, engine_factory=judge)
     assert sorted(ratings["association_id"]) == ["a1", "a3"]
     assert info[0]["n_request_errors"] == 1 and "HTTP 400" in info[0]["request_errors"][0]
@@ -365,17 +365,6 @@ def test_a_judge_whose_every_request_failed_stops_with_the_first_errors(tmp_path
     from storybias.engines.runner import RequestsFailed
 
     p = _profile(tmp_path, monkeypatch, judge={"models": [{"name": "m1", "source": "embedded"}]})
-    items = pd.DataFrame(
-        [
-            {
-                "association_id": f"a{i}",
-                "base_attribute": "income_level",
-                "base_value": "low",
-                "compared_attribute": "education",
-                "compared_value": "basic",
-            }
-            for i in range(1, 4)
-        ]
-    )
+    items = _three_judge_items()
     with pytest.raises(RequestsFailed, match=r"associations \(judge\): (\d+) of \1 requests failed.*HTTP 400: no"):
         J.run_judges(items, p, progress=False, engine_factory=lambda s: FakeEngine(s, fail=lambda r: "HTTP 400: no"))

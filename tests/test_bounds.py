@@ -12,23 +12,13 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
+from profile_files import read_smoke, write_profile
 from storybias.config import bounds, checks, params
 from storybias.config.plan import plan
 from storybias.core import paths
 
 ROOT = paths.repo_root()
-
-
-def _smoke() -> dict:
-    return yaml.safe_load((ROOT / "params" / "smoke.yaml").read_text())
-
-
-def _write(tmp_path: Path, raw: dict, name: str = "p.yaml") -> Path:
-    path = tmp_path / name
-    path.write_text(yaml.safe_dump(raw, sort_keys=False))
-    return path
 
 
 def _set(raw: dict, dotted: str, value: object) -> dict:
@@ -42,8 +32,8 @@ def _set(raw: dict, dotted: str, value: object) -> dict:
 
 def test_a_trillion_samples_per_prompt_is_refused_at_once_naming_the_key_and_the_size(tmp_path):
     """It used to pass check-params (OK) and then plan until a MemoryError."""
-    raw = _set(_smoke(), "designs.bedtime.samples_per_prompt", 10**12)
-    path = _write(tmp_path, raw)
+    raw = _set(read_smoke(), "designs.bedtime.samples_per_prompt", 10**12)
+    path = write_profile(tmp_path, raw)
     started = time.process_time()
     with pytest.raises(params.ParamsError) as exc:
         params.load(path)
@@ -86,7 +76,7 @@ def test_the_paper_profile_fits_and_the_memory_limit_names_its_reason():
     ],
 )
 def test_values_beyond_the_schema_range_are_refused_naming_the_key(tmp_path, key, value, named):
-    path = _write(tmp_path, _set(_smoke(), key, value))
+    path = write_profile(tmp_path, _set(read_smoke(), key, value))
     with pytest.raises(params.ParamsError) as exc:
         params.load(path)
     assert str(path) in str(exc.value) and named in str(exc.value)
@@ -111,14 +101,14 @@ def test_temperature_dot_inf_written_in_yaml_is_refused(tmp_path):
     ],
 )
 def test_an_answer_budget_beyond_the_models_context_is_refused(tmp_path, key, value, named):
-    path = _write(tmp_path, _set(_smoke(), key, value))
+    path = write_profile(tmp_path, _set(read_smoke(), key, value))
     with pytest.raises(params.ParamsError) as exc:
         params.load(path)
     assert named in str(exc.value) and "max_model_len (4,096" in str(exc.value)
 
 
 def _served_judge(tmp_path: Path) -> Path:
-    raw = _smoke()
+    raw = read_smoke()
     raw["associations"] = {
         "judge": {
             "models": [
@@ -132,7 +122,7 @@ def _served_judge(tmp_path: Path) -> Path:
             ]
         }
     }
-    return _write(tmp_path, raw)
+    return write_profile(tmp_path, raw)
 
 
 def test_the_judges_key_is_asked_before_stage_01_and_not_after_stage_04(tmp_path):

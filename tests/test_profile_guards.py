@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from profile_files import read_smoke, write_profile
 from storybias.config import checks, params
 from storybias.core import artifacts, io, paths
 from storybias.stages import generate
@@ -31,16 +32,6 @@ from storybias.stages.generate.corpus import CorpusError
 from storybias.tools.synthetic_corpus import write_synthetic_corpus
 
 ROOT = paths.repo_root()
-
-
-def _smoke() -> dict:
-    return yaml.safe_load((ROOT / "params" / "smoke.yaml").read_text())
-
-
-def _write(tmp_path: Path, raw: dict, name: str = "p.yaml") -> Path:
-    path = tmp_path / name
-    path.write_text(yaml.safe_dump(raw, sort_keys=False))
-    return path
 
 
 def _check_params(path: Path, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -82,7 +73,7 @@ def test_an_alias_bomb_in_the_description_is_refused_at_once_naming_the_file(tmp
 
 def test_an_alias_bomb_under_chat_template_kwargs_is_refused_before_the_stamps(tmp_path):
     """It passed check-params and exhausted 3 GB in the stamps step every `make <stage>` runs first."""
-    raw = _smoke()
+    raw = read_smoke()
     raw["generation"]["models"][0]["chat_template_kwargs"] = {"x": "PLACEHOLDER"}
     lines = yaml.safe_dump(raw, sort_keys=False).splitlines(keepends=True)
     [at] = [i for i, line in enumerate(lines) if line.strip() == "x: PLACEHOLDER"]
@@ -126,12 +117,12 @@ def test_every_storybias_yaml_file_goes_through_the_one_loader(tmp_path):
     ids=["depth", "items", "text"],
 )
 def test_chat_template_kwargs_is_bounded_naming_the_key(tmp_path, kwargs, message):
-    raw = _smoke()
+    raw = read_smoke()
     raw["extract"] = {"models": [{"name": "x", "source": "embedded", "chat_template_kwargs": kwargs}]}
     with pytest.raises(params.ParamsError, match=r"extract\.models\[0\]\.chat_template_kwargs: .*" + message):
-        params.load(_write(tmp_path, raw))
+        params.load(write_profile(tmp_path, raw))
     raw["extract"]["models"][0]["chat_template_kwargs"] = {"enable_thinking": False, "a": {"b": {"c": [1, 2]}}}
-    assert params.load(_write(tmp_path, raw)).extract.models[0].chat_template_kwargs["enable_thinking"] is False
+    assert params.load(write_profile(tmp_path, raw)).extract.models[0].chat_template_kwargs["enable_thinking"] is False
 
 
 # --- 6. fail before work: duplicates, key variables ------------------------------------------------------
@@ -139,9 +130,9 @@ def test_chat_template_kwargs_is_bounded_naming_the_key(tmp_path, kwargs, messag
 
 def test_a_language_listed_twice_is_refused_with_its_key(tmp_path):
     """`designs.bedtime.languages: [en, en]` passed check-params and died in the plan (duplicate story_id)."""
-    raw = _smoke()
+    raw = read_smoke()
     raw["designs"]["bedtime"]["languages"] = ["en", "en"]
-    path = _write(tmp_path, raw)
+    path = write_profile(tmp_path, raw)
     proc = _check_params(path)
     assert proc.returncode == 2, proc.stdout
     assert "designs.bedtime.languages: 'en' is listed twice ([0] and [1]); list each once" in proc.stderr
@@ -161,10 +152,10 @@ def test_a_language_listed_twice_is_refused_with_its_key(tmp_path):
     ids=["passes", "restrict", "refusals_unknown", "comparisons"],
 )  # fmt: skip
 def test_any_list_that_repeats_an_item_is_refused_with_its_key(tmp_path, edit, key):
-    raw = _smoke()
+    raw = read_smoke()
     edit(raw)
     with pytest.raises(params.ParamsError, match=rf"  - {key}: .* is listed twice \(\[0\] and \[1\]\)"):
-        params.load(_write(tmp_path, raw))
+        params.load(write_profile(tmp_path, raw))
 
 
 COMPARISON = {"name": "cg", "design": "bedtime", "condition": "child_gender", "group_m": "boy", "group_f": "girl"}
@@ -178,7 +169,7 @@ def test_free_form_lists_and_lists_of_distinct_items_are_accepted():
 
 
 def _judge_on_an_endpoint(tmp_path: Path) -> Path:
-    raw = _smoke()
+    raw = read_smoke()
     raw["associations"] = {
         "judge": {
             "models": [
@@ -192,7 +183,7 @@ def _judge_on_an_endpoint(tmp_path: Path) -> Path:
             ]
         }
     }
-    return _write(tmp_path, raw)
+    return write_profile(tmp_path, raw)
 
 
 def test_check_params_refuses_an_unset_key_variable_naming_the_key_and_the_variable(tmp_path):
@@ -221,7 +212,7 @@ def test_only_the_models_a_stage_runs_need_their_key(tmp_path, monkeypatch):
     corpus = {"format": "table", "path": str(table), "columns": columns}
     for extractions, unset in (("published", []), ("rerun", ["extract.models[0].api_key_env"])):
         raw = {"corpus": {**corpus, "extractions": extractions}, "extract": {"models": [served]}}
-        p = params.load(_write(tmp_path, raw))
+        p = params.load(write_profile(tmp_path, raw))
         assert [u.split(":")[0] for u in checks.missing_key_variables(p.profile)] == unset
 
 
@@ -235,7 +226,9 @@ def test_a_deeply_nested_published_extraction_stops_stage_01_naming_file_row_and
     index = table.schema.get_field_index("extracted_attributes_json")
     pq.write_table(table.set_column(index, "extracted_attributes_json", pa.array(column)), files[0])
     p = params.load(
-        _write(tmp_path, {"run_name": "deep", "corpus": {"format": "stereotales", "path": str(tmp_path / "release")}})
+        write_profile(
+            tmp_path, {"run_name": "deep", "corpus": {"format": "stereotales", "path": str(tmp_path / "release")}}
+        )
     )
     with pytest.raises(CorpusError, match=f"{files[0]}: row 7, column extracted_attributes_json: .*nested too deeply"):
         generate.run(p, progress=False, log=lambda m: None)
@@ -258,7 +251,7 @@ def test_stage_01_of_a_published_corpus_prepares_no_model(tmp_path, prepared):
     table = tmp_path / "stories.csv"
     pd.DataFrame({"story": ["A story."], "lang": ["en"], "llm": ["m"], "g": ["woman"]}).to_csv(table, index=False)
     columns = {"text": "story", "language": "lang", "model": "llm", "extracted": {"gender": "g"}}
-    p = params.load(_write(tmp_path, {"corpus": {"format": "table", "path": str(table), "columns": columns}}))
+    p = params.load(write_profile(tmp_path, {"corpus": {"format": "table", "path": str(table), "columns": columns}}))
     assert p.associations.judge.models[0].source == "embedded"
     generate.prepare_models(p)  # what notebook 01 runs
     generate.prepare_models(p, ("extract",))  # what notebook 03 runs: published extractions, no model

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from profile_files import write_profile
 from storybias.config import params
 from storybias.config.output_fields import OPERATIONAL_ENGINE_FIELDS, OUTPUT_ENGINE_FIELDS
 from storybias.core import artifacts, make_rules, paths
@@ -20,12 +21,6 @@ from test_reliability import finished_reports, make
 ROOT = paths.repo_root()
 SMOKE = yaml.safe_load((ROOT / "params" / "smoke.yaml").read_text())
 API = yaml.safe_load((ROOT / "params" / "api-example.yaml").read_text())  # an API model's settings
-
-
-def _write(tmp_path: Path, raw: dict, name: str = "p.yaml") -> Path:
-    path = tmp_path / name
-    path.write_text(yaml.safe_dump(raw, sort_keys=False))
-    return path
 
 
 def _set(raw: dict, key: str, value: object) -> dict:
@@ -45,8 +40,8 @@ def _digests(path: Path) -> dict[str, str]:
 
 
 def _changed(tmp_path: Path, key: str, value: object, base: dict = SMOKE) -> set[str]:
-    before = _digests(_write(tmp_path, base, "before.yaml"))
-    after = _digests(_write(tmp_path, _set(base, key, value), "after.yaml"))
+    before = _digests(write_profile(tmp_path, base, "before.yaml"))
+    after = _digests(write_profile(tmp_path, _set(base, key, value), "after.yaml"))
     return {stage for stage in before if before[stage] != after[stage]}
 
 
@@ -97,7 +92,7 @@ def test_an_operational_setting_reruns_nothing_under_make(tmp_path):
     run = "pytest-operational"
     data = tmp_path / "data"
     env = dict(os.environ, STORYBIAS_DATA=str(data))
-    params_file = _write(tmp_path, {**SMOKE, "run_name": run})
+    params_file = write_profile(tmp_path, {**SMOKE, "run_name": run})
     assert make("stamps", f"PARAMS={params_file}", env=env).returncode == 0
     time.sleep(0.01)
     for token in artifacts.MAKE_TARGETS:  # every stage finished, in order
@@ -114,11 +109,11 @@ def test_an_operational_setting_reruns_nothing_under_make(tmp_path):
     assert "run-stage" not in make("-n", *goals, env=env).stdout
     changed = _set({**SMOKE, "run_name": run}, "generation.engine.cpu_kvcache_gb", 3)
     changed = _set(changed, "generation.models.0.gpu_memory_utilization", 0.5)
-    _write(tmp_path, changed)
+    write_profile(tmp_path, changed)
     assert make("stamps", f"PARAMS={params_file}", env=env).returncode == 0
     planned = make("-n", *goals, env=env).stdout
     assert "run-stage" not in planned and "cli explorer" not in planned, planned
-    _write(tmp_path, _set(changed, "generation.engine.enforce_eager", False))  # output-shaping: 01, 03, 04 rerun
+    write_profile(tmp_path, _set(changed, "generation.engine.enforce_eager", False))  # output-shaping: 01, 03, 04 rerun
     assert make("stamps", f"PARAMS={params_file}", env=env).returncode == 0
     planned = make("-n", *goals, env=env).stdout
     assert "notebooks/01_generate.ipynb" in planned, planned

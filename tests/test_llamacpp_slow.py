@@ -5,6 +5,8 @@ against it in llama.cpp's dialect:
 - stages 01-04 complete on it (stage 03's JSON-schema answers, stage 04's judge through a choice grammar);
 - a JSON-schema-constrained answer parses and follows a schema the model would not follow unconstrained,
   and a choice comes back as exactly one of its strings;
+- a request longer than the server's context per slot (its ``GET /props``) is refused before anything is
+  sent, naming its size, the limit and the ``-c`` that would make it fit;
 - the server SIGKILLed while stage 01 streams from it: the stage stops, and the rerun (a server of its own)
   loses nothing: no duplicate story id, every stored answer kept verbatim.
 
@@ -20,6 +22,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.request import urlopen
 
 import pandas as pd
 import pyarrow.parquet as pq
@@ -30,7 +33,7 @@ from storybias.config import params
 from storybias.config.llamacpp import server_binary
 from storybias.config.params import Sampling
 from storybias.core import paths
-from storybias.engines import ChatRequest, serve, served
+from storybias.engines import ChatRequest, EngineError, serve, served
 from storybias.engines.llamacpp import LlamaServer, start_llama_server
 from storybias.stages import associations, extract, filter, generate
 
@@ -130,6 +133,30 @@ def test_a_json_schema_answer_parses_and_a_choice_is_one_of_its_strings(llama):
     )
     assert json.loads(texts["schema"]) == {"zq": 7}, texts
     assert texts["choice"] in {"ultramarine blue", 'say "teal"'}, texts
+
+
+def test_a_request_longer_than_a_slot_is_refused_before_anything_is_sent(llama):
+    """A server of its own with 512 tokens a slot (``-c 1024 -np 2``): llama-server's /props tells the limit,
+    the model's tokenizer counts the prompt, and the engine refuses before sending."""
+    _, p, folder = llama
+    spec = p.generation.models[0]
+    small = p.generation.engine.model_copy(
+        update={"llama_cpp": p.generation.engine.llama_cpp.model_copy(update={"ctx_size": 1024, "parallel": 2})}
+    )
+    server = start_llama_server(spec, small, 42, "pytest-llama-small", log_dir=folder, log=lambda m: None)
+    sampling = Sampling(temperature=0.0, top_p=1.0, top_k=0, repetition_penalty=1.0, max_tokens=64)
+    long_prompt = [{"role": "user", "content": "Summarise: " + "the quiet harbour at dawn " * 150}]
+    try:
+        with served.OpenAIEngine.for_local_server(spec, server.entry(), small, 1) as engine:
+            with pytest.raises(EngineError) as refused:
+                list(engine.stream([ChatRequest("long", long_prompt, sampling, seed=1)]))
+        slots = json.loads(urlopen(f"{server.base_url.removesuffix('/v1')}/slots", timeout=10).read())
+    finally:
+        server.stop(grace=5)
+    message = str(refused.value)
+    assert "'long'" in message and "512" in message and "GET /props" in message, message
+    assert "-c " in message and "Nothing was sent" in message, message
+    assert all(slot.get("n_decoded", 0) == 0 for slot in slots), slots
 
 
 def test_stages_01_to_04_run_against_llama_server(llama):

@@ -4,6 +4,7 @@ papermill log to the terminal (storybias.tools.notebook_runner), instead of one 
 from __future__ import annotations
 
 import io
+import json
 import re
 import shutil
 import time
@@ -15,7 +16,7 @@ import tqdm.std as tqdm_std
 import yaml
 from tqdm import tqdm
 
-from fake_engine import FakeEngine, VirtualClock, WaveEngine
+from fake_engine import BatchingEngine, FakeEngine, VirtualClock, WaveEngine
 from stage_notebooks import tiny_stage_notebook
 from storybias.config.params import EngineSettings, ModelSpec, Sampling
 from storybias.core import paths
@@ -318,3 +319,65 @@ def test_the_cache_passes_on_its_started_engines_token_count(tmp_path):
         assert tokens_in_flight(engine) is None  # no engine started: nothing runs
         list(engine.stream(batch))
         assert tokens_in_flight(engine) == 42
+
+
+REAL_RUN = json.loads((ROOT / "tests" / "data" / "stage01_default_lengths.json").read_text())
+
+
+def _estimates_on_the_real_run(
+    monkeypatch, per_sequence: bool = True
+) -> list[tuple[float, float | None, float, float]]:
+    """Stage 01 of a default run replayed: its 280 stories' lengths and budgets, in the order the stage
+    sends them, through a BatchingEngine at the run's concurrency and decode rate. Returns, every 5
+    steps, (share of the tokens generated, the bar's remaining time, the true remaining time as a share
+    of the whole run's, the true remaining time in seconds)."""
+    clock = VirtualClock()
+    monkeypatch.setattr(tqdm_std, "time", clock)
+    spec = ModelSpec(name="m", source="embedded")
+    batch = [
+        ChatRequest(
+            key=f"k{i}", messages=[{"role": "user", "content": str(i)}], sampling=Sampling(max_tokens=m), seed=1
+        )
+        for i, m in enumerate(REAL_RUN["max_tokens"])
+    ]
+    total, rate = sum(REAL_RUN["n_tokens"]), REAL_RUN["tokens_per_second"]
+    samples: list[tuple[float, float | None, float, float]] = []
+
+    def probe() -> None:
+        bar = next(b for b in list(tqdm._instances) if b.desc == "generate [real]")
+        shown = SHOWN_TIMES.search(str(bar))
+        assert shown is not None, str(bar)
+        true = (total - engine.generated) / rate
+        samples.append((engine.generated / total, _seconds(shown.group(2)), true * rate / total, true))
+
+    engine = BatchingEngine(
+        spec,
+        clock,
+        REAL_RUN["n_tokens"],
+        in_flight=REAL_RUN["concurrency"],
+        tokens_per_second=rate,
+        probe_every=5,
+        probe=probe,
+        per_sequence=per_sequence,
+    )
+    stats = run_requests(engine, batch, lambda r: None, None, 10_000, desc="generate [real]", unit="story")
+    assert stats.n_results == len(batch) and stats.output_tokens == total
+    return samples
+
+
+def test_the_remaining_time_on_a_real_runs_lengths_stays_within_a_factor_of_1_5(monkeypatch):
+    """Issue #60: on a real default run the bar said 00:00 left at 6 of 280 stories: the first answers to
+    end are the short ones (a 16-token task's 2-token answers), and the running sequences were counted as
+    about to end. Replayed with the run's own 280 lengths and budgets, 128 in flight in the stage's order,
+    the estimate from each running sequence's expected rest (Kaplan-Meier over lengths, the running ones
+    censored) stays within a factor of 1.5 of the true remaining time from the first 10% of the tokens
+    until the last 10 seconds (tqdm shows whole seconds)."""
+    samples = _estimates_on_the_real_run(monkeypatch)
+    checked = [(share, shown, true) for share, shown, _, true in samples if share >= 0.1 and true >= 10]
+    assert len(checked) >= 80
+    off = [
+        (round(share, 2), shown, round(true))
+        for share, shown, true in checked
+        if shown is None or not 1 / 1.5 <= shown / true <= 1.5
+    ]
+    assert not off, off

@@ -22,8 +22,8 @@ from storybias.config.params import EngineSettings, ModelSpec, Sampling
 from storybias.core import paths
 from storybias.engines import ChatRequest
 from storybias.engines.cache import CachingEngine, ResponseCache
-from storybias.engines.inprocess import running_tokens
-from storybias.engines.progress import tokens_in_flight
+from storybias.engines.inprocess import by_key, running_sequences, running_tokens
+from storybias.engines.progress import sequences_in_flight, tokens_in_flight
 from storybias.engines.runner import run_requests
 from storybias.tools.notebook_runner import ProgressFollower, latest_progress, run_stage
 
@@ -303,6 +303,8 @@ def test_the_in_process_engine_counts_its_running_sequences_tokens():
 
     running = SimpleNamespace(output_processor=SimpleNamespace(request_states={"a": state(5), "b": state(7)}))
     assert running_tokens(running) == 12
+    # each running request's own count, re-keyed from vLLM's ids to the requests' keys
+    assert by_key(running_sequences(running), {"a": "story-1"}) == {"story-1": 5, "b": 7}
     assert running_tokens(SimpleNamespace(output_processor=SimpleNamespace(request_states={}))) == 0
     assert running_tokens(SimpleNamespace()) is None
     assert running_tokens(SimpleNamespace(output_processor=SimpleNamespace(request_states={"a": object()}))) is None
@@ -313,12 +315,14 @@ def test_the_cache_passes_on_its_started_engines_token_count(tmp_path):
     spec = ModelSpec(name="m", source="embedded")
     inner = FakeEngine(spec)
     inner.tokens_in_flight = lambda: 42  # type: ignore[attr-defined]
+    inner.sequences_in_flight = lambda: {"k": 42}  # type: ignore[attr-defined]
     batch = [ChatRequest(key="k", messages=[{"role": "user", "content": "x"}], sampling=Sampling(), seed=1)]
     engine = CachingEngine(lambda: inner, spec, EngineSettings(), ResponseCache(tmp_path / "c", 2))
     with engine:
         assert tokens_in_flight(engine) is None  # no engine started: nothing runs
+        assert sequences_in_flight(engine) is None
         list(engine.stream(batch))
-        assert tokens_in_flight(engine) == 42
+        assert tokens_in_flight(engine) == 42 and sequences_in_flight(engine) == {"k": 42}
 
 
 REAL_RUN = json.loads((ROOT / "tests" / "data" / "stage01_default_lengths.json").read_text())

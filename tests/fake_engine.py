@@ -137,8 +137,10 @@ class BatchingEngine(FakeEngine):
     sequences run, each step gives every running sequence one token and takes ``running /
     tokens_per_second`` seconds (a fixed decode rate), a sequence ends after its ``lengths[i]`` tokens
     (request ``i``), and the next waiting request takes its place, in order. ``probe()`` is called every
-    ``probe_every`` steps, after the answers of the steps before it were taken; ``sequences_in_flight``
-    says each running request's tokens (``per_sequence=False``: only their sum, like a served endpoint)."""
+    ``probe_every`` steps, after the answers of the steps before it were taken. ``tells``: what the
+    engine says of its running sequences: ``each`` one's tokens by key (the in-process engine, the model
+    host), an equal ``share`` of their sum for each (a served model: storybias.engines.served), or only
+    their ``sum``."""
 
     def __init__(
         self,
@@ -150,12 +152,12 @@ class BatchingEngine(FakeEngine):
         tokens_per_second: float = 70.0,
         probe_every: int = 1,
         probe: Callable[[], None] = lambda: None,
-        per_sequence: bool = True,
+        tells: Literal["each", "share", "sum"] = "each",
     ):
         super().__init__(spec)
         self.clock, self.lengths, self.in_flight = clock, list(lengths), in_flight
         self.tokens_per_second, self.probe_every, self.probe = tokens_per_second, probe_every, probe
-        self.per_sequence = per_sequence
+        self.tells = tells
         self.running: dict[str, list[int]] = {}  # key -> [tokens so far, length]
         self.generated = 0  # tokens generated in all, running sequences included
 
@@ -179,7 +181,12 @@ class BatchingEngine(FakeEngine):
                 yield ChatResult(key=key, text="x", finish_reason="stop", n_tokens=n_tokens, n_prompt_tokens=1)
 
     def sequences_in_flight(self) -> dict[str, int] | None:
-        return {key: so_far for key, (so_far, _) in self.running.items()} if self.per_sequence else None
+        if self.tells == "each":
+            return {key: so_far for key, (so_far, _) in self.running.items()}
+        if self.tells == "share":
+            total = self.tokens_in_flight()
+            return {key: total // len(self.running) for key in self.running}
+        return None
 
     def tokens_in_flight(self) -> int | None:
         return sum(so_far for so_far, _ in self.running.values())

@@ -12,6 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import nbformat
+import pytest
 import tqdm.std as tqdm_std
 import yaml
 from tqdm import tqdm
@@ -23,7 +24,13 @@ from storybias.core import paths
 from storybias.engines import ChatRequest
 from storybias.engines.cache import CachingEngine, ResponseCache
 from storybias.engines.inprocess import by_key, running_sequences, running_tokens
-from storybias.engines.progress import sequences_in_flight, tokens_in_flight
+from storybias.engines.progress import (
+    PRIOR_WEIGHT,
+    expected_tokens_left,
+    length_survival,
+    sequences_in_flight,
+    tokens_in_flight,
+)
 from storybias.engines.runner import run_requests
 from storybias.tools.notebook_runner import ProgressFollower, latest_progress, run_stage
 
@@ -326,15 +333,13 @@ def test_the_cache_passes_on_its_started_engines_token_count(tmp_path):
 
 
 REAL_RUN = json.loads((ROOT / "tests" / "data" / "stage01_default_lengths.json").read_text())
+Sample = tuple[float, float | None, float]
 
 
-def _estimates_on_the_real_run(
-    monkeypatch, per_sequence: bool = True
-) -> list[tuple[float, float | None, float, float]]:
+def _estimates_on_the_real_run(monkeypatch, in_flight: int, tells: str = "each") -> list[Sample]:
     """Stage 01 of a default run replayed: its 280 stories' lengths and budgets, in the order the stage
-    sends them, through a BatchingEngine at the run's concurrency and decode rate. Returns, every 5
-    steps, (share of the tokens generated, the bar's remaining time, the true remaining time as a share
-    of the whole run's, the true remaining time in seconds)."""
+    sends them, through a BatchingEngine with ``in_flight`` sequences at the run's decode rate. Returns,
+    about 120 times in the run, (share of the tokens generated, the bar's remaining time, the true one)."""
     clock = VirtualClock()
     monkeypatch.setattr(tqdm_std, "time", clock)
     spec = ModelSpec(name="m", source="embedded")
@@ -345,39 +350,39 @@ def _estimates_on_the_real_run(
         for i, m in enumerate(REAL_RUN["max_tokens"])
     ]
     total, rate = sum(REAL_RUN["n_tokens"]), REAL_RUN["tokens_per_second"]
-    samples: list[tuple[float, float | None, float, float]] = []
+    samples: list[Sample] = []
 
     def probe() -> None:
         bar = next(b for b in list(tqdm._instances) if b.desc == "generate [real]")
         shown = SHOWN_TIMES.search(str(bar))
         assert shown is not None, str(bar)
-        true = (total - engine.generated) / rate
-        samples.append((engine.generated / total, _seconds(shown.group(2)), true * rate / total, true))
+        samples.append((engine.generated / total, _seconds(shown.group(2)), (total - engine.generated) / rate))
 
+    steps = total // in_flight  # about
     engine = BatchingEngine(
-        spec,
-        clock,
-        REAL_RUN["n_tokens"],
-        in_flight=REAL_RUN["concurrency"],
-        tokens_per_second=rate,
-        probe_every=5,
-        probe=probe,
-        per_sequence=per_sequence,
-    )
+        spec, clock, REAL_RUN["n_tokens"], in_flight=in_flight, tokens_per_second=rate,
+        probe_every=max(steps // 120, 1), probe=probe, tells=tells,
+    )  # fmt: skip
     stats = run_requests(engine, batch, lambda r: None, None, 10_000, desc="generate [real]", unit="story")
     assert stats.n_results == len(batch) and stats.output_tokens == total
     return samples
 
 
-def test_the_remaining_time_on_a_real_runs_lengths_stays_within_a_factor_of_1_5(monkeypatch):
+@pytest.mark.parametrize(
+    ("in_flight", "tells"),
+    [(128, "each"), (32, "each"), (8, "each"), (128, "share"), (8, "share")],
+)
+def test_the_remaining_time_on_a_real_runs_lengths_stays_within_a_factor_of_1_5(monkeypatch, in_flight, tells):
     """Issue #60: on a real default run the bar said 00:00 left at 6 of 280 stories: the first answers to
     end are the short ones (a 16-token task's 2-token answers), and the running sequences were counted as
-    about to end. Replayed with the run's own 280 lengths and budgets, 128 in flight in the stage's order,
-    the estimate from each running sequence's expected rest (Kaplan-Meier over lengths, the running ones
-    censored) stays within a factor of 1.5 of the true remaining time from the first 10% of the tokens
-    until the last 10 seconds (tqdm shows whole seconds)."""
-    samples = _estimates_on_the_real_run(monkeypatch)
-    checked = [(share, shown, true) for share, shown, _, true in samples if share >= 0.1 and true >= 10]
+    about to end. Replayed with the run's own 280 lengths and budgets in the stage's order (128 in flight:
+    the run's vLLM batch; 32 and 8: a served model's ``max_concurrency``), the estimate from each running
+    sequence's expected rest (Kaplan-Meier over lengths, the running ones censored) stays within a factor
+    of 1.5 of the true remaining time from the first 10% of the tokens until the last 10 seconds (tqdm
+    shows whole seconds); also where the engine tells only an equal share of the running tokens (a
+    served model's server)."""
+    samples = _estimates_on_the_real_run(monkeypatch, in_flight, tells)
+    checked = [(share, shown, true) for share, shown, true in samples if share >= 0.1 and true >= 10]
     assert len(checked) >= 80
     off = [
         (round(share, 2), shown, round(true))
@@ -385,3 +390,21 @@ def test_the_remaining_time_on_a_real_runs_lengths_stays_within_a_factor_of_1_5(
         if shown is None or not 1 / 1.5 <= shown / true <= 1.5
     ]
     assert not off, off
+
+
+def test_the_length_curve_is_kaplan_meiers_with_the_budget_as_prior():
+    """Uncensored, Kaplan-Meier is the empirical distribution of the lengths and the prior (an answer of
+    max_tokens counted PRIOR_WEIGHT times); running sequences are censored; and two short answers that end
+    first do not make every other request of their budget expected to end there too."""
+    lengths = [n for n, m in zip(REAL_RUN["n_tokens"], REAL_RUN["max_tokens"]) if m == 380]
+    w = PRIOR_WEIGHT
+    survival = length_survival(lengths, [], 380)
+    assert expected_tokens_left(survival, [], 1) == pytest.approx((sum(lengths) + w * 380) / (len(lengths) + w))
+    longer = [n - 300 for n in lengths if n > 300]
+    assert expected_tokens_left(survival, [300], 0) == pytest.approx((sum(longer) + w * 80) / (len(longer) + w))
+    # two answers of 14 tokens, six sequences still running at 13: S(t) = 1 below 14, then 1 - 2 / (2 + w)
+    survival = length_survival([14, 14], [13] * 6, 200)
+    assert survival[13] == 1 and survival[14] == pytest.approx(w / (2 + w)) and survival[200] == 0
+    assert expected_tokens_left(survival, [], 1) == pytest.approx(14 + 186 * w / (2 + w))
+    assert expected_tokens_left(survival, [13], 0) == pytest.approx(1 + 186 * w / (2 + w))
+    assert expected_tokens_left(length_survival([], [50], 200), [50], 2) == 150 + 2 * 200  # the prior alone

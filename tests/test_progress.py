@@ -12,6 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import nbformat
+import numpy as np
 import pytest
 import tqdm.std as tqdm_std
 import yaml
@@ -336,10 +337,14 @@ REAL_RUN = json.loads((ROOT / "tests" / "data" / "stage01_default_lengths.json")
 Sample = tuple[float, float | None, float]
 
 
-def _estimates_on_the_real_run(monkeypatch, in_flight: int, tells: str = "each") -> list[Sample]:
-    """Stage 01 of a default run replayed: its 280 stories' lengths and budgets, in the order the stage
-    sends them, through a BatchingEngine with ``in_flight`` sequences at the run's decode rate. Returns,
-    about 120 times in the run, (share of the tokens generated, the bar's remaining time, the true one)."""
+def _estimates_on_the_real_run(
+    monkeypatch, in_flight: int, tells: str = "each", lengths: list[int] | None = None
+) -> list[Sample]:
+    """Stage 01 of a default run replayed: its 280 stories' lengths (or ``lengths``) and budgets, in the
+    order the stage sends them, through a BatchingEngine with ``in_flight`` sequences at the run's decode
+    rate. Returns, about 120 times in the run, (share of the tokens generated, the bar's remaining time,
+    the true one)."""
+    lengths = REAL_RUN["n_tokens"] if lengths is None else lengths
     clock = VirtualClock()
     monkeypatch.setattr(tqdm_std, "time", clock)
     spec = ModelSpec(name="m", source="embedded")
@@ -349,7 +354,7 @@ def _estimates_on_the_real_run(monkeypatch, in_flight: int, tells: str = "each")
         )
         for i, m in enumerate(REAL_RUN["max_tokens"])
     ]
-    total, rate = sum(REAL_RUN["n_tokens"]), REAL_RUN["tokens_per_second"]
+    total, rate = sum(lengths), REAL_RUN["tokens_per_second"]
     samples: list[Sample] = []
 
     def probe() -> None:
@@ -360,9 +365,15 @@ def _estimates_on_the_real_run(monkeypatch, in_flight: int, tells: str = "each")
 
     steps = total // in_flight  # about
     engine = BatchingEngine(
-        spec, clock, REAL_RUN["n_tokens"], in_flight=in_flight, tokens_per_second=rate,
-        probe_every=max(steps // 120, 1), probe=probe, tells=tells,
-    )  # fmt: skip
+        spec,
+        clock,
+        lengths,
+        in_flight=in_flight,
+        tokens_per_second=rate,
+        probe_every=max(steps // 120, 1),
+        probe=probe,
+        tells=tells,
+    )
     stats = run_requests(engine, batch, lambda r: None, None, 10_000, desc="generate [real]", unit="story")
     assert stats.n_results == len(batch) and stats.output_tokens == total
     return samples
@@ -390,6 +401,31 @@ def test_the_remaining_time_on_a_real_runs_lengths_stays_within_a_factor_of_1_5(
         if shown is None or not 1 / 1.5 <= shown / true <= 1.5
     ]
     assert not off, off
+
+
+def _ratio_range(samples: list[Sample]) -> tuple[float, float]:
+    """The smallest and largest estimate / truth from 10% of the tokens to the last 10 seconds (``?``: 0)."""
+    ratios = [(shown or 0.0) / true for share, shown, true in samples if share >= 0.1 and true >= 10]
+    return min(ratios), max(ratios)
+
+
+@pytest.mark.parametrize("in_flight", [128, 8])
+def test_the_estimate_holds_on_resampled_runs_not_only_the_one_it_was_tuned_on(monkeypatch, in_flight):
+    """The prior's weight was chosen on the default run's replay: on 8 runs resampled from it (each
+    budget's lengths drawn with replacement, so in a new order too; the budgets in the stage's order),
+    the estimate stays within a factor of 1.5 of the truth. Measured on 20 resamples: 0.86 to 1.19
+    (128 in flight), 0.82 to 1.35 (8); the finished answers' mean read 0 (``00:00``) on every one of
+    them with 128 in flight."""
+    lengths, budgets = np.array(REAL_RUN["n_tokens"]), np.array(REAL_RUN["max_tokens"])
+    rng = np.random.default_rng(60)
+    ranges = []
+    for _ in range(8):
+        resampled = lengths.copy()
+        for budget in np.unique(budgets):
+            same = np.flatnonzero(budgets == budget)
+            resampled[same] = rng.choice(lengths[same], size=len(same))
+        ranges.append(_ratio_range(_estimates_on_the_real_run(monkeypatch, in_flight, lengths=resampled.tolist())))
+    assert all(1 / 1.5 <= low and high <= 1.5 for low, high in ranges), ranges
 
 
 def test_the_length_curve_is_kaplan_meiers_with_the_budget_as_prior():

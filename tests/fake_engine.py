@@ -3,6 +3,7 @@ model (the slow tests run the real embedded model through vLLM)."""
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
 
@@ -129,3 +130,63 @@ class WaveEngine(FakeEngine):
         n_waves = -(-n_requests // self.in_flight)
         sizes = [min(self.in_flight, n_requests - w * self.in_flight) for w in range(n_waves)]
         return start + sum(n * length for n, length in zip(sizes, self.lengths)) / self.tokens_per_second
+
+
+class BatchingEngine(FakeEngine):
+    """Continuous batching on a :class:`VirtualClock`, as vLLM schedules a batch: at most ``in_flight``
+    sequences run, each step gives every running sequence one token and takes ``running /
+    tokens_per_second`` seconds (a fixed decode rate), a sequence ends after its ``lengths[i]`` tokens
+    (request ``i``), and the next waiting request takes its place, in order. ``probe()`` is called every
+    ``probe_every`` steps, after the answers of the steps before it were taken. ``tells``: what the
+    engine says of its running sequences: ``each`` one's tokens by key (the in-process engine, the model
+    host), an equal ``share`` of their sum for each (a served model: storybias.engines.served), or only
+    their ``sum``."""
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        clock: VirtualClock,
+        lengths: Sequence[int],
+        *,
+        in_flight: int = 128,
+        tokens_per_second: float = 70.0,
+        probe_every: int = 1,
+        probe: Callable[[], None] = lambda: None,
+        tells: Literal["each", "share", "sum"] = "each",
+    ):
+        super().__init__(spec)
+        self.clock, self.lengths, self.in_flight = clock, list(lengths), in_flight
+        self.tokens_per_second, self.probe_every, self.probe = tokens_per_second, probe_every, probe
+        self.tells = tells
+        self.running: dict[str, list[int]] = {}  # key -> [tokens so far, length]
+        self.generated = 0  # tokens generated in all, running sequences included
+
+    def stream(self, requests: Sequence[ChatRequest]) -> Iterator[ChatResult]:
+        waiting = deque(zip(requests, self.lengths, strict=True))
+        step = 0
+        while waiting or self.running:
+            while waiting and len(self.running) < self.in_flight:
+                request, length = waiting.popleft()
+                self.running[request.key] = [0, length]
+            if step % self.probe_every == 0:
+                self.probe()
+            step += 1
+            self.clock.now += len(self.running) / self.tokens_per_second
+            self.generated += len(self.running)
+            for sequence in self.running.values():
+                sequence[0] += 1
+            ended = [key for key, (so_far, length) in self.running.items() if so_far >= length]
+            for key in ended:
+                n_tokens = self.running.pop(key)[0]
+                yield ChatResult(key=key, text="x", finish_reason="stop", n_tokens=n_tokens, n_prompt_tokens=1)
+
+    def sequences_in_flight(self) -> dict[str, int] | None:
+        if self.tells == "each":
+            return {key: so_far for key, (so_far, _) in self.running.items()}
+        if self.tells == "share":
+            total = self.tokens_in_flight()
+            return {key: total // len(self.running) for key in self.running}
+        return None
+
+    def tokens_in_flight(self) -> int | None:
+        return sum(so_far for so_far, _ in self.running.values())

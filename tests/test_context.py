@@ -7,6 +7,7 @@ answers /props, /apply-template, /tokenize and context errors the way llama-serv
 from __future__ import annotations
 
 import json
+import time
 
 import pandas as pd
 import pytest
@@ -239,8 +240,30 @@ def test_vllms_counter_less_the_answers_received_gives_the_running_tokens(key):
     assert first.n_tokens == 3
 
 
+def test_a_served_models_running_requests_share_the_tokens_its_server_counts(key):
+    """A server counts its running requests' tokens in all (vLLM's /metrics) or per slot without the
+    request (llama-server's /slots): each request sent and not answered gets an equal share, what the
+    bar's expected rest per running sequence needs (storybias.engines.progress)."""
+
+    def answer(body: dict) -> str:
+        if "slow" in json.dumps(body):
+            time.sleep(1.5)  # still running when the fast answers are back
+        return "A short answer."
+
+    with FakeOpenAI(dialect="vllm", answer=answer) as api:
+        api.generation_tokens = 1_000
+        with served.OpenAIEngine(spec(api.base_url, max_concurrency=3), seed=1) as engine:
+            assert engine.sequences_in_flight() is None  # no stream: nothing runs
+            stream = engine.stream([short("slow-1"), short("fast"), short("slow-2")])
+            first = next(stream)
+            api.generation_tokens = 1_000 + first.n_tokens + 41
+            assert first.key == "fast" and engine.sequences_in_flight() == {"slow-1": 20, "slow-2": 20}
+            list(stream)
+            assert engine.sequences_in_flight() is None  # the stream ended
+
+
 def test_an_endpoint_that_tells_nothing_leaves_the_bar_on_finished_answers(key):
     with FakeOpenAI(delay=0.1) as api:
         with served.OpenAIEngine(spec(api.base_url), seed=1) as engine:
-            seen = [engine.tokens_in_flight() for _ in engine.stream([short("a")])]
-    assert seen == [None]
+            seen = [(engine.tokens_in_flight(), engine.sequences_in_flight()) for _ in engine.stream([short("a")])]
+    assert seen == [(None, None)]

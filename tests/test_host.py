@@ -335,27 +335,33 @@ def test_the_host_is_given_the_profiles_model_and_settings_exactly():
 
 
 class SteppingEngine(ScriptedEngine):
-    """A scripted engine that, like the in-process one, reports its running sequences' tokens after
-    each step (``on_step``, set by the host) before each answer ends."""
+    """A scripted engine that, like the in-process one, reports each running sequence's tokens by key
+    after each step (``on_step``, set by the host) before each answer ends."""
 
     on_step = None
 
     def stream(self, requests: list[ChatRequest]) -> Iterator[ChatResult]:
         for i, r in enumerate(requests):
             if self.on_step is not None:
-                self.on_step(100 * (i + 1))
+                self.on_step({x.key: 100 * (i + 1) // (len(requests) - i) for x in requests[i:]})
             yield ChatResult(r.key, "t", "stop", n_tokens=3, n_prompt_tokens=5)
 
 
 def test_the_host_forwards_its_running_sequences_tokens_to_the_client_bar(hosted, monkeypatch):
     """Issue #60: the default profile's stages run on the model host; their progress bar counts the
-    tokens of sequences still running (storybias.engines.progress), which only the host's engine knows."""
+    tokens of sequences still running (storybias.engines.progress), which only the host's engine knows:
+    each one's by request key, for the bar's expected rest of each running sequence."""
     monkeypatch.setattr(host, "TOKENS_EVERY_S", 0.0)
     entry, _ = hosted(SteppingEngine())
     seen = []
     with client_engine(entry) as client:
-        assert client.tokens_in_flight() is None
+        assert client.tokens_in_flight() is None and client.sequences_in_flight() is None
         for result in client.stream(requests(3)):
-            seen.append((result.key, client.tokens_in_flight()))
+            seen.append((result.key, client.tokens_in_flight(), client.sequences_in_flight()))
         assert client.tokens_in_flight() is None  # the stream ended: nothing runs
-    assert seen == [("k0", 100), ("k1", 200), ("k2", 300)]
+        assert client.sequences_in_flight() is None
+    assert seen == [
+        ("k0", 99, {"k0": 33, "k1": 33, "k2": 33}),
+        ("k1", 200, {"k1": 100, "k2": 100}),
+        ("k2", 300, {"k2": 300}),
+    ]

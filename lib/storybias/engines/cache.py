@@ -61,7 +61,7 @@ from storybias.config.params import EngineSettings, ModelSpec
 from storybias.core import paths
 from storybias.core.io import ShardStore
 from storybias.engines.base import ChatEngine, ChatRequest, ChatResult, EngineError, EngineInfo
-from storybias.engines.progress import tokens_in_flight
+from storybias.engines.progress import sequences_in_flight, tokens_in_flight
 
 PARTS = ("prompt", "sampling", "constraint", "model", "engine")
 REUSED = "reused"
@@ -377,6 +377,13 @@ class CachingEngine:
         if self._entered is None or not self.model_loaded:
             return None
         return tokens_in_flight(self._entered)
+
+    def sequences_in_flight(self) -> dict[str, int] | None:
+        """The started inner engine's running requests' tokens by key (storybias.engines.progress), None
+        when it cannot tell or none was started."""
+        if self._entered is None or not self.model_loaded:
+            return None
+        return sequences_in_flight(self._entered)
 
     def tokenizer(self) -> Any | None:
         """The inner engine's tokenizer; before it is started, one read from the model's weights folder

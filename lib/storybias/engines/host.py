@@ -163,7 +163,8 @@ class HostedEngine:
         self.info: EngineInfo | None = None
         self._conn: Connection | None = None
         self._tokenizer: Any = None
-        self._live_tokens: int | None = None  # the host's last word on its running sequences' tokens
+        # the host's last word on its running sequences' tokens: by request key, or their sum
+        self._live: dict[str, int] | int | None = None
 
     def __enter__(self) -> HostedEngine:
         started = time.time()
@@ -209,7 +210,7 @@ class HostedEngine:
                     f"the model host for {self.spec.name!r} went away ({exc!r}); see {self.entry}"
                 ) from None
             if kind == "tokens":
-                self._live_tokens = payload
+                self._live = payload
         if kind == "error":
             raise EngineError(f"the model host for {self.spec.name!r} failed: {payload}")
         if kind != expected:
@@ -229,13 +230,19 @@ class HostedEngine:
             self._receive("done")
             done = True
         finally:
-            self._live_tokens = None
+            self._live = None
             if not done:  # closed early: the host sees the connection drop and aborts the rest
                 self._close()
 
     def tokens_in_flight(self) -> int | None:
         """What the host last said its running sequences generated (storybias.engines.progress)."""
-        return self._live_tokens
+        live = self._live
+        return sum(live.values()) if isinstance(live, dict) else live
+
+    def sequences_in_flight(self) -> dict[str, int] | None:
+        """What the host last said each running request generated, by key; None if it said only the sum."""
+        live = self._live
+        return dict(live) if isinstance(live, dict) else None
 
     def tokenizer(self) -> Any:
         if self._tokenizer is None:
@@ -273,14 +280,15 @@ def _serve_connection(engine: Any, conn: Connection) -> None:
             raise
 
 
-def _tokens_sender(conn: Connection, every_s: float | None = None) -> Callable[[int | None], None]:
+def _tokens_sender(conn: Connection, every_s: float | None = None) -> Callable[[dict[str, int] | int | None], None]:
     """What the engine calls after each step: at most every ``every_s`` seconds, a ``tokens`` message
-    with its running sequences' tokens (the client's progress bar; storybias.engines.progress). Called
+    with its running sequences' tokens, by request key (or their sum: a scripted engine's), for the
+    client's progress bar (storybias.engines.progress). Called
     from the thread that sends the results, so messages never interleave."""
     interval = TOKENS_EVERY_S if every_s is None else every_s
     last = [float("-inf")]
 
-    def send(live: int | None) -> None:
+    def send(live: dict[str, int] | int | None) -> None:
         now = time.monotonic()
         if live is not None and now - last[0] >= interval:
             last[0] = now

@@ -157,21 +157,34 @@ def release_freed_memory() -> None:
     trim(0)
 
 
-def running_tokens(llm_engine: Any) -> int | None:
-    """Tokens generated so far by the requests vLLM's engine is still running: its output processor keeps
-    each running request's token ids (``RequestState.detokenizer``, vLLM 0.32). None where this vLLM
-    keeps them elsewhere: the bar then counts finished answers only."""
+def running_sequences(llm_engine: Any) -> dict[str, int] | None:
+    """Tokens generated so far by each request vLLM's engine is still running, by vLLM's request id: its
+    output processor keeps each running request's token ids (``RequestState.detokenizer``, vLLM 0.32;
+    the closest quantity to a sequence's length so far that vLLM exposes in process). None where this
+    vLLM keeps them elsewhere: the bar then counts finished answers only."""
     states = getattr(getattr(llm_engine, "output_processor", None), "request_states", None)
     if not isinstance(states, dict):
         return None
-    total = 0
-    for state in list(states.values()):
-        detokenizer = getattr(state, "detokenizer", None)
-        count = getattr(detokenizer, "num_output_tokens", None)
+    counts = {}
+    for request_id, state in list(states.items()):
+        count = getattr(getattr(state, "detokenizer", None), "num_output_tokens", None)
         if not callable(count):
             return None
-        total += int(count())
-    return total
+        counts[str(request_id)] = int(count())
+    return counts
+
+
+def running_tokens(llm_engine: Any) -> int | None:
+    """Tokens generated so far by the requests vLLM's engine is still running (:func:`running_sequences`'
+    sum); None where this vLLM does not tell."""
+    counts = running_sequences(llm_engine)
+    return None if counts is None else sum(counts.values())
+
+
+def by_key(counts: dict[str, int] | None, key_of: dict[str, str]) -> dict[str, int] | None:
+    """``counts`` by vLLM request id re-keyed by the requests' keys (``key_of``: vLLM's id -> key); an id
+    not in ``key_of`` keeps its own (another caller's request: the bar counts its tokens, not its rest)."""
+    return None if counts is None else {key_of.get(request_id, request_id): n for request_id, n in counts.items()}
 
 
 class Engine:
@@ -184,9 +197,10 @@ class Engine:
         self.start_kind = start_kind  # how the start-up log names it: in_process, or host (storybias.engines.host)
         self.llm: Any = None  # vllm.LLM once started
         self.info: EngineInfo | None = None
-        self.live_tokens: int | None = None  # tokens of the running sequences after the last step
-        # called after each step with live_tokens (the model host forwards them to its client)
-        self.on_step: Callable[[int | None], None] | None = None
+        # each running request's tokens after the last step, by request key (storybias.engines.progress)
+        self.live_sequences: dict[str, int] | None = None
+        # called after each step with live_sequences (the model host forwards them to its client)
+        self.on_step: Callable[[dict[str, int] | None], None] | None = None
 
     def start(self) -> Engine:
         folder, described = preflight(self.spec)
@@ -290,13 +304,16 @@ class Engine:
         # enqueue_chat returns vLLM's internal ids, "<external id>-<8 random chars>"; finished outputs
         # carry the external id (vllm/v1/engine/input_processor.py, assign_request_id).
         by_id = {internal.rsplit("-", 1)[0]: request for internal, request in zip(ids, requests)}
+        # the output processor keeps vLLM's internal ids (the external ones too, should a vLLM keep those)
+        key_of = {external: request.key for external, request in by_id.items()}
+        key_of.update({internal: request.key for internal, request in zip(ids, requests)})
         engine = self.llm.llm_engine
         try:
             while engine.has_unfinished_requests():
                 outputs = engine.step()
-                self.live_tokens = running_tokens(engine)
+                self.live_sequences = by_key(running_sequences(engine), key_of)
                 if self.on_step is not None:
-                    self.on_step(self.live_tokens)
+                    self.on_step(self.live_sequences)
                 for output in outputs:
                     if not output.finished:
                         continue
@@ -309,13 +326,17 @@ class Engine:
                         n_prompt_tokens=len(output.prompt_token_ids or []),
                     )
         finally:
-            self.live_tokens = None
+            self.live_sequences = None
             if engine.has_unfinished_requests():  # closed early: finished ids are ignored by the abort
                 engine.abort_request(list(ids), internal=True)
 
+    def sequences_in_flight(self) -> dict[str, int] | None:
+        """Each running request's tokens so far in the current stream, by key (storybias.engines.progress)."""
+        return self.live_sequences
+
     def tokens_in_flight(self) -> int | None:
         """Tokens generated so far by the running sequences of the current stream (storybias.engines.progress)."""
-        return self.live_tokens
+        return None if self.live_sequences is None else sum(self.live_sequences.values())
 
     def tokenizer(self) -> Any:
         if self.llm is None:

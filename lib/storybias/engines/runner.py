@@ -25,7 +25,13 @@ from tqdm import tqdm  # text bars: readable in papermill logs and JupyterLab wi
 
 from storybias.core.io import ShardStore
 from storybias.engines.base import ChatEngine, ChatRequest, ChatResult, EngineError
-from storybias.engines.progress import ENGINE_RATE, FINISHED_RATE, TokenProgress, tokens_in_flight
+from storybias.engines.progress import (
+    ENGINE_RATE,
+    FINISHED_RATE,
+    TokenProgress,
+    sequences_in_flight,
+    tokens_in_flight,
+)
 
 RowBuilder = Callable[[ChatResult], "dict[str, Any] | Iterable[dict[str, Any]] | None"]
 
@@ -148,12 +154,13 @@ class TokenBar(tqdm):
         shown = super().format_dict
         if self.disable and not hasattr(self, "unit"):  # tqdm's placeholder of a bar disabled from the start
             return shown
-        in_flight = tokens_in_flight(self.engine)
+        sequences = sequences_in_flight(self.engine)  # each running request's tokens, where the engine tells
+        in_flight = sum(sequences.values()) if sequences is not None else tokens_in_flight(self.engine)
         elapsed = shown["elapsed"]
         if self.n >= (self.total or 0):
             left: float | None = 0.0
         else:
-            left = self.tokens.estimate(elapsed, in_flight)
+            left = self.tokens.estimate(elapsed, in_flight, sequences)
         shown["token_remaining"] = "?" if left is None else tqdm.format_interval(left)
         if self.n == 0 and self.tokens.generated(in_flight) == 0:
             shown["postfix"] = WAITING_FOR_FIRST_ANSWER

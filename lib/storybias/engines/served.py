@@ -301,6 +301,7 @@ class OpenAIEngine:
         self._check = check
         self.info: EngineInfo | None = None
         self._served_tokens: ServedTokens | None = None  # the running stream's poller, where the server tells
+        self._sent: set[str] = set()  # keys of the requests sent and not answered yet
 
     @classmethod
     def for_local_server(
@@ -363,6 +364,16 @@ class OpenAIEngine:
         poller = self._served_tokens
         return poller.in_flight() if poller is not None else None
 
+    def sequences_in_flight(self) -> dict[str, int] | None:
+        """Each request sent and not answered, credited an equal share of what the running requests
+        generated (:meth:`tokens_in_flight`): a server tells the sum (vLLM's /metrics) or counts per slot
+        without the request (llama-server's /slots), so an equal share is the closest it tells. None
+        when the server tells nothing."""
+        total, sent = self.tokens_in_flight(), list(self._sent)
+        if total is None:
+            return None
+        return {key: total // len(sent) for key in sent}
+
     def stream(self, requests: Sequence[ChatRequest]) -> Iterator[ChatResult]:
         """Send every request (at most ``max_concurrency`` in flight) and yield each result as it
         arrives. Closing the generator early (a crash, an interrupt) cancels what is in flight."""
@@ -381,7 +392,7 @@ class OpenAIEngine:
             loop = asyncio.new_event_loop()
             state["loop"] = loop
             try:
-                task = loop.create_task(_send_all(endpoint, list(requests), results))
+                task = loop.create_task(_send_all(endpoint, list(requests), results, self._sent))
                 state["task"] = task
                 ready.set()
                 loop.run_until_complete(task)
@@ -429,7 +440,12 @@ def _without_key(exc: BaseException, endpoint: Endpoint) -> BaseException:
     return EngineError(f"{endpoint.where()}: {type(exc).__name__}: {clean}")
 
 
-async def _send_all(endpoint: Endpoint, requests: list[ChatRequest], results: queue.Queue) -> None:
+async def _send_all(
+    endpoint: Endpoint, requests: list[ChatRequest], results: queue.Queue, sent: set[str] | None = None
+) -> None:
+    """Send ``requests`` (at most ``max_concurrency`` at a time), each result or failure put on
+    ``results``; ``sent`` holds the keys of those sent and not answered yet."""
+    sent = set() if sent is None else sent
     # heavy (about 1 s): only a profile that names an endpoint needs the client
     import httpx
     import openai
@@ -454,11 +470,14 @@ async def _send_all(endpoint: Endpoint, requests: list[ChatRequest], results: qu
         try:
             if limiter is not None:
                 await limiter.acquire()
+            sent.add(request.key)
             response = await client.chat.completions.create(**request_kwargs(endpoint, request))
+            sent.discard(request.key)  # before its answer can be taken
             results.put(result_of(endpoint, request, response))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - every failure becomes data or a fatal stop
+            sent.discard(request.key)
             try:
                 results.put(ChatResult.failed(request.key, _classify(endpoint, exc)))
             except _Fatal as stop:
@@ -466,6 +485,7 @@ async def _send_all(endpoint: Endpoint, requests: list[ChatRequest], results: qu
                     fatal.append(stop)
                     results.put(stop)
         finally:
+            sent.discard(request.key)
             semaphore.release()
 
     tasks: set[asyncio.Task] = set()

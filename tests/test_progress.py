@@ -7,6 +7,7 @@ import io
 import json
 import re
 import shutil
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -444,3 +445,37 @@ def test_the_length_curve_is_kaplan_meiers_with_the_budget_as_prior():
     assert expected_tokens_left(survival, [], 1) == pytest.approx(14 + 186 * w / (2 + w))
     assert expected_tokens_left(survival, [13], 0) == pytest.approx(1 + 186 * w / (2 + w))
     assert expected_tokens_left(length_survival([], [50], 200), [50], 2) == 150 + 2 * 200  # the prior alone
+
+
+class _ServerGone(FakeEngine):
+    """Streams slowly; asking it for its running tokens raises, as a served engine's metrics call may once
+    its server is killed."""
+
+    def stream(self, requests):
+        for result in super().stream(requests):
+            time.sleep(1.3)  # the redraw thread draws the line in between
+            yield result
+
+    def sequences_in_flight(self):
+        raise ConnectionError("the server is gone")
+
+
+def test_an_engine_that_raises_while_the_line_is_drawn_neither_hangs_nor_stops_the_stage(capsys):
+    """The llama.cpp kill test hung for ever in bar.close(): tqdm's refresh() keeps its lock when drawing
+    raises, and the redraw thread died holding it. The line shows "?" and the stage ends."""
+    spec = ModelSpec(name="m", source="embedded")
+    batch = [
+        ChatRequest(key=f"k{i}", messages=[{"role": "user", "content": str(i)}], sampling=Sampling(), seed=1)
+        for i in range(3)
+    ]
+    outcome: dict[str, object] = {}
+
+    def run() -> None:
+        outcome["stats"] = run_requests(_ServerGone(spec), batch, lambda r: None, None, 10, desc="gen", unit="story")
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(timeout=30)
+    assert not worker.is_alive(), "run_requests hung on the progress bar's lock"
+    assert outcome["stats"].n_results == 3
+    assert "3/3 [" in capsys.readouterr().err

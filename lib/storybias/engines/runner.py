@@ -126,7 +126,10 @@ def redrawn_every_second(line: tqdm) -> Iterator[None]:
 
     def tick() -> None:
         while not stop.wait(STARTUP_REFRESH_S):
-            line.refresh()
+            # tqdm's refresh() takes its write lock without try/finally: a line that raised while drawing
+            # kept the lock, and the stage then hung for ever in bar.close(). `with` gives it back.
+            with line.get_lock():
+                line.refresh(nolock=True)
 
     ticker = threading.Thread(target=tick, daemon=True)
     ticker.start()
@@ -154,8 +157,7 @@ class TokenBar(tqdm):
         shown = super().format_dict
         if self.disable and not hasattr(self, "unit"):  # tqdm's placeholder of a bar disabled from the start
             return shown
-        sequences = sequences_in_flight(self.engine)  # each running request's tokens, where the engine tells
-        in_flight = sum(sequences.values()) if sequences is not None else tokens_in_flight(self.engine)
+        sequences, in_flight = self._engine_counts()
         elapsed = shown["elapsed"]
         if self.n >= (self.total or 0):
             left: float | None = 0.0
@@ -169,6 +171,17 @@ class TokenBar(tqdm):
             rate = self.tokens.rate(elapsed, in_flight)
             shown["postfix"] = f"tok_s={rate:.1f} ({source}), errors={self.n_errors}"
         return shown
+
+    def _engine_counts(self) -> tuple[dict[str, int] | None, int | None]:
+        """Each running request's tokens and their sum, where the engine tells them. A bar is only a view:
+        an engine that cannot answer (its server just died) leaves the counts unknown, never the stage hung
+        or stopped by its progress line."""
+        try:
+            sequences = sequences_in_flight(self.engine)
+            in_flight = sum(sequences.values()) if sequences is not None else tokens_in_flight(self.engine)
+        except Exception:  # whatever the engine raises (its server gone), the line shows "?" rather than fail
+            return None, None
+        return sequences, in_flight
 
 
 @contextmanager

@@ -1,14 +1,17 @@
 #!/usr/bin/env python
 """Compare two run folders table by table, cell by cell, and report every difference.
 
-    python scripts/compare-runs.py RUN_A RUN_B [--rtol 1e-12] [--skip NAME ...] [--examples 5]
+    python scripts/compare-runs.py RUN_A RUN_B [--rtol 1e-12] [--skip NAME ...] [--ignore-key TEXT ...]
+                                               [--examples 5]
 
 Every ``*.parquet``, ``*.csv``, ``*.json`` and ``*.jsonl`` file under either folder is compared with the
 file at the same relative path under the other: the same columns (in order), the same number of rows, the
 same values row by row (floats equal to ``rtol`` relative, NaN equal to NaN; lists, arrays and mappings
 compared element by element). JSON files are flattened to ``key.sub[0]`` paths first. Entries whose
 name starts with a dot (``.params``, ``.digests.json``, locks) and the names given with ``--skip`` are
-left out. Other files (figures, notebooks, logs) are not read.
+left out; so are JSON keys and table columns whose name contains a ``--ignore-key`` text (e.g. the
+stage timings, ``--ignore-key timings --ignore-key _seconds``). Other files (figures, notebooks, logs)
+are not read.
 
 Written to show that a refactor changed no output of the default run (issue #59); it is a check for
 two runs of the same data, not a statistic: rows are matched by position, not by key.
@@ -100,6 +103,13 @@ def read_table(path: Path) -> pd.DataFrame | dict[str, Any]:
     return flatten_json(json.loads(text))
 
 
+def without_keys(table: pd.DataFrame | dict[str, Any], ignore: Sequence[str]) -> pd.DataFrame | dict[str, Any]:
+    """``table`` without the columns (frame) or flattened keys (JSON) whose name contains an ``ignore`` text."""
+    if isinstance(table, pd.DataFrame):
+        return table[[c for c in table.columns if not any(text in str(c) for text in ignore)]]
+    return {key: value for key, value in table.items() if not any(text in key for text in ignore)}
+
+
 def _shown(value: Any, width: int = 60) -> str:
     text = repr(_plain(value))
     return text if len(text) <= width else text[: width - 3] + "..."
@@ -140,7 +150,12 @@ def _cap(lines: list[str], most: int) -> list[str]:
 
 
 def compare_runs(
-    run_a: Path, run_b: Path, rtol: float = 1e-12, skip: Sequence[str] = (), examples: int = 5
+    run_a: Path,
+    run_b: Path,
+    rtol: float = 1e-12,
+    skip: Sequence[str] = (),
+    examples: int = 5,
+    ignore_keys: Sequence[str] = (),
 ) -> Iterator[tuple[str, list[str]]]:
     """``(relative path, differences)`` for each table file of either run that differs, in path order."""
     files_a, files_b = table_files(run_a, skip), table_files(run_b, skip)
@@ -151,7 +166,8 @@ def compare_runs(
         if name not in files_a:
             yield name, ["only in B"]
             continue
-        a, b = read_table(run_a / name), read_table(run_b / name)
+        a = without_keys(read_table(run_a / name), ignore_keys)
+        b = without_keys(read_table(run_b / name), ignore_keys)
         if isinstance(a, pd.DataFrame) and isinstance(b, pd.DataFrame):
             lines = compare_frames(a, b, rtol, examples)
         else:
@@ -174,13 +190,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("run_b", type=_folder, help="the second run folder (B)")
     parser.add_argument("--rtol", type=float, default=1e-12, help="relative tolerance for floats (1e-12)")
     parser.add_argument("--skip", action="append", default=[], help="a file or folder name to leave out")
+    parser.add_argument(
+        "--ignore-key", action="append", default=[], help="leave out JSON keys and columns whose name contains this"
+    )
     parser.add_argument("--examples", type=int, default=5, help="differing cells shown per column (5)")
     args = parser.parse_args(argv)
     if not args.rtol >= 0:
         parser.error(f"--rtol must be a non-negative number, got {args.rtol}")
     compared = len(table_files(args.run_a, args.skip) | table_files(args.run_b, args.skip))
     differing = 0
-    for name, lines in compare_runs(args.run_a, args.run_b, args.rtol, args.skip, args.examples):
+    for name, lines in compare_runs(args.run_a, args.run_b, args.rtol, args.skip, args.examples, args.ignore_key):
         differing += 1
         print(name)
         print("\n".join(f"  {line}" for line in lines))

@@ -101,3 +101,15 @@ def test_a_missing_folder_is_refused_naming_it(tmp_path: Path, capsys: pytest.Ca
         _script().main([str(a), str(tmp_path / "nowhere")])
     assert exit_info.value.code == 2
     assert "nowhere" in capsys.readouterr().err
+
+
+def test_ignored_keys_leave_out_json_keys_and_columns_by_name(tmp_path: Path) -> None:
+    a, b = _run(tmp_path / "a"), _run(tmp_path / "b")
+    manifest = json.loads((b / "manifest_associations.json").read_text())
+    manifest["timings"] = {"test_seconds": 4.7}
+    (b / "manifest_associations.json").write_text(json.dumps(manifest))
+    table = pd.read_parquet(b / "associations_values.parquet")
+    table["lift"] = [2.0, 3.0, 4.0]
+    table.to_parquet(b / "associations_values.parquet")
+    assert set(_differences(a, b)) == {"associations_values.parquet", "manifest_associations.json"}
+    assert dict(_script().compare_runs(a, b, ignore_keys=["timings", "lift"])) == {}

@@ -239,10 +239,9 @@ llama-server: $(VENV)/bin/llama-server  ## build llama.cpp's llama-server into .
 # every other module is spread over both. TEST_WORKERS=0 runs everything in this process.
 TEST_WORKERS ?= 2
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder)
-# The real llama-server test (tests/test_llamacpp_slow.py) runs where `make llama-server` has built the binary
-# and is skipped, saying so, where it has not: its stages 01-04 run is not yet timed on a quiet machine, so
-# `make test` does not build it (issue #60).
-test: $(VENV_STAMP)  ## every test, the slow ones (embedded model) and the browser one (installs Chromium) included
+# make test builds llama.cpp's llama-server first (once per environment, cached per CPU; timed apart by the
+# script), so the real-server test (tests/test_llamacpp_slow.py) runs; elsewhere it is skipped, saying why.
+test: $(VENV_STAMP) $(VENV)/bin/llama-server  ## every test, the slow ones (embedded model, llama-server) and the browser one included
 	scripts/install-browser.sh
 	$(VENV)/bin/pytest $(XDIST) --durations=15 tests
 

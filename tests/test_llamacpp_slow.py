@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from urllib.request import urlopen
+from urllib.request import Request, urlopen
 
 import pandas as pd
 import pyarrow.parquet as pq
@@ -63,15 +63,16 @@ ODD_SCHEMA = {
 }
 
 
-def _profile(folder: Path, run_name: str, **sampling: int) -> Path:
+def _profile(folder: Path, run_name: str, n_prompts: int = 1, shard_size: int = 2, **sampling: int) -> Path:
     raw = yaml.safe_load((ROOT / "params" / "smoke.yaml").read_text())
     raw["run_name"] = run_name
     raw["generation"]["models"] = [dict(MODEL)]
     raw["generation"]["engine"] = dict(ENGINE)
     raw["generation"]["sampling"].update(sampling)
+    raw["generation"]["shard_size"] = shard_size
     raw["designs"] = {
-        "stereotales": {"languages": ["en"], "n_prompts": 1},
-        "occupations": {"languages": ["en"], "n_prompts": 1},
+        "stereotales": {"languages": ["en"], "n_prompts": n_prompts},
+        "occupations": {"languages": ["en"], "n_prompts": n_prompts},
     }
     raw["extract"] = {  # the least extraction work that still sends JSON-schema requests
         "models": [dict(MODEL)],
@@ -150,7 +151,9 @@ def test_a_request_longer_than_a_slot_is_refused_before_anything_is_sent(llama):
         with served.OpenAIEngine.for_local_server(spec, server.entry(), small, 1) as engine:
             with pytest.raises(EngineError) as refused:
                 list(engine.stream([ChatRequest("long", long_prompt, sampling, seed=1)]))
-        slots = json.loads(urlopen(f"{server.base_url.removesuffix('/v1')}/slots", timeout=10).read())
+        asked = Request(f"{server.base_url.removesuffix('/v1')}/slots")
+        asked.add_header("Authorization", f"Bearer {server.entry()['api_key']}")
+        slots = json.loads(urlopen(asked, timeout=10).read())
     finally:
         server.stop(grace=5)
     message = str(refused.value)
@@ -178,7 +181,8 @@ def test_server_killed_mid_generation_then_the_rerun_loses_nothing(llama):
     """Last: a server of its own for a run of longer stories, SIGKILLed once the first answers are stored;
     the rerun finds no server registered and starts its own (``LlamaServerEngine``)."""
     _, _, folder = llama
-    path = _profile(folder, "pytest-llama-kill", max_tokens=96)
+    # six stories, each stored as it arrives (shard_size 1): the kill falls after the first and before the last
+    path = _profile(folder, "pytest-llama-kill", n_prompts=3, shard_size=1, max_tokens=96)
     p = params.load(path)
     spec = p.generation.models[0]
     engine = p.generation.engine.model_copy(
@@ -196,9 +200,10 @@ def test_server_killed_mid_generation_then_the_rerun_loses_nothing(llama):
     while time.time() < deadline and proc.poll() is None and not list((data / "cache").glob("part-*.parquet")):
         time.sleep(0.1)
     assert proc.poll() is None, (folder / "kill.log").read_text()[-3000:]
+    assert list((data / "cache").glob("part-*.parquet")), (folder / "kill.log").read_text()[-3000:]
     os.killpg(os.getpgid(server.process.pid), signal.SIGKILL)
     server.process.wait(timeout=30)
-    assert proc.wait(timeout=120) != 0, "the stage stops when its server is gone"
+    assert proc.wait(timeout=300) != 0, "the stage stops when its server is gone"
     assert "cannot reach the endpoint" in (folder / "kill.log").read_text()
     parts = sorted((data / "cache").glob("part-*.parquet"))
     before = pd.concat([pq.read_table(s).to_pandas() for s in parts], ignore_index=True)

@@ -371,7 +371,8 @@ def _what_moved(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
 
 
 def _prepare_model(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    prepare_embedded_models(args.model or list(EMBEDDED))
+    keys = args.model or list(EMBEDDED)
+    prepare_embedded_models(keys, int8=keys)  # the int8 copies too: a profile picks one with `weights: int8`
     return 0
 
 

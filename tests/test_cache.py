@@ -73,8 +73,9 @@ def test_an_engine_setting_that_cannot_shape_outputs_reuses(tmp_path, change):
         EMBEDDED.model_copy(update={"max_model_len": 2048}),
         EMBEDDED.model_copy(update={"embedded": "qwen2.5-coder-0.5b"}),
         EMBEDDED.model_copy(update={"chat_template_kwargs": {"enable_thinking": False}}),
+        ModelSpec(name="m", source="embedded", weights="int8"),  # the W8A8 copy: other numerics
     ],
-    ids=["dtype", "max_model_len", "embedded", "chat_template_kwargs"],
+    ids=["dtype", "max_model_len", "embedded", "chat_template_kwargs", "weights"],
 )
 def test_a_model_setting_that_shapes_outputs_regenerates(tmp_path, spec):
     calls, engine = answered_twice(tmp_path, (EMBEDDED, EngineSettings()), (spec, EngineSettings()))

@@ -5,7 +5,9 @@ timing itself, on the embedded model, is in test_decode_ceiling_slow.py."""
 from __future__ import annotations
 
 import pytest
+import torch
 
+from storybias.tools import decode_ceiling
 from storybias.tools.decode_ceiling import (
     DecoderShapes,
     ceiling,
@@ -76,3 +78,16 @@ def test_the_prefill_counted_leaves_out_what_the_prefix_cache_holds():
     assert computed_prompt_tokens(prompts, warm_up=0) == 2 + 1 + 3 + 2
     assert computed_prompt_tokens([system, system], warm_up=0) == 0, "identical prompts: all cached"
     assert computed_prompt_tokens([], warm_up=4) == 0
+
+
+def test_the_int8_kernel_is_timed_as_vllm_runs_the_w8a8_copy():
+    """vLLM's CPU int8 scaled mm (the activations' per-token quantization in the call) on a small shape:
+    it runs, takes bf16 rows and gives bf16 outputs of the layer's width; an unknown numerics is named."""
+    call = decode_ceiling.int8_linear(64, 128)
+    x = torch.randn(4, 128, dtype=torch.bfloat16)
+    out = call(x)
+    assert out.dtype == torch.bfloat16 and tuple(out.shape) == (4, 64)
+    assert decode_ceiling.time_linear(64, 128, 4, "int8", windows=1, window_seconds=0.01) > 0
+    assert decode_ceiling.NUMERICS == ("bf16", "int8")
+    with pytest.raises(ValueError, match="numerics: 'int4' is not one of bf16, int8"):
+        decode_ceiling.time_linear(64, 128, 4, "int4")

@@ -32,9 +32,12 @@ def test_the_ceiling_of_a_small_trial_on_the_embedded_model(tmp_path, embedded_m
     with open(tmp_path / "data" / "pytest-ceiling" / "reports" / "decode_ceiling.csv", encoding="utf-8") as fh:
         rows = list(csv.DictReader(fh))
     assert tuple(rows[0]) == RECORDED_COLUMNS["decode_ceiling"]
-    decode, trial = rows
+    assert [r["numerics"] for r in rows] == ["bf16", "bf16", "int8", "int8"], "both numerics by default"
+    decode, trial, *_ = rows
     assert (decode["what"], decode["sequences"]) == ("decode step", "4")
     assert trial["what"] == "bench-engine trial, 6 prompts x 8 tokens" and trial["sequences"] == "4"
+    assert [r["what"] for r in rows[2:]] == [decode["what"], trial["what"]]
+    assert rows[3]["prompt_tokens"] == trial["prompt_tokens"], "the same trial, in the other numerics"
     assert all(float(r["gflops"]) > 0 and float(r["ceiling_tokens_per_s"]) > 0 for r in rows)
     # 6 prompts at 4 a time: two waves of 8 decode steps, plus the prefill, in the time the rate implies
     assert float(trial["seconds"]) == pytest.approx(6 * 8 / float(trial["ceiling_tokens_per_s"]), rel=0.01)

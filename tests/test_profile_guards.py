@@ -242,7 +242,9 @@ def test_a_deeply_nested_published_extraction_stops_stage_01_naming_file_row_and
 def prepared(monkeypatch) -> list[str]:
     """The embedded models prepared (recorded instead of assembled)."""
     keys: list[str] = []
-    monkeypatch.setattr("storybias.engines.prepare.prepare_embedded_models", lambda ks, log=print: keys.extend(ks))
+    monkeypatch.setattr(
+        "storybias.engines.prepare.prepare_embedded_models", lambda ks, log=print, int8=(): keys.extend(ks)
+    )
     return keys
 
 

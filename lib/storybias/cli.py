@@ -14,7 +14,7 @@ serve-mode PARAMS          print 1 when the profile keeps its models up across s
 stamps PARAMS              write data/<run>/.params/<stage>.params (content changes only): each stage's
                            parameters digest and the sha256 of every file the profile names that it reads
 run-name PARAMS            print the run's name
-prepare-model [--model K]  assemble, verify and convert the embedded models (once; default: every one)
+prepare-model [--model K]  assemble, verify and convert the embedded models, bf16 and int8 (once; default: every one)
 generate PARAMS            stage 01 outside a notebook (the notebook calls the same function)
 bench-generate PARAMS      time stage 01's engine path against a bare LLM.chat call (--served: against the
                            local vLLM server; --llama-cpp: the CPU vLLM engine beside llama.cpp's llama-server)
@@ -22,7 +22,7 @@ bench-engine PARAMS        engine start-up and tokens/s: compiled, eager, eager 
                            OpenMP preloaded, a process per trial, alternated (docs/measurements)
 decode-ceiling PARAMS      the most tokens/s this CPU's matrix units allow the profile's first model at
                            32-256 sequences and in one bench-engine trial (vLLM's own CPU linear, timed
-                           alone), and the machine
+                           alone; bf16 and int8 weights: --numerics), and the machine
 stage-times PARAMS         a Markdown table of the run's stages: papermill's time per executed notebook and,
                            from the manifests, what it went to (engine start-ups, tokens/s, stories/s)
 bench-ray PARAMS           time a smoke generation through Ray Data's vLLM processor against the
@@ -83,6 +83,7 @@ from storybias.tools.bench_engine import bench_engine
 from storybias.tools.bench_import import bench_import
 from storybias.tools.bench_llamacpp import bench_llama_cpp
 from storybias.tools.cost import estimate, format_estimate
+from storybias.tools.decode_ceiling import NUMERICS as CEILING_NUMERICS
 from storybias.tools.decode_ceiling import SEQUENCES as CEILING_SEQUENCES
 from storybias.tools.decode_ceiling import measure as measure_decode_ceiling
 from storybias.tools.notebook_runner import run_stage
@@ -140,6 +141,7 @@ def _add_bench_commands(sub: argparse._SubParsersAction) -> None:
     ceiling.add_argument("--sequences", type=int, nargs="+", default=list(CEILING_SEQUENCES))
     ceiling.add_argument("--n-prompts", type=int, default=64)
     ceiling.add_argument("--max-tokens", type=int, default=128)
+    ceiling.add_argument("--numerics", nargs="+", choices=CEILING_NUMERICS, default=list(CEILING_NUMERICS))
     bench_engine = sub.add_parser("bench-engine")
     bench_engine.add_argument("params")
     bench_engine.add_argument("--n-prompts", type=int, default=64)
@@ -371,7 +373,8 @@ def _what_moved(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
 
 
 def _prepare_model(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    prepare_embedded_models(args.model or list(EMBEDDED))
+    keys = args.model or list(EMBEDDED)
+    prepare_embedded_models(keys, int8=keys)  # the int8 copies too: a profile picks one with `weights: int8`
     return 0
 
 
@@ -397,7 +400,7 @@ def _bench_engine(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
 def _decode_ceiling(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     _load(args.params)  # a bad profile is named (exit 2) before anything is timed, as for bench-engine
     try:
-        measure_decode_ceiling(args.params, args.sequences, args.n_prompts, args.max_tokens)
+        measure_decode_ceiling(args.params, args.sequences, args.n_prompts, args.max_tokens, numerics=args.numerics)
     except (ModelError, ValueError) as exc:
         print(f"storybias: {exc}", file=sys.stderr)
         return 1

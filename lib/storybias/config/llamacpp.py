@@ -82,6 +82,11 @@ def llama_cpp_problems(engine: Any, local_specs: Sequence[Any]) -> list[str]:
             )
         if spec.device != "cpu":
             problems.append(f"model {spec.name!r}: the llama-server that `make llama-server` builds runs on CPU only")
+        if spec.weights == "int8":
+            problems.append(
+                f"model {spec.name!r}: weights int8 is the W8A8 copy vLLM runs; llama.cpp serves the model's "
+                "4-bit GGUF: remove `weights: int8` or use another shared_server_kind"
+            )
         if spec.max_model_len > engine.llama_cpp.slot_context():
             problems.append(
                 f"model {spec.name!r}: max_model_len {spec.max_model_len} exceeds llama-server's context per "

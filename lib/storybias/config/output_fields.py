@@ -21,6 +21,7 @@ LOADED_OUTPUT_FIELDS = frozenset(
     {
         "source",
         "embedded",  # the embedded weights (replaced by their pinned sha256)
+        "weights",  # bf16 or the int8 copy (folded into ``embedded``: the sha256 of the copy loaded)
         "path",
         "hub_id",
         "device",
@@ -76,6 +77,10 @@ OPERATIONAL_ENGINE_FIELDS = frozenset(
         "max_failed_share",  # when a stage stops for failed requests, not what any answer says
     }
 )
+
+# Fields added after answers were cached and stages stamped: at their default they leave the cache key
+# and the stamps as they were, so adding the setting reruns nothing; any other value enters both.
+ADDED_MODEL_FIELDS = {"weights": "bf16"}
 
 # What a stage's params stamp leaves out: the operational settings (an output cannot change with them),
 # and how the weights are loaded (a server's setting). A model's display name stays in: it is in the rows.

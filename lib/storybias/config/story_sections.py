@@ -142,6 +142,9 @@ class ModelSpec(Strict):
     name: Annotated[str, Field(min_length=1, max_length=MAX_MODEL_NAME, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:+-]*$")]
     source: Literal["embedded", "local", "hub", "openai"]
     embedded: str = DEFAULT_EMBEDDED  # source 'embedded' only: which one (storybias.config.models.EMBEDDED)
+    # source 'embedded' only: its bf16 folder, or the W8A8 int8 copy written from it at set-up (int8
+    # weights, int8 activations per token: other numerics, other answers; storybias.config.int8_weights)
+    weights: Literal["bf16", "int8"] = "bf16"
     path: str | None = None
     hub_id: str | None = None
     device: Literal["cpu", "cuda"] = "cpu"
@@ -176,6 +179,11 @@ class ModelSpec(Strict):
     def _source_fields(self) -> ModelSpec:
         if "embedded" in self.model_fields_set and self.source != "embedded":
             raise ValueError("`embedded` names an embedded model: only for source 'embedded'")
+        if self.weights == "int8" and self.source != "embedded":
+            raise ValueError(
+                f"`weights: int8` picks the int8 copy storybias writes of an embedded model (CPU only): not for "
+                f"source {self.source!r}; a local or hub model's own quantized folder is loaded as it is"
+            )
         if self.embedded not in EMBEDDED:
             raise ValueError(f"`embedded`: no embedded model {self.embedded!r}; embedded models: {', '.join(EMBEDDED)}")
         if self.source == "openai":

@@ -31,8 +31,9 @@ from pathlib import Path
 from typing import Any
 
 CPUINFO = Path("/proc/cpuinfo")
-# the instruction sets vLLM's CPU build chooses its kernels by (AVX2 only, AVX-512, AVX-512 bf16, AMX)
-ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+# the instruction sets vLLM's CPU build chooses its kernels by (AVX2 only, AVX-512, AVX-512 bf16, AMX), and
+# the int8 units its W8A8 kernels use (AVX-512 VNNI, AMX int8: storybias.config.int8_weights)
+ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
 # the probe's shape: a batch of 64 decoding sequences through a 1.5B decoder's MLP projection
 PROBE_ROWS, PROBE_IN, PROBE_OUT = 64, 1536, 8960
 

@@ -47,6 +47,7 @@ import pyarrow as pa
 from storybias.config import models
 from storybias.config.llamacpp import LLAMA_CPP
 from storybias.config.output_fields import (  # noqa: F401  (the classification, re-exported for the cache's readers)
+    ADDED_MODEL_FIELDS,
     LOADED_ONLY_FIELDS,
     LOADED_OUTPUT_FIELDS,
     MODEL_FIELD_CLASSES,
@@ -77,11 +78,9 @@ def model_identity(spec: ModelSpec, fields: frozenset[str] = OUTPUT_MODEL_FIELDS
     :data:`SERVER_MODEL_FIELDS`), with an embedded model named by its weights' pinned sha256 and a chat
     template by its file's content."""
     dumped = spec.model_dump(mode="json")
-    identity = {k: dumped[k] for k in sorted(fields)}
-    if spec.source == "embedded":
-        identity["embedded"] = models.embedded_weights(spec.embedded).sha256
-    else:
-        identity["embedded"] = None  # not read for other sources
+    identity = {k: dumped[k] for k in sorted(fields) if ADDED_MODEL_FIELDS.get(k, object()) != dumped[k]}
+    # the weights loaded, by their pinned sha256: the GGUF's for the bf16 folder, the int8 copy's for int8
+    identity["embedded"] = models.pinned_sha256(spec)  # None: not read for other sources
     if spec.chat_template:
         template = paths.resolve(spec.chat_template)
         identity["chat_template"] = template.read_text(encoding="utf-8") if template.is_file() else spec.chat_template

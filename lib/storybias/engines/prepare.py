@@ -22,9 +22,15 @@ def embedded_keys(params: Params, stages: Sequence[str]) -> list[str]:
     return sorted({spec.embedded for spec in specs if spec.source == "embedded"})
 
 
+def int8_keys(params: Params, stages: Sequence[str]) -> list[str]:
+    """The embedded models (keys, sorted) the ``stages`` of ``params`` run with ``weights: int8``."""
+    specs = [spec for stage in stages for spec in stage_models(params.profile, stage)]
+    return sorted({spec.embedded for spec in specs if spec.source == "embedded" and spec.weights == "int8"})
+
+
 def prepare_models(params: Params, stages: Sequence[str], log: Callable[[str], None] = print) -> list[str]:
     """Build the folder of each embedded model ``stages`` run (a no-op once built; two or more missing are
-    built at the same time); returns their keys."""
+    built at the same time), and the int8 copy of those run with ``weights: int8``; returns their keys."""
     keys = embedded_keys(params, stages)
-    prepare_embedded_models(keys, log=log)
+    prepare_embedded_models(keys, log=log, int8=int8_keys(params, stages))
     return keys

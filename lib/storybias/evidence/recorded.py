@@ -24,7 +24,8 @@ RECORDED_COLUMNS: dict[str, tuple[str, ...]] = {
         "engine", "preload", "sampler", "compile_cache", "repeat", "startup_s", "tokens_per_s", "sitting"
     ),
     "decode_ceiling": (
-        "model", "what", "sequences", "prompt_tokens", "gflops", "seconds", "ceiling_tokens_per_s", "machine", "sitting"
+        "model", "what", "numerics", "sequences", "prompt_tokens", "gflops", "seconds", "ceiling_tokens_per_s",
+        "machine", "sitting",
     ),
     "extraction_rules": (
         "design_rules", "truth", "macro_accuracy_known", "answered_known", "unknown_kept", "macro_known_no_health",

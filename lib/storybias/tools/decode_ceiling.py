@@ -143,9 +143,8 @@ def trial_seconds(
     return prefill_seconds + waves * max_tokens * step_seconds(shapes, decode)
 
 
-def time_linear(outputs: int, inputs: int, rows: int, windows: int = 3, window_seconds: float = 0.1) -> float:
-    """Seconds per call of vLLM's CPU linear for a bf16 weight of (outputs, inputs) on ``rows`` rows: the
-    fastest of ``windows`` timed windows (machine.best_seconds_per_call; a ceiling, so the fastest)."""
+def bf16_linear(outputs: int, inputs: int) -> Callable[[Any], Any]:
+    """vLLM's CPU linear for a bf16 weight of (outputs, inputs), as its unquantized layers dispatch it."""
     # heavy: torch and vLLM's CPU build, only when measuring
     import torch
     from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
@@ -153,13 +152,59 @@ def time_linear(outputs: int, inputs: int, rows: int, windows: int = 3, window_s
     layer = torch.nn.Module()
     layer.weight = torch.nn.Parameter(torch.randn(outputs, inputs, dtype=torch.bfloat16), requires_grad=False)
     dispatch_cpu_unquantized_gemm(layer, remove_weight=False)
+    return lambda x: layer.cpu_linear(x, layer.weight, None)
+
+
+def int8_linear(outputs: int, inputs: int) -> Callable[[Any], Any]:
+    """vLLM's CPU linear for an int8 weight of (outputs, inputs) with one float32 scale per output channel
+    and bf16 inputs quantized to int8 per token in the call (dynamic, symmetric): the kernel vLLM picks for
+    the compressed-tensors W8A8 copy (storybias.config.int8_weights), with the layout it repacks the weight
+    into (oneDNN's, or the AMX int8 kernel's where the CPU has one). The values do not change its time."""
+    # heavy: torch and vLLM's CPU build, only when measuring
+    import torch
+    from vllm.model_executor.kernels.linear import init_int8_linear_kernel
+
+    kernel = init_int8_linear_kernel(
+        is_channelwise=True, is_static_input_scheme=False, input_symmetric=True, module_name="CompressedTensorsW8A8Int8"
+    )
+    layer = torch.nn.Module()
+    layer.logical_widths = [outputs]
+    weight = torch.randint(-127, 128, (outputs, inputs), dtype=torch.int8)
+    layer.register_parameter("weight", torch.nn.Parameter(weight, requires_grad=False))
+    scale = torch.full((outputs, 1), 1e-3, dtype=torch.float32)
+    layer.register_parameter("weight_scale", torch.nn.Parameter(scale, requires_grad=False))
+    for absent in ("input_scale", "input_zero_point", "azp_adj", "bias"):  # dynamic, symmetric, no bias
+        layer.register_parameter(absent, None)
+    kernel.process_weights_after_loading(layer)
+    return lambda x: kernel.apply_weights(layer, x, None)
+
+
+LINEARS = {"bf16": bf16_linear, "int8": int8_linear}
+NUMERICS = tuple(LINEARS)
+
+
+def time_linear(
+    outputs: int, inputs: int, rows: int, numerics: str = "bf16", windows: int = 3, window_seconds: float = 0.1
+) -> float:
+    """Seconds per call of vLLM's CPU linear (``numerics``: bf16 or int8 weights) of (outputs, inputs) on
+    ``rows`` bf16 rows: the fastest of ``windows`` timed windows (machine.best_seconds_per_call; a ceiling,
+    so the fastest)."""
+    # heavy: torch, only when measuring
+    import torch
+
+    if numerics not in LINEARS:
+        raise ValueError(f"numerics: {numerics!r} is not one of {', '.join(NUMERICS)}")
+    call = LINEARS[numerics](outputs, inputs)
     x = torch.randn(rows, inputs, dtype=torch.bfloat16)
-    return machine.best_seconds_per_call(lambda: layer.cpu_linear(x, layer.weight, None), windows, window_seconds)
+    return machine.best_seconds_per_call(lambda: call(x), windows, window_seconds)
 
 
-def time_step(shapes: DecoderShapes, rows: int, head_rows: int | None = None) -> dict[str, float]:
-    """One call's seconds per projection at ``rows`` rows, and the head's at ``head_rows`` (default ``rows``)."""
-    seconds = {name: time_linear(o, i, rows) for name, (o, i) in shapes.projections().items()}
+def time_step(
+    shapes: DecoderShapes, rows: int, head_rows: int | None = None, numerics: str = "bf16"
+) -> dict[str, float]:
+    """One call's seconds per projection at ``rows`` rows in ``numerics``, and the head's at ``head_rows``
+    (default ``rows``) in bf16: the int8 copy keeps its head in bf16 (int8_weights.KEPT_IN_BF16)."""
+    seconds = {name: time_linear(o, i, rows, numerics) for name, (o, i) in shapes.projections().items()}
     seconds["head"] = time_linear(*shapes.head(), head_rows or rows)
     return seconds
 
@@ -178,16 +223,49 @@ def trial_prompts(params: Params, folder: Path, n_prompts: int) -> list[list[int
     return ids
 
 
-def _row(spec: ModelSpec, what: str, sequences: int, prompt_tokens: Any, gflops: float, seconds: float, rate: float):
+def _row(spec: ModelSpec, what: str, numerics: str, sequences: int, prompt_tokens: Any, gflops: float, seconds: float):
     return {
         "model": spec.name,
         "what": what,
+        "numerics": numerics,
         "sequences": sequences,
         "prompt_tokens": prompt_tokens,
         "gflops": round(gflops, 1),
         "seconds": round(seconds, 3),
-        "ceiling_tokens_per_s": round(rate, 1),
     }
+
+
+@dataclass(frozen=True)
+class Trial:
+    """A bench-engine trial's size: prompts, tokens each, sequences at a time, and its prefill."""
+
+    n_prompts: int
+    max_tokens: int
+    batch: int  # sequences decoding at a time (the profile's max_num_seqs, or fewer prompts)
+    prompt_tokens: int  # to prefill, less what the prefix cache holds (computed_prompt_tokens)
+    prefill_rows: int  # prompt tokens per prefill step
+
+
+def numerics_rows(
+    spec: ModelSpec, shapes: DecoderShapes, numerics: str, sequences: Sequence[int], trial: Trial
+) -> list[dict]:
+    """Decode-step rows per batch size and the trial's row, with the linear layers in ``numerics``."""
+    rows, steps = [], {}
+    for n in sorted({*sequences, trial.batch}):
+        steps[n] = time_step(shapes, n, numerics=numerics)
+        seconds = step_seconds(shapes, steps[n])
+        row = _row(spec, "decode step", numerics, n, "", step_flops(shapes, n) / seconds / 1e9, seconds)
+        rows.append(row | {"ceiling_tokens_per_s": round(n / seconds, 1)})
+    prefill = time_step(shapes, trial.prefill_rows, head_rows=trial.n_prompts, numerics=numerics)
+    waves = -(-trial.n_prompts // trial.batch)  # batches of max_num_seqs, one after the other
+    seconds = trial_seconds(
+        shapes, steps[trial.batch], prefill, trial.prefill_rows, trial.prompt_tokens, waves, trial.max_tokens
+    )
+    prefill_gflops = layer_flops(shapes, trial.prefill_rows) / layer_seconds(shapes, prefill) / 1e9
+    what = f"bench-engine trial, {trial.n_prompts} prompts x {trial.max_tokens} tokens"
+    row = _row(spec, what, numerics, trial.batch, trial.prompt_tokens, prefill_gflops, seconds)
+    rows.append(row | {"ceiling_tokens_per_s": round(trial.n_prompts * trial.max_tokens / seconds, 1)})
+    return rows
 
 
 def measure(
@@ -196,36 +274,40 @@ def measure(
     n_prompts: int = 64,
     max_tokens: int = 128,
     log: Callable[[str], None] = print,
+    numerics: Sequence[str] = NUMERICS,
 ) -> list[dict]:
     """Decode-step rows per batch size and one bench-engine trial row (``n_prompts`` x ``max_tokens``
-    at the profile's ``max_num_seqs``) for the profile's first model; writes reports/<run>/decode_ceiling.csv."""
+    at the profile's ``max_num_seqs``) for the profile's first model, once per ``numerics`` (bf16 and int8
+    linear layers: a stage's rate is read against the ceiling of the weights it runs); writes
+    reports/<run>/decode_ceiling.csv."""
     params = load(path)
     spec = params.generation.models[0]
     if spec.device != "cpu" or spec.source == "openai":
         raise ValueError(f"decode-ceiling: {spec.name!r} does not run on this CPU (device {spec.device!r})")
+    unknown = [n for n in numerics if n not in LINEARS]
+    if unknown:
+        raise ValueError(f"decode-ceiling: numerics {', '.join(unknown)} unknown; known: {', '.join(NUMERICS)}")
     folder, _ = models.resolve_weights(spec)
     shapes = shapes_of(json.loads((Path(folder) / "config.json").read_text(encoding="utf-8")))
     ran_on = machine.describe().summary()
     log(f"decode-ceiling: {spec.name} on {ran_on}")
-    batch = min(n_prompts, params.generation.engine.max_num_seqs)  # the trial's sequences at a time
-    rows, steps = [], {}
-    for n in sorted({*sequences, batch}):
-        steps[n] = time_step(shapes, n)
-        seconds = step_seconds(shapes, steps[n])
-        rows.append(_row(spec, "decode step", n, "", step_flops(shapes, n) / seconds / 1e9, seconds, n / seconds))
     prompt_tokens = computed_prompt_tokens(trial_prompts(params, Path(folder), n_prompts))
-    prefill_rows = max(1, min(prompt_tokens, cpu_scheduler_kwargs(spec)["max_num_batched_tokens"]))
-    prefill = time_step(shapes, prefill_rows, head_rows=n_prompts)
-    waves = -(-n_prompts // batch)  # batches of max_num_seqs, one after the other
-    seconds = trial_seconds(shapes, steps[batch], prefill, prefill_rows, prompt_tokens, waves, max_tokens)
-    prefill_gflops = layer_flops(shapes, prefill_rows) / layer_seconds(shapes, prefill) / 1e9
-    what = f"bench-engine trial, {n_prompts} prompts x {max_tokens} tokens"
-    rows.append(_row(spec, what, batch, prompt_tokens, prefill_gflops, seconds, n_prompts * max_tokens / seconds))
+    trial = Trial(
+        n_prompts=n_prompts,
+        max_tokens=max_tokens,
+        batch=min(n_prompts, params.generation.engine.max_num_seqs),
+        prompt_tokens=prompt_tokens,
+        prefill_rows=max(1, min(prompt_tokens, cpu_scheduler_kwargs(spec)["max_num_batched_tokens"])),
+    )
+    rows = [row for name in numerics for row in numerics_rows(spec, shapes, name, sequences, trial)]
     command = f"decode-ceiling --n-prompts {n_prompts} --max-tokens {max_tokens}"
     sitting = f"{datetime.date.today()} {command} ({params.run_name})"
     rows = [r | {"machine": ran_on, "sitting": sitting} for r in rows]
     for r in rows:
-        log(f"  {r['what']} at {r['sequences']}: {r['gflops']} GFLOP/s, at most {r['ceiling_tokens_per_s']} tokens/s")
+        log(
+            f"  {r['what']} at {r['sequences']}, {r['numerics']}: {r['gflops']} GFLOP/s, "
+            f"at most {r['ceiling_tokens_per_s']} tokens/s"
+        )
     out = run_folders.claim_reports(params.run_name) / "decode_ceiling.csv"
     with atomic_open(out, "w", newline="", encoding="utf-8") as fh:
         writer = csv.DictWriter(fh, fieldnames=COLUMNS)
@@ -241,8 +323,9 @@ def main() -> None:
     parser.add_argument("--sequences", type=int, nargs="+", default=list(SEQUENCES))
     parser.add_argument("--n-prompts", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--numerics", nargs="+", choices=NUMERICS, default=list(NUMERICS))
     args = parser.parse_args()
-    measure(args.params, args.sequences, args.n_prompts, args.max_tokens)
+    measure(args.params, args.sequences, args.n_prompts, args.max_tokens, numerics=args.numerics)
 
 
 if __name__ == "__main__":

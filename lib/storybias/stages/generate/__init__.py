@@ -29,7 +29,7 @@ from typing import Any
 import pandas as pd
 
 from storybias.config import plan as grid
-from storybias.config.models import embedded_weights
+from storybias.config.models import pinned_sha256
 from storybias.config.params import ModelSpec, Params, Sampling
 from storybias.config.plan import ERROR, plan_columns, stories_schema
 from storybias.core import artifacts, machine, paths
@@ -236,7 +236,7 @@ def run(
                 record.model_id, record.startup_seconds = info.model_id, info.startup_seconds
                 record.versions, record.endpoint = info.versions, info.endpoint
         if spec.source == "embedded":
-            record.weights_sha256 = embedded_weights(spec.embedded).sha256
+            record.weights_sha256 = pinned_sha256(spec)
     frame = _assemble(planned, stories)
     manifest = _manifest(params, planned, frame, runs, time.time() - started)
     manifest.update(reuse=dict(reasons), cache=str(cache_dir(run_name)), machine=ran_on)

@@ -66,7 +66,7 @@ __all__ = [
 ]
 
 
-def _trial(repeat: int, path: str, seconds: float, tokens: int) -> dict[str, Any]:
+def trial_record(repeat: int, path: str, seconds: float, tokens: int) -> dict[str, Any]:
     """One timed trial of a bench: its wall time, tokens and tokens/s."""
     return {
         "repeat": repeat,
@@ -121,7 +121,7 @@ class _Borrowed:
         return None
 
 
-def _pipeline(engine: ChatEngine, params: Params, rows: list[dict[str, Any]], folder: Path) -> tuple[float, int]:
+def timed_pipeline(engine: ChatEngine, params: Params, rows: list[dict[str, Any]], folder: Path) -> tuple[float, int]:
     """Stage 01's path on a started ``engine`` over an emptied cache in ``folder``: (seconds, tokens)."""
     ResponseCache(folder).store.clear()
     cache = ResponseCache(folder, params.generation.shard_size)
@@ -154,9 +154,9 @@ def bench_generate(
                     seconds, tokens = bare_chat(engine, rows)
                     bare_rates.append(tokens / seconds)
                 else:
-                    seconds, tokens = _pipeline(engine, params, rows, Path(tmp))
+                    seconds, tokens = timed_pipeline(engine, params, rows, Path(tmp))
                     pipe_rates.append(tokens / seconds)
-                trials.append(_trial(i, path, seconds, tokens))
+                trials.append(trial_record(i, path, seconds, tokens))
                 log(f"  {path:8s} repeat {i}: {tokens} tokens in {seconds:.1f} s = {tokens / seconds:.1f} tokens/s")
         startup = entered_info(engine).startup_seconds
     result = {
@@ -205,11 +205,11 @@ def bench_served(
                 with engine:
                     startup[path] = round(time.time() - started, 1)
                     log(f"{path}: start-up {startup[path]:.1f} s")
-                    _pipeline(engine, params, rows[: min(4, len(rows))], Path(tmp))  # warm-up
+                    timed_pipeline(engine, params, rows[: min(4, len(rows))], Path(tmp))  # warm-up
                     for i in range(repeats):
-                        seconds, tokens = _pipeline(engine, params, rows, Path(tmp))
+                        seconds, tokens = timed_pipeline(engine, params, rows, Path(tmp))
                         rates[path].append(tokens / seconds)
-                        trials.append(_trial(i, path, seconds, tokens))
+                        trials.append(trial_record(i, path, seconds, tokens))
                         log(
                             f"  {path:10s} repeat {i}: {tokens} tokens in {seconds:.1f} s = "
                             f"{tokens / seconds:.1f} tokens/s"

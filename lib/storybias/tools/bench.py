@@ -12,7 +12,7 @@ exactly ``max_tokens`` tokens (ignore_eos): with free stopping the two paths wro
 Reports output tokens/s of each and the ratio pipeline / bare (target >= 0.95).
 
 bench_served (``make bench-generate SERVE=1``): stage 01's path on the in-process engine, then the same
-prompts, seeds and sampling through the local vLLM OpenAI-compatible server (storybias.engines.serve) over
+prompts, seeds and sampling through the local vLLM OpenAI-compatible server (storybias.engines.local_servers) over
 HTTP, one after the other (never both engines at once); reports tokens/s of each and the ratio
 HTTP / in-process (target >= 0.9 on CPU), and both start-up times.
 
@@ -42,9 +42,9 @@ from storybias.core import paths
 from storybias.core.io import write_json_atomic
 from storybias.engines import ChatEngine, Engine, EngineInfo, entered_info
 from storybias.engines.cache import CachingEngine, ResponseCache
+from storybias.engines.local_servers import start_server
+from storybias.engines.openai_endpoint import OpenAIEngine
 from storybias.engines.ray_engine import RayEngine, require_ray
-from storybias.engines.serve import start_server
-from storybias.engines.served import OpenAIEngine
 from storybias.stages.generate import ModelRun, generate_with, prepare_models, story_request
 from storybias.tools.bench_associations import (
     LANGUAGES,

@@ -28,7 +28,7 @@ from storybias.core import machine, paths
 from storybias.core.io import write_json_atomic
 from storybias.engines import ChatEngine, Engine
 from storybias.engines.llamacpp import start_llama_server
-from storybias.engines.served import OpenAIEngine
+from storybias.engines.openai_endpoint import OpenAIEngine
 from storybias.stages.generate import prepare_models
 from storybias.tools.bench import bench_rows, fixed_length, timed_pipeline, trial_record
 

@@ -6,7 +6,7 @@ killed with SIGKILL mid-generation (``killed_run``), resumed by notebook 01 (``r
 (``hosted_env``: the model loads once for both); test_notebooks_slow.py runs every notebook on it, stage
 04 included. The shared local vLLM server (``local_server``: one OpenAI-compatible server on loopback with
 the second embedded model, the default profile's 0.5B occupations writer) serves the sibling-model test
-and the served-model tests, for runs of their own (storybias.engines.serve).
+and the served-model tests, for runs of their own (storybias.engines.local_servers).
 """
 
 from __future__ import annotations
@@ -233,10 +233,10 @@ class SharedServer:
             return func(*args, **kwargs)
 
     def start(self) -> SharedServer:
-        from storybias.engines import serve
+        from storybias.engines import local_servers
 
         spec = self.params.generation.models[0]
-        self.server = serve.start_server(
+        self.server = local_servers.start_server(
             spec,
             self.params.generation.engine,
             self.params.generation.seed,
@@ -249,13 +249,15 @@ class SharedServer:
         return self
 
     def register(self, run: str) -> None:
-        from storybias.engines import serve
+        from storybias.engines import local_servers
 
         if run not in self.runs:
             self.runs.append(run)
         spec = self.params.generation.models[0]
         self._in_data(
-            serve.write_registry, run, {spec.name: {**self.server.entry(), "serve_key": serve.serve_key(spec)}}
+            local_servers.write_registry,
+            run,
+            {spec.name: {**self.server.entry(), "serve_key": local_servers.serve_key(spec)}},
         )
 
     def restart(self) -> SharedServer:
@@ -274,11 +276,11 @@ def local_server(smoke_profile):
     run's model host is stopped first: nothing after stage 03 uses it (the nbval notebooks find stages
     01-03 done), and it holds about 7.7 GB (24 GB in all here)."""
     from storybias.config.models import prepare_embedded
-    from storybias.engines import serve
+    from storybias.engines import local_servers
 
     _, env, tmp = smoke_profile
     with in_data_root(env["STORYBIAS_DATA"]):
-        serve.stop_hosts("pytest-kill", log=lambda m: None)
+        local_servers.stop_hosts("pytest-kill", log=lambda m: None)
     prepare_embedded(SERVED_MODEL["embedded"], log=lambda m: None)
     holder = SharedServer(tmp / "served.yaml", Path(env["STORYBIAS_DATA"]), tmp).start()
     yield holder
@@ -330,12 +332,12 @@ def killed_run(smoke_profile):
 def hosted_env(smoke_profile):
     """The pipeline run's environment as `make paper` gives it on the default profile (shared_server with
     hosts): the stages' kernels may start a model host, which outlives them; this session stops it."""
-    from storybias.engines import serve
+    from storybias.engines import local_servers
 
     _, env, _ = smoke_profile
-    yield {**env, serve.OWNER_VARIABLE: str(os.getpid())}
+    yield {**env, local_servers.OWNER_VARIABLE: str(os.getpid())}
     with in_data_root(env["STORYBIAS_DATA"]):
-        serve.stop_hosts("pytest-kill", log=lambda m: None)
+        local_servers.stop_hosts("pytest-kill", log=lambda m: None)
 
 
 @pytest.fixture(scope="session")

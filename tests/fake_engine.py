@@ -139,7 +139,7 @@ class BatchingEngine(FakeEngine):
     (request ``i``), and the next waiting request takes its place, in order. ``probe()`` is called every
     ``probe_every`` steps, after the answers of the steps before it were taken. ``tells``: what the
     engine says of its running sequences: ``each`` one's tokens by key (the in-process engine, the model
-    host), an equal ``share`` of their sum for each (a served model: storybias.engines.served), or only
+    host), an equal ``share`` of their sum for each (a served model: storybias.engines.openai_endpoint), or only
     their ``sum``."""
 
     def __init__(

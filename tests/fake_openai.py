@@ -10,7 +10,7 @@ chat whose prompt does not fit a slot refused with HTTP 400 and its ``exceed_con
 Live tokens (the progress bar): llama.cpp's ``GET /slots`` (busy slots' ``next_token.n_decoded``, from
 ``decoding``) and vLLM's ``GET /metrics`` (``vllm:generation_tokens_total``, from ``generation_tokens``).
 
-The slow tests use the real vLLM server instead (tests/test_served_slow.py)."""
+The slow tests use the real vLLM server instead (tests/test_openai_endpoint_slow.py)."""
 
 from __future__ import annotations
 

@@ -232,16 +232,18 @@ def test_makefile_names_no_stage_outside_the_generated_part():
         assert artifacts.artifact(name).pattern not in code, name
 
 
-def test_stage_independence_contract_lists_every_stage():
-    """pyproject.toml's "no stage imports another stage" contract covers every registry stage (it once
-    left out storybias.stages.crosslens), plus the explorer, which stage 08's Make target writes."""
+def test_stage_independence_contract_covers_every_stage_by_one_wildcard():
+    """pyproject.toml's "no stage imports another stage" contract names ``storybias.stages.*`` (it once listed
+    the stages by name and left out storybias.stages.crosslens; a new lens had to be added by hand): every
+    registry stage and the explorer, which stage 08's Make target writes, is a package the wildcard covers."""
     import tomllib
 
     contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
     independent = next(c for c in contracts if c["type"] == "independence")
-    expected = [f"storybias.{s.module}" for s in artifacts.STAGES]
-    expected += [f"storybias.stages.{side.command}" for side in artifacts.SIDE_TARGETS]
-    assert independent["modules"] == expected
+    assert independent["modules"] == ["storybias.stages.*"]
+    packages = {p.parent.name for p in (ROOT / "lib" / "storybias" / "stages").glob("*/__init__.py")}
+    expected = [s.module for s in artifacts.STAGES] + [f"stages.{side.command}" for side in artifacts.SIDE_TARGETS]
+    assert all(module.startswith("stages.") and module.split(".", 1)[1] in packages for module in expected), expected
 
 
 def test_every_make_target_of_the_registry_is_a_rule(tmp_path):

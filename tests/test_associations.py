@@ -11,7 +11,7 @@ import pytest
 from scipy import stats
 from scipy.stats._multivariate import random_table_gen as scipy_random_table
 
-from storybias.evidence import ratings
+from storybias.evidence import harm_ratings
 from storybias.stages import associations as A
 from storybias.stages.associations import human as H
 from storybias.stages.associations import judge as J
@@ -371,17 +371,17 @@ def test_human_ratings_import_and_spearman(tmp_path):
         for r in range(3):
             rows.append(f"a|{i}|b|x,r{r},{1 + (i * 4) // 7},yes")
     path.write_text("\n".join(rows) + "\n")
-    human = ratings.load_human_ratings(path)
+    human = harm_ratings.load_human_ratings(path)
     llm = pd.DataFrame({"association_id": [f"a|{i}|b|x" for i in range(8)], "median_harm": [1, 1, 2, 2, 3, 3, 4, 5]})
     out = H.human_llm_agreement(human, llm, n_boot=200)
     assert out["rho"] > 0.9 and out["n"] == 8 and out["ci_low"] <= out["rho"] <= out["ci_high"]
     bad = tmp_path / "bad.csv"
     bad.write_text("association_id,rater_id,harm,realism\na|1|b|x,r1,7,yes\n")
     with pytest.raises(ValueError, match="bad.csv: row 2, column harm"):
-        ratings.load_human_ratings(bad)
+        harm_ratings.load_human_ratings(bad)
     with pytest.raises(ValueError, match="missing column"):
         (tmp_path / "c.csv").write_text("association_id,harm\n")
-        ratings.load_human_ratings(tmp_path / "c.csv")
+        harm_ratings.load_human_ratings(tmp_path / "c.csv")
 
 
 # --- the sequential Fisher decision, parallel passes and the paper-scale benchmark ---------------

@@ -221,7 +221,7 @@ def test_the_tokenizer_comes_from_the_engine_without_loading_a_model(tmp_path):
 
 
 def test_the_benchmark_lends_its_started_engine_to_the_cache_and_keeps_it_open(tmp_path):
-    """`make bench-generate` times stage 01's path on an engine it started once: tools.bench._pipeline lends
+    """`make bench-generate` times stage 01's path on an engine it started once: tools.bench.timed_pipeline lends
     it through a wrapper whose ``__enter__`` returns the engine. The cache streamed through the wrapper
     instead (AttributeError: '_Borrowed' object has no attribute 'stream', after the engine's start-up)."""
     from storybias.config.params import load
@@ -232,7 +232,7 @@ def test_the_benchmark_lends_its_started_engine_to_the_cache_and_keeps_it_open(t
     rows = bench.fixed_length(bench.bench_rows(params, 3), 16)
     engine = FakeEngine(params.generation.models[0], n_tokens=16).__enter__()
     for repeat in range(2):  # the benchmark runs the path once per repeat, on the same engine
-        seconds, tokens = bench._pipeline(engine, params, rows, tmp_path / f"cache{repeat}")
+        seconds, tokens = bench.timed_pipeline(engine, params, rows, tmp_path / f"cache{repeat}")
         assert tokens == 3 * 16 and seconds >= 0
     assert len(engine.calls) == 6 and engine.exited == 0, "every pass asked the lent engine, which stays open"
 

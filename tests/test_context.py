@@ -18,7 +18,7 @@ from fake_openai import FakeOpenAI
 from storybias.config import params
 from storybias.config.params import ModelSpec, Sampling
 from storybias.core import artifacts, io, paths
-from storybias.engines import ChatRequest, EngineError, context, served
+from storybias.engines import ChatRequest, EngineError, context, openai_endpoint
 from storybias.engines.context import EndpointContext, check_requests_fit
 from storybias.engines.runner import RequestsFailed, failure_summary
 from storybias.stages import extract as extract_stage
@@ -61,7 +61,7 @@ def test_a_long_extraction_prompt_is_refused_at_preflight_by_a_1024_token_llama_
     long = long_extraction()
     with FakeOpenAI(dialect="llama.cpp", n_ctx=1024, slots=4) as api:
         needed = api.prompt_tokens(long.messages) + long.sampling.max_tokens
-        with served.OpenAIEngine(spec(api.base_url), seed=1) as engine:
+        with openai_endpoint.OpenAIEngine(spec(api.base_url), seed=1) as engine:
             with pytest.raises(EngineError) as refused:
                 list(engine.stream([short("a"), long, short("b")]))
         assert sent_chats(api) == []  # nothing was sent
@@ -75,7 +75,7 @@ def test_a_long_extraction_prompt_is_refused_at_preflight_by_a_1024_token_llama_
 def test_prompts_that_fit_are_counted_once_by_the_servers_tokenizer_and_sent(key):
     with FakeOpenAI(dialect="llama.cpp", n_ctx=4096, slots=2) as api:
         batch = [short("a"), short("b"), short("a")]  # two distinct prompts
-        with served.OpenAIEngine(spec(api.base_url), seed=1) as engine:
+        with openai_endpoint.OpenAIEngine(spec(api.base_url), seed=1) as engine:
             first = list(engine.stream(batch))
             again = list(engine.stream(batch))
         tokenized = [r for r in api.routes if r == "POST /tokenize"]
@@ -87,7 +87,7 @@ def test_prompts_that_fit_are_counted_once_by_the_servers_tokenizer_and_sent(key
 
 def test_vllms_max_model_len_and_tokenizer_are_read_and_name_its_setting(key):
     with FakeOpenAI(dialect="vllm", n_ctx=600) as api:
-        with served.OpenAIEngine(spec(api.base_url), seed=1) as engine:
+        with openai_endpoint.OpenAIEngine(spec(api.base_url), seed=1) as engine:
             with pytest.raises(EngineError, match=r"max_model_len.*--max-model-len \d+ or more"):
                 list(engine.stream([long_extraction("x|0")]))
         assert sent_chats(api) == [] and "POST /tokenize" in api.routes
@@ -103,11 +103,11 @@ class WordTokenizer:
 def test_the_profiles_context_tokens_holds_for_an_endpoint_that_publishes_none(key):
     with FakeOpenAI() as api:  # a provider's API: neither /props nor max_model_len nor /tokenize
         s = spec(api.base_url, context_tokens=80)
-        endpoint = served.endpoint_of(s)
+        endpoint = openai_endpoint.endpoint_of(s)
         context.check_fits(s, endpoint, [short("a", max_tokens=16)], WordTokenizer())  # fits
         with pytest.raises(EngineError, match=r"more than the 80 of the profile's context_tokens"):
             context.check_fits(s, endpoint, [short("a", max_tokens=100)], WordTokenizer())
-        assert context.endpoint_context(served.endpoint_of(spec(api.base_url))) is None  # nothing to check
+        assert context.endpoint_context(openai_endpoint.endpoint_of(spec(api.base_url))) is None  # nothing to check
 
 
 def test_the_fake_answers_an_overlong_chat_as_llama_server_does(key):
@@ -221,7 +221,7 @@ def test_an_extraction_whose_every_answer_failed_exits_non_zero(tmp_path, monkey
 def test_a_llama_servers_busy_slots_give_the_bar_its_running_tokens(key):
     with FakeOpenAI(dialect="llama.cpp", delay=0.2) as api:
         api.decoding = [120, 30]
-        with served.OpenAIEngine(spec(api.base_url, max_concurrency=1), seed=1) as engine:
+        with openai_endpoint.OpenAIEngine(spec(api.base_url, max_concurrency=1), seed=1) as engine:
             assert engine.tokens_in_flight() is None  # no stream: nothing runs
             seen = [engine.tokens_in_flight() for _ in engine.stream([short("a"), short("b")])]
             assert engine.tokens_in_flight() is None
@@ -231,7 +231,7 @@ def test_a_llama_servers_busy_slots_give_the_bar_its_running_tokens(key):
 def test_vllms_counter_less_the_answers_received_gives_the_running_tokens(key):
     with FakeOpenAI(dialect="vllm", delay=0.2) as api:
         api.generation_tokens = 5_000  # what the server generated before this stream
-        with served.OpenAIEngine(spec(api.base_url, max_concurrency=1), seed=1) as engine:
+        with openai_endpoint.OpenAIEngine(spec(api.base_url, max_concurrency=1), seed=1) as engine:
             stream = engine.stream([short("a"), short("b")])
             first = next(stream)
             api.generation_tokens = 5_000 + first.n_tokens + 40  # the first answer, and 40 of the running one's
@@ -252,7 +252,7 @@ def test_a_served_models_running_requests_share_the_tokens_its_server_counts(key
 
     with FakeOpenAI(dialect="vllm", answer=answer) as api:
         api.generation_tokens = 1_000
-        with served.OpenAIEngine(spec(api.base_url, max_concurrency=3), seed=1) as engine:
+        with openai_endpoint.OpenAIEngine(spec(api.base_url, max_concurrency=3), seed=1) as engine:
             assert engine.sequences_in_flight() is None  # no stream: nothing runs
             stream = engine.stream([short("slow-1"), short("fast"), short("slow-2")])
             first = next(stream)
@@ -264,6 +264,6 @@ def test_a_served_models_running_requests_share_the_tokens_its_server_counts(key
 
 def test_an_endpoint_that_tells_nothing_leaves_the_bar_on_finished_answers(key):
     with FakeOpenAI(delay=0.1) as api:
-        with served.OpenAIEngine(spec(api.base_url), seed=1) as engine:
+        with openai_endpoint.OpenAIEngine(spec(api.base_url), seed=1) as engine:
             seen = [(engine.tokens_in_flight(), engine.sequences_in_flight()) for _ in engine.stream([short("a")])]
     assert seen == [(None, None)]

@@ -21,8 +21,8 @@ import yaml
 from fake_engine import FakeEngine
 from storybias.config import checks, params
 from storybias.core import artifacts
-from storybias.evidence.labels import PublishedFormatError, canonical_value
 from storybias.evidence.released_associations import POOL_FILE, RELEASE_LANGUAGE, load_associations
+from storybias.evidence.stereotales_taxonomy import PublishedFormatError, canonical_value
 from storybias.stages import associations, extract, generate
 from storybias.stages import filter as filter_stage
 from storybias.stages.associations.comparison import comparison_counts

@@ -13,7 +13,7 @@ from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality
 from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p_pytorch
 
 from storybias.config.params import EngineSettings, ModelSpec, Sampling
-from storybias.engines import served
+from storybias.engines import openai_endpoint
 from storybias.engines.base import TOP_K_ARG, TOP_K_FIRST_PROCESSOR, TOP_P_ARG, ChatRequest, top_k_top_p_fields
 from storybias.engines.cpu_sampling import TopKTopPFirst, candidate_width, top_k_top_p_mask
 
@@ -125,20 +125,22 @@ def test_the_settings_travel_in_extra_args_only_when_on_and_a_top_k_is_set():
 
 
 def test_a_local_vllm_server_gets_the_processor_and_the_request_its_arguments(monkeypatch):
-    from storybias.engines import serve
+    from storybias.engines import local_servers
 
     cpu = ModelSpec(name="m", source="embedded")
-    command = serve.server_command(cpu, EngineSettings(), 1, 8000, None, Path("/w"), "m")
+    command = local_servers.server_command(cpu, EngineSettings(), 1, 8000, None, Path("/w"), "m")
     assert command[command.index("--logits-processors") + 1] == TOP_K_FIRST_PROCESSOR
     entry = {"base_url": "http://127.0.0.1:8000/v1", "model_id": "m"}
-    monkeypatch.setattr(served.OpenAIEngine, "__init__", lambda self, spec, seed, **kw: setattr(self, "kw", kw))
-    engine = served.OpenAIEngine.for_local_server(cpu, entry, EngineSettings(cpu_top_k_first=True), 1)
+    monkeypatch.setattr(
+        openai_endpoint.OpenAIEngine, "__init__", lambda self, spec, seed, **kw: setattr(self, "kw", kw)
+    )
+    engine = openai_endpoint.OpenAIEngine.for_local_server(cpu, entry, EngineSettings(cpu_top_k_first=True), 1)
     request = ChatRequest("k", [{"role": "user", "content": "Write."}], Sampling(top_k=50, top_p=0.95), 3)
-    body = served.request_kwargs(engine.kw["endpoint"], request)
+    body = openai_endpoint.request_kwargs(engine.kw["endpoint"], request)
     assert body["top_p"] == 1.0 and body["extra_body"]["top_k"] == 0
     assert body["extra_body"]["vllm_xargs"] == {TOP_K_ARG: 50, TOP_P_ARG: 0.95}
-    off = served.OpenAIEngine.for_local_server(cpu, entry, EngineSettings(), 1)
-    assert "vllm_xargs" not in served.request_kwargs(off.kw["endpoint"], request)["extra_body"]
+    off = openai_endpoint.OpenAIEngine.for_local_server(cpu, entry, EngineSettings(), 1)
+    assert "vllm_xargs" not in openai_endpoint.request_kwargs(off.kw["endpoint"], request)["extra_body"]
 
 
 def test_the_ray_backend_refuses_the_setting():

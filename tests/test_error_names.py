@@ -17,10 +17,10 @@ from storybias.config import params
 from storybias.core import io, paths
 from storybias.core.inputs import TableFileError, read_text_columns
 from storybias.core.io import ArtifactReadError
+from storybias.evidence.harm_ratings import HUMAN_RATINGS
 from storybias.evidence.human_files import check_file
-from storybias.evidence.labels import PublishedFormatError
-from storybias.evidence.ratings import HUMAN_RATINGS
 from storybias.evidence.released_associations import load_associations
+from storybias.evidence.stereotales_taxonomy import PublishedFormatError
 from storybias.stages import generate
 from storybias.stages.figures.style import new_figure, save_figure
 from storybias.stages.generate.corpus import CorpusError

@@ -16,7 +16,7 @@ from storybias.config.prompts import load_design
 from storybias.core import artifacts, io, paths
 from storybias.stages import extract as extract_stage
 from storybias.stages.extract import answers as extract
-from storybias.stages.extract import validation
+from storybias.stages.extract import extraction_precision
 
 ALL = ("demographics", "narrative", "markers")
 
@@ -198,7 +198,7 @@ def test_stage_keeps_and_counts_parse_failures(tmp_path, monkeypatch):
     raw = yaml.safe_load((paths.params_dir() / "smoke.yaml").read_text())
     raw["run_name"] = "unit-extract"
     raw["extract"] = {"retries": 1, "self_consistency_sample": 2, "gold_sample": 6, "prompt_design": "one_answer"}
-    raw["extract"]["human_validation"] = "tests/data/extraction_validation_example.csv"
+    raw["extract"]["human_validation"] = "tests/data/support_ratings_example.csv"
     path = tmp_path / "p.yaml"
     path.write_text(yaml.safe_dump(raw))
     p = params.load(path)
@@ -237,7 +237,7 @@ def test_stage_keeps_and_counts_parse_failures(tmp_path, monkeypatch):
     # what notebook 03 shows is in the result (issue #59 item 3): the human validation file read by the stage,
     # the genders of the 5 stories per design x language, the unknown share of each demographic, smallest first
     judged, compared = result["human_validation"]
-    assert judged.equals(validation.from_settings(p.extract.human_validation)[0]) and len(compared)
+    assert judged.equals(extraction_precision.from_settings(p.extract.human_validation)[0]) and len(compared)
     assert result["gender_by_language"].to_numpy().sum() == 5
     shares = result["unknown_share"]["share_unknown"]
     assert set(shares.index) == set(extract.demo_columns()) and shares.is_monotonic_increasing

@@ -401,6 +401,43 @@ def test_only_heavy_optional_dependencies_are_imported_inside_functions_each_wit
     assert not silent, "a lazy import says why in a comment on its line or the one above:\n" + "\n".join(silent)
 
 
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _root_name(node: ast.expr) -> str | None:
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _private_names_used_across_modules() -> list[str]:
+    """Each ``from storybias.x import _name`` and each ``m._name`` where ``m`` was imported from storybias
+    (a module, or a class or function of one): another module's private name."""
+    found = []
+    for path, tree, _ in _modules():
+        imported: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("storybias")):
+                found += [f"{path.relative_to(LIB)}:{node.lineno} imports {node.module}.{a.name}"
+                          for a in node.names if _is_private(a.name)]  # fmt: skip
+                imported |= {a.asname or a.name for a in node.names}
+            elif isinstance(node, ast.Import):
+                imported |= {a.asname or a.name.split(".")[0] for a in node.names if a.name.startswith("storybias")}
+        found += [
+            f"{path.relative_to(LIB)}:{node.lineno} uses {ast.unparse(node)}"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and _is_private(node.attr) and _root_name(node.value) in imported
+        ]
+    return found
+
+
+def test_no_module_imports_or_uses_another_modules_private_name():
+    """A name another module needs is public: config/designs.py once built its designs from four private
+    helpers of config/prompts.py, and tools/bench_llamacpp.py timed with two of tools/bench.py's."""
+    assert not _private_names_used_across_modules(), "\n".join(_private_names_used_across_modules())
+
+
 def test_the_import_graph_has_no_cycle_and_keeps_the_layer_contracts():
     """grimp's graph (it reads imports inside functions too) has no strongly connected component of
     more than one module, and lint-imports keeps pyproject.toml's contracts: the layers, no stage

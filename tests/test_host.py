@@ -24,9 +24,9 @@ from storybias.engines import (
     EngineError,
     EngineInfo,
     host,
+    local_servers,
     open_engine,
     open_stage_engine,
-    serve,
 )
 
 
@@ -136,7 +136,7 @@ def test_a_wrong_key_is_refused_and_the_host_serves_on(hosted):
 @pytest.fixture
 def run(tmp_path, monkeypatch):
     monkeypatch.setenv("STORYBIAS_DATA", str(tmp_path / "data"))
-    monkeypatch.delenv(serve.OWNER_VARIABLE, raising=False)
+    monkeypatch.delenv(local_servers.OWNER_VARIABLE, raising=False)
     return "host-test"
 
 
@@ -144,10 +144,10 @@ def test_a_registered_host_is_found_under_its_name_and_by_its_weights(run):
     spec = ModelSpec(name="writer", source="embedded")
     reader = ModelSpec(name="reader", source="embedded")  # same weights, another name
     other = ModelSpec(name="small", source="embedded", embedded="qwen2.5-coder-0.5b")
-    serve.register_host(run, spec, {"kind": "host", "address": "\0x", "authkey": "00", "pid": os.getpid()})
-    assert serve.lookup(run, spec)["address"] == "\0x"
-    assert serve.lookup(run, reader)["address"] == "\0x"
-    assert serve.lookup(run, other) is None
+    local_servers.register_host(run, spec, {"kind": "host", "address": "\0x", "authkey": "00", "pid": os.getpid()})
+    assert local_servers.lookup(run, spec)["address"] == "\0x"
+    assert local_servers.lookup(run, reader)["address"] == "\0x"
+    assert local_servers.lookup(run, other) is None
     engine = open_engine(reader, EngineSettings(), 1, run_name=run)
     assert isinstance(engine, host.HostedEngine) and engine.entry["address"] == "\0x"
 
@@ -155,13 +155,13 @@ def test_a_registered_host_is_found_under_its_name_and_by_its_weights(run):
 def test_a_dead_host_is_not_used_and_outside_a_session_the_engine_is_in_process(run):
     spec = ModelSpec(name="writer", source="embedded")
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    serve.register_host(run, spec, {"kind": "host", "address": "\0x", "authkey": "00", "pid": int(dead.stdout)})
-    assert serve.lookup(run, spec) is None
+    local_servers.register_host(run, spec, {"kind": "host", "address": "\0x", "authkey": "00", "pid": int(dead.stdout)})
+    assert local_servers.lookup(run, spec) is None
     assert type(open_engine(spec, EngineSettings(), 1, run_name=run)).__name__ == "Engine"
 
 
 def test_inside_a_session_a_stage_starts_a_host(run, monkeypatch):
-    monkeypatch.setenv(serve.OWNER_VARIABLE, str(os.getpid()))
+    monkeypatch.setenv(local_servers.OWNER_VARIABLE, str(os.getpid()))
     engine = open_engine(ModelSpec(name="writer", source="embedded"), EngineSettings(), 1, run_name=run)
     assert isinstance(engine, host.HostedEngine) and engine.entry is None  # starts on entering
 
@@ -172,16 +172,16 @@ def test_only_a_model_another_stage_runs_gets_a_host_for_the_run(run, monkeypatc
     instead of one holding it idle through stages 03 to 08. A host already registered for it is used."""
     from storybias.config.params import load
 
-    monkeypatch.setenv(serve.OWNER_VARIABLE, str(os.getpid()))
+    monkeypatch.setenv(local_servers.OWNER_VARIABLE, str(os.getpid()))
     default = load(Path(__file__).resolve().parents[1] / "params" / "default.yaml")
     large, small = default.generation.models
-    assert serve.run_by_several_stages(default.profile, large)
-    assert not serve.run_by_several_stages(default.profile, small)
+    assert local_servers.run_by_several_stages(default.profile, large)
+    assert not local_servers.run_by_several_stages(default.profile, small)
     shared, own = open_stage_engine(default, large, 1), open_stage_engine(default, small, 1)
     assert isinstance(shared, host.HostedEngine) and not shared.private
     assert isinstance(own, host.HostedEngine) and own.private
     entry = {"kind": "host", "address": "\0s", "authkey": "00", "pid": os.getpid()}
-    serve.register_host(default.run_name, small, entry)
+    local_servers.register_host(default.run_name, small, entry)
     engine = open_stage_engine(default, small, 1)
     assert isinstance(engine, host.HostedEngine) and engine.entry["address"] == "\0s" and not engine.private
 
@@ -235,28 +235,28 @@ def test_a_stage_s_own_host_is_owned_by_the_stage_and_gone_when_it_closes(run, m
     dies. The shared host, started the same way, stays registered for the run."""
     owner_file = tmp_path / "owner"
     monkeypatch.setattr(host, "host_command", stand_in_command(owner_file))
-    monkeypatch.setenv(serve.OWNER_VARIABLE, "1")  # the with-servers process: not this one
+    monkeypatch.setenv(local_servers.OWNER_VARIABLE, "1")  # the with-servers process: not this one
     spec = ModelSpec(name="small", source="embedded", embedded="qwen2.5-coder-0.5b")
     with open_engine(spec, EngineSettings(), 1, run_name=run, shared=False) as engine:
         pid = engine.entry["pid"]
-        assert serve.pid_alive(pid) and serve.read_registry(run) == {}
+        assert local_servers.pid_alive(pid) and local_servers.read_registry(run) == {}
         assert [r.text for r in engine.stream(requests(2))] == ["text of k0", "text of k1"]
     assert int(owner_file.read_text()) == os.getpid()
-    assert not serve.pid_alive(pid), "the stage's own host outlived its engine"
+    assert not local_servers.pid_alive(pid), "the stage's own host outlived its engine"
     assert not Path(f"/proc/{pid}").exists(), "its exit status was collected (no zombie)"
     shared = open_engine(spec, EngineSettings(), 1, run_name=run)
     with shared:
-        assert serve.lookup(run, spec)["pid"] == shared.entry["pid"]
-    assert int(owner_file.read_text()) == 1 and serve.pid_alive(shared.entry["pid"])
+        assert local_servers.lookup(run, spec)["pid"] == shared.entry["pid"]
+    assert int(owner_file.read_text()) == 1 and local_servers.pid_alive(shared.entry["pid"])
     pid = shared.entry["pid"]
-    serve.stop_pid_group(pid, reap=lambda: host._reap(pid))
+    local_servers.stop_pid_group(pid, reap=lambda: host._reap(pid))
 
 
 def test_a_stage_s_own_host_that_fails_to_answer_is_stopped_too(run, monkeypatch, tmp_path):
     """The host started, but its first answer is an error: the stage gets the error, and the host it
     started for itself does not live on holding the model until the stage's process ends."""
     monkeypatch.setattr(host, "host_command", stand_in_command(tmp_path / "owner", "refuse"))
-    monkeypatch.setenv(serve.OWNER_VARIABLE, "1")
+    monkeypatch.setenv(local_servers.OWNER_VARIABLE, "1")
     started: list[int] = []
     real_start = host.start_host
 
@@ -271,7 +271,7 @@ def test_a_stage_s_own_host_that_fails_to_answer_is_stopped_too(run, monkeypatch
         with open_engine(spec, EngineSettings(), 1, run_name=run, shared=False):
             pass
     [pid] = started
-    assert not serve.pid_alive(pid), "the stage's own host outlived a failed start"
+    assert not local_servers.pid_alive(pid), "the stage's own host outlived a failed start"
 
 
 def _profile(tmp_path: Path, kind: str):
@@ -291,18 +291,19 @@ def test_with_servers_lends_its_pid_to_the_command_and_stops_the_hosts_started_u
     script = (
         "import os, subprocess, sys, time\n"
         "from storybias.config.params import ModelSpec\n"
-        "from storybias.engines import serve\n"
+        "from storybias.engines import local_servers\n"
         "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'], start_new_session=True)\n"
-        f"serve.register_host({params.run_name!r}, ModelSpec(name='qwen2.5-coder-1.5b', source='embedded'),"
+        f"local_servers.register_host({params.run_name!r}, ModelSpec(name='qwen2.5-coder-1.5b', source='embedded'),"
         " {'kind': 'host', 'address': '\\0y', 'authkey': '00', 'pid': p.pid})\n"
-        f"open({str(tmp_path / 'seen')!r}, 'w').write(os.environ['{serve.OWNER_VARIABLE}'] + ' ' + str(p.pid))\n"
+        f"open({str(tmp_path / 'seen')!r}, 'w')"
+        f".write(os.environ['{local_servers.OWNER_VARIABLE}'] + ' ' + str(p.pid))\n"
     )
     logged: list[str] = []
-    assert serve.with_servers(params, [sys.executable, "-c", script], log=logged.append) == 0
+    assert local_servers.with_servers(params, [sys.executable, "-c", script], log=logged.append) == 0
     owner, pid = map(int, (tmp_path / "seen").read_text().split())
     assert owner == os.getpid()
-    assert not serve.pid_alive(pid), "the host outlived its run"
-    assert serve.read_registry(params.run_name) == {}
+    assert not local_servers.pid_alive(pid), "the host outlived its run"
+    assert local_servers.read_registry(params.run_name) == {}
     assert any("stopped 1 model host" in line for line in logged)
 
 

@@ -9,9 +9,9 @@ import yaml
 
 from storybias.config import params
 from storybias.core import paths
-from storybias.evidence import human_files, ratings
-from storybias.evidence.extraction_validation import EXTRACTION_VALIDATION
-from storybias.evidence.validation_ratings import LABEL_RATINGS, MARKER_RATINGS
+from storybias.evidence import harm_ratings, human_files
+from storybias.evidence.judgement_ratings import LABEL_RATINGS, MARKER_RATINGS
+from storybias.evidence.support_ratings import SUPPORT_RATINGS
 
 RATINGS = "association_id,rater_id,harm,realism\n"
 
@@ -26,29 +26,29 @@ def test_what_the_check_accepts_the_stage_reads(tmp_path):
     # a line of empty cells in the middle of a ratings file: blank for the check and for the reader alike
     # (the former loader read it as a rating with harm '' after the validator had passed it)
     path = write(tmp_path, RATINGS + "a|1|b|2,r1,4,yes\n,,,\na|1|b|2,r2,5,no\n")
-    assert ratings.validate_human_ratings(path) == []
-    frame = ratings.load_human_ratings(path)
+    assert harm_ratings.validate_human_ratings(path) == []
+    frame = harm_ratings.load_human_ratings(path)
     assert frame["rater_id"].tolist() == ["r1", "r2"] and frame["harm"].tolist() == [4, 5]
 
 
 def test_one_rater_rating_one_association_twice_is_refused(tmp_path):
     path = write(tmp_path, RATINGS + "a|1|b|2,r1,4,yes\na|1|b|3,r1,2,no\na|1|b|2,r1,5,yes\n")
-    problems = ratings.validate_human_ratings(path)
+    problems = harm_ratings.validate_human_ratings(path)
     assert problems == [
         f"{path}: row 4, column rater_id: a second rating of association_id 'a|1|b|2', rater_id 'r1' (first on row 2)"
     ]
     with pytest.raises(ValueError, match="row 4, column rater_id"):
-        ratings.load_human_ratings(path)
+        harm_ratings.load_human_ratings(path)
 
 
 def test_a_long_cell_is_shortened_in_the_message(tmp_path):
     path = write(tmp_path, RATINGS + "a|1|b|2,r1," + "9" * 5000 + ",yes\n")
-    (problem,) = ratings.validate_human_ratings(path)
+    (problem,) = harm_ratings.validate_human_ratings(path)
     assert "row 2, column harm: '999" in problem and "...' is not an integer from 1 to 5" in problem
     assert len(problem) < len(str(path)) + 200
 
 
-@pytest.mark.parametrize("spec", [ratings.HUMAN_RATINGS, EXTRACTION_VALIDATION, MARKER_RATINGS, LABEL_RATINGS])
+@pytest.mark.parametrize("spec", [harm_ratings.HUMAN_RATINGS, SUPPORT_RATINGS, MARKER_RATINGS, LABEL_RATINGS])
 def test_every_file_kind_refuses_a_missing_column_and_a_wrong_width_row_the_same_way(tmp_path, spec):
     header = ",".join(c.name for c in spec.columns if not c.optional)
     short = write(tmp_path, ",".join(header.split(",")[:-1]) + "\nx\n", "short.csv")

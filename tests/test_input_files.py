@@ -21,9 +21,9 @@ from storybias.config import params
 from storybias.core import artifacts, paths
 from storybias.core.inputs import MAX_MESSAGE, MAX_SHOWN, TableFileError, read_text_columns, shown, table_header
 from storybias.evidence import questions
-from storybias.evidence.labels import PublishedFormatError
-from storybias.evidence.ratings import load_human_ratings, validate_human_ratings
+from storybias.evidence.harm_ratings import load_human_ratings, validate_human_ratings
 from storybias.evidence.released_associations import POOL_FILE, load_associations
+from storybias.evidence.stereotales_taxonomy import PublishedFormatError
 from storybias.stages import extract, generate
 from storybias.stages import filter as filter_stage
 from storybias.stages.generate.corpus import CorpusError

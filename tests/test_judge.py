@@ -12,9 +12,9 @@ import yaml
 
 from storybias.config import params
 from storybias.core import paths
-from storybias.evidence import ratings
-from storybias.evidence.labels import reference_label
+from storybias.evidence import harm_ratings
 from storybias.evidence.released_associations import load_associations
+from storybias.evidence.stereotales_taxonomy import reference_label
 from storybias.stages import associations as A
 from storybias.stages.associations import human as H
 from storybias.stages.associations import judge
@@ -321,27 +321,27 @@ def _csv(tmp_path, text: str, name: str = "human.csv"):
 def test_empty_human_ratings_file_names_the_file(tmp_path):
     path = _csv(tmp_path, "")
     with pytest.raises(ValueError, match=r"human\.csv: the file is empty"):
-        ratings.load_human_ratings(path)
-    assert "no rating below the header" in ratings.validate_human_ratings(_csv(tmp_path, HEADER, "h.csv"))[0]
+        harm_ratings.load_human_ratings(path)
+    assert "no rating below the header" in harm_ratings.validate_human_ratings(_csv(tmp_path, HEADER, "h.csv"))[0]
 
 
 def test_extra_field_is_reported_with_file_and_row(tmp_path):
     path = _csv(tmp_path, HEADER + "a|1|b|2,r1,4,yes\na|1|b|2,r2,4,yes,extra\n")
     with pytest.raises(ValueError, match=r"human\.csv: row 3: 5 fields, the header has 4"):
-        ratings.load_human_ratings(path)
+        harm_ratings.load_human_ratings(path)
     header = _csv(tmp_path, "association_id,rater_id,harm,realism,comment\na|1|b|2,r1,4,yes,ok\n", "x.csv")
-    assert "row 1 (header): unknown column(s) 'comment'" in ratings.validate_human_ratings(header)[0]
+    assert "row 1 (header): unknown column(s) 'comment'" in harm_ratings.validate_human_ratings(header)[0]
 
 
 def test_boolean_or_fractional_harm_is_rejected(tmp_path):
     path = _csv(tmp_path, HEADER + "a|1|b|2,r1,True,yes\na|1|b|2,r2,4.0,yes\na|1|b|2,r3,4,sure\nabc,r4,3,no\n")
-    problems = ratings.validate_human_ratings(path)
+    problems = harm_ratings.validate_human_ratings(path)
     assert any("row 2, column harm: 'True' is not an integer from 1 to 5" in p for p in problems)
     assert any("row 3, column harm: '4.0'" in p for p in problems)
     assert any("row 4, column realism: 'sure'" in p for p in problems)
     assert any("row 5, column association_id: 'abc'" in p for p in problems)
     assert all(p.startswith(str(path)) for p in problems)
-    good = ratings.load_human_ratings(_csv(tmp_path, HEADER + "a|1|b|2, r1 ,4,yes\n", "g.csv"))
+    good = harm_ratings.load_human_ratings(_csv(tmp_path, HEADER + "a|1|b|2, r1 ,4,yes\n", "g.csv"))
     assert good["harm"].tolist() == [4] and good["harm"].dtype == np.int64 and good["rater_id"].tolist() == ["r1"]
 
 

@@ -18,7 +18,7 @@ from storybias.config import models
 from storybias.config.llamacpp import LlamaCppSettings
 from storybias.config.params import EngineSettings, ModelSpec, ParamsError, Sampling, load
 from storybias.core import paths
-from storybias.engines import LlamaServerEngine, llamacpp, open_engine, serve, served, server_starter
+from storybias.engines import LlamaServerEngine, llamacpp, local_servers, open_engine, openai_endpoint, server_starter
 from storybias.engines.base import ChatRequest
 from storybias.engines.cache import engine_identity
 from storybias.engines.llamacpp import server_command, server_environment
@@ -96,7 +96,7 @@ def test_threads_default_to_every_core_and_a_chat_template_file_is_passed(monkey
 
 # --- the request body ----------------------------------------------------------------------------
 
-ENDPOINT = served.Endpoint(
+ENDPOINT = openai_endpoint.Endpoint(
     name="m", base_url="http://127.0.0.1:1/v1", model_id="m", constraints="llama.cpp", context_tokens=2048
 )
 SAMPLING = Sampling(temperature=0.7, top_p=0.9, top_k=-1, repetition_penalty=1.1, max_tokens=64)
@@ -104,7 +104,7 @@ SAMPLING = Sampling(temperature=0.7, top_p=0.9, top_k=-1, repetition_penalty=1.1
 
 def test_a_choice_becomes_a_grammar_of_exactly_the_strings_and_sampling_takes_llama_cpps_names():
     request = ChatRequest("k", [{"role": "user", "content": "?"}], SAMPLING, seed=3, choice=["yes", 'say "no"'])
-    kwargs = served.request_kwargs(ENDPOINT, request)
+    kwargs = openai_endpoint.request_kwargs(ENDPOINT, request)
     body = kwargs["extra_body"]
     assert body["grammar"] == 'root ::= "yes" | "say \\"no\\""'
     assert "structured_outputs" not in body and "response_format" not in kwargs
@@ -118,7 +118,7 @@ def test_a_json_schema_goes_in_response_format_and_ignore_eos_is_passed():
     request = ChatRequest(
         "k", [{"role": "user", "content": "?"}], SAMPLING, seed=3, json_schema=schema, ignore_eos=True
     )
-    kwargs = served.request_kwargs(ENDPOINT, request)
+    kwargs = openai_endpoint.request_kwargs(ENDPOINT, request)
     assert kwargs["response_format"] == {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
     assert kwargs["extra_body"]["ignore_eos"] is True and "grammar" not in kwargs["extra_body"]
 
@@ -189,12 +189,12 @@ def test_open_engine_uses_the_runs_llama_server_in_its_dialect_else_starts_its_o
         "kind": "llama.cpp",
         "constraints": "llama.cpp",
         "max_concurrency": 3,
-        "serve_key": serve.serve_key(SPEC),
+        "serve_key": local_servers.serve_key(SPEC),
     }
-    serve.write_registry("r", {SPEC.name: entry})
-    monkeypatch.setattr(serve, "health_ok", lambda url, timeout=3.0: True)
+    local_servers.write_registry("r", {SPEC.name: entry})
+    monkeypatch.setattr(local_servers, "health_ok", lambda url, timeout=3.0: True)
     engine = open_engine(SPEC, settings, 1, run_name="r")
-    assert isinstance(engine, served.OpenAIEngine)
+    assert isinstance(engine, openai_endpoint.OpenAIEngine)
     assert engine.endpoint.constraints == "llama.cpp" and engine.endpoint.max_concurrency == 3
     assert not engine.endpoint.top_k_first
 
@@ -321,22 +321,22 @@ def test_an_engine_without_a_run_server_starts_its_own_and_stops_it(stand_in, tm
     argv, body = _seen(stand_in)[0]["argv"], _seen(stand_in)[1]["body"]
     assert argv[argv.index("--model") + 1] == str(tmp_path / "model.gguf") and argv[argv.index("--parallel") + 1] == "2"
     assert body["grammar"] == 'root ::= "left" | "right"' and body["repeat_last_n"] == SPEC.max_model_len
-    assert not serve.pid_alive(pid), "the engine's own server is stopped when the engine closes"
+    assert not local_servers.pid_alive(pid), "the engine's own server is stopped when the engine closes"
 
 
 def test_with_servers_registers_one_llama_server_in_its_dialect_and_stops_it(stand_in, tmp_path):
     p = load(_profile(tmp_path, {"llama_cpp": {"parallel": 3, "threads": 1}}))
     out = tmp_path / "entries.json"
     probe = (
-        "import json; from storybias.config import checks, params; from storybias.engines import serve; "
+        "import json; from storybias.config import checks, params; from storybias.engines import local_servers; "
         f"p = params.load({str(p.source)!r}); "
-        "entries = {m.name: serve.lookup(p.run_name, m) for m in checks.local_models(p.profile)}; "
+        "entries = {m.name: local_servers.lookup(p.run_name, m) for m in checks.local_models(p.profile)}; "
         f"json.dump(entries, open({str(out)!r}, 'w'))"
     )
-    code = serve.with_servers(
+    code = local_servers.with_servers(
         p, [sys.executable, "-c", probe], log=lambda m: None, start=server_starter(p.generation.engine)
     )
     assert code == 0
     [entry] = json.loads(out.read_text()).values()
     assert entry["kind"] == "llama.cpp" and entry["constraints"] == "llama.cpp" and entry["max_concurrency"] == 3
-    assert not serve.pid_alive(entry["pid"]) and not serve.registry_path(p.run_name).exists()
+    assert not local_servers.pid_alive(entry["pid"]) and not local_servers.registry_path(p.run_name).exists()

@@ -33,7 +33,7 @@ from storybias.config import params
 from storybias.config.llamacpp import server_binary
 from storybias.config.params import Sampling
 from storybias.core import paths
-from storybias.engines import ChatRequest, EngineError, serve, served
+from storybias.engines import ChatRequest, EngineError, local_servers, openai_endpoint
 from storybias.engines.llamacpp import LlamaServer, start_llama_server
 from storybias.stages import associations, extract, filter, generate
 
@@ -100,7 +100,9 @@ def llama(tmp_path_factory):
     p = params.load(path)
     spec = p.generation.models[0]
     server = start_llama_server(spec, p.generation.engine, 42, p.run_name, log_dir=folder, log=lambda m: None)
-    serve.write_registry(p.run_name, {spec.name: {**server.entry(), "serve_key": serve.serve_key(spec)}})
+    local_servers.write_registry(
+        p.run_name, {spec.name: {**server.entry(), "serve_key": local_servers.serve_key(spec)}}
+    )
     try:
         yield server, p, folder
     finally:
@@ -113,7 +115,7 @@ def llama(tmp_path_factory):
 
 def _ask(server: LlamaServer, p: params.Params, requests: list[ChatRequest]) -> dict[str, str]:
     spec = p.generation.models[0]
-    with served.OpenAIEngine.for_local_server(spec, server.entry(), p.generation.engine, 1) as engine:
+    with openai_endpoint.OpenAIEngine.for_local_server(spec, server.entry(), p.generation.engine, 1) as engine:
         results = {r.key: r for r in engine.stream(requests)}
     assert all(r.error is None for r in results.values()), results
     return {k: r.text for k, r in results.items()}
@@ -148,7 +150,7 @@ def test_a_request_longer_than_a_slot_is_refused_before_anything_is_sent(llama):
     sampling = Sampling(temperature=0.0, top_p=1.0, top_k=0, repetition_penalty=1.0, max_tokens=64)
     long_prompt = [{"role": "user", "content": "Summarise: " + "the quiet harbour at dawn " * 150}]
     try:
-        with served.OpenAIEngine.for_local_server(spec, server.entry(), small, 1) as engine:
+        with openai_endpoint.OpenAIEngine.for_local_server(spec, server.entry(), small, 1) as engine:
             with pytest.raises(EngineError) as refused:
                 list(engine.stream([ChatRequest("long", long_prompt, sampling, seed=1)]))
         asked = Request(f"{server.base_url.removesuffix('/v1')}/slots")
@@ -189,8 +191,8 @@ def test_server_killed_mid_generation_then_the_rerun_loses_nothing(llama):
         update={"llama_cpp": p.generation.engine.llama_cpp.model_copy(update={"parallel": 2, "ctx_size": 8192})}
     )
     server = start_llama_server(spec, engine, 42, p.run_name, log_dir=folder, log=lambda m: None)
-    entry = {**server.entry(), "serve_key": serve.serve_key(spec)}
-    serve.write_registry(p.run_name, {spec.name: entry})
+    entry = {**server.entry(), "serve_key": local_servers.serve_key(spec)}
+    local_servers.write_registry(p.run_name, {spec.name: entry})
     data, env = paths.run_dir(p.run_name), dict(os.environ)
     with open(folder / "kill.log", "w") as log:
         proc = subprocess.Popen(
@@ -209,7 +211,7 @@ def test_server_killed_mid_generation_then_the_rerun_loses_nothing(llama):
     before = pd.concat([pq.read_table(s).to_pandas() for s in parts], ignore_index=True)
     assert before["logical_key"].is_unique and len(before) < len(generate.plan(p))
 
-    serve.write_registry(p.run_name, {})
+    local_servers.write_registry(p.run_name, {})
     done = subprocess.run(
         [sys.executable, "-m", "storybias.cli", "generate", str(path)],
         cwd=ROOT,

@@ -96,7 +96,7 @@ ALLOWED: dict[str, dict[str, str]] = {
         "0.0415": "Feng et al. Table 2: the raw p behind the adjusted 0.047",
     },
     "probes": {
-        "more than half": "storybias' definition of a clear majority of ratings (stages/probes/validation.py)",
+        "more than half": "storybias' definition of a clear majority of ratings (stages/probes/judgement_agreement.py)",
         "80.0": "Feng et al. App. D.2: human endorsement of the keep decisions",
         "0.1": "Feng et al. App. D.4: UMAP min_dist (probes.umap.min_dist)",
         "3.28": "Feng et al. App. D.2.1: self-context advantage on the high-agreement markers",

@@ -17,7 +17,7 @@ import yaml
 from storybias.config import params
 from storybias.config.lenses import lens_shortfalls
 from storybias.core import paths
-from storybias.evidence.labels import reference_taxonomy
+from storybias.evidence.stereotales_taxonomy import reference_taxonomy
 from storybias.stages import associations as A
 from storybias.stages import generate
 from storybias.stages.associations import judge as J

@@ -102,8 +102,8 @@ def test_every_storybias_yaml_file_goes_through_the_one_loader(tmp_path):
     # no shipped file needs an alias or deeper nesting: every one of them still loads
     for path in sorted((ROOT / "params").rglob("*.yaml")):
         io.read_yaml_strict(path)
-    # the taxonomy (storybias.evidence.labels) reads reference.yaml through it too
-    source = (ROOT / "lib" / "storybias" / "evidence" / "labels.py").read_text()
+    # the taxonomy (storybias.evidence.stereotales_taxonomy) reads reference.yaml through it too
+    source = (ROOT / "lib" / "storybias" / "evidence" / "stereotales_taxonomy.py").read_text()
     assert "read_yaml_strict(" in source and "yaml.safe_load" not in source
 
 

@@ -295,7 +295,7 @@ def test_bedtime_template_names_the_nationality_twice(language):
     first = {d: next(iter(values[d].values())) for d in ("religion", "social_class")}
     for parent in values["parent_role"].values():
         for child in values["child_gender"].values():
-            text = prompts._template(loc["template"]).render(
+            text = prompts.jinja_template(loc["template"]).render(
                 parent_role=parent, nationality=fake, child_gender=child, **first
             )
             sentences = [t for t in re.split(r"[.。।]", text) if marker in t]

@@ -11,7 +11,7 @@ import yaml
 from storybias.config import params, prompts
 from storybias.config.params import ParamsError
 from storybias.core import paths
-from storybias.evidence import labels, questions
+from storybias.evidence import questions, stereotales_taxonomy
 from storybias.evidence.released_associations import load_associations
 from storybias.stages.associations.comparison import PooledScope, compare_published, comparison_counts
 from storybias.stages.extract import answers as extract
@@ -125,7 +125,7 @@ def test_every_reference_label_maps_onto_exactly_one_canonical_key(tmp_path):
         expected = set(extract.allowed_values(attribute)) - {"unknown"}
         assert set(keys) == expected, f"{attribute}: {sorted(set(keys) ^ expected)}"
     for (attribute, label), key in SHORT_FORMS.items():
-        assert labels.canonical_value(attribute, label) == key
+        assert stereotales_taxonomy.canonical_value(attribute, label) == key
     assert sum(len(v) for v in spec["dimensions"].values()) == 79
 
 
@@ -137,7 +137,7 @@ def test_a_label_outside_the_taxonomy_is_reported_with_file_record_and_field(tmp
             _record("b", ("sexual_orientation", "gay"), ("age", "adult (30-44)")),
         ],
     )
-    with pytest.raises(labels.PublishedFormatError) as err:
+    with pytest.raises(stereotales_taxonomy.PublishedFormatError) as err:
         questions.load_questions(path)
     message = str(err.value)
     assert str(path) in message and "record 1 (question_id b)" in message and "field base_attribute" in message
@@ -157,7 +157,9 @@ def test_a_label_outside_the_taxonomy_is_reported_with_file_record_and_field(tmp
 def test_malformed_records_are_rejected(tmp_path, mutate, field):
     record = _record("x", ("gender", "woman"), ("age", "adult (30-44)"))
     mutate(record)
-    with pytest.raises(labels.PublishedFormatError, match=rf"record 0.*field {field.replace('.', '[.]')}"):
+    with pytest.raises(
+        stereotales_taxonomy.PublishedFormatError, match=rf"record 0.*field {field.replace('.', '[.]')}"
+    ):
         questions.load_questions(_write(tmp_path, [record]))
 
 
@@ -167,7 +169,7 @@ def _run(rows):
     lift); the pair's table holds the rows and columns its cells name."""
     cells = pd.DataFrame(
         rows,
-        columns=["model", "scope", *labels.ASSOCIATION_KEY, "pair_p", "effect", "p_adjusted", "lift"],
+        columns=["model", "scope", *stereotales_taxonomy.ASSOCIATION_KEY, "pair_p", "effect", "p_adjusted", "lift"],
     )
     pair = ["model", "scope", "base_attribute", "compared_attribute"]
     attributes = []

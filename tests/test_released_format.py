@@ -15,7 +15,6 @@ from pydantic import BaseModel, ConfigDict
 
 from storybias.config import params
 from storybias.core import artifacts, paths
-from storybias.evidence.labels import PublishedFormatError
 from storybias.evidence.released_associations import (
     RELEASE_CODE,
     RELEASED_LANGUAGES,
@@ -23,6 +22,7 @@ from storybias.evidence.released_associations import (
     load_released_pairs,
     published_pool,
 )
+from storybias.evidence.stereotales_taxonomy import PublishedFormatError
 from storybias.stages import associations as A
 from storybias.stages.associations import judge as J
 from storybias.stages.extract import answers as extract

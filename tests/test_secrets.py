@@ -21,7 +21,7 @@ from stage_notebooks import tiny_stage_notebook
 from storybias.config import checks, params
 from storybias.config.params import ModelSpec
 from storybias.core import paths, secrets
-from storybias.engines import EngineError, served
+from storybias.engines import EngineError, openai_endpoint
 from storybias.tools.notebook_runner import run_stage
 
 ROOT = paths.repo_root()
@@ -76,10 +76,10 @@ def test_the_engine_refuses_a_key_with_a_newline_before_any_request(monkeypatch)
         name="api", source="openai", base_url="http://127.0.0.1:9/v1", model_id="m-1", api_key_env="STORYBIAS_TEST_KEY"
     )
     with pytest.raises(EngineError) as exc:
-        served.endpoint_of(spec)
+        openai_endpoint.endpoint_of(spec)
     assert "STORYBIAS_TEST_KEY" in str(exc.value) and SECRET not in str(exc.value)
     monkeypatch.setenv("STORYBIAS_TEST_KEY", SECRET)
-    assert SECRET not in repr(served.endpoint_of(spec)), "the endpoint's repr holds no key"
+    assert SECRET not in repr(openai_endpoint.endpoint_of(spec)), "the endpoint's repr holds no key"
 
 
 def test_client_errors_quoting_a_header_are_scrubbed():
@@ -92,10 +92,10 @@ def test_client_errors_quoting_a_header_are_scrubbed():
         body=None,
     )
     for exc in (connection, status, httpx.LocalProtocolError(quoted)):
-        text = served._describe(exc)
+        text = openai_endpoint._describe(exc)
         assert SECRET not in text and secrets.SCRUBBED in text, text
-    endpoint = served.Endpoint(name="api", base_url="http://x/v1", model_id="m", api_key=SECRET)
-    raised = served._without_key(RuntimeError(f"boom {SECRET!r}"), endpoint)
+    endpoint = openai_endpoint.Endpoint(name="api", base_url="http://x/v1", model_id="m", api_key=SECRET)
+    raised = openai_endpoint._without_key(RuntimeError(f"boom {SECRET!r}"), endpoint)
     assert isinstance(raised, EngineError) and SECRET not in str(raised)
 
 

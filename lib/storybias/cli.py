@@ -7,7 +7,8 @@ check-params PARAMS        validate a profile (exit 2 with the problems, naming 
                            served models, the requests and tokens the run will ask for (its cost when priced)
 with-servers PARAMS -- CMD ...   run CMD with each local model of the profile loaded once and kept up (a
                            model host started by the first stage that needs it, storybias.engines.host, or
-                           a vLLM server, storybias.engines.serve), stopped when CMD ends, fails or is interrupted
+                           a vLLM server, storybias.engines.local_servers), stopped when CMD ends, fails or is
+                           interrupted
 hold-run PARAMS -- CMD ...  run CMD (Make's sub-make of a stage goal or of the paper) holding the run's lock
                            from its first stage to its last; the stages inherit it, clean-run is refused
 serve-mode PARAMS          print 1 when the profile keeps its models up across stages (shared_server), else 0
@@ -72,7 +73,7 @@ from storybias.core.make_rules import stages_mk
 from storybias.core.registry_docs import data_contract, stage_table
 from storybias.core.run_folders import RunFolderError, claim
 from storybias.engines import EngineError, server_starter
-from storybias.engines.serve import ServerError, with_servers
+from storybias.engines.local_servers import ServerError, with_servers
 from storybias.stages import generate
 from storybias.stages.associations.power import format_planned, planned_power
 from storybias.stages.associations.tables import MIN_ROW_TOTAL
@@ -128,7 +129,7 @@ def _add_bench_commands(sub: argparse._SubParsersAction) -> None:
     bench.add_argument(
         "--served",
         action="store_true",
-        help="compare the in-process engine with the local vLLM server over HTTP (storybias.engines.serve)",
+        help="compare the in-process engine with the local vLLM server over HTTP (storybias.engines.local_servers)",
     )
     bench.add_argument(
         "--llama-cpp",

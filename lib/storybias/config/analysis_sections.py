@@ -146,8 +146,9 @@ class UmapSettings(Strict):
 
 
 class HumanValidationSettings(Strict):
-    """Human validation of the automated judgements (Feng et al. App. D.2; ``storybias.stages.probes.validation``).
-    Each CSV is optional (null: the statistics are not computed) and is checked before stage 06 works."""
+    """Human validation of the automated judgements (Feng et al. App. D.2;
+    ``storybias.stages.probes.judgement_agreement``). Each CSV is optional (null: the statistics are not
+    computed) and is checked before stage 06 works."""
 
     markers: InputFile | None = None  # CSV: marker_id, language, rater_id, human (1-7), automated (1-7)[, keep]
     labels: InputFile | None = None  # CSV: item_id, language, genre (story/news), automated, rater_id, human

@@ -39,8 +39,8 @@ from storybias.config.prompts import (
     BUILTIN,
     Cell,
     DesignError,
-    _template,
     design_dir,
+    jinja_template,
     load_design,
     load_localization,
     localization_path,
@@ -82,7 +82,7 @@ def _grid_render(cell: Cell, language: str) -> str:
 
     loc = load_localization(cell.design, language)
     dims = [c.removeprefix("cond_") for c in cell.conditions]
-    return _template(loc["template"]).render(**{d: loc["values"][d][cell.conditions[f"cond_{d}"]] for d in dims})
+    return jinja_template(loc["template"]).render(**{d: loc["values"][d][cell.conditions[f"cond_{d}"]] for d in dims})
 
 
 _BEDTIME_ORDER = ("parent_role", "nationality", "religion", "social_class", "child_gender")
@@ -93,8 +93,8 @@ def _builtin(name: str) -> Design:
     if name == "stereotales":
         return Design(
             name,
-            prompts._stereotales_cells,
-            prompts._render_stereotales,
+            prompts.stereotales_cells,
+            prompts.render_stereotales,
             prompts.CONDITION_COLUMNS[name],
             None,
             ("demographics", "narrative", "markers"),
@@ -114,8 +114,8 @@ def _builtin(name: str) -> Design:
         )
     return Design(
         name,
-        prompts._occupations_cells,
-        prompts._render_occupations,
+        prompts.occupations_cells,
+        prompts.render_occupations,
         prompts.CONDITION_COLUMNS[name],
         None,
         ("demographics", "narrative", "markers"),

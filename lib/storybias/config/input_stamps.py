@@ -33,8 +33,8 @@ from storybias.config.story_sections import INPUT_FILE
 from storybias.core import paths
 from storybias.core.artifacts import STAGE_BY_TOKEN
 from storybias.core.fingerprint import FileHashes
-from storybias.evidence.labels import PublishedFormatError
 from storybias.evidence.released_associations import published_files
+from storybias.evidence.stereotales_taxonomy import PublishedFormatError
 
 HASH_STORE = "input-hashes.json"  # in data/<run>/.params/, beside the stamps
 # "<stage>:<file>": set by run-stage for the stage's notebook; each profile load appends its digest to <file>

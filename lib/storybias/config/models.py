@@ -311,9 +311,8 @@ def prepare_embedded_models(
     each (as many as there are cores), and the others are returned as they are. The models of ``int8``
     get their int8 copy too (:func:`prepare_int8`), one after the other (each holds both copies in memory).
 
-    A conversion runs on one core: GGUF parsing in Python, then numpy dequantization. On 2 cores the 1.5B
-    and the 0.5B took 74 s side by side, against 66 s and 39 s one after the other (peaks of about 6 GB
-    and 3 GB of memory)."""
+    A conversion runs on one core (GGUF parsing in Python, then numpy dequantization), so on several cores
+    side by side is faster than one after the other (docs/benchmarks.md)."""
     missing = [key for key in dict.fromkeys(keys) if not embedded_ready(key)]
     workers = min(len(missing), os.cpu_count() or 1)
     if workers > 1:

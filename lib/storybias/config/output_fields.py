@@ -1,6 +1,6 @@
 """Which model and engine settings shape a stage's outputs, and which only how fast or how a model is
 reached: one classification, read by the answer cache's key (``storybias.engines.cache``), the local
-server's key (``storybias.engines.serve``) and the stage stamps that decide what Make reruns
+server's key (``storybias.engines.local_servers``) and the stage stamps that decide what Make reruns
 (``storybias.config.params.Params.stage_digest``). Every field of ``ModelSpec`` and ``EngineSettings`` is
 in exactly one class (tests/test_cache.py), so a new field has to be classified before it can be used.
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 # How every ModelSpec field bears on a model's identity: one classification, from which both the cache
 # key (what shapes an answer: OUTPUT_MODEL_FIELDS) and the local server key (which weights are loaded,
-# and how: SERVER_MODEL_FIELDS, storybias.engines.serve.serve_key) are derived. Every field is in exactly
+# and how: SERVER_MODEL_FIELDS, storybias.engines.local_servers.serve_key) are derived. Every field is in exactly
 # one class (tests/test_cache.py), so a new field has to be classified before it can be used.
 #
 # which weights are loaded and how they read a prompt: they shape the answers and make a server

@@ -74,12 +74,12 @@ from storybias.core.artifacts import STAGES
 from storybias.core.fingerprint import FileHashes
 from storybias.core.io import YamlRefusedError, read_yaml_strict
 from storybias.core.paths import RUN_NAME
-from storybias.evidence.extraction_validation import EXTRACTION_VALIDATION
+from storybias.evidence.harm_ratings import HUMAN_RATINGS
 from storybias.evidence.human_files import HumanFile, check_file
-from storybias.evidence.labels import PublishedFormatError
-from storybias.evidence.ratings import HUMAN_RATINGS
+from storybias.evidence.judgement_ratings import LABEL_RATINGS, MARKER_RATINGS
 from storybias.evidence.released_associations import RELEASED_LANGUAGES, load_associations
-from storybias.evidence.validation_ratings import LABEL_RATINGS, MARKER_RATINGS
+from storybias.evidence.stereotales_taxonomy import PublishedFormatError
+from storybias.evidence.support_ratings import SUPPORT_RATINGS
 
 __all__ = [
     # the sections (story_sections, analysis_sections) and their types
@@ -425,7 +425,7 @@ def _check_evidence_files(profile: Profile) -> list[str]:
     and label ratings: one checker, storybias.evidence.human_files) and the published associations: the
     files exist and are well formed, before any stage runs."""
     validation = profile.probes.human_validation
-    problems = _check_csv("extract.human_validation", profile.extract.human_validation, EXTRACTION_VALIDATION)
+    problems = _check_csv("extract.human_validation", profile.extract.human_validation, SUPPORT_RATINGS)
     problems += _check_csv("associations.human_ratings", profile.associations.human_ratings, HUMAN_RATINGS)
     problems += _check_csv("probes.human_validation.markers", validation.markers, MARKER_RATINGS)
     problems += _check_csv("probes.human_validation.labels", validation.labels, LABEL_RATINGS)

@@ -95,7 +95,8 @@ def load_localization(design: str, language: str) -> dict[str, Any]:
     return read_yaml_strict(path)
 
 
-def _stereotales_cells() -> list[Cell]:
+def stereotales_cells() -> list[Cell]:
+    """StereoTales' grid: one cell per attribute value x scenario (designs.py's ``stereotales`` design)."""
     spec = load_design("stereotales")
     cells = []
     for attribute, values in spec["dimensions"].items():
@@ -117,7 +118,8 @@ def _stereotales_cells() -> list[Cell]:
     return cells
 
 
-def _occupations_cells() -> list[Cell]:
+def occupations_cells() -> list[Cell]:
+    """Beyond Surface Cues' grid: one cell per occupation x task (designs.py's ``occupations`` design)."""
     spec = load_design("occupations")
     cells = []
     for occupation in spec["dimensions"]["occupation"]:
@@ -159,7 +161,8 @@ _JINJA = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False, 
 
 
 @cache
-def _template(source: str) -> jinja2.Template:
+def jinja_template(source: str) -> jinja2.Template:
+    """A prompt template compiled once (strict: an undefined variable is an error)."""
     return _JINJA.from_string(source)
 
 
@@ -184,16 +187,18 @@ def request_seed(base_seed: int, sid: str) -> int:
     return (base_seed + int(sid[:8], 16)) % (2**31 - 1)
 
 
-def _render_stereotales(cell: Cell, language: str) -> str:
+def render_stereotales(cell: Cell, language: str) -> str:
+    """The StereoTales prompt of ``cell`` in ``language``: its value and scenario in the localized template."""
     loc, c = load_localization(cell.design, language), cell.conditions
-    return _template(loc["template"]).render(
+    return jinja_template(loc["template"]).render(
         value=loc["values"][c["cond_attribute"]][c["cond_value"]], scenario=loc["scenarios"][c["cond_scenario"]]
     )
 
 
-def _render_occupations(cell: Cell, language: str) -> str:
+def render_occupations(cell: Cell, language: str) -> str:
+    """The occupations prompt of ``cell`` in ``language``: its task's template, occupation and labels."""
     loc, c = load_localization(cell.design, language), cell.conditions
-    return _template(loc["templates"][c["cond_task"]]).render(
+    return jinja_template(loc["templates"][c["cond_task"]]).render(
         occupation=loc["values"]["occupation"][c["cond_occupation"]], labels=list(loc["labels"].values())
     )
 

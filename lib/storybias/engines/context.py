@@ -198,7 +198,7 @@ def check_requests_fit(
 
 
 class ServedEndpoint(Protocol):
-    """What the checks need of a served model's endpoint (storybias.engines.served.Endpoint)."""
+    """What the checks need of a served model's endpoint (storybias.engines.openai_endpoint.Endpoint)."""
 
     @property
     def base_url(self) -> str: ...

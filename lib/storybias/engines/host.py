@@ -40,7 +40,7 @@ from storybias.config.params import EngineSettings, ModelSpec
 from storybias.core import run_folders
 from storybias.engines.base import ChatRequest, ChatResult, EngineError, EngineInfo
 from storybias.engines.inprocess import Engine
-from storybias.engines.serve import (
+from storybias.engines.local_servers import (
     OWNER_VARIABLE,
     pid_alive,
     preload_environment,
@@ -142,8 +142,8 @@ class HostedEngine:
     ``private``: a host for this engine alone, for a model no other stage of the run runs. It is owned by
     this process (it stops itself if this process dies), never registered, and stopped when the engine
     closes, so its memory is free for the next stages. A host rather than an engine in this process because
-    only a process that starts with ``LD_PRELOAD`` gets the preload: the default's 0.5B decoded at 190
-    tokens/s with it and 119 without (``make bench-engine`` trials, 2026-12-06)."""
+    only a process that starts with ``LD_PRELOAD`` gets the preload, which speeds the default's decoding
+    (``make bench-engine``; docs/benchmarks.md)."""
 
     def __init__(
         self,

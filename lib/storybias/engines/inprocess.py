@@ -26,7 +26,7 @@ from storybias.engines.base import (
     top_k_first,
     top_k_top_p_fields,
 )
-from storybias.engines.served import preflight_endpoint
+from storybias.engines.openai_endpoint import preflight_endpoint
 
 
 def cpu_core_list() -> str:

@@ -1,6 +1,6 @@
 """llama.cpp's ``llama-server`` as the run's local server (``generation.engine.shared_server_kind: llama.cpp``).
 
-Like the local vLLM server (storybias.engines.serve), ``with-servers`` starts one ``llama-server`` per
+Like the local vLLM server (storybias.engines.local_servers), ``with-servers`` starts one ``llama-server`` per
 distinct local model of the profile before the command, on 127.0.0.1, a free port and a random API key,
 records it in ``data/<run>/servers.json`` (with ``constraints: llama.cpp``, so the stages' client speaks its
 dialect: storybias.engines.llamacpp_dialect) and stops it when the command ends. Without ``with-servers``
@@ -29,7 +29,7 @@ from storybias.config.models import embedded_gguf, embedded_weights
 from storybias.config.params import EngineSettings, ModelSpec
 from storybias.core import paths, run_folders
 from storybias.engines.base import ChatRequest, ChatResult, EngineError, EngineInfo, record_start
-from storybias.engines.serve import (
+from storybias.engines.local_servers import (
     Server,
     ServerError,
     free_port,
@@ -37,7 +37,7 @@ from storybias.engines.serve import (
     launch_server,
     wait_until_ready,
 )
-from storybias.engines.served import OpenAIEngine
+from storybias.engines.openai_endpoint import OpenAIEngine
 
 START_TIMEOUT_S = 300.0  # a GGUF loads in seconds (mmap); the first start after a build may take longer
 

@@ -1,4 +1,4 @@
-"""How a request reads in llama.cpp's server dialect (``constraints: llama.cpp``; storybias.engines.served).
+"""How a request reads in llama.cpp's server dialect (``constraints: llama.cpp``; storybias.engines.openai_endpoint).
 
 llama-server's OpenAI-compatible ``/v1/chat/completions`` copies every body field it does not know as its
 own sampling parameter (llama.cpp's ``tools/server``: ``oaicompat_chat_params_parse``, then

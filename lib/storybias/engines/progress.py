@@ -29,7 +29,7 @@ What the engine says of its running sequences (``sequences_in_flight``, by reque
 vLLM engine reads each running request's tokens so far from its output processor (the model host
 forwards them); a served model's server counts them in all (vLLM's ``vllm:generation_tokens_total``) or
 per slot without naming the request (llama-server's ``/slots``; storybias.engines.server_metrics), so
-each request the client has sent and not received gets an equal share (storybias.engines.served). An
+each request the client has sent and not received gets an equal share (storybias.engines.openai_endpoint). An
 engine that tells only the sum (``tokens_in_flight``) gets the old form: every unfinished request's E[L]
 less the sum. One that tells nothing counts finished answers' tokens only, and the bar says so (``tok_s``
 of ``finished`` answers instead of the ``engine``'s).

@@ -12,7 +12,7 @@ label, with the average percentage and lift over the models that produced it (``
 
 :func:`load_questions` validates such a file before any work (an error names the file, the record and the
 field; NaN, infinite or out-of-range figures and spelled-out missing model names are refused) and maps every
-label onto storybias' canonical keys (``storybias.evidence.labels``). One association listed under several
+label onto storybias' canonical keys (``storybias.evidence.stereotales_taxonomy``). One association listed under several
 question ids (e.g. found by other models) becomes one row, counted once, naming every id (``question_ids``):
 its models together, its figures the records' averages weighted by their number of models. Stage 04 compares
 a run with them (``storybias.stages.associations.comparison``), as it does with the released association
@@ -29,7 +29,7 @@ from typing import Any
 import pandas as pd
 
 from storybias.core.inputs import missing_marker, shortened, shown, unique_keys
-from storybias.evidence.labels import ASSOCIATION_KEY, PublishedFormatError, canonical_value
+from storybias.evidence.stereotales_taxonomy import ASSOCIATION_KEY, PublishedFormatError, canonical_value
 
 QUESTION_COLUMNS = [
     "question_id",

@@ -54,8 +54,8 @@ import pandas as pd
 
 from storybias.core.inputs import missing_marker, shown, unique_keys
 from storybias.core.io import first_undecodable_line
-from storybias.evidence.labels import ASSOCIATION_KEY, PublishedFormatError, canonical_value
 from storybias.evidence.questions import load_questions
+from storybias.evidence.stereotales_taxonomy import ASSOCIATION_KEY, PublishedFormatError, canonical_value
 from storybias.stats.contingency import EFFECT_LABELS
 
 # The release's language codes that differ from storybias' ISO 639-1 codes, and back.

@@ -12,7 +12,7 @@ exactly ``max_tokens`` tokens (ignore_eos): with free stopping the two paths wro
 Reports output tokens/s of each and the ratio pipeline / bare (target >= 0.95).
 
 bench_served (``make bench-generate SERVE=1``): stage 01's path on the in-process engine, then the same
-prompts, seeds and sampling through the local vLLM OpenAI-compatible server (storybias.engines.serve) over
+prompts, seeds and sampling through the local vLLM OpenAI-compatible server (storybias.engines.local_servers) over
 HTTP, one after the other (never both engines at once); reports tokens/s of each and the ratio
 HTTP / in-process (target >= 0.9 on CPU), and both start-up times.
 
@@ -42,9 +42,9 @@ from storybias.core import paths
 from storybias.core.io import write_json_atomic
 from storybias.engines import ChatEngine, Engine, EngineInfo, entered_info
 from storybias.engines.cache import CachingEngine, ResponseCache
+from storybias.engines.local_servers import start_server
+from storybias.engines.openai_endpoint import OpenAIEngine
 from storybias.engines.ray_engine import RayEngine, require_ray
-from storybias.engines.serve import start_server
-from storybias.engines.served import OpenAIEngine
 from storybias.stages.generate import ModelRun, generate_with, prepare_models, story_request
 from storybias.tools.bench_associations import (
     LANGUAGES,
@@ -66,7 +66,7 @@ __all__ = [
 ]
 
 
-def _trial(repeat: int, path: str, seconds: float, tokens: int) -> dict[str, Any]:
+def trial_record(repeat: int, path: str, seconds: float, tokens: int) -> dict[str, Any]:
     """One timed trial of a bench: its wall time, tokens and tokens/s."""
     return {
         "repeat": repeat,
@@ -121,7 +121,7 @@ class _Borrowed:
         return None
 
 
-def _pipeline(engine: ChatEngine, params: Params, rows: list[dict[str, Any]], folder: Path) -> tuple[float, int]:
+def timed_pipeline(engine: ChatEngine, params: Params, rows: list[dict[str, Any]], folder: Path) -> tuple[float, int]:
     """Stage 01's path on a started ``engine`` over an emptied cache in ``folder``: (seconds, tokens)."""
     ResponseCache(folder).store.clear()
     cache = ResponseCache(folder, params.generation.shard_size)
@@ -154,9 +154,9 @@ def bench_generate(
                     seconds, tokens = bare_chat(engine, rows)
                     bare_rates.append(tokens / seconds)
                 else:
-                    seconds, tokens = _pipeline(engine, params, rows, Path(tmp))
+                    seconds, tokens = timed_pipeline(engine, params, rows, Path(tmp))
                     pipe_rates.append(tokens / seconds)
-                trials.append(_trial(i, path, seconds, tokens))
+                trials.append(trial_record(i, path, seconds, tokens))
                 log(f"  {path:8s} repeat {i}: {tokens} tokens in {seconds:.1f} s = {tokens / seconds:.1f} tokens/s")
         startup = entered_info(engine).startup_seconds
     result = {
@@ -205,11 +205,11 @@ def bench_served(
                 with engine:
                     startup[path] = round(time.time() - started, 1)
                     log(f"{path}: start-up {startup[path]:.1f} s")
-                    _pipeline(engine, params, rows[: min(4, len(rows))], Path(tmp))  # warm-up
+                    timed_pipeline(engine, params, rows[: min(4, len(rows))], Path(tmp))  # warm-up
                     for i in range(repeats):
-                        seconds, tokens = _pipeline(engine, params, rows, Path(tmp))
+                        seconds, tokens = timed_pipeline(engine, params, rows, Path(tmp))
                         rates[path].append(tokens / seconds)
-                        trials.append(_trial(i, path, seconds, tokens))
+                        trials.append(trial_record(i, path, seconds, tokens))
                         log(
                             f"  {path:10s} repeat {i}: {tokens} tokens in {seconds:.1f} s = "
                             f"{tokens / seconds:.1f} tokens/s"

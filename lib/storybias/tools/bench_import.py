@@ -33,7 +33,7 @@ from storybias.config import designs, params
 from storybias.config.corpus import ADDITIONAL_FOLDER
 from storybias.core import paths
 from storybias.core.io import write_json_atomic
-from storybias.evidence.labels import reference_taxonomy
+from storybias.evidence.stereotales_taxonomy import reference_taxonomy
 from storybias.stages import extract, generate
 from storybias.stages import filter as filter_stage
 from storybias.stages.associations import read_observations

@@ -28,9 +28,9 @@ from storybias.core import machine, paths
 from storybias.core.io import write_json_atomic
 from storybias.engines import ChatEngine, Engine
 from storybias.engines.llamacpp import start_llama_server
-from storybias.engines.served import OpenAIEngine
+from storybias.engines.openai_endpoint import OpenAIEngine
 from storybias.stages.generate import prepare_models
-from storybias.tools.bench import _pipeline, _trial, bench_rows, fixed_length
+from storybias.tools.bench import bench_rows, fixed_length, timed_pipeline, trial_record
 
 PATHS = ("vllm_cpu", "llama_cpp")
 PROMPT_ROOM = 1024  # tokens of a story prompt (with the chat template) in one llama-server slot
@@ -48,12 +48,12 @@ def _time_path(
     engine: ChatEngine, params: Params, rows: list[dict[str, Any]], repeats: int, folder: Path, name: str, log: Callable
 ) -> tuple[list[float], list[dict[str, Any]]]:
     """A warm-up, then ``repeats`` timed passes of stage 01's path on the started ``engine``."""
-    _pipeline(engine, params, rows[: min(4, len(rows))], folder)
+    timed_pipeline(engine, params, rows[: min(4, len(rows))], folder)
     rates, trials = [], []
     for i in range(repeats):
-        seconds, tokens = _pipeline(engine, params, rows, folder)
+        seconds, tokens = timed_pipeline(engine, params, rows, folder)
         rates.append(tokens / seconds)
-        trials.append(_trial(i, name, seconds, tokens))
+        trials.append(trial_record(i, name, seconds, tokens))
         log(f"  {name:9s} repeat {i}: {tokens} tokens in {seconds:.1f} s = {tokens / seconds:.1f} tokens/s")
     return rates, trials
 

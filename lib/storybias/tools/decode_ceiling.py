@@ -1,10 +1,10 @@
 """decode_ceiling (`make decode-ceiling`): the most tokens/s this CPU's matrix units allow a profile's
 first model, decoding N sequences at a time and in one `make bench-engine` trial (issue #43).
 
-On the CPU path an engine step is almost all matrix multiplies (the default's engine on 2026-12-06, a
-bench-engine batch of 64 x 64 tokens: 72 of its 86 s inside vLLM's oneDNN matmul, 40 of them prefilling
-the prompts). A step pushes an M x hidden batch (M = the sequences decoding, or the prompt tokens being
-prefilled) through each layer's four projections (qkv, o, gate_up, down) and then the output head.
+On the CPU path an engine step is almost all matrix multiplies (docs/benchmarks.md: most of a
+bench-engine batch's time is inside vLLM's oneDNN matmul, much of it prefilling the prompts). A step
+pushes an M x hidden batch (M = the sequences decoding, or the prompt tokens being prefilled) through
+each layer's four projections (qkv, o, gate_up, down) and then the output head.
 Timing those alone, through vLLM's own CPU linear (its dispatch picks oneDNN, an AMX kernel or zentorch
 by CPU), bounds a step's time from below and the rate from above:
 
@@ -16,8 +16,8 @@ by CPU), bounds a step's time from below and the rate from above:
 P counts the trial's prompt tokens (its chat template applied) less what vLLM's prefix cache can hold:
 the four warm-up prompts whole, and the others' common prefix. Attention, sampling and the scheduler
 come on top, so an engine runs below its ceiling; a trial measured *above* this machine's trial
-ceiling ran on a machine with faster matrix units. That is how the two days of `make paper` in the
-README (28 and 49 minutes, the same code) are told apart from a code change.
+ceiling ran on a machine with faster matrix units. That is how two machines' times of the same code are
+told apart from a code change (docs/benchmarks.md).
 The rows go to ``reports/<run>/decode_ceiling.csv``; ``docs/measurements/decode_ceiling.csv`` keeps
 the ones the README cites.
 """

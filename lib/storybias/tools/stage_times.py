@@ -8,8 +8,8 @@ Reads what a run already keeps, so the table can be rebuilt for any finished run
   stories and tokens/s per model; stage 03's answers, tokens and stories/s per model; stage 04's test and
   power times; stage 06's embedding time;
 - the machine stages 01 and 03 ran their models on (their manifests' ``machine``,
-  storybias.core.machine), printed above the table: the same stages took 28 minutes on one 2-core
-  machine of this project's kind and 49 on another.
+  storybias.core.machine), printed above the table: the same stages take very different times on two
+  2-core machines of this project's kind (docs/benchmarks.md).
 
 The README's per-stage table of `make paper` is this command's output on the default run. Set-up
 (``make venv model``) happens before any notebook, so it is not in these files: time it apart.

@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from storybias.config.corpus import ADDITIONAL_FOLDER, ADDITIONAL_TEMPLATES, RELEASED_COLUMNS, SCENARIO_TEMPLATE
-from storybias.evidence.labels import reference_taxonomy
+from storybias.evidence.stereotales_taxonomy import reference_taxonomy
 
 FRENCH_GENDER = {"man": "homme", "woman": "femme", "non_binary": "personne non binaire"}
 # the release's spellings of two labels (the reference's attributes.en.yaml has the other)

@@ -52,14 +52,14 @@ from storybias.core.io import read_parquet_checked, write_json_atomic
 from storybias.core.locks import holds_run_lock
 from storybias.core.results import StageResult
 from storybias.engines import ChatEngine
-from storybias.evidence.labels import ASSOCIATION_KEY
-from storybias.evidence.ratings import load_human_ratings, refuse_unknown_associations
+from storybias.evidence.harm_ratings import load_human_ratings, refuse_unknown_associations
 from storybias.evidence.released_associations import (
     association_files,
     load_associations,
     load_released_pairs,
     published_pool,
 )
+from storybias.evidence.stereotales_taxonomy import ASSOCIATION_KEY
 from storybias.stages.associations import judge, power
 from storybias.stages.associations.comparison import (
     COMPARISON_COLUMNS,

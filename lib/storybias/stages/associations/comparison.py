@@ -44,8 +44,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from storybias.evidence.labels import ASSOCIATION_KEY, model_key
 from storybias.evidence.released_associations import ANY_SCOPE, GLOBAL_SCOPE, STATED_EFFECTS
+from storybias.evidence.stereotales_taxonomy import ASSOCIATION_KEY, model_key
 from storybias.stages.associations.cell_power import POWER_TARGET, detection_power
 from storybias.stages.associations.tables import ALPHA, MIN_LIFT
 

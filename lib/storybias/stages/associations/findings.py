@@ -23,8 +23,8 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
-from storybias.evidence.labels import ASSOCIATION_KEY
 from storybias.evidence.released_associations import GLOBAL_SCOPE
+from storybias.evidence.stereotales_taxonomy import ASSOCIATION_KEY
 from storybias.stages.associations.language_effects import TEST_COLUMNS, finding_3
 
 FINDINGS_SCHEMA = pa.schema(

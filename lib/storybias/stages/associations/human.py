@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from storybias.evidence.ratings import HARMFUL_MEDIAN, REALISM_ANSWERS
+from storybias.evidence.harm_ratings import HARMFUL_MEDIAN, REALISM_ANSWERS
 from storybias.stats.agreement import cohen_kappa
 from storybias.stats.bootstrap import bootstrap_indices, percentile_interval
 

@@ -38,9 +38,9 @@ from storybias.engines import ChatEngine, ChatRequest, ChatResult, entered_info,
 from storybias.engines.cache import CachingEngine, ResponseCache
 from storybias.engines.prepare import prepare_models
 from storybias.engines.runner import raise_if_failed, run_requests
-from storybias.evidence.labels import reference_label
-from storybias.evidence.ratings import HARMFUL_MEDIAN, REALISM_ANSWERS
+from storybias.evidence.harm_ratings import HARMFUL_MEDIAN, REALISM_ANSWERS
 from storybias.evidence.released_associations import STATED_EFFECTS
+from storybias.evidence.stereotales_taxonomy import reference_label
 from storybias.stages.associations.tables import ASSOCIATION_KEY, RATING_COLUMNS
 from storybias.stats.bootstrap import bootstrap_mean_interval
 

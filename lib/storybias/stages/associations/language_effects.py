@@ -21,8 +21,8 @@ import json
 import numpy as np
 import pandas as pd
 
-from storybias.evidence.labels import ASSOCIATION_KEY
 from storybias.evidence.released_associations import GLOBAL_SCOPE
+from storybias.evidence.stereotales_taxonomy import ASSOCIATION_KEY
 from storybias.stats.heterogeneity import difference_interval, equal_odds_p, log_odds_ratio
 from storybias.stats.multiple_testing import adjust
 

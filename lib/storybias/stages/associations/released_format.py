@@ -35,7 +35,6 @@ import pandas as pd
 from scipy.stats import chi2_contingency
 
 from storybias.core import artifacts
-from storybias.evidence.labels import release_label
 from storybias.evidence.released_associations import (
     GLOBAL_SCOPE,
     NOT_SIGNIFICANT,
@@ -43,6 +42,7 @@ from storybias.evidence.released_associations import (
     POOL_P_VALUES,
     RELEASE_CODE,
 )
+from storybias.evidence.stereotales_taxonomy import release_label
 from storybias.stages.associations.tables import ALPHA
 
 FOLDER = "stereotales_associations"

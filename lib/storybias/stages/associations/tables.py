@@ -19,7 +19,7 @@ import pyarrow as pa
 from scipy import stats
 
 from storybias.core.children import pool_options
-from storybias.evidence.labels import ASSOCIATION_KEY, release_label
+from storybias.evidence.stereotales_taxonomy import ASSOCIATION_KEY, release_label
 from storybias.stats.contingency import cramers_v_corrected, effect_size, fisher_family
 from storybias.stats.multiple_testing import adjust
 

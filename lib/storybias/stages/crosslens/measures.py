@@ -40,7 +40,7 @@ from statsmodels.stats.proportion import proportion_confint
 
 from storybias.config.params import CrossLensSettings
 from storybias.core import artifacts
-from storybias.evidence.labels import ASSOCIATION_KEY
+from storybias.evidence.stereotales_taxonomy import ASSOCIATION_KEY
 from storybias.stages.crosslens.registry import (
     INTERVALS,
     LENS_OF,

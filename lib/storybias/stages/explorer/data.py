@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from storybias.config.prompts import CONDITION_COLUMNS
-from storybias.evidence.labels import ASSOCIATION_KEY
+from storybias.evidence.stereotales_taxonomy import ASSOCIATION_KEY
 
 CELL = ["design", "model", "language"]
 ASSOC_KEYS = ASSOCIATION_KEY  # an association's identity

@@ -40,9 +40,8 @@ from storybias.engines import (
 )
 from storybias.engines.cache import CachingEngine, ResponseCache
 from storybias.engines.runner import RunStats, raise_if_failed, run_requests
+from storybias.stages.extract import extraction_precision, released_profiles
 from storybias.stages.extract import facts as extract_facts
-from storybias.stages.extract import released_profiles
-from storybias.stages.extract import validation as human_validation
 from storybias.stages.extract.answers import (
     GOLD_SECTIONS,
     RAW_SCHEMA,
@@ -399,7 +398,7 @@ def run(
         # no model reads the texts: an imported corpus' stories are loaded without them
         columns = [c for c in pq.read_schema(source).names if c not in ("text", "prompt")]
         return run_published(params, select(pd.read_parquet(source, columns=columns)), log)
-    human = human_validation.from_settings(settings.human_validation)  # a bad file stops before any model
+    human = extraction_precision.from_settings(settings.human_validation)  # a bad file stops before any model
     # each design's study rule (filter.exclude, stage 02)
     stories = select(read_parquet_checked(source, required=FILTERED_KEY_COLUMNS))
     jobs = plan_jobs(stories, settings)
@@ -468,7 +467,7 @@ def _corpus_table(run_name: str) -> pd.DataFrame:
 def run_published(params: Params, stories: pd.DataFrame, log: Callable[[str], None] = print) -> StageResult:
     """Stage 03 with ``corpus.extractions: published``: the release's extractions mapped, no model asked."""
     run_name = params.run_name
-    human = human_validation.from_settings(params.extract.human_validation)  # a bad file stops first
+    human = extraction_precision.from_settings(params.extract.human_validation)  # a bad file stops first
     started = time.time()
     extractions, counts = released_profiles.published_extractions(stories, _corpus_table(run_name))
     log(

@@ -37,7 +37,7 @@ import pandas as pd
 from storybias.config.designs import allowed_values, extraction_rules, map_dimensions
 from storybias.config.params import ExtractionSettings
 from storybias.engines import ChatRequest
-from storybias.evidence.labels import reference_taxonomy
+from storybias.evidence.stereotales_taxonomy import reference_taxonomy
 from storybias.stages.extract.parse import parse_answer
 from storybias.stages.extract.prompt import decoding, load_worked_examples
 

@@ -2,7 +2,7 @@
 
 ``corpus.extractions: published`` maps each story's ``extracted_attributes_json`` (StereoTales' consensus of
 three extractor models; the per-extractor answers are not released) into extractions.parquet through
-``params/designs/stereotales/reference.yaml`` (:func:`storybias.evidence.labels.published_profile`: both
+``params/designs/stereotales/reference.yaml`` (:func:`storybias.evidence.stereotales_taxonomy.published_profile`: both
 published spellings, ``unknown``, ``other``). As StereoTales' reference pipeline does, the prompted
 dimension's value is the prompted value, whatever the extractors said (``demo_<cond_attribute>`` =
 ``cond_value``). An empty object (``{}``: no extraction matched), a null (none recorded) or text that is not
@@ -22,7 +22,7 @@ import pandas as pd
 import pyarrow as pa
 
 from storybias.config.designs import dimensions
-from storybias.evidence.labels import PROFILE_OK, UNKNOWN, published_profile
+from storybias.evidence.stereotales_taxonomy import PROFILE_OK, UNKNOWN, published_profile
 from storybias.stages.extract.schema import extractions_schema
 from storybias.stats.agreement import cohen_kappa
 

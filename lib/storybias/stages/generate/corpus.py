@@ -50,7 +50,7 @@ from storybias.config.plan import stories_schema
 from storybias.config.prompts import LANGUAGES
 from storybias.core import artifacts
 from storybias.core.inputs import missing_marker, shortened, shown, type_problem
-from storybias.evidence.labels import ProfileError, canonical_value, published_profile, scenario_of
+from storybias.evidence.stereotales_taxonomy import ProfileError, canonical_value, published_profile, scenario_of
 
 PLAN_READ = [
     "sample_id",

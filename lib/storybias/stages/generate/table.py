@@ -42,7 +42,7 @@ from storybias.config.corpus import (
 from storybias.config.plan import stories_schema
 from storybias.core import artifacts, paths
 from storybias.core.inputs import TableFileError, read_text_columns
-from storybias.evidence.labels import UNKNOWN, extraction_value
+from storybias.evidence.stereotales_taxonomy import UNKNOWN, extraction_value
 from storybias.stages.generate.corpus import (
     CORPUS_SCHEMA,
     CorpusError,

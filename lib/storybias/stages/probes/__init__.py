@@ -45,7 +45,7 @@ from storybias.core import artifacts, paths
 from storybias.core.io import read_parquet_checked, write_json_atomic
 from storybias.core.locks import holds_run_lock
 from storybias.core.results import StageResult
-from storybias.stages.probes import validation
+from storybias.stages.probes import judgement_agreement
 from storybias.stages.probes.cues import delete_cues
 from storybias.stages.probes.cultural import (
     NER_MASK_LABELS,
@@ -84,13 +84,13 @@ assert TASK_COLUMN in CONDITION_COLUMNS["occupations"] and OCCUPATION_COLUMN in 
 
 def load_human_validation(settings: HumanValidationSettings) -> dict[str, pd.DataFrame]:
     """The human-validation CSVs named in ``probes.human_validation`` (Feng et al. App. D.2), read and
-    checked (``storybias.stages.probes.validation``); an absent parameter is an absent table."""
+    checked (``storybias.stages.probes.judgement_agreement``); an absent parameter is an absent table."""
 
     out = {}
     if settings.markers:
-        out["markers"] = validation.load_marker_ratings(paths.resolve(settings.markers))
+        out["markers"] = judgement_agreement.load_marker_ratings(paths.resolve(settings.markers))
     if settings.labels:
-        out["labels"] = validation.load_label_ratings(paths.resolve(settings.labels))
+        out["labels"] = judgement_agreement.load_label_ratings(paths.resolve(settings.labels))
     return out
 
 
@@ -101,16 +101,16 @@ def human_validation(
 
     out = {"validation_markers": pd.DataFrame(), "validation_labels": pd.DataFrame()}
     if "markers" in human:
-        out["validation_markers"] = validation.marker_agreement(
+        out["validation_markers"] = judgement_agreement.marker_agreement(
             human["markers"], settings.n_bootstrap, settings.n_permutations, settings.seed
         )
     else:
         notes.append("no human marker ratings (probes.human_validation.markers): marker agreement not computed")
     if "labels" in human:
-        corpus = validation.corpus_cells(frame)
+        corpus = judgement_agreement.corpus_cells(frame)
         if corpus.empty:
             notes.append("no occupations story/news narratives: label agreement is not post-stratified")
-        out["validation_labels"] = validation.label_agreement(human["labels"], corpus, settings.seed)
+        out["validation_labels"] = judgement_agreement.label_agreement(human["labels"], corpus, settings.seed)
     else:
         notes.append("no human protagonist labels (probes.human_validation.labels): label agreement not computed")
     return out

@@ -1,7 +1,7 @@
 """Served models: any OpenAI-compatible chat-completions endpoint as a :class:`~storybias.engines.ChatEngine`.
 
 Used for ``source: openai`` models (an API such as OpenRouter or OpenAI, or a lab's vLLM deployment)
-and for the run's shared local vLLM server (``storybias.engines.serve``). The contract is the in-process
+and for the run's shared local vLLM server (``storybias.engines.local_servers``). The contract is the in-process
 engine's: every request carries its seed, ``max_tokens``, temperature and top-p (top-k and the
 repetition penalty too where the server accepts them: ``constraints: vllm``) and its answer
 constraint; results stream back as they finish, in any order, one per request.
@@ -307,7 +307,7 @@ class OpenAIEngine:
     def for_local_server(
         cls, spec: ModelSpec, entry: dict[str, Any], settings: EngineSettings, seed: int
     ) -> OpenAIEngine:
-        """The run's shared local server for ``spec`` (a registry entry of storybias.engines.serve): as many
+        """The run's shared local server for ``spec`` (a registry entry of storybias.engines.local_servers): as many
         requests in flight as the in-process engine would batch, long timeouts (CPU decoding)."""
         endpoint = Endpoint(
             name=spec.name,

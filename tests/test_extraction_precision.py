@@ -12,10 +12,10 @@ import pytest
 from sklearn.metrics import cohen_kappa_score
 
 from storybias.config import params
-from storybias.stages.extract import validation
+from storybias.stages.extract import extraction_precision
 from test_params import _error, write_profile
 
-EXAMPLE = Path(__file__).parent / "data" / "extraction_validation_example.csv"
+EXAMPLE = Path(__file__).parent / "data" / "support_ratings_example.csv"
 HEADER = "story_id,language,field,item,annotator_id,score\n"
 
 
@@ -27,7 +27,7 @@ def write(tmp_path, text, name="judged.csv"):
 
 def frame(rows):
     """Judgements from (story_id, language, field, item, annotator_id, score) tuples."""
-    return pd.DataFrame(rows, columns=list(validation.COLUMNS))
+    return pd.DataFrame(rows, columns=list(extraction_precision.COLUMNS))
 
 
 def row(table, language="all", field="all"):
@@ -38,9 +38,9 @@ def row(table, language="all", field="all"):
 
 
 def test_the_example_file_is_valid_and_loads_with_integer_scores():
-    assert validation.validate_extraction_validation(EXAMPLE) == []
-    judged = validation.load_extraction_validation(EXAMPLE)
-    assert list(judged.columns) == list(validation.COLUMNS) and len(judged) == 30
+    assert extraction_precision.check_support_ratings(EXAMPLE) == []
+    judged = extraction_precision.load_support_ratings(EXAMPLE)
+    assert list(judged.columns) == list(extraction_precision.COLUMNS) and len(judged) == 30
     assert judged["score"].dtype.kind == "i" and set(judged["score"]) == {0, 1, 2}
     assert set(judged["language"]) == {"en", "fr"} and set(judged["annotator_id"]) == {"a1", "a2"}
     assert "école" in set(judged["item"])  # UTF-8
@@ -67,16 +67,16 @@ def test_the_example_file_is_valid_and_loads_with_integer_scores():
 )
 def test_a_bad_row_is_named_by_file_row_and_column(tmp_path, body, message):
     path = write(tmp_path, HEADER + body)
-    problems = validation.validate_extraction_validation(path)
+    problems = extraction_precision.check_support_ratings(path)
     assert len(problems) == 1, problems
     assert problems[0].startswith(f"{path}: ") and message in problems[0]
     with pytest.raises(ValueError, match="invalid"):
-        validation.load_extraction_validation(path)
+        extraction_precision.load_support_ratings(path)
 
 
 def test_row_numbers_count_the_header_as_row_1_and_every_problem_is_listed(tmp_path):
     body = "s1,en,adjectives,brave,a1,2\n\ns1,en,adjectives,brave,a2,5\ns2,en,setting,hill,a1,1\n"
-    problems = validation.validate_extraction_validation(write(tmp_path, HEADER + body))
+    problems = extraction_precision.check_support_ratings(write(tmp_path, HEADER + body))
     # the blank line is row 3 of the spreadsheet: it is skipped, yet counted
     assert [p.split(": ", 1)[1].split(":")[0] for p in problems] == ["row 4, column score", "row 5, column field"]
 
@@ -93,23 +93,23 @@ def test_row_numbers_count_the_header_as_row_1_and_every_problem_is_listed(tmp_p
     ],
 )
 def test_a_bad_header_is_named(tmp_path, header, message):
-    problems = validation.validate_extraction_validation(write(tmp_path, header + "s1,en,adjectives,brave,a1,2\n"))
+    problems = extraction_precision.check_support_ratings(write(tmp_path, header + "s1,en,adjectives,brave,a1,2\n"))
     assert len(problems) == 1 and message in problems[0] and "(expected story_id, language," in problems[0]
 
 
 def test_empty_missing_and_headless_files(tmp_path):
-    assert "file not found" in validation.validate_extraction_validation(tmp_path / "absent.csv")[0]
-    assert "the file is empty" in validation.validate_extraction_validation(write(tmp_path, ""))[0]
-    assert "no judgement below the header" in validation.validate_extraction_validation(write(tmp_path, HEADER))[0]
+    assert "file not found" in extraction_precision.check_support_ratings(tmp_path / "absent.csv")[0]
+    assert "the file is empty" in extraction_precision.check_support_ratings(write(tmp_path, ""))[0]
+    assert "no judgement below the header" in extraction_precision.check_support_ratings(write(tmp_path, HEADER))[0]
     latin1 = tmp_path / "latin1.csv"
     latin1.write_bytes((HEADER + "f3,fr,settings,école,a1,2\n").encode("latin-1"))
-    assert "not UTF-8" in validation.validate_extraction_validation(latin1)[0]
+    assert "not UTF-8" in extraction_precision.check_support_ratings(latin1)[0]
 
 
 def test_at_most_max_problems_are_listed(tmp_path):
     body = "".join(f"s{i},en,adjectives,brave,a1,9\n" for i in range(50))
-    problems = validation.validate_extraction_validation(write(tmp_path, HEADER + body))
-    assert len(problems) == validation.MAX_PROBLEMS + 1 and "stopped after" in problems[-1]
+    problems = extraction_precision.check_support_ratings(write(tmp_path, HEADER + body))
+    assert len(problems) == extraction_precision.MAX_PROBLEMS + 1 and "stopped after" in problems[-1]
 
 
 # --- check-params -----------------------------------------------------------------------------------
@@ -127,14 +127,14 @@ def test_check_params_names_the_key_for_a_missing_or_bad_file(tmp_path):
 def test_check_params_accepts_a_good_file_relative_to_the_repo_root(tmp_path):
     path = write_profile(
         tmp_path,
-        lambda r: r.setdefault("extract", {}).update(human_validation="tests/data/extraction_validation_example.csv"),
+        lambda r: r.setdefault("extract", {}).update(human_validation="tests/data/support_ratings_example.csv"),
     )
     p = params.load(path)
-    assert p.extract.human_validation == "tests/data/extraction_validation_example.csv"
+    assert p.extract.human_validation == "tests/data/support_ratings_example.csv"
     assert params.load("params/smoke.yaml").extract.human_validation is None  # the default: no validation
-    table, comparison = validation.from_settings(p.extract.human_validation)
+    table, comparison = extraction_precision.from_settings(p.extract.human_validation)
     assert row(table)["n_judgements"] == 30 and list(comparison["quantity"])[:2] == ["kappa", "precision"]
-    assert validation.from_settings(None) is None
+    assert extraction_precision.from_settings(None) is None
     # stage 03 reads the file for its notebook (its result's human_validation), not for its extractions: setting
     # it leaves the stage's parameter digest as it was
     smoke = params.load("params/smoke.yaml")
@@ -147,7 +147,7 @@ def test_check_params_accepts_a_good_file_relative_to_the_repo_root(tmp_path):
 
 
 def test_kappa_and_precision_of_the_example_by_hand():
-    table = validation.extraction_validation(validation.load_extraction_validation(EXAMPLE))
+    table = extraction_precision.precision_and_kappa(extraction_precision.load_support_ratings(EXAMPLE))
     pooled = row(table)
     # 15 items, a1 vs a2 agree on 11: p_o = 11/15. Marginals a1 (2, 1, 0) = (9, 3, 3), a2 = (8, 4, 3):
     # p_e = (9*8 + 3*4 + 3*3) / 15^2 = 93/225, kappa = (165 - 93) / (225 - 93) = 72/132 = 6/11
@@ -171,10 +171,10 @@ def test_kappa_and_precision_of_the_example_by_hand():
 
 def test_kappa_matches_sklearn_and_perfect_agreement_is_one():
     same = [("s1", "en", "adjectives", w, a, s) for a in ("a1", "a2") for w, s in (("x", 0), ("y", 1), ("z", 2))]
-    assert validation.pairwise_kappa(frame(same))[0] == 1.0
-    judged = validation.load_extraction_validation(EXAMPLE)
+    assert extraction_precision.pairwise_kappa(frame(same))[0] == 1.0
+    judged = extraction_precision.load_support_ratings(EXAMPLE)
     wide = judged.pivot(index=["story_id", "field", "item"], columns="annotator_id", values="score")
-    assert validation.pairwise_kappa(judged)[0] == pytest.approx(cohen_kappa_score(wide["a1"], wide["a2"]))
+    assert extraction_precision.pairwise_kappa(judged)[0] == pytest.approx(cohen_kappa_score(wide["a1"], wide["a2"]))
 
 
 def test_kappa_reads_only_items_both_annotators_scored():
@@ -185,40 +185,43 @@ def test_kappa_reads_only_items_both_annotators_scored():
         ("s1", "en", "adjectives", "y", "a2", 0),
         ("s1", "en", "settings", "x", "a1", 1),  # the same word in another list: another item, a1 only
     ]
-    kappa, pairs, shared = validation.pairwise_kappa(frame(rows))
+    kappa, pairs, shared = extraction_precision.pairwise_kappa(frame(rows))
     assert (kappa, pairs, shared) == (1.0, 1, 2)
-    pooled = row(validation.extraction_validation(frame(rows)))
+    pooled = row(extraction_precision.precision_and_kappa(frame(rows)))
     assert (pooled["n_items"], pooled["n_judgements"], pooled["n_supported"]) == (3, 5, 3)
 
 
 def test_three_annotators_give_the_mean_pairwise_kappa():
     scores = {"a1": [2, 2, 1, 0, 2, 1], "a2": [2, 1, 1, 0, 2, 0], "a3": [2, 2, 0, 0, 1, 1]}
     rows = [("s1", "en", "adjectives", f"w{i}", a, s) for a, col in scores.items() for i, s in enumerate(col)]
-    kappa, pairs, shared = validation.pairwise_kappa(frame(rows))
+    kappa, pairs, shared = extraction_precision.pairwise_kappa(frame(rows))
     expected = [cohen_kappa_score(scores[x], scores[y]) for x, y in (("a1", "a2"), ("a1", "a3"), ("a2", "a3"))]
     assert kappa == pytest.approx(sum(expected) / 3) and (pairs, shared) == (3, 6)
 
 
 def test_precision_has_a_wilson_interval():
-    share, count, n, low, high = validation.precision(pd.Series([2] * 17 + [1] * 7 + [0] * 6))
+    share, count, n, low, high = extraction_precision.precision(pd.Series([2] * 17 + [1] * 7 + [0] * 6))
     assert (share, count, n) == (pytest.approx(0.8), 24, 30)
     z = 1.959963984540054
     centre = (0.8 + z**2 / 60) / (1 + z**2 / 30)
     half = z * math.sqrt(0.8 * 0.2 / 30 + z**2 / (4 * 30**2)) / (1 + z**2 / 30)
     assert (low, high) == (pytest.approx(centre - half), pytest.approx(centre + half))
-    assert validation.precision(pd.Series([2] * 17 + [1] * 7 + [0] * 6), threshold=2)[:3] == (
+    assert extraction_precision.precision(pd.Series([2] * 17 + [1] * 7 + [0] * 6), threshold=2)[:3] == (
         pytest.approx(17 / 30),
         17,
         30,
     )
-    assert math.isnan(validation.precision(pd.Series([], dtype=int))[0])
+    assert math.isnan(extraction_precision.precision(pd.Series([], dtype=int))[0])
 
 
 def test_comparison_with_the_published_numbers():
-    assert validation.PUBLISHED["kappa"] == 0.618 and validation.PUBLISHED["precision"] == 0.85625
-    assert validation.PUBLISHED["n_stories"] == 800 and validation.PUBLISHED["stories_per_language"] == 100
-    table = validation.extraction_validation(validation.load_extraction_validation(EXAMPLE))
-    comparison = validation.compare_published(table).set_index("quantity")
+    assert extraction_precision.PUBLISHED["kappa"] == 0.618 and extraction_precision.PUBLISHED["precision"] == 0.85625
+    assert (
+        extraction_precision.PUBLISHED["n_stories"] == 800
+        and extraction_precision.PUBLISHED["stories_per_language"] == 100
+    )
+    table = extraction_precision.precision_and_kappa(extraction_precision.load_support_ratings(EXAMPLE))
+    comparison = extraction_precision.compare_published(table).set_index("quantity")
     assert comparison.loc["kappa", "published"] == 0.618
     assert comparison.loc["kappa", "reproduced"] == pytest.approx(6 / 11)
     assert comparison.loc["precision", "reproduced"] == pytest.approx(0.8)

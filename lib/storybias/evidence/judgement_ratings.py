@@ -1,7 +1,7 @@
 """The two CSV files of a human validation of stage 06's automated judgements (Feng et al., *Beyond Surface
 Cues*, arXiv:2608.23026, App. D.2), described for the one checker of human-input files
 (``storybias.evidence.human_files``), so that ``make check-params`` checks them when the profile loads
-and stage 06 reads them with the same reader; the statistics are ``storybias.stages.probes.validation``.
+and stage 06 reads them with the same reader; the statistics are ``storybias.stages.probes.judgement_agreement``.
 
 **Cultural-marker ratings** (App. D.2.1), one row per rater x marker comparison: ``marker_id``;
 ``language`` (its source language, the rater's language-linked context); ``rater_id``; ``human`` (the

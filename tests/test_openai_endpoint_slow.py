@@ -35,7 +35,7 @@ from storybias.config import params
 from storybias.config.params import ModelSpec, Sampling
 from storybias.config.plan import STORIES_SCHEMA
 from storybias.core import paths
-from storybias.engines import ChatRequest, served
+from storybias.engines import ChatRequest, openai_endpoint
 from storybias.stages import generate
 
 pytestmark = pytest.mark.slow
@@ -67,7 +67,7 @@ def served_spec(local_server, monkeypatch, **kw) -> ModelSpec:
 
 
 def ask(spec: ModelSpec, requests: list[ChatRequest]) -> dict[str, str]:
-    with served.OpenAIEngine(spec, seed=1) as engine:
+    with openai_endpoint.OpenAIEngine(spec, seed=1) as engine:
         results = {r.key: r for r in engine.stream(requests)}
     assert all(r.error is None for r in results.values()), results
     return {k: r.text for k, r in results.items()}
@@ -134,8 +134,8 @@ def test_top_k_first_reaches_the_servers_logits_processor(local_server, monkeypa
     entry = {k: getattr(local_server.server, k) for k in ("base_url", "model_id", "api_key")}
     sampling = Sampling(temperature=1.0, top_p=1.0, top_k=1, repetition_penalty=1.0, max_tokens=40)
     request = ChatRequest(key="s", messages=POEM, sampling=sampling, seed=5)
-    client = served.OpenAIEngine.for_local_server(local, entry, settings, seed=1)
-    assert served.request_kwargs(client.endpoint, request)["extra_body"]["vllm_xargs"]
+    client = openai_endpoint.OpenAIEngine.for_local_server(local, entry, settings, seed=1)
+    assert openai_endpoint.request_kwargs(client.endpoint, request)["extra_body"]["vllm_xargs"]
     with client as engine:
         [through_processor] = list(engine.stream([request]))
     vllms_own = ask(served_spec(local_server, monkeypatch), [request])["s"]

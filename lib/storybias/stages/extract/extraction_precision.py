@@ -9,9 +9,9 @@ between the annotators, 0.618, and a combined precision of 85.625%: the share of
 clearly or partially supported.
 
 storybias reads such judgements from the CSV named by ``extract.human_validation`` (format and checks:
-``storybias.evidence.extraction_validation``, re-exported here; ``make check-params`` runs the checks
+``storybias.evidence.support_ratings``, re-exported here; ``make check-params`` runs the checks
 before any work) and computes, per language and over all, per list and over all lists:
-:func:`extraction_validation`; :func:`compare_published` sets the pooled row beside the published numbers.
+:func:`precision_and_kappa`; :func:`compare_published` sets the pooled row beside the published numbers.
 """
 
 from __future__ import annotations
@@ -26,13 +26,13 @@ import pandas as pd
 from statsmodels.stats.proportion import proportion_confint
 
 from storybias.core import paths
-from storybias.evidence.extraction_validation import (
+from storybias.evidence.support_ratings import (
     COLUMNS,
     FIELDS,
     MAX_PROBLEMS,
     SCORES,
-    load_extraction_validation,
-    validate_extraction_validation,
+    check_support_ratings,
+    load_support_ratings,
 )
 from storybias.stats.agreement import cohen_kappa
 
@@ -44,12 +44,12 @@ __all__ = [
     "PUBLISHED",
     "SCORES",
     "compare_published",
-    "extraction_validation",
+    "precision_and_kappa",
     "from_settings",
-    "load_extraction_validation",
+    "load_support_ratings",
     "pairwise_kappa",
     "precision",
-    "validate_extraction_validation",
+    "check_support_ratings",
 ]
 
 ALL = "all"  # the language or field of a pooled row
@@ -105,7 +105,7 @@ def precision(scores: pd.Series, threshold: int = SUPPORTED) -> tuple[float, int
 
 
 def _summary(judgements: pd.DataFrame) -> dict[str, Any]:
-    """One row of :func:`extraction_validation`: the counts, the kappa and both precisions."""
+    """One row of :func:`precision_and_kappa`: the counts, the kappa and both precisions."""
     kappa, n_pairs, n_shared = pairwise_kappa(judgements)
     share, supported, n, low, high = precision(judgements["score"])
     clear, n_clear, _, clear_low, clear_high = precision(judgements["score"], CLEAR)
@@ -128,9 +128,9 @@ def _summary(judgements: pd.DataFrame) -> dict[str, Any]:
     }
 
 
-def extraction_validation(judgements: pd.DataFrame) -> pd.DataFrame:
+def precision_and_kappa(judgements: pd.DataFrame) -> pd.DataFrame:
     """BiasedTales-ML's extractor validation (arXiv:2604.17008, Sec. 3) on the judgements of
-    :func:`load_extraction_validation`: one row per language (sorted, then ``all``) x list (adjectives,
+    :func:`load_support_ratings`: one row per language (sorted, then ``all``) x list (adjectives,
     settings, cultural_refs as present, then ``all``).
 
     Columns: n_stories, n_items (distinct story x list x item), n_annotators, n_judgements (item x
@@ -151,7 +151,7 @@ def extraction_validation(judgements: pd.DataFrame) -> pd.DataFrame:
 
 
 def _pooled(table: pd.DataFrame) -> pd.Series:
-    """The row of ``table`` (:func:`extraction_validation`) pooled over languages and lists."""
+    """The row of ``table`` (:func:`precision_and_kappa`) pooled over languages and lists."""
     pooled = table[(table["language"] == ALL) & (table["field"] == ALL)]
     if pooled.empty:
         raise ValueError("the table has no pooled row (language all, field all): no judgement at all?")
@@ -160,7 +160,7 @@ def _pooled(table: pd.DataFrame) -> pd.Series:
 
 def compare_published(table: pd.DataFrame) -> pd.DataFrame:
     """The published numbers of BiasedTales-ML Sec. 3 (:data:`PUBLISHED`) beside the reproduced ones
-    (the pooled row of :func:`extraction_validation`): quantity, published, reproduced, ci_low and
+    (the pooled row of :func:`precision_and_kappa`): quantity, published, reproduced, ci_low and
     ci_high (precision: Wilson 95%), ``published_in_ci`` (the published precision inside the reproduced
     interval; NaN where there is no interval) and a note."""
     pooled = _pooled(table)
@@ -201,8 +201,8 @@ def compare_published(table: pd.DataFrame) -> pd.DataFrame:
 
 def from_settings(path: str | Path | None) -> tuple[pd.DataFrame, pd.DataFrame] | None:
     """``extract.human_validation`` read (relative to the repo root), checked and summarised:
-    (:func:`extraction_validation`, :func:`compare_published`), or None when the key is null."""
+    (:func:`precision_and_kappa`, :func:`compare_published`), or None when the key is null."""
     if path is None:
         return None
-    table = extraction_validation(load_extraction_validation(paths.resolve(path)))
+    table = precision_and_kappa(load_support_ratings(paths.resolve(path)))
     return table, compare_published(table)

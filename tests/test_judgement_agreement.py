@@ -10,7 +10,7 @@ from scipy import stats
 from sklearn.metrics import cohen_kappa_score
 
 from storybias.evidence.human_files import HumanFileError
-from storybias.stages.probes import validation
+from storybias.stages.probes import judgement_agreement
 from storybias.stats.bootstrap import bootstrap_group_counts
 
 # marker A (en, automated 6): raters 6, 7; B (en, 2): 5, 2; C (fr, 4): 4, 6; D (fr, 7): 1
@@ -32,8 +32,8 @@ def write(tmp_path, text, name="ratings.csv"):
 
 
 def test_marker_statistics_by_hand(tmp_path):
-    ratings = validation.load_marker_ratings(write(tmp_path, MARKERS))
-    table = validation.marker_agreement(ratings, n_boot=300, n_perm=300, seed=1).set_index("metric")
+    ratings = judgement_agreement.load_marker_ratings(write(tmp_path, MARKERS))
+    table = judgement_agreement.marker_agreement(ratings, n_boot=300, n_perm=300, seed=1).set_index("metric")
     # |human - automated| = 0, 1, 3, 0, 0, 2, 6
     assert table.loc["within_two", "estimate"] == pytest.approx(5 / 7)
     assert table.loc["mae", "estimate"] == pytest.approx(12 / 7)
@@ -78,10 +78,10 @@ def _agreeing_markers(n_markers, noise, seed):
 
 
 def test_permutation_baselines_separate_agreement_from_chance():
-    close = validation.marker_agreement(_agreeing_markers(60, 1, 3), n_boot=200, n_perm=1000, seed=2).set_index(
-        "metric"
-    )
-    for metric in validation.MARKER_METRICS:
+    close = judgement_agreement.marker_agreement(
+        _agreeing_markers(60, 1, 3), n_boot=200, n_perm=1000, seed=2
+    ).set_index("metric")
+    for metric in judgement_agreement.MARKER_METRICS:
         assert close.loc[metric, "permutation_p"] < 0.01, metric
     assert close.loc["mae", "permutation_mean"] > close.loc["mae", "estimate"]
     # automated scores unrelated to the human ones: no metric beats its baseline
@@ -89,14 +89,14 @@ def test_permutation_baselines_separate_agreement_from_chance():
     rng = np.random.default_rng(11)
     independent = dict(zip(unrelated["marker_id"].unique(), rng.integers(1, 8, 60)))
     unrelated["automated"] = unrelated["marker_id"].map(independent)
-    far = validation.marker_agreement(unrelated, n_boot=200, n_perm=1000, seed=2).set_index("metric")
-    for metric in validation.MARKER_METRICS:
+    far = judgement_agreement.marker_agreement(unrelated, n_boot=200, n_perm=1000, seed=2).set_index("metric")
+    for metric in judgement_agreement.MARKER_METRICS:
         assert far.loc[metric, "permutation_p"] > 0.01, metric
 
 
 def test_marker_bootstrap_resamples_markers_not_comparisons():
     data = _agreeing_markers(30, 2, 5)
-    table = validation.marker_agreement(data, n_boot=400, n_perm=100, seed=4).set_index("metric")
+    table = judgement_agreement.marker_agreement(data, n_boot=400, n_perm=100, seed=4).set_index("metric")
     # explicit marker resamples with the same generator reproduce the interval
     counts = bootstrap_group_counts(30, 400, 4)
     codes, _ = pd.factorize(data.sort_values(["marker_id", "rater_id"])["marker_id"])
@@ -133,8 +133,8 @@ i6,en,news,female,a,female
 
 
 def test_label_reference_poststratification_and_kappa_by_hand(tmp_path):
-    ratings = validation.load_label_ratings(write(tmp_path, LABELS))
-    items = validation.item_reference(ratings).set_index("item_id")
+    ratings = judgement_agreement.load_label_ratings(write(tmp_path, LABELS))
+    items = judgement_agreement.item_reference(ratings).set_index("item_id")
     # majority of >= 2 ratings; finer outcomes count as unknown; a tie or a single rating is unresolved
     assert items["reference"].dropna().to_dict() == {"i1": "female", "i2": "male", "i3": "male", "i4": "unknown"}
     assert items["reference"].isna().sum() == 2
@@ -146,7 +146,7 @@ def test_label_reference_poststratification_and_kappa_by_hand(tmp_path):
             "n": [70, 10, 20, 0],
         }
     )
-    row = validation.label_agreement(ratings, corpus).iloc[0]
+    row = judgement_agreement.label_agreement(ratings, corpus).iloc[0]
     # cells: story/female 0.7 (i1 agrees, i2 not: 0.5), story/male 0.1 (i3: 1), news/unknown 0.2 (i4: 1)
     assert row["agreement_weighted"] == pytest.approx(0.7 * 0.5 + 0.1 + 0.2)
     assert row["agreement_unweighted"] == pytest.approx(3 / 4)
@@ -157,7 +157,7 @@ def test_label_reference_poststratification_and_kappa_by_hand(tmp_path):
             ["female", "female", "male", "unknown"], ["female", "male", "male", "unknown"], sample_weight=weights
         )
     )
-    unweighted = validation.label_agreement(ratings, None).iloc[0]
+    unweighted = judgement_agreement.label_agreement(ratings, None).iloc[0]
     assert unweighted["agreement_weighted"] == pytest.approx(3 / 4) and not unweighted["poststratified"]
 
 
@@ -170,13 +170,13 @@ def test_fleiss_kappa_by_hand():
             "human": ["female", "female", "male", "male", "female", "male"],
         }
     )
-    kappa, n_items, k = validation.fleiss(ratings)
+    kappa, n_items, k = judgement_agreement.fleiss(ratings)
     assert kappa == pytest.approx(1 / 3) and (n_items, k) == (3, 2)
     # an item with a third rating is cut to the common two; an item with one rating is left out
     extra = pd.concat(
         [ratings, pd.DataFrame({"item_id": ["x", "w"], "rater_id": ["c", "a"], "human": ["female", "male"]})]
     )
-    kappa, n_items, k = validation.fleiss(extra)
+    kappa, n_items, k = judgement_agreement.fleiss(extra)
     assert kappa == pytest.approx(1 / 3) and (n_items, k) == (3, 2)
 
 
@@ -200,7 +200,7 @@ def test_fleiss_kappa_by_hand():
 def test_marker_csv_problems_name_file_row_and_column(tmp_path, text, message):
     path = write(tmp_path, text)
     with pytest.raises(HumanFileError) as err:
-        validation.load_marker_ratings(path)
+        judgement_agreement.load_marker_ratings(path)
     assert str(path) in str(err.value) and message in str(err.value)
 
 
@@ -216,19 +216,19 @@ def test_marker_csv_problems_name_file_row_and_column(tmp_path, text, message):
 def test_label_csv_problems_name_file_row_and_column(tmp_path, row, message):
     path = write(tmp_path, LABELS + row + "\n")
     with pytest.raises(HumanFileError) as err:
-        validation.load_label_ratings(path)
+        judgement_agreement.load_label_ratings(path)
     assert str(path) in str(err.value) and f"row {len(LABELS.splitlines()) + 1}" in str(err.value)
     assert message in str(err.value)
 
 
 def test_a_missing_file_is_named(tmp_path):
     with pytest.raises(HumanFileError, match="file not found"):
-        validation.load_label_ratings(tmp_path / "absent.csv")
+        judgement_agreement.load_label_ratings(tmp_path / "absent.csv")
 
 
 def test_spearman_matches_scipy_on_marker_means():
     data = _agreeing_markers(40, 3, 8)
-    table = validation.marker_agreement(data, n_boot=100, n_perm=100, seed=0).set_index("metric")
+    table = judgement_agreement.marker_agreement(data, n_boot=100, n_perm=100, seed=0).set_index("metric")
     per_marker = data.groupby("marker_id").agg(h=("human", "mean"), a=("automated", "first"))
     assert table.loc["spearman", "estimate"] == pytest.approx(
         stats.spearmanr(per_marker["h"], per_marker["a"]).statistic
@@ -256,19 +256,21 @@ def test_high_agreement_subset_by_hand(tmp_path):
     the share whose own context is strictly highest, 1/3."""
     from storybias.stages.figures import probes_advantage
 
-    ratings = validation.load_marker_ratings(write(tmp_path, CONTEXT_MARKERS))
-    table = validation.marker_agreement(ratings, n_boot=300, n_perm=100, seed=1).set_index("metric")
-    advantage = table.loc[validation.SUBSET_ADVANTAGE]
+    ratings = judgement_agreement.load_marker_ratings(write(tmp_path, CONTEXT_MARKERS))
+    table = judgement_agreement.marker_agreement(ratings, n_boot=300, n_perm=100, seed=1).set_index("metric")
+    advantage = table.loc[judgement_agreement.SUBSET_ADVANTAGE]
     assert advantage["estimate"] == pytest.approx(1.0) and advantage["n_markers"] == 3
     assert advantage["ci_low"] <= 1.0 <= advantage["ci_high"]
-    assert table.loc[validation.SUBSET_SELF_HIGHEST, "estimate"] == pytest.approx(1 / 3)
+    assert table.loc[judgement_agreement.SUBSET_SELF_HIGHEST, "estimate"] == pytest.approx(1 / 3)
     # the names figure 19 reads (the figures may not import stage 06)
     assert (probes_advantage.SUBSET_ADVANTAGE, probes_advantage.SUBSET_SELF_HIGHEST) == (
-        validation.SUBSET_ADVANTAGE,
-        validation.SUBSET_SELF_HIGHEST,
+        judgement_agreement.SUBSET_ADVANTAGE,
+        judgement_agreement.SUBSET_SELF_HIGHEST,
     )
-    without = validation.marker_agreement(validation.load_marker_ratings(write(tmp_path, MARKERS)), 100, 100)
-    assert validation.SUBSET_ADVANTAGE not in set(without["metric"])  # no context scores, no subset
+    without = judgement_agreement.marker_agreement(
+        judgement_agreement.load_marker_ratings(write(tmp_path, MARKERS)), 100, 100
+    )
+    assert judgement_agreement.SUBSET_ADVANTAGE not in set(without["metric"])  # no context scores, no subset
     partial = "marker_id,language,rater_id,human,automated,automated_en,automated_fr\nA,en,r1,6,6,6,3\n"
     with pytest.raises(HumanFileError, match=r"row 1 \(header\).*without automated_zh"):
-        validation.load_marker_ratings(write(tmp_path, partial, "partial.csv"))
+        judgement_agreement.load_marker_ratings(write(tmp_path, partial, "partial.csv"))

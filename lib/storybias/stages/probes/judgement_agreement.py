@@ -1,7 +1,7 @@
 """Human validation of the automated judgements (Feng et al., *Beyond Surface Cues*, arXiv:2608.23026, App. D.2).
 
 Two CSV files, both optional (``probes.human_validation``), described in
-``storybias.evidence.validation_ratings`` and checked by the one checker of human-input files
+``storybias.evidence.judgement_ratings`` and checked by the one checker of human-input files
 (``storybias.evidence.human_files``) when the profile loads, before any work; every problem names the
 file, the row (as a spreadsheet shows it: the header is row 1) and the column.
 
@@ -54,9 +54,9 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from storybias.evidence.validation_ratings import CONTEXT_SCORES, CONTEXTS, GENRES, LABELS, SCALE
-from storybias.evidence.validation_ratings import load_label_ratings as load_label_ratings
-from storybias.evidence.validation_ratings import load_marker_ratings as load_marker_ratings
+from storybias.evidence.judgement_ratings import CONTEXT_SCORES, CONTEXTS, GENRES, LABELS, SCALE
+from storybias.evidence.judgement_ratings import load_label_ratings as load_label_ratings
+from storybias.evidence.judgement_ratings import load_marker_ratings as load_marker_ratings
 from storybias.stats.agreement import (
     cohen_kappa,
     fleiss_kappa_counts,

@@ -14,9 +14,9 @@ annotator_id the annotator (pseudonymous)
 score        0 (unsupported), 1 (partially supported) or 2 (clearly supported), written as one digit
 ============ ==========================================================================================
 
-The file is described here (``EXTRACTION_VALIDATION``) and checked and read by the one checker of
+The file is described here (``SUPPORT_RATINGS``) and checked and read by the one checker of
 human-input files (``storybias.evidence.human_files``), below the configuration layer, so that ``make
-check-params`` reads it before any work starts; the statistics are ``storybias.stages.extract.validation``.
+check-params`` reads it before any work starts; the statistics are ``storybias.stages.extract.extraction_precision``.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ FIELDS: tuple[str, ...] = ("adjectives", "settings", "cultural_refs")  # stage 0
 SCORES: tuple[int, ...] = (0, 1, 2)  # unsupported, partially supported, clearly supported
 MAX_PROBLEMS = human_files.MAX_PROBLEMS
 
-EXTRACTION_VALIDATION = HumanFile(
+SUPPORT_RATINGS = HumanFile(
     what="the extraction validation file",
     row_name="judgement",
     columns=(
@@ -50,14 +50,14 @@ EXTRACTION_VALIDATION = HumanFile(
 )
 
 
-def validate_extraction_validation(path: str | Path) -> list[str]:
+def check_support_ratings(path: str | Path) -> list[str]:
     """Every problem of a human extraction-validation CSV (BiasedTales-ML, arXiv:2604.17008, Sec. 3;
-    ``EXTRACTION_VALIDATION``), each naming the file, the row and the column; at most ``MAX_PROBLEMS``.
+    ``SUPPORT_RATINGS``), each naming the file, the row and the column; at most ``MAX_PROBLEMS``.
     Empty list when the file is usable."""
-    return check_file(path, EXTRACTION_VALIDATION)
+    return check_file(path, SUPPORT_RATINGS)
 
 
-def load_extraction_validation(path: str | Path) -> pd.DataFrame:
+def load_support_ratings(path: str | Path) -> pd.DataFrame:
     """The checked CSV as a frame with the six columns, strings stripped and ``score`` an int 0-2, read by
     the same reader as the check. Raises ValueError (HumanFileError) listing every problem."""
-    return read_file(path, EXTRACTION_VALIDATION)[list(COLUMNS)]
+    return read_file(path, SUPPORT_RATINGS)[list(COLUMNS)]

@@ -11,7 +11,7 @@ import pytest
 from profile_files import read_smoke, write_profile
 from storybias.config import models, params
 from storybias.config.params import ModelSpec, ParamsError
-from storybias.engines import cache, serve
+from storybias.engines import cache, local_servers
 from storybias.engines.prepare import prepare_models
 
 EMBEDDED = ModelSpec(name="m", source="embedded")
@@ -47,7 +47,7 @@ def test_int8_answers_are_keyed_apart_and_bf16_keeps_the_keys_stored_before_the_
     assert cache._digest(cache.model_identity(small)) == "2ab8b79fc6100be4"
     assert cache.model_identity(INT8)["embedded"] == models.embedded_weights().int8_sha256
     assert cache._digest(cache.model_identity(INT8)) != cache._digest(cache.model_identity(EMBEDDED))
-    assert serve.serve_key(INT8) != serve.serve_key(EMBEDDED), "one server per set of weights"
+    assert local_servers.serve_key(INT8) != local_servers.serve_key(EMBEDDED), "one server per set of weights"
 
 
 def test_int8_reruns_the_stage_of_that_model_and_bf16_keeps_the_stamps(tmp_path):

@@ -189,6 +189,21 @@ def test_compare_variants_flags_a_variant_worse_than_the_baseline():
     assert table.loc["same", "prompt_tokens_per_story"] == 500 and table.loc["baseline", "requests_per_story"] == 2
 
 
+def test_the_cheapest_not_worse_variant_is_on_the_token_front():
+    table = pd.DataFrame(
+        {
+            "variant": ["baseline", "worse_but_cheap", "short_prompt", "short_answer", "both_shorter"],
+            "not_worse": [True, False, True, True, True],
+            "prompt_tokens_per_story": [2000.0, 100.0, 900.0, 1900.0, 1000.0],
+            "output_tokens_per_story": [130.0, 20.0, 125.0, 80.0, 100.0],
+        }
+    )
+    assert gold_compare.cheapest_not_worse(table) == "short_answer"
+    assert gold_compare.cheapest_not_worse(table[table["variant"] != "short_answer"]) == "both_shorter"
+    with pytest.raises(ValueError, match="no variant is not worse"):
+        gold_compare.cheapest_not_worse(table.assign(not_worse=False))
+
+
 def test_gold_variants_runs_each_variant_once_and_writes_the_table(tmp_path, monkeypatch):
     (tmp_path / "docs" / "measurements").mkdir(parents=True)
     for name in ("params", "config"):
@@ -203,6 +218,7 @@ def test_gold_variants_runs_each_variant_once_and_writes_the_table(tmp_path, mon
     assert len(calls) == 2 * n_gold  # one answer per story and variant (the fake's answers do not parse)
     table = pd.read_csv(tmp_path / gold_variants.TABLE_PATH)
     assert list(table["variant"]) == ["baseline", "one"] and "macro_accuracy_known_low" in text
+    assert table["settings"].fillna("").tolist() == ["", "worked_examples=1"] and table["chosen"].sum() == 1
     assert table["prompt_tokens_per_story"].tolist() == [11.0, 11.0] and table["n_parsed"].tolist() == [0, 0]
     gold_variants.gold_variants(p, [*args, "two:worked_examples=1,prompt_design=one_answer,map_fields=null"], False, 50)
     assert len(calls) == 3 * n_gold, "kept variants are not asked again"

@@ -26,7 +26,7 @@ from storybias.core import paths
 from storybias.engines import ChatEngine, ChatRequest, ChatResult, open_engine
 from storybias.stages.extract import evaluate_gold
 from storybias.stages.extract.gold import GOLD_SECTIONS, choose_gold_items, gold_truth
-from storybias.stages.extract.gold_compare import compare_variants
+from storybias.stages.extract.gold_compare import cheapest_not_worse, compare_variants
 from storybias.stages.extract.prompt import extraction_request
 
 TABLE_PATH = Path("docs") / "measurements" / "extraction_prompt_variants.csv"
@@ -137,8 +137,10 @@ def _kept(out: Path, name: str, settings: ExtractionSettings) -> bool:
     return json.loads(summary.read_text()).get("settings") == settings.model_dump(mode="json")
 
 
-def variants_table(params: Params, names: list[str], n_boot: int, seed: int) -> pd.DataFrame:
-    """The kept results of ``names`` (the first is the baseline) as one table (``compare_variants``)."""
+def variants_table(params: Params, variants: list[tuple[str, dict[str, Any]]], n_boot: int, seed: int) -> pd.DataFrame:
+    """The kept results of ``variants`` (the first is the baseline) as one table (``compare_variants``),
+    with each variant's settings and whether it is the one to choose (``cheapest_not_worse``)."""
+    names = [name for name, _ in variants]
     out = results_dir(params)
     items = choose_gold_items(None, params.profile.extract.seed)
     predictions, costs = {}, {}
@@ -151,7 +153,9 @@ def variants_table(params: Params, names: list[str], n_boot: int, seed: int) -> 
             [_record(frame.loc[it["id"]]) for it in items],
         )
         costs[name] = summary
-    return compare_variants(predictions, costs, n_boot=n_boot, seed=seed)
+    table = compare_variants(predictions, costs, n_boot=n_boot, seed=seed)
+    table.insert(1, "settings", ["; ".join(f"{k}={v}" for k, v in o.items()) for _, o in variants])
+    return table.assign(chosen=table["variant"] == cheapest_not_worse(table))
 
 
 def _record(row: pd.Series) -> dict[str, Any]:
@@ -168,6 +172,6 @@ def gold_variants(params: Params, variant_args: list[str], table_only: bool, n_b
         raise ValueError("--variant: a name is given twice")
     if not table_only:
         run_variants(params, variants)
-    table = variants_table(params, [name for name, _ in variants], n_boot, params.profile.extract.seed)
+    table = variants_table(params, variants, n_boot, params.profile.extract.seed)
     table.to_csv(paths.repo_root() / TABLE_PATH, index=False)
     return table.to_string(index=False)

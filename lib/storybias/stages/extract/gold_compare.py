@@ -3,8 +3,8 @@ written as ratios of per-story counts, so that a paired bootstrap over the stori
 (storybias.stats.bootstrap.paired_bootstrap_difference) gives each measure's difference with an
 interval, and the table of variants against a baseline with what each costs.
 
-A variant is "not worse" when, for every measure, the 95% interval of its difference from the baseline
-includes 0 or lies above it (issue #61's rule).
+A variant is "not worse" when, for every ruled measure, the 95% interval of its difference from the
+baseline includes 0 or lies above it (issue #61's rule); :func:`cheapest_not_worse` picks among those.
 """
 
 from __future__ import annotations
@@ -119,3 +119,17 @@ def _cost(summary: Mapping[str, Any]) -> dict[str, Any]:
         "output_tokens_per_story": round(summary["output_tokens"] / n, 1),
         "seconds": summary["seconds"],
     }
+
+
+def cheapest_not_worse(table: pd.DataFrame) -> str:
+    """The variant of a :func:`compare_variants` table to choose: among those not worse (the baseline
+    is), the ones no other not-worse variant beats on both prompt and output tokens per story (each
+    answer's cost: the prompt's tokens are prefilled or read by attention, every output token is a
+    decode step); of those, the fewest output tokens, then the fewest prompt tokens."""
+    ok = table[table["not_worse"]]
+    if ok.empty:
+        raise ValueError("table: no variant is not worse than the baseline (the baseline itself should be)")
+    cost = ok[["prompt_tokens_per_story", "output_tokens_per_story"]].to_numpy()
+    dominated = [bool(((cost <= c).all(1) & (cost < c).any(1)).any()) for c in cost]
+    front = ok[~np.array(dominated)]
+    return str(front.sort_values(["output_tokens_per_story", "prompt_tokens_per_story"])["variant"].iloc[0])

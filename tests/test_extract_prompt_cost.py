@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from fake_engine import FakeEngine
 from storybias.config import params
 from storybias.core import paths
+from storybias.evidence.recorded import RECORDED_COLUMNS
 from storybias.stages.extract import answers as extract
 from storybias.stages.extract import gold_compare
 from storybias.stats.bootstrap import paired_bootstrap_difference
@@ -219,6 +220,7 @@ def test_gold_variants_runs_each_variant_once_and_writes_the_table(tmp_path, mon
     table = pd.read_csv(tmp_path / gold_variants.TABLE_PATH)
     assert list(table["variant"]) == ["baseline", "one"] and "macro_accuracy_known_low" in text
     assert table["settings"].fillna("").tolist() == ["", "worked_examples=1"] and table["chosen"].sum() == 1
+    assert tuple(table.columns) == RECORDED_COLUMNS["extraction_prompt_variants"], "the recorded table's columns"
     assert table["prompt_tokens_per_story"].tolist() == [11.0, 11.0] and table["n_parsed"].tolist() == [0, 0]
     gold_variants.gold_variants(p, [*args, "two:worked_examples=1,prompt_design=one_answer,map_fields=null"], False, 50)
     assert len(calls) == 3 * n_gold, "kept variants are not asked again"

@@ -122,7 +122,7 @@ define report_only
 	@$(PY) -m storybias.cli run-stage $(2) notebooks/$(1).ipynb $(PARAMS) --target $< --report-only
 endef
 
-.PHONY: help where venv model check-params stamps paper _paper _served llama-server test test-fast lint format typecheck bench-generate bench-engine decode-ceiling stage-times bench-ray plan bench-associations bench-import publish-notebooks lab clean-run what-moved FORCE
+.PHONY: help where venv model check-params stamps paper _paper _served llama-server test test-fast lint format typecheck bench-generate bench-engine decode-ceiling stage-times bench-ray plan bench-associations bench-import gold-variants publish-notebooks lab clean-run what-moved FORCE
 
 # `$(HOLD_RUN) $(MAKE) _served SERVED=NAME`: what every stage goal and `make paper` run to make
 # $(GOALS_NAME) (the $(MAKE) is written out in each recipe, so `make -n` shows the plan). Under the run's
@@ -226,6 +226,16 @@ bench-associations: $(VENV_STAMP)  ## stage 04's statistics at paper scale on sy
 
 bench-import: $(VENV_STAMP)  ## import a paper-scale synthetic StereoTales release, then stages 02-04 on it (no model)
 	$(PY) -m storybias.cli bench-import
+
+# Stage 03's prompt variants on the full gold set, one engine of PARAMS' first extractor (issue #61;
+# docs/measurements/extraction_prompt_variants.csv): the first variant is the baseline, each NAME:key=value,...
+# sets extract settings; results kept under data/gold_variants/<run>/, so a rerun asks only new variants.
+GOLD_VARIANTS ?= baseline instructions_once:example_instructions=first_turn \
+	one_answer:prompt_design=one_answer,map_fields=null examples_1:worked_examples=1 \
+	once_one_answer:example_instructions=first_turn,prompt_design=one_answer,map_fields=null
+gold-variants: $(VENV_STAMP)  ## stage 03's prompt variants on the gold set: accuracy vs the first, tokens, seconds
+	LD_PRELOAD="$$($(PY) -c 'from storybias.config.checks import cpu_preload_libraries as c; print(c() or "")')" \
+	$(PY) -m storybias.cli gold-variants $(PARAMS) $(foreach v,$(GOLD_VARIANTS),--variant $(v))
 
 # llama.cpp's llama-server (generation.engine.shared_server_kind: llama.cpp; tests/test_llamacpp_slow.py), built
 # once per environment from the llama.cpp tree PyPI's llama-cpp-python sdist vendors; the build is cached

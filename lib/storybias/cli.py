@@ -31,6 +31,8 @@ bench-ray PARAMS           time a smoke generation through Ray Data's vLLM proce
 plan PARAMS                stage 01's work per design and model: requests, tokens, wall time on planning.gpus
 bench-associations         time stage 04's association tests at paper scale on synthetic extractions
 bench-import               time importing a paper-scale synthetic StereoTales release and stages 02-04 on it
+gold-variants PARAMS --variant NAME[:key=value,...] ...   stage 03's extract settings on the gold set, each
+                           against the first (paired bootstrap), with tokens and seconds per variant
 explorer PARAMS [--max-stories N]   write figures/<run>/explorer.html (stories + associations browser)
 run-stage STAGE NOTEBOOK PARAMS [--target FILE] [--report-only]   what Make runs: the notebook under
                            the run's lock (--report-only: the target is up to date, only its executed
@@ -87,6 +89,7 @@ from storybias.tools.cost import estimate, format_estimate
 from storybias.tools.decode_ceiling import NUMERICS as CEILING_NUMERICS
 from storybias.tools.decode_ceiling import SEQUENCES as CEILING_SEQUENCES
 from storybias.tools.decode_ceiling import measure as measure_decode_ceiling
+from storybias.tools.gold_variants import gold_variants
 from storybias.tools.notebook_runner import run_stage
 from storybias.tools.planning import format_plan, profile_plan
 from storybias.tools.publish import publish_notebooks
@@ -163,6 +166,11 @@ def _add_bench_commands(sub: argparse._SubParsersAction) -> None:
         help="tables checked against the 500,000-resample Monte-Carlo Fisher test",
     )
     bench_assoc.add_argument("--jobs", type=int, default=None, help="worker processes (default: every core)")
+    variants = sub.add_parser("gold-variants", help="extract prompt variants on the gold set, against the first")
+    variants.add_argument("params")
+    variants.add_argument("--variant", action="append", required=True, help="NAME or NAME:key=value,... (extract)")
+    variants.add_argument("--table-only", action="store_true", help="write the table from the kept results")
+    variants.add_argument("--n-boot", type=int, default=2000)
     bench_import = sub.add_parser("bench-import")
     bench_import.add_argument("--n-stories", type=int, default=650_000)
     bench_import.add_argument("--n-models", type=int, default=23)
@@ -436,6 +444,15 @@ def _bench_import(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     return 0 if r["meets_target"] else 1
 
 
+def _gold_variants(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    try:
+        print(gold_variants(_load(args.params), args.variant, args.table_only, args.n_boot))
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"storybias: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def _bench_associations(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     r = bench_associations(
         n_stories=args.n_stories,
@@ -495,6 +512,7 @@ _COMMANDS: dict[str, Handler] = {
     "plan": _plan,
     "bench-associations": _bench_associations,
     "bench-import": _bench_import,
+    "gold-variants": _gold_variants,
     "explorer": _explorer,
     "with-servers": _with_servers,
     "hold-run": _hold_run,

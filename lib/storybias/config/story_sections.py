@@ -462,6 +462,14 @@ class ExtractionSettings(Strict):
     # from reading or writing) in the instructions of both steps, and its defaults (extraction_defaults)
     # applied to a parsed answer's unknown. false: storybias' instructions without them.
     design_rules: bool = True
+    # What the prompt costs (issue #61; docs/measurements/extraction_prompt_variants.csv measures each
+    # against the gold set). ``worked_examples``: how many of params/extract/worked_examples.yaml's
+    # examples are shown, in the file's order (None = all of them). ``example_instructions``: "every_turn"
+    # repeats the instructions before each worked example's story and before the story to extract;
+    # "first_turn" writes them once, in the first user turn, and the later turns carry "Story:" and the
+    # story alone (with no worked example, the one turn keeps them).
+    worked_examples: Annotated[int, Field(ge=0)] | None = None
+    example_instructions: Literal["every_turn", "first_turn"] = "every_turn"
     # StereoTales' reference runs a refusal check before extracting, and a refusal's fields are all
     # unknown. The designs listed here do the same with stage 02's refusal check (its pattern rules,
     # filter.refusal_patterns; the reference asks an LLM): a story flagged as a refusal is not sent to

@@ -31,6 +31,14 @@ RECORDED_COLUMNS: dict[str, tuple[str, ...]] = {
         "design_rules", "truth", "macro_accuracy_known", "answered_known", "unknown_kept", "macro_known_no_health",
         "answered_no_health", "unknown_kept_no_health", "health_accuracy", "gender", "adjective_f1",
     ),
+    "extraction_prompt_variants": (
+        "variant", "settings",
+        *(f"{m}{part}" for m in (
+            "macro_accuracy_known", "answered_known", "unknown_kept", "gender_accuracy", "adjective_f1"
+        ) for part in ("", "_diff", "_low", "_high")),
+        "not_worse", "n_stories", "n_parsed", "requests_per_story", "prompt_tokens_per_story",
+        "output_tokens_per_story", "seconds", "chosen",
+    ),
 }  # fmt: skip
 
 

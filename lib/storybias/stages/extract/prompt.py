@@ -107,16 +107,37 @@ def example_answer(answer: dict[str, Any], sections: Sequence[str], with_facts: 
     return json.dumps({k: answer[k] for k in keys}, ensure_ascii=False)
 
 
+def story_turn(story: str) -> str:
+    """A user turn after the first under ``extract.example_instructions: first_turn``: the story alone."""
+    return "\n".join(["Story:", story])
+
+
+def shown_examples(wanted: int | None, examples: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The worked examples the prompt shows: the first ``wanted`` (``extract.worked_examples``) of the
+    file (all when None); asking for more than the file holds is an error naming the setting."""
+    if wanted is None:
+        return list(examples)
+    if wanted > len(examples):
+        raise ValueError(
+            f"extract.worked_examples: {wanted} asked, {paths.worked_examples_path().name} holds {len(examples)}"
+        )
+    return list(examples[:wanted])
+
+
 @cache
 def _example_turns(
-    sections: tuple[str, ...], with_facts: bool, design_rules: bool, examples_version: tuple[str, int]
+    sections: tuple[str, ...], with_facts: bool, shape: tuple[bool, int | None, str], examples_version: tuple[str, int]
 ) -> tuple[tuple[str, str], ...]:
-    """The worked examples as (role, content) turns, built once per section set, with_facts, rules and
-    version of the examples file (every story's request and fingerprint starts with them)."""
+    """The worked examples as (role, content) turns, built once per section set, with_facts, prompt shape
+    (design_rules, worked_examples, example_instructions) and version of the examples file (every story's
+    request and fingerprint starts with them)."""
+    design_rules, wanted, instructions = shape
     turns: list[tuple[str, str]] = []
-    for example in _read_worked_examples(*examples_version):
+    for example in shown_examples(wanted, _read_worked_examples(*examples_version)):
+        instructed = not (instructions == "first_turn" and turns)
+        text = example["text"]
         turns += [
-            ("user", build_prompt(example["text"], sections, with_facts, design_rules)),
+            ("user", build_prompt(text, sections, with_facts, design_rules) if instructed else story_turn(text)),
             ("assistant", example_answer(example["answer"], sections, with_facts)),
         ]
     return tuple(turns)
@@ -130,14 +151,17 @@ def asks_facts(settings: ExtractionSettings, sections: Sequence[str]) -> bool:
 
 def extraction_messages(story: str, sections: Sequence[str], settings: ExtractionSettings) -> list[dict[str, str]]:
     """The chat of one extraction answer: the worked examples as earlier turns, then the instructions
-    with the story. Everything before the story is the same for every story, so the engine's prefix
+    with the story (the story alone when ``extract.example_instructions: first_turn`` gave them in an
+    example's turn). Everything before the story is the same for every story, so the engine's prefix
     cache computes it once."""
     facts = asks_facts(settings, sections)
     path = paths.worked_examples_path()
-    rules = settings.design_rules
-    turns = _example_turns(tuple(sections), facts, rules, (str(path), path.stat().st_mtime_ns))
+    shape = (settings.design_rules, settings.worked_examples, settings.example_instructions)
+    turns = _example_turns(tuple(sections), facts, shape, (str(path), path.stat().st_mtime_ns))
     messages = [{"role": role, "content": content} for role, content in turns]
-    return [*messages, {"role": "user", "content": build_prompt(story, sections, facts, rules)}]
+    if turns and settings.example_instructions == "first_turn":
+        return [*messages, {"role": "user", "content": story_turn(story)}]
+    return [*messages, {"role": "user", "content": build_prompt(story, sections, facts, settings.design_rules)}]
 
 
 def extraction_request(

@@ -78,7 +78,8 @@ def _profile(folder: Path, run_name: str, n_prompts: int = 1, shard_size: int = 
         "models": [dict(MODEL)],
         "sections": {"stereotales": ["demographics"], "occupations": ["markers"]},
         "prompt_design": "one_answer",
-        "max_tokens": 160,
+        "worked_examples": 0,  # prompts of a few hundred tokens: llama-server reads them at 2 threads
+        "max_tokens": 360,  # without worked examples the 0.5B indents its JSON: room for the whole object
         "max_list_items": 2,
         "retries": 0,
         "self_consistency_sample": 0,

@@ -31,6 +31,10 @@ RECORDED_COLUMNS: dict[str, tuple[str, ...]] = {
         "design_rules", "truth", "macro_accuracy_known", "answered_known", "unknown_kept", "macro_known_no_health",
         "answered_no_health", "unknown_kept_no_health", "health_accuracy", "gender", "adjective_f1",
     ),
+    "backends_and_weights": (
+        "backend", "weights", "sequences", "prompts", "tokens_per_request", "repeat", "startup_s", "tokens_per_s",
+        "machine", "sitting",
+    ),
     "extraction_prompt_variants": (
         "variant", "settings",
         *(f"{m}{part}" for m in (

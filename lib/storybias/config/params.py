@@ -44,7 +44,12 @@ from storybias.config.designs import design_cells, get
 from storybias.config.designs import get as get_design
 from storybias.config.input_stamps import HASH_STORE, InputFileError, note_read, stage_files, stage_stamp
 from storybias.config.llamacpp import llama_cpp_problems
-from storybias.config.output_fields import ADDED_MODEL_FIELDS, STAMP_IGNORED_ENGINE_FIELDS, STAMP_IGNORED_MODEL_FIELDS
+from storybias.config.output_fields import (
+    ADDED_EXTRACTION_FIELDS,
+    ADDED_MODEL_FIELDS,
+    STAMP_IGNORED_ENGINE_FIELDS,
+    STAMP_IGNORED_MODEL_FIELDS,
+)
 from storybias.config.overrides import OverrideError, apply_overrides, derived_run_name, normalize_overrides
 from storybias.config.prompts import available_languages
 from storybias.config.prompts import names as design_names
@@ -271,6 +276,8 @@ def _output_shaping(value: Any, dumped: Any) -> Any:
             skip = STAMP_IGNORED_MODEL_FIELDS | at_default
         elif isinstance(value, EngineSettings):
             skip = STAMP_IGNORED_ENGINE_FIELDS
+        elif isinstance(value, ExtractionSettings):
+            skip = frozenset(k for k, default in ADDED_EXTRACTION_FIELDS.items() if dumped.get(k) == default)
         return {k: _output_shaping(getattr(value, k, None), v) for k, v in dumped.items() if k not in skip}
     if isinstance(value, list | tuple) and isinstance(dumped, list):
         return [_output_shaping(item, d) for item, d in zip(value, dumped, strict=False)]

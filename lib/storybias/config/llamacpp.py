@@ -27,12 +27,13 @@ BINARY_VARIABLE = "STORYBIAS_LLAMA_SERVER"
 
 class LlamaCppSettings(BaseModel):
     """``generation.engine.llama_cpp``: the llama-server command line's sizes. Each of the ``parallel``
-    slots gets ``ctx_size / parallel`` tokens of context (prompt and answer together): by default 4,096,
-    a model's default ``max_model_len``, which the stages fit their prompts to."""
+    slots gets ``ctx_size / parallel`` tokens of context (prompt and answer together): by default 8,192.
+    A model's default ``max_model_len`` (4,096) bounds a prompt, but stage 03's second step on the smoke
+    profile asked for 3,458 prompt tokens plus its 700 max_tokens, which 4,096 a slot refused before sending."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    ctx_size: Annotated[int, Field(ge=256)] = 16384  # -c: the whole KV cache, shared out among the slots
+    ctx_size: Annotated[int, Field(ge=256)] = 32768  # -c: the whole KV cache (about 1 GB for the 1.5B), shared out
     parallel: Annotated[int, Field(ge=1)] = 4  # -np: requests decoded together (storybias sends as many at once)
     threads: Annotated[int, Field(ge=1)] | None = None  # -t; null: every core of the machine
     # llama.cpp's weight repacking into its extra CPU buffer types (AVX-512 layouts, and AMX where the CPU has

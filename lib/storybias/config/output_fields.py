@@ -78,10 +78,14 @@ OPERATIONAL_ENGINE_FIELDS = frozenset(
     }
 )
 
-# Fields added after answers were cached and stages stamped: at their default they leave the cache key
-# and the stamps as they were, so adding the setting reruns nothing; any other value enters both.
-ADDED_MODEL_FIELDS = {"weights": "bf16"}
-ADDED_EXTRACTION_FIELDS = {"worked_examples": None, "example_instructions": "every_turn"}  # stage 03's prompt cost
+# Fields added after answers were cached and stages stamped, by the settings class that holds them: at
+# their default they leave the cache key and the stamps as they were, so adding the setting reruns nothing;
+# any other value enters both.
+ADDED_FIELDS: dict[str, dict[str, object]] = {
+    "ModelSpec": {"weights": "bf16"},
+    "ExtractionSettings": {"worked_examples": None, "example_instructions": "every_turn"},  # stage 03's prompt cost
+}
+ADDED_MODEL_FIELDS = ADDED_FIELDS["ModelSpec"]
 
 # What a stage's params stamp leaves out: the operational settings (an output cannot change with them),
 # and how the weights are loaded (a server's setting). A model's display name stays in: it is in the rows.

@@ -44,12 +44,7 @@ from storybias.config.designs import design_cells, get
 from storybias.config.designs import get as get_design
 from storybias.config.input_stamps import HASH_STORE, InputFileError, note_read, stage_files, stage_stamp
 from storybias.config.llamacpp import llama_cpp_problems
-from storybias.config.output_fields import (
-    ADDED_EXTRACTION_FIELDS,
-    ADDED_MODEL_FIELDS,
-    STAMP_IGNORED_ENGINE_FIELDS,
-    STAMP_IGNORED_MODEL_FIELDS,
-)
+from storybias.config.output_fields import ADDED_FIELDS, STAMP_IGNORED_ENGINE_FIELDS, STAMP_IGNORED_MODEL_FIELDS
 from storybias.config.overrides import OverrideError, apply_overrides, derived_run_name, normalize_overrides
 from storybias.config.prompts import available_languages
 from storybias.config.prompts import names as design_names
@@ -268,16 +263,15 @@ class Params:
 
 def _output_shaping(value: Any, dumped: Any) -> Any:
     """``dumped`` (``value``'s JSON dump) without the operational fields of every ModelSpec and
-    EngineSettings in it (STAMP_IGNORED_MODEL_FIELDS, STAMP_IGNORED_ENGINE_FIELDS)."""
+    EngineSettings in it (STAMP_IGNORED_MODEL_FIELDS, STAMP_IGNORED_ENGINE_FIELDS), nor the fields added
+    after runs existed while they hold their default (ADDED_FIELDS)."""
     if isinstance(value, BaseModel) and isinstance(dumped, dict):
-        skip: frozenset[str] = frozenset()
+        added = ADDED_FIELDS.get(type(value).__name__, {})
+        skip = frozenset(k for k, default in added.items() if dumped.get(k) == default)
         if isinstance(value, ModelSpec):
-            at_default = {k for k, default in ADDED_MODEL_FIELDS.items() if dumped.get(k) == default}
-            skip = STAMP_IGNORED_MODEL_FIELDS | at_default
+            skip |= STAMP_IGNORED_MODEL_FIELDS
         elif isinstance(value, EngineSettings):
-            skip = STAMP_IGNORED_ENGINE_FIELDS
-        elif isinstance(value, ExtractionSettings):
-            skip = frozenset(k for k, default in ADDED_EXTRACTION_FIELDS.items() if dumped.get(k) == default)
+            skip |= STAMP_IGNORED_ENGINE_FIELDS
         return {k: _output_shaping(getattr(value, k, None), v) for k, v in dumped.items() if k not in skip}
     if isinstance(value, list | tuple) and isinstance(dumped, list):
         return [_output_shaping(item, d) for item, d in zip(value, dumped, strict=False)]

@@ -7,8 +7,9 @@ scripted answers, injected HTTP errors, a key check and a model list; it records
 chat whose prompt does not fit a slot refused with HTTP 400 and its ``exceed_context_size_error`` body.
 ``dialect="vllm"`` adds vLLM's ``max_model_len`` to the model list and its ``POST /tokenize``
 (``{"count", "max_model_len", "tokens"}``). A token is a whitespace-separated word of the templated prompt.
-Live tokens (the progress bar): llama.cpp's ``GET /slots`` (busy slots' ``next_token.n_decoded``, from
-``decoding``) and vLLM's ``GET /metrics`` (``vllm:generation_tokens_total``, from ``generation_tokens``).
+Live tokens (the progress bar): llama.cpp's ``GET /slots`` (busy slots' ``next_token``, a list of one
+object with ``n_decoded``, as llama-cpp-python 0.3.36's server sends it; from ``decoding``) and vLLM's
+``GET /metrics`` (``vllm:generation_tokens_total``, from ``generation_tokens``).
 
 The slow tests use the real vLLM server instead (tests/test_openai_endpoint_slow.py)."""
 
@@ -91,10 +92,11 @@ class FakeOpenAI:
                         self._send(200, server.props())
                 elif self.path == "/slots" and server.dialect == "llama.cpp":
                     busy = [
-                        {"id": i, "is_processing": True, "next_token": {"n_decoded": n}}
+                        {"id": i, "is_processing": True, "next_token": [{"has_next_token": True, "n_decoded": n}]}
                         for i, n in enumerate(server.decoding)
                     ]
-                    self._send(200, busy + [{"id": len(busy), "is_processing": False, "next_token": {"n_decoded": 9}}])
+                    idle = {"id": len(busy), "is_processing": False, "next_token": [{"n_decoded": 9}]}
+                    self._send(200, [*busy, idle])
                 elif self.path == "/metrics" and server.dialect == "vllm":
                     text = (
                         "# HELP vllm:generation_tokens_total Number of generation tokens processed.\n"

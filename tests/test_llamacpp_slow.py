@@ -20,6 +20,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from urllib.request import Request, urlopen
@@ -162,7 +163,34 @@ def test_a_request_longer_than_a_slot_is_refused_before_anything_is_sent(llama):
     message = str(refused.value)
     assert "'long'" in message and "512" in message and "GET /props" in message, message
     assert "-c " in message and "Nothing was sent" in message, message
-    assert all(slot.get("n_decoded", 0) == 0 for slot in slots), slots
+    assert not any("id_task" in slot for slot in slots), slots  # a slot lists the last task it ran: none ran
+
+
+def test_the_progress_bar_reads_the_running_tokens_from_llama_servers_slots(llama):
+    """The bar's live rate (issue #60 item 5) counts what a running answer decoded so far, from the real
+    server's ``GET /slots`` (whose ``next_token`` is a list in this llama.cpp: read as an object before,
+    the count was never there, and the bar fell back to finished answers)."""
+    server, p, _ = llama
+    spec = p.generation.models[0]
+    sampling = Sampling(temperature=0.0, top_p=1.0, top_k=0, repetition_penalty=1.0, max_tokens=96)
+    count = [{"role": "user", "content": "Count from 1 to 100, one number per line, nothing else."}]
+    seen: list[int | None] = []
+    done = threading.Event()
+    with openai_endpoint.OpenAIEngine.for_local_server(spec, server.entry(), p.generation.engine, 1) as engine:
+
+        def poll() -> None:
+            while not done.wait(0.25):
+                seen.append(engine.tokens_in_flight())
+
+        poller = threading.Thread(target=poll)
+        poller.start()
+        try:
+            results = list(engine.stream([ChatRequest("count", count, sampling, seed=1)]))
+        finally:
+            done.set()
+            poller.join()
+    assert results[0].error is None and results[0].n_tokens > 48, results
+    assert max((n for n in seen if n is not None), default=0) > 0, seen
 
 
 def test_stages_01_to_04_run_against_llama_server(llama):

@@ -2,7 +2,9 @@
 live rate of the progress bar (storybias.engines.progress) for a served model.
 
 - llama.cpp's ``llama-server``: ``GET /slots`` (on by default) lists each slot with ``is_processing`` and
-  ``next_token.n_decoded``, the tokens its running request decoded so far (tools/server/README.md);
+  ``next_token``, a list of one object whose ``n_decoded`` is the tokens its running request decoded so far
+  (``server_slot::to_json`` in the llama.cpp tree of llama-cpp-python 0.3.36; the server's README shows an
+  object, which older servers sent: both are read);
 - vLLM's server: ``GET /metrics`` (Prometheus text) counts every generated token in
   ``vllm:generation_tokens_total``, running requests included; the running ones' share is the counter's
   growth since the stream began minus the tokens of the answers already received. The counter is the
@@ -34,9 +36,21 @@ def llama_cpp_running_tokens(slots: Any) -> int | None:
     for slot in slots:
         if not isinstance(slot, Mapping):
             return None
-        decoded = slot.get("next_token", {}).get("n_decoded", 0) if slot.get("is_processing") else 0
-        total += int(decoded) if isinstance(decoded, int | float) else 0
+        if slot.get("is_processing"):
+            total += sum(_decoded(entry) for entry in _as_list(slot.get("next_token")))
     return total
+
+
+def _as_list(next_token: Any) -> list[Any]:
+    """A slot's ``next_token``: a list (llama.cpp since 2025), an object (older servers), or absent."""
+    if isinstance(next_token, list):
+        return next_token
+    return [next_token] if isinstance(next_token, Mapping) else []
+
+
+def _decoded(entry: Any) -> int:
+    decoded = entry.get("n_decoded", 0) if isinstance(entry, Mapping) else 0
+    return int(decoded) if isinstance(decoded, int | float) else 0
 
 
 def vllm_generated_tokens(metrics: Any) -> float | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import stat
+import subprocess
 import sys
 from pathlib import Path
 
@@ -21,8 +22,10 @@ from storybias.core import paths
 from storybias.engines import LlamaServerEngine, llamacpp, local_servers, open_engine, openai_endpoint, server_starter
 from storybias.engines.base import ChatRequest
 from storybias.engines.cache import engine_identity
+from storybias.engines.context import tokenizer_counter
 from storybias.engines.llamacpp import server_command, server_environment
 from storybias.engines.llamacpp_dialect import choice_grammar, gbnf_literal
+from storybias.stages.extract import facts as extract_facts
 from storybias.tools import bench_llamacpp
 
 SPEC = ModelSpec(name="qwen2.5-coder-0.5b", source="embedded", embedded="qwen2.5-coder-0.5b")
@@ -340,3 +343,57 @@ def test_with_servers_registers_one_llama_server_in_its_dialect_and_stops_it(sta
     [entry] = json.loads(out.read_text()).values()
     assert entry["kind"] == "llama.cpp" and entry["constraints"] == "llama.cpp" and entry["max_concurrency"] == 3
     assert not local_servers.pid_alive(entry["pid"]) and not local_servers.registry_path(p.run_name).exists()
+
+
+# --- step 2's prompts, bounded before step 1 answers ------------------------------------------------
+
+
+def test_step_twos_bound_holds_a_real_step_two_request_and_grows_with_its_facts():
+    """The bound: the prompt without facts, plus max_tokens of facts, plus max_tokens to answer. A step-2
+    request with facts of n tokens (counted by the same tokenizer) needs at most fixed + n + max_tokens."""
+    p = load(paths.params_dir() / "smoke.yaml")
+    settings = p.extract
+    spec = settings.models[0]
+    tokenizer = models.load_tokenizer(spec)
+    count = tokenizer_counter(tokenizer, spec.chat_template_kwargs)
+    fixed, need = extract_facts.map_context_need(settings, count)
+    assert need == fixed + 2 * settings.max_tokens and fixed > 1000  # the worked examples are in it
+    phrase = "35 years old; a nurse at the night shift; rents a small flat with her two sons; "
+    for repeats in (1, 8, 24):
+        facts = (phrase * repeats).strip()
+        n_facts = len(tokenizer.encode(facts, add_special_tokens=False))
+        real = extract_facts.map_requests([{"request_key": "k", "facts": facts}], settings, 1)[0]
+        assert fixed < count(real) <= fixed + n_facts + 2, (repeats, count(real), fixed, n_facts)
+
+
+@pytest.mark.parametrize(
+    ("engine", "extract", "refused"),
+    [
+        ({"llama_cpp": {"ctx_size": 16384, "parallel": 4}}, {}, True),  # the smoke run's refusal, after step 1
+        ({"llama_cpp": {"ctx_size": 16384, "parallel": 4}}, {"max_tokens": 200}, False),
+        ({"llama_cpp": {"ctx_size": 16384, "parallel": 4}}, {"prompt_design": "one_answer"}, False),
+        ({}, {}, False),  # the default 32,768 over 4 slots
+    ],
+)
+def test_a_slot_too_small_for_step_two_is_refused_at_check_params(tmp_path, fake_binary, engine, extract, refused):
+    path = _profile(tmp_path, {"cpu_top_k_first": False, **engine})
+    raw = yaml.safe_load(path.read_text())
+    raw["extract"].update(extract)
+    path.write_text(yaml.safe_dump(raw))
+    problems = extract_facts.llama_cpp_map_problems(load(path))
+    assert bool(problems) == refused, problems
+    if refused:
+        (problem,) = problems
+        assert "generation.engine.llama_cpp.ctx_size / parallel = 16384 / 4 = 4096" in problem, problem
+        assert "extract.max_tokens" in problem and "raise ctx_size to at least" in problem, problem
+        # the check-params command says the same and exits 2
+        ran = subprocess.run(
+            [sys.executable, "-m", "storybias.cli", "check-params", str(path)], capture_output=True, text=True
+        )
+        assert ran.returncode == 2 and "step 2's prompts" in ran.stderr, ran.stderr[-2000:]
+
+
+def test_a_vllm_run_is_not_asked_about_llama_cpps_slots(tmp_path):
+    p = load(paths.params_dir() / "smoke.yaml")
+    assert p.generation.engine.shared_server_kind != "llama.cpp"
+    assert extract_facts.llama_cpp_map_problems(p) == []

@@ -80,6 +80,7 @@ from storybias.stages import generate
 from storybias.stages.associations.power import format_planned, planned_power
 from storybias.stages.associations.tables import MIN_ROW_TOTAL
 from storybias.stages.explorer import build_explorer
+from storybias.stages.extract.facts import llama_cpp_map_problems
 from storybias.tools.bench import bench_associations, bench_generate, bench_served
 from storybias.tools.bench import bench_ray as run_bench_ray
 from storybias.tools.bench_engine import bench_engine
@@ -268,6 +269,8 @@ def _check_params(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     print(format_planned(planned_power(p, stories=stories), p.associations.power_known_share))
     print(format_shortfalls(lens_shortfalls(p, stories, MIN_ROW_TOTAL)))
 
+    if _refused(p, llama_cpp_map_problems(p)):  # needs the extractor's tokenizer: here, not at every load
+        return 2
     rows = estimate(p)
     if rows:
         print(format_estimate(rows))

@@ -24,7 +24,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from storybias.config.designs import demo_columns, extraction_defaults
-from storybias.config.params import ExtractionSettings, ModelSpec, Params
+from storybias.config.params import ExtractionSettings, ModelSpec, Params, ParamsError
 from storybias.core import artifacts, machine
 from storybias.core.io import read_parquet_checked
 from storybias.core.locks import holds_run_lock
@@ -411,6 +411,9 @@ def run(
     }
     gold_items = choose_gold_items(settings.gold_sample, settings.seed) if settings.gold_sample != 0 else []
     log(f"run '{run_name}': {len(stories)} valid stories, {len(jobs)} extraction answers needed")
+    unfit = extract_facts.llama_cpp_map_problems(params) if jobs else []  # before step 1's work, not after
+    if unfit:
+        raise ParamsError(f"{params.source}: " + "; ".join(unfit) + ". Nothing was sent.")
     with_work = _extractors_with_work(engines, jobs, settings)
     # what the timings were measured on (storybias.core.machine), before any engine takes the cores
     ran_on = machine.record_for([spec.source for spec in with_work], probe=engine_factory is None)

@@ -28,18 +28,22 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import cache
 from typing import Any
 
 import pandas as pd
 
 from storybias.config.designs import allowed_values, extraction_rules, map_dimensions
-from storybias.config.params import ExtractionSettings
+from storybias.config.llamacpp import LLAMA_CPP
+from storybias.config.models import load_tokenizer
+from storybias.config.params import ExtractionSettings, Params
 from storybias.engines import ChatRequest
+from storybias.engines.context import tokenizer_counter
 from storybias.evidence.stereotales_taxonomy import reference_taxonomy
 from storybias.stages.extract.parse import parse_answer
 from storybias.stages.extract.prompt import decoding, load_worked_examples
+from storybias.stages.extract.schema import design_sections
 
 MAP_SUFFIX = "_map"
 
@@ -251,3 +255,44 @@ def summary(raw: pd.DataFrame, resolved: pd.DataFrame) -> dict[str, Any]:
         "n_fields_filled": int(sum(filled.values())),
         "filled_per_field": dict(sorted(filled.items())),
     }
+
+
+# --- step 2's context, known before step 1 answers (issue #60) ----------------------------------------
+
+
+def map_context_need(settings: ExtractionSettings, count: Callable[[ChatRequest], int]) -> tuple[int, int]:
+    """Step 2's largest context need before any step-1 answer exists: ``(fixed, need)``, where ``fixed`` is
+    the prompt without facts (instructions, fields, worked examples; ``count`` the tokenizer's count of a
+    request) and ``need`` adds the longest facts a step-1 answer can quote (the whole answer:
+    ``extract.max_tokens`` tokens) and step 2's own ``max_tokens``."""
+    empty = map_requests([{"request_key": "step 2 without facts", "facts": ""}], settings, settings.seed)[0]
+    fixed = count(empty)
+    return fixed, fixed + 2 * settings.max_tokens
+
+
+def llama_cpp_map_problems(params: Params) -> list[str]:
+    """What check-params and stage 03 say, before step 1, when a run served by llama.cpp (whose context per
+    request the profile sets: ``llama_cpp.ctx_size / parallel``) could send a step-2 prompt that does not fit
+    it: one line per extractor naming the keys. Step 2's prompts are built from step 1's answers, so the
+    request check before sending sees them only after step 1's work (on the smoke profile, 3,458 prompt
+    tokens + 700 refused by a 4,096-token slot). Empty for other servers and for one-answer extraction."""
+    engine, settings = params.generation.engine, params.extract
+    asks_facts = any("demographics" in design_sections(settings, d) for d in params.enabled_designs())
+    if engine.shared_server_kind != LLAMA_CPP or settings.prompt_design != "two_step" or not asks_facts:
+        return []
+    slot, sizes = engine.llama_cpp.slot_context(), engine.llama_cpp
+    problems = []
+    for spec in settings.models:
+        if spec.source != "embedded":  # llama.cpp serves the embedded GGUFs only (config.llamacpp says so)
+            continue
+        fixed, need = map_context_need(settings, tokenizer_counter(load_tokenizer(spec), spec.chat_template_kwargs))
+        if need > slot:
+            problems.append(
+                f"extract.prompt_design two_step, extractor {spec.name!r}: step 2's prompts (built from step 1's "
+                f"answers) can need {need} tokens ({fixed} of instructions, fields and worked examples, up to "
+                f"{settings.max_tokens} of step 1's quoted facts and {settings.max_tokens} to answer: "
+                f"extract.max_tokens), more than llama-server's context per request, "
+                f"generation.engine.llama_cpp.ctx_size / parallel = {sizes.ctx_size} / {sizes.parallel} = {slot}; "
+                f"raise ctx_size to at least {need * sizes.parallel} (or lower extract.max_tokens)"
+            )
+    return problems

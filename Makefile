@@ -197,7 +197,7 @@ _paper: $(STAGE_TARGETS) $(STAGE_REPORTS)
 	@echo "  figures (PNG + PDF) and explorer.html: $(FIGURES)/"
 	@echo "  executed notebooks and logs:           $(REPORTS)/"
 	@echo "  data artifacts:                        $(DATA)/"
-	@echo "  time per stage:                        make stage-times PARAMS=$(PARAMS)"
+	@echo "  time per stage:                        make stage-times PARAMS=$(PARAMS)$(if $(SET), SET='$(SET)',)"
 
 # LLAMA=1: the CPU vLLM engine and llama.cpp's llama-server side by side (storybias.tools.bench_llamacpp).
 bench-generate: $(VENV_STAMP) $(if $(filter 1,$(LLAMA)),$(VENV)/bin/llama-server,)  ## tokens/s of stage 01's engine path against a bare LLM.chat on PARAMS

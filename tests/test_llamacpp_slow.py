@@ -51,8 +51,11 @@ ENGINE = {
     "shared_server": True,
     "shared_server_kind": "llama.cpp",
     # one slot: the extraction prompts share their worked examples, which llama-server then reads once
-    # (its prompt cache), not once per slot; on 2 shared cores it read about 35 prompt tokens/s
-    "llama_cpp": {"ctx_size": 4096, "parallel": 1, "threads": 2},
+    # (its prompt cache), not once per slot; on 2 shared cores it read about 35 prompt tokens/s.
+    # One thread: make test runs this module beside another worker, and llama.cpp's threads spin-wait for
+    # each other. With a busy loop (`python3 -c "while True: pass"`) on the other core, this module took
+    # 134 s at 1 thread and had not finished its second test after 15 minutes at 2 (2026-12-07, 2-core Xeon).
+    "llama_cpp": {"ctx_size": 4096, "parallel": 1, "threads": 1},
     "cpu_preload": False,
 }
 # The model would answer this with a poem: only an applied constraint gives {"zq": 7}.
@@ -79,7 +82,7 @@ def _profile(folder: Path, run_name: str, n_prompts: int = 1, shard_size: int = 
         "models": [dict(MODEL)],
         "sections": {"stereotales": ["demographics"], "occupations": ["markers"]},
         "prompt_design": "one_answer",
-        "worked_examples": 0,  # prompts of a few hundred tokens: llama-server reads them at 2 threads
+        "worked_examples": 0,  # prompts of a few hundred tokens: llama-server reads them on 1 thread
         "max_tokens": 360,  # without worked examples the 0.5B indents its JSON: room for the whole object
         "max_list_items": 2,
         "retries": 0,

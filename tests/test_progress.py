@@ -434,7 +434,7 @@ def test_the_remaining_time_on_a_real_runs_lengths_stays_within_a_factor_of_1_5(
 @pytest.mark.parametrize(("in_flight", "tells"), [(128, "each"), (4, "share")])
 def test_the_rate_starts_at_the_first_token_not_while_the_prompts_are_read(monkeypatch, in_flight, tells):
     """Issue #60: stage 03 read its prompts for 9 of its 27 minutes, and a resumed extraction on
-    llama-server (4 slots) showed 4:55:51 left after 59 s for some 36 minutes of work: the rate had
+    llama-server (4 slots) showed 4:55:51 left after 59 s for 20 minutes of work: the rate had
     counted the reading as slow decoding. With the prompts read for half the decoding time, the
     estimate stays within a factor of 1.5 of the truth from 10% of the tokens, as without a reading
     (measured: a rate over the whole elapsed time put it 6.2 times the truth there, 128 in flight, and

@@ -37,7 +37,7 @@ of ``finished`` answers instead of the ``engine``'s).
 The rate's clock starts at the engine's first token, not at the bar's start. Before it, the engine reads
 the batch's prompts (stage 03's worked examples: minutes on a CPU), and a rate over the whole elapsed
 time counted that reading as slow decoding: a resumed default run's extraction on llama-server read
-``4:55:51`` left after 59 s and ``1:28:41`` after 89 s, for some 36 minutes of work. Where the engine
+``4:55:51`` left after 59 s and ``1:28:41`` after 89 s, for 20 minutes of work. Where the engine
 reports its running sequences, the bar knows when the first token came (the last look that saw none:
 ``TokenProgress.look``); where it does not, a finished answer's tokens may have begun at any time since
 the start, so the whole elapsed time stays the denominator.

@@ -140,7 +140,9 @@ class BatchingEngine(FakeEngine):
     ``probe_every`` steps, after the answers of the steps before it were taken. ``tells``: what the
     engine says of its running sequences: ``each`` one's tokens by key (the in-process engine, the model
     host), an equal ``share`` of their sum for each (a served model: storybias.engines.openai_endpoint), or only
-    their ``sum``."""
+    their ``sum``. ``reading_seconds``: the first sequences' prompts are read before any token, the clock
+    moving a second at a time with ``probe()`` after each, as the bar is redrawn (stage 03's worked
+    examples on a CPU)."""
 
     def __init__(
         self,
@@ -153,8 +155,10 @@ class BatchingEngine(FakeEngine):
         probe_every: int = 1,
         probe: Callable[[], None] = lambda: None,
         tells: Literal["each", "share", "sum"] = "each",
+        reading_seconds: float = 0.0,
     ):
         super().__init__(spec)
+        self.reading_seconds = reading_seconds
         self.clock, self.lengths, self.in_flight = clock, list(lengths), in_flight
         self.tokens_per_second, self.probe_every, self.probe = tokens_per_second, probe_every, probe
         self.tells = tells
@@ -168,6 +172,8 @@ class BatchingEngine(FakeEngine):
             while waiting and len(self.running) < self.in_flight:
                 request, length = waiting.popleft()
                 self.running[request.key] = [0, length]
+            if step == 0:
+                self._read_prompts()
             if step % self.probe_every == 0:
                 self.probe()
             step += 1
@@ -179,6 +185,12 @@ class BatchingEngine(FakeEngine):
             for key in ended:
                 n_tokens = self.running.pop(key)[0]
                 yield ChatResult(key=key, text="x", finish_reason="stop", n_tokens=n_tokens, n_prompt_tokens=1)
+
+    def _read_prompts(self) -> None:
+        read_until = self.clock.now + self.reading_seconds
+        while self.clock.now < read_until:
+            self.clock.now = min(self.clock.now + 1.0, read_until)
+            self.probe()
 
     def sequences_in_flight(self) -> dict[str, int] | None:
         if self.tells == "each":

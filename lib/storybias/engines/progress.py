@@ -33,6 +33,14 @@ each request the client has sent and not received gets an equal share (storybias
 engine that tells only the sum (``tokens_in_flight``) gets the old form: every unfinished request's E[L]
 less the sum. One that tells nothing counts finished answers' tokens only, and the bar says so (``tok_s``
 of ``finished`` answers instead of the ``engine``'s).
+
+The rate's clock starts at the engine's first token, not at the bar's start. Before it, the engine reads
+the batch's prompts (stage 03's worked examples: minutes on a CPU), and a rate over the whole elapsed
+time counted that reading as slow decoding: a resumed default run's extraction on llama-server read
+``4:55:51`` left after 59 s and ``1:28:41`` after 89 s, for 20 minutes of work. Where the engine
+reports its running sequences, the bar knows when the first token came (the last look that saw none:
+``TokenProgress.look``); where it does not, a finished answer's tokens may have begun at any time since
+the start, so the whole elapsed time stays the denominator.
 """
 
 from __future__ import annotations
@@ -122,6 +130,7 @@ class TokenProgress:
         self._lengths: dict[int, list[int]] = defaultdict(list)  # max_tokens -> this run's finished lengths
         self.finished_tokens = 0  # tokens of the answers the engine generated on this run
         self.n_generated = 0  # answers the engine generated on this run (not from the cache)
+        self.reading_until = 0.0  # elapsed seconds at the last look that saw no token generated (look)
 
     def finished(self, result: ChatResult) -> None:
         budget = self._budget.pop(result.key, None)
@@ -151,6 +160,19 @@ class TokenProgress:
     def generated(self, in_flight: int | None) -> int:
         return self.finished_tokens + (in_flight or 0)
 
+    def look(self, elapsed: float, in_flight: int | None) -> None:
+        """Note what the engine says at ``elapsed`` seconds: while it reports its running sequences
+        (``in_flight`` not None) and no token was generated, it is still reading prompts, and the rate's
+        clock has not started."""
+        if in_flight is not None and self.generated(in_flight) == 0:
+            self.reading_until = elapsed
+
+    def generating_seconds(self, elapsed: float, in_flight: int | None) -> float:
+        """The seconds the rate divides by: since the last look before the first token where the engine
+        reports running sequences; the whole ``elapsed`` time where it does not (then a finished answer's
+        tokens may have begun at any time)."""
+        return elapsed if in_flight is None else elapsed - self.reading_until
+
     def estimate(
         self, elapsed: float, in_flight: int | None, sequences: Mapping[str, int] | None = None
     ) -> float | None:
@@ -161,8 +183,10 @@ class TokenProgress:
             left = self.expected_tokens_left(sequences)
         else:
             left = self.expected_tokens_left() - (in_flight or 0)
-        return remaining_seconds(elapsed, self.generated(in_flight), left)
+        return remaining_seconds(self.generating_seconds(elapsed, in_flight), self.generated(in_flight), left)
 
     def rate(self, elapsed: float, in_flight: int | None) -> float:
-        """Tokens per second so far (running sequences included where the engine reports them)."""
-        return self.generated(in_flight) / elapsed if elapsed > 0 else 0.0
+        """Tokens per second so far (running sequences included where the engine reports them), from the
+        first token where the engine reports running sequences (:meth:`generating_seconds`)."""
+        seconds = self.generating_seconds(elapsed, in_flight)
+        return self.generated(in_flight) / seconds if seconds > 0 else 0.0

@@ -159,12 +159,14 @@ class TokenBar(tqdm):
             return shown
         sequences, in_flight = self._engine_counts()
         elapsed = shown["elapsed"]
+        self.tokens.look(elapsed, in_flight)
         if self.n >= (self.total or 0):
             left: float | None = 0.0
         else:
             left = self.tokens.estimate(elapsed, in_flight, sequences)
         shown["token_remaining"] = "?" if left is None else tqdm.format_interval(left)
-        if self.n == 0 and self.tokens.generated(in_flight) == 0:
+        # answers from the cache (a resumed run) are no sign that the engine answers yet
+        if self.tokens.generated(in_flight) == 0 and self.tokens.n_generated == 0 and self.n_errors == 0:
             shown["postfix"] = WAITING_FOR_FIRST_ANSWER
         else:
             source = FINISHED_RATE if in_flight is None else ENGINE_RATE

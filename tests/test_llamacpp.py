@@ -78,8 +78,10 @@ def test_the_command_line_serves_the_gguf_on_loopback_with_the_profiles_sizes_an
     assert "--chat-template-file" not in cmd
 
 
-def test_threads_default_to_every_core_and_a_chat_template_file_is_passed(monkeypatch):
-    monkeypatch.setattr("os.cpu_count", lambda: 6)
+def test_threads_default_to_the_cores_this_process_may_use_and_a_chat_template_file_is_passed(monkeypatch):
+    # the cores of the process' affinity (taskset, a cpuset, a pinned `make test` worker), not the machine's
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {2, 3, 5, 7, 11, 13})
     cmd = server_command(
         Path("b"),
         Path("g"),

@@ -35,7 +35,7 @@ class LlamaCppSettings(BaseModel):
 
     ctx_size: Annotated[int, Field(ge=256)] = 32768  # -c: the whole KV cache (about 1 GB for the 1.5B), shared out
     parallel: Annotated[int, Field(ge=1)] = 4  # -np: requests decoded together (storybias sends as many at once)
-    threads: Annotated[int, Field(ge=1)] | None = None  # -t; null: every core of the machine
+    threads: Annotated[int, Field(ge=1)] | None = None  # -t; null: the cores this process may use (taskset, cpuset)
     # llama.cpp's weight repacking into its extra CPU buffer types (AVX-512 layouts, and AMX where the CPU has
     # it). Off (--no-repack) by default: on the AMX machine of the build, the server died with SIGSEGV in
     # ggml_backend_amx_mul_mat at its first matrix product; turn it on where the AMX path works (or no AMX).

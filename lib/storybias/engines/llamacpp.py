@@ -42,6 +42,14 @@ from storybias.engines.openai_endpoint import OpenAIEngine
 START_TIMEOUT_S = 300.0  # a GGUF loads in seconds (mmap); the first start after a build may take longer
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity: taskset, a cpuset), where the OS tells (Linux); else
+    the machine's. llama.cpp's threads wait for each other at every product, so one without a core stalls all."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def server_command(
     binary: Path,
     gguf: Path,
@@ -53,7 +61,8 @@ def server_command(
     chat_template: Path | None = None,
 ) -> list[str]:
     """llama-server's argument list: ``gguf`` on 127.0.0.1:``port`` under the name ``alias``, with the
-    profile's context (``-c``, shared out among ``-np`` slots) and threads (``-t``; default every core)."""
+    profile's context (``-c``, shared out among ``-np`` slots) and threads (``-t``; default every core this
+    process may run on, as vLLM's binding)."""
     cmd = [
         str(binary),
         "--model",
@@ -69,7 +78,7 @@ def server_command(
         "--parallel",
         str(settings.parallel),
         "--threads",
-        str(settings.threads or os.cpu_count() or 1),
+        str(settings.threads or usable_cores()),
         "--seed",
         str(seed),
         "--jinja",  # the GGUF's own chat template, with chat_template_kwargs, as transformers renders it

@@ -251,8 +251,13 @@ TEST_WORKERS ?= 2
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder)
 # make test builds llama.cpp's llama-server first (once per environment, cached per CPU; timed apart by the
 # script), so the real-server test (tests/test_llamacpp_slow.py) runs; elsewhere it is skipped, saying why.
+# It prepares the embedded models first too (`make model`, once per checkout, timed apart): on a fresh clone the
+# tests assembled, converted and quantized them inside the model tests' chain (in CI's pytest of 2026-12-07 the
+# sibling's set-up took 109 s and the decode ceiling's 77 s; 39 s and 0 s with data/models/ ready).
 test: $(VENV_STAMP) $(VENV)/bin/llama-server  ## every test, the slow ones (embedded model, llama-server) and the browser one included
 	scripts/install-browser.sh
+	@started=$$(date +%s); $(PY) -m storybias.cli prepare-model && \
+	  echo "make test: embedded models ready in $$(( $$(date +%s) - started )) s (data/models/, once per checkout)"
 	$(VENV)/bin/pytest $(XDIST) --durations=15 tests
 
 # Markers (registered in tests/conftest.py): slow = the embedded model, browser = Chromium.

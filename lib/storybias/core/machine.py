@@ -136,6 +136,12 @@ def gpu_names() -> tuple[str, ...]:
     return tuple(line.strip() for line in out.splitlines() if line.strip())
 
 
+def available_cores() -> int:
+    """Cores this process may run on: its affinity (taskset, a cpuset) where the OS tells (Linux), else the
+    machine's."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def describe(probe: bool = True) -> Machine:
     """This machine, with the bf16 probe measured unless ``probe`` is false."""
     info = read_cpuinfo(CPUINFO.read_text(encoding="utf-8", errors="replace") if CPUINFO.is_file() else "")
@@ -146,7 +152,7 @@ def describe(probe: bool = True) -> Machine:
         vendor=info["vendor"],
         family=info["family"],
         model=info["model"],
-        cores=len(os.sched_getaffinity(0)),
+        cores=available_cores(),
         memory_gb=round(memory, 1),
         isa=tuple(f for f in ISA_FLAGS if f in info["flags"]),
         bf16_gflops=measured[0] if measured else None,

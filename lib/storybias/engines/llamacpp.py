@@ -28,6 +28,7 @@ from storybias.config.llamacpp import LLAMA_CPP, LlamaCppSettings, server_binary
 from storybias.config.models import embedded_gguf, embedded_weights
 from storybias.config.params import EngineSettings, ModelSpec
 from storybias.core import paths, run_folders
+from storybias.core.machine import available_cores
 from storybias.engines.base import ChatRequest, ChatResult, EngineError, EngineInfo, record_start
 from storybias.engines.local_servers import (
     Server,
@@ -40,14 +41,6 @@ from storybias.engines.local_servers import (
 from storybias.engines.openai_endpoint import OpenAIEngine
 
 START_TIMEOUT_S = 300.0  # a GGUF loads in seconds (mmap); the first start after a build may take longer
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its affinity: taskset, a cpuset), where the OS tells (Linux); else
-    the machine's. llama.cpp's threads wait for each other at every product, so one without a core stalls all."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
 
 
 def server_command(
@@ -78,7 +71,7 @@ def server_command(
         "--parallel",
         str(settings.parallel),
         "--threads",
-        str(settings.threads or usable_cores()),
+        str(settings.threads or available_cores()),  # one thread per free core: they wait for each other
         "--seed",
         str(seed),
         "--jinja",  # the GGUF's own chat template, with chat_template_kwargs, as transformers renders it

@@ -20,10 +20,10 @@ import pandas as pd
 
 from storybias.core import paths
 from storybias.core.io import write_json_atomic
+from storybias.core.machine import available_cores
 from storybias.stages.associations.tables import (
     ALPHA,
     Table,
-    available_cores,
     contingency,
     in_release_order,
     map_tasks,

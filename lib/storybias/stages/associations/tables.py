@@ -8,7 +8,6 @@ lift >= 2) decides ``retained`` and ``significant``. And the tables and schemas 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ import pyarrow as pa
 from scipy import stats
 
 from storybias.core.children import pool_options
+from storybias.core.machine import available_cores
 from storybias.evidence.stereotales_taxonomy import ASSOCIATION_KEY, release_label
 from storybias.stats.contingency import cramers_v_corrected, effect_size, fisher_family
 from storybias.stats.multiple_testing import adjust
@@ -436,11 +436,6 @@ def _analyse_scope(task: _ScopeTask) -> tuple[pd.DataFrame, pd.DataFrame]:
         pd.concat(attr_frames, ignore_index=True) if attr_frames else pd.DataFrame(),
         pd.concat(value_frames, ignore_index=True) if value_frames else pd.DataFrame(),
     )
-
-
-def available_cores() -> int:
-    """Cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def map_tasks(func: Callable, tasks: list, sizes: Sequence[int], n_jobs: int | None) -> list:

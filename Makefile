@@ -174,7 +174,8 @@ else
 endif
 
 model: $(VENV_STAMP)  ## assemble, verify and convert the embedded stand-in models, 1.5B and 0.5B, bf16 and int8 (once; no download)
-	$(PY) -m storybias.cli prepare-model
+	@started=$$(date +%s); $(PY) -m storybias.cli prepare-model && \
+	  echo "make model: embedded models ready in $$(( $$(date +%s) - started )) s (data/models/, once per checkout)"
 
 check-params: $(VENV_STAMP)  ## validate PARAMS against the schema, run nothing
 	$(PY) -m storybias.cli check-params $(PARAMS)
@@ -254,10 +255,8 @@ XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope --
 # It prepares the embedded models first too (`make model`, once per checkout, timed apart): on a fresh clone the
 # tests assembled, converted and quantized them inside the model tests' chain (in CI's pytest of 2026-12-07 the
 # sibling's set-up took 109 s and the decode ceiling's 77 s; 39 s and 0 s with data/models/ ready).
-test: $(VENV_STAMP) $(VENV)/bin/llama-server  ## every test, the slow ones (embedded model, llama-server) and the browser one included
+test: $(VENV_STAMP) $(VENV)/bin/llama-server model  ## every test, the slow ones (embedded model, llama-server) and the browser one included
 	scripts/install-browser.sh
-	@started=$$(date +%s); $(PY) -m storybias.cli prepare-model && \
-	  echo "make test: embedded models ready in $$(( $$(date +%s) - started )) s (data/models/, once per checkout)"
 	$(VENV)/bin/pytest $(XDIST) --durations=15 tests
 
 # Markers (registered in tests/conftest.py): slow = the embedded model, browser = Chromium.

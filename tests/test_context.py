@@ -7,6 +7,7 @@ answers /props, /apply-template, /tokenize and context errors the way llama-serv
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import pandas as pd
@@ -245,9 +246,11 @@ def test_a_served_models_running_requests_share_the_tokens_its_server_counts(key
     request (llama-server's /slots): each request sent and not answered gets an equal share, what the
     bar's expected rest per running sequence needs (storybias.engines.progress)."""
 
+    release = threading.Event()  # the slow answers wait for it: a sleep raced a loaded CI machine
+
     def answer(body: dict) -> str:
         if "slow" in json.dumps(body):
-            time.sleep(1.5)  # still running when the fast answers are back
+            release.wait(timeout=60)  # still running when the fast answer is back
         return "A short answer."
 
     with FakeOpenAI(dialect="vllm", answer=answer) as api:
@@ -255,10 +258,13 @@ def test_a_served_models_running_requests_share_the_tokens_its_server_counts(key
         with openai_endpoint.OpenAIEngine(spec(api.base_url, max_concurrency=3), seed=1) as engine:
             assert engine.sequences_in_flight() is None  # no stream: nothing runs
             stream = engine.stream([short("slow-1"), short("fast"), short("slow-2")])
-            first = next(stream)
-            api.generation_tokens = 1_000 + first.n_tokens + 41
-            assert first.key == "fast" and engine.sequences_in_flight() == {"slow-1": 20, "slow-2": 20}
-            list(stream)
+            try:
+                first = next(stream)
+                api.generation_tokens = 1_000 + first.n_tokens + 41
+                assert first.key == "fast" and engine.sequences_in_flight() == {"slow-1": 20, "slow-2": 20}
+            finally:
+                release.set()
+            assert sorted(result.key for result in stream) == ["slow-1", "slow-2"]
             assert engine.sequences_in_flight() is None  # the stream ended
 
 

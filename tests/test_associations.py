@@ -16,7 +16,7 @@ from storybias.stages import associations as A
 from storybias.stages.associations import human as H
 from storybias.stages.associations import judge as J
 from storybias.stages.associations import tables
-from storybias.stats import contingency
+from storybias.stats import contingency, effect_sizes
 from storybias.stats.multiple_testing import adjust
 
 
@@ -29,10 +29,10 @@ def test_cramers_v_bias_correction_hand_computed():
 
 
 def test_effect_size_thresholds_scale_with_table_size():
-    assert contingency.effect_size(0.31, 2, 2) == "medium" and contingency.effect_size(0.29, 2, 2) == "small"
+    assert effect_sizes.effect_size(0.31, 2, 2) == "medium" and effect_sizes.effect_size(0.29, 2, 2) == "small"
     # 5 x 3 table: min(r, c) - 1 = 2, thresholds 0.0707 / 0.212 / 0.354
-    assert contingency.effect_size(0.22, 5, 3) == "medium" and contingency.effect_size(0.36, 5, 3) == "large"
-    assert contingency.effect_size(0.05, 5, 3) == "negligible"
+    assert effect_sizes.effect_size(0.22, 5, 3) == "medium" and effect_sizes.effect_size(0.36, 5, 3) == "large"
+    assert effect_sizes.effect_size(0.05, 5, 3) == "negligible"
 
 
 def test_value_level_lift_fraction_and_exact_one_sided_fisher():

@@ -56,7 +56,7 @@ from storybias.core.inputs import missing_marker, shown, unique_keys
 from storybias.core.io import first_undecodable_line
 from storybias.evidence.questions import load_questions
 from storybias.evidence.stereotales_taxonomy import ASSOCIATION_KEY, PublishedFormatError, canonical_value
-from storybias.stats.contingency import EFFECT_LABELS
+from storybias.stats.effect_sizes import EFFECT_LABELS
 
 # The release's language codes that differ from storybias' ISO 639-1 codes, and back.
 RELEASE_LANGUAGE = {"du": "nl"}

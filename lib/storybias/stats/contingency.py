@@ -3,7 +3,7 @@ Fisher's exact test generalised to r x c by Monte-Carlo resampling of tables wit
 either exactly as the reference pipeline calls scipy (``fisher_reference_p``, the default) or as a
 sequential test that stops drawing once the decision at the family's BH threshold is settled (an
 option for laptops at paper scale), the G test as a cheap first look, and the bias-corrected Cramér's V
-with Cohen's effect-size labels."""
+(its Cohen labels: storybias.stats.effect_sizes)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,6 @@ import numpy as np
 from scipy import special, stats
 
 from storybias.stats.multiple_testing import bh_open, bh_thresholds
-
-EFFECT_LABELS = ("negligible", "small", "medium", "large")
 
 
 def cramers_v_corrected(table: np.ndarray) -> float:
@@ -32,17 +30,6 @@ def cramers_v_corrected(table: np.ndarray) -> float:
     r_c = r - (r - 1) ** 2 / (n - 1)
     denominator = min(k_c - 1, r_c - 1)
     return float(math.sqrt(phi2 / denominator)) if denominator > 0 else 0.0  # 0 as the reference has it
-
-
-def effect_size(v: float, n_rows: int, n_cols: int) -> str:
-    """Effect category of V: thresholds 0.1, 0.3, 0.5 divided by sqrt(min(r, c) - 1)."""
-    if not np.isfinite(v):
-        return "negligible"
-    scale = math.sqrt(min(n_rows, n_cols) - 1)
-    for label, threshold in (("large", 0.5), ("medium", 0.3), ("small", 0.1)):
-        if v >= threshold / scale:
-            return label
-    return "negligible"
 
 
 # The reference pipeline's attribute-level test (Giskard-AI/stereotales-pipeline, step 02): scipy's

@@ -37,10 +37,10 @@ from storybias.stats.contingency import (
     PILOT_RESAMPLES,
     TABLE_ERROR,
     cramers_v_corrected,
-    effect_size,
     fisher_reference_p,
     g_test,
 )
+from storybias.stats.effect_sizes import effect_size
 from storybias.stats.multiple_testing import adjust, bh_thresholds
 
 LANGUAGES = ("en", "fr", "es", "it", "pt", "ru", "zh", "ja", "ko", "ar")

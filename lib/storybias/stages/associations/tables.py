@@ -20,7 +20,8 @@ from scipy import stats
 from storybias.core.children import pool_options
 from storybias.core.machine import available_cores
 from storybias.evidence.stereotales_taxonomy import ASSOCIATION_KEY, release_label
-from storybias.stats.contingency import cramers_v_corrected, effect_size, fisher_family
+from storybias.stats.contingency import cramers_v_corrected, fisher_family
+from storybias.stats.effect_sizes import effect_size
 from storybias.stats.multiple_testing import adjust
 
 _TEXT, _REAL, _COUNT, _FLAG = pa.string(), pa.float64(), pa.int64(), pa.bool_()

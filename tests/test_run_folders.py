@@ -94,7 +94,7 @@ def test_a_run_in_the_weights_or_the_code_folder_is_refused(checkout, tmp_path):
     assert "(the model weights)" in models.stderr and weights.is_file()
     lib = run_make(checkout, "clean-run", f"PARAMS={write_profile(tmp_path, 'lib')}", STORYBIAS_DATA=".")
     assert lib.returncode == 2 and f"run_name 'lib' with STORYBIAS_DATA={checkout}" in lib.stderr
-    assert (checkout / "lib" / "storybias" / "cli.py").is_file()
+    assert (checkout / "lib" / "storybias" / "cli" / "__init__.py").is_file()
     data = run_make(checkout, "check-params", f"PARAMS={write_profile(tmp_path, 'data')}", STORYBIAS_DATA=".")
     assert data.returncode == 2 and f"data folder at {checkout / 'data'}, which holds" in data.stderr
 

@@ -15,8 +15,8 @@ from storybias import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = str(ROOT / "params" / "smoke.yaml")
-# what Make runs for every stage or run: the Makefile's where, serve-mode, hold-run and stamps
-AROUND_EVERY_STAGE = ("where", "serve-mode", "hold-run", "stamps", "what-moved", "outputs", "run-name")
+# what Make runs for every stage or run: the Makefile's where, serve-mode, hold-run, stamps and run-stage
+AROUND_EVERY_STAGE = ("where", "serve-mode", "hold-run", "stamps", "run-stage", "what-moved", "outputs", "run-name")
 HEAVY = ("scipy", "sklearn", "statsmodels", "torch", "vllm", "openai", "papermill")
 
 

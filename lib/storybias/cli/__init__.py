@@ -180,10 +180,10 @@ def _build_parser() -> argparse.ArgumentParser:
 
 Handler = Callable[[argparse.Namespace, argparse.ArgumentParser], int]
 
-# subcommand -> "module:function" of its handler in this package, imported only when the subcommand runs (as
-# pip's command registry does): `make` starts where, serve-mode, hold-run and stamps around every stage, and
-# importing every command's module (engines, stages and benches: scipy, statsmodels, scikit-learn) cost each
-# of those 2.2 CPU-s instead of 0.9 (tests/test_cli.py holds the light ones to their imports).
+# subcommand -> "module:function" of its handler in this package, imported only when the subcommand runs
+# (as pip's command registry does): `make` starts where, serve-mode, hold-run, stamps and run-stage for
+# every stage, and importing every command's module (engines, stages and benches: scipy, statsmodels,
+# scikit-learn) cost each of them 2.5 CPU-s instead of 1.0 (tests/test_cli.py holds them to their imports).
 COMMANDS: dict[str, str] = {
     "where": "run_commands:where_command",
     "run-name": "run_commands:run_name_command",
@@ -196,8 +196,8 @@ COMMANDS: dict[str, str] = {
     "data-contract": "run_commands:data_contract_command",
     "stages-mk": "run_commands:stages_mk_command",
     "stage-table": "run_commands:stage_table_command",
+    "run-stage": "run_commands:run_stage_command",
     "check-params": "stage_commands:check_params_command",
-    "run-stage": "stage_commands:run_stage_command",
     "with-servers": "stage_commands:with_servers_command",
     "generate": "stage_commands:generate_command",
     "prepare-model": "stage_commands:prepare_model_command",

@@ -1,4 +1,4 @@
-"""The commands Make runs around every stage (where, serve-mode, hold-run, stamps, ...) and the registry
+"""The commands Make runs for every stage (where, serve-mode, hold-run, stamps, run-stage, ...) and the registry
 printers: light imports only (a profile, paths, locks), since each ``make`` call starts several of them."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from storybias.cli.common import load_profile
-from storybias.config.checks import local_models
+from storybias.cli.common import load_profile, refused
+from storybias.config.checks import local_models, stage_key_problems
 from storybias.config.params import ParamsError, write_stage_stamps
 from storybias.core import paths
 from storybias.core.artifacts import outputs as stage_outputs
@@ -17,6 +17,7 @@ from storybias.core.locks import RunBusy, clean_run, hold_run
 from storybias.core.make_rules import stages_mk
 from storybias.core.registry_docs import data_contract, stage_table
 from storybias.core.run_folders import claim
+from storybias.tools.notebook_runner import run_stage
 
 
 def data_contract_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -107,3 +108,18 @@ def what_moved_command(args: argparse.Namespace, parser: argparse.ArgumentParser
     p = load_profile(args.params)
     print(format_what_moved(p.base_run, p.run_name, what_moved(p.base_run, p.run_name)))
     return 0
+
+
+def run_stage_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    p = load_profile(args.params)
+    if not args.report_only and refused(p, stage_key_problems(p.profile, args.stage)):  # keys before work
+        return 2
+    return run_stage(
+        args.stage,
+        paths.resolve(args.notebook),
+        p.source,
+        p.run_name,
+        target=paths.resolve(args.target) if args.target else None,
+        report_only=args.report_only,
+        overrides=p.overrides,
+    )

@@ -1,5 +1,5 @@
-"""The commands that run or check a stage's work: check-params, run-stage, with-servers, generate,
-prepare-model, explorer and publish-notebooks."""
+"""The commands that check or serve a run's work: check-params, with-servers, generate, prepare-model,
+explorer and publish-notebooks."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import argparse
 import sys
 
 from storybias.cli.common import load_profile, refused
-from storybias.config.checks import missing_key_variables, preload_note, stage_key_problems
+from storybias.config.checks import missing_key_variables, preload_note
 from storybias.config.lenses import format_shortfalls, lens_shortfalls
 from storybias.config.models import EMBEDDED, prepare_embedded_models
 from storybias.core import paths
@@ -19,7 +19,6 @@ from storybias.stages.associations.tables import MIN_ROW_TOTAL
 from storybias.stages.explorer import build_explorer
 from storybias.stages.extract.facts import llama_cpp_map_problems
 from storybias.tools.cost import estimate, format_estimate
-from storybias.tools.notebook_runner import run_stage
 from storybias.tools.publish import publish_notebooks
 
 
@@ -65,21 +64,6 @@ def with_servers_command(args: argparse.Namespace, parser: argparse.ArgumentPars
     except (ServerError, EngineError) as exc:
         print(f"storybias: {exc}", file=sys.stderr)
         return 1
-
-
-def run_stage_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    p = load_profile(args.params)
-    if not args.report_only and refused(p, stage_key_problems(p.profile, args.stage)):  # keys before work
-        return 2
-    return run_stage(
-        args.stage,
-        paths.resolve(args.notebook),
-        p.source,
-        p.run_name,
-        target=paths.resolve(args.target) if args.target else None,
-        report_only=args.report_only,
-        overrides=p.overrides,
-    )
 
 
 def prepare_model_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

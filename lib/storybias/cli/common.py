@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
@@ -25,3 +26,12 @@ def refused(p: Params, problems: list[str]) -> bool:
             f"storybias: {p.source}: invalid parameters:\n" + "\n".join(f"  - {u}" for u in problems), file=sys.stderr
         )
     return bool(problems)
+
+
+def command_after_dashes(args: argparse.Namespace, parser: argparse.ArgumentParser) -> list[str]:
+    """The command a wrapper subcommand (hold-run, with-servers) runs: what follows ``--``; a usage error
+    naming the subcommand when there is none."""
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        parser.error(f"{args.command}: give the command after --")
+    return cmd

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from storybias.cli.common import load_profile, refused
+from storybias.cli.common import command_after_dashes, load_profile, refused
 from storybias.config.checks import local_models, stage_key_problems
 from storybias.config.params import ParamsError, write_stage_stamps
 from storybias.core import paths
@@ -49,9 +49,7 @@ def serve_mode_command(args: argparse.Namespace, parser: argparse.ArgumentParser
 
 def hold_run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     p = load_profile(args.params)
-    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-    if not cmd:
-        parser.error("hold-run: give the command after --")
+    cmd = command_after_dashes(args, parser)
     return hold_run(p.run_name, cmd, log=lambda m: print(m, file=sys.stderr, flush=True), base_run=p.base_run)
 
 

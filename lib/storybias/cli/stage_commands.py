@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from storybias.cli.common import load_profile, refused
+from storybias.cli.common import command_after_dashes, load_profile, refused
 from storybias.config.checks import missing_key_variables, preload_note
 from storybias.config.lenses import format_shortfalls, lens_shortfalls
 from storybias.config.models import EMBEDDED, prepare_embedded_models
@@ -25,8 +25,7 @@ from storybias.tools.publish import publish_notebooks
 def check_params_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     p = load_profile(args.params)
     unset = missing_key_variables(p.profile)  # checked here, before a run: a stage reads the key when it runs
-    if unset:
-        print(f"storybias: {p.source}: invalid parameters:\n" + "\n".join(f"  - {u}" for u in unset), file=sys.stderr)
+    if refused(p, unset):
         return 2
     print(
         f"{p.source}: OK (run '{p.run_name}'; designs: {', '.join(p.enabled_designs())}; "
@@ -54,9 +53,7 @@ def check_params_command(args: argparse.Namespace, parser: argparse.ArgumentPars
 
 def with_servers_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     p = load_profile(args.params)
-    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-    if not cmd:
-        parser.error("with-servers: give the command after --")
+    cmd = command_after_dashes(args, parser)
 
     try:
         start = server_starter(p.generation.engine)  # llama.cpp's llama-server, or None for vLLM's

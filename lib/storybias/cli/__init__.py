@@ -58,11 +58,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import sys
 from collections.abc import Callable
 
-from storybias.core.locks import RunBusy
-from storybias.core.run_folders import RunFolderError
+from storybias.core.locks import RUN_REFUSALS, refusal_status
 
 # --- the parser -----------------------------------------------------------------------------------
 
@@ -229,9 +227,5 @@ def entry(argv: list[str] | None = None) -> int:
 
     try:
         return main(argv)
-    except RunBusy as exc:
-        print(f"storybias: {exc}", file=sys.stderr)
-        return 3
-    except RunFolderError as exc:
-        print(f"storybias: {exc}", file=sys.stderr)
-        return 2
+    except RUN_REFUSALS as exc:
+        return refusal_status(exc)

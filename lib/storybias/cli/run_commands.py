@@ -13,7 +13,7 @@ from storybias.core import paths
 from storybias.core.artifacts import outputs as stage_outputs
 from storybias.core.derived_runs import format_what_moved, seed, what_moved
 from storybias.core.integrity import invalidate_corrupt
-from storybias.core.locks import RunBusy, clean_run, hold_run
+from storybias.core.locks import RunBusy, clean_run, hold_run, refusal_status
 from storybias.core.make_rules import stages_mk
 from storybias.core.registry_docs import data_contract, stage_table
 from storybias.core.run_folders import claim
@@ -57,12 +57,8 @@ def clean_run_command(args: argparse.Namespace, parser: argparse.ArgumentParser)
     p = load_profile(args.params)
     try:
         removed, kept = clean_run(p.run_name)
-    except RunBusy as exc:
-        print(f"storybias: {exc}", file=sys.stderr)
-        return 3
-    except ValueError as exc:  # a folder that is not the run's own (RunFolderError) or a bad name
-        print(f"storybias: {exc}", file=sys.stderr)
-        return 2
+    except (RunBusy, ValueError) as exc:  # ValueError: a folder not the run's own (RunFolderError) or a bad name
+        return refusal_status(exc)
     print("\n".join(f"removed {path}" for path in removed) if removed else f"run '{p.run_name}': nothing to remove")
     if kept:
         print(f"kept {len(kept)} file(s) git tracks (committed, not the run's to delete): " + ", ".join(map(str, kept)))

@@ -30,6 +30,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -46,6 +47,17 @@ T = TypeVar("T")
 
 class RunBusy(RuntimeError):
     """Another live process holds the run's lock."""
+
+
+# What a command refuses a run for, as a message and an exit status instead of a traceback.
+RUN_REFUSALS = (RunBusy, run_folders.RunFolderError)
+
+
+def refusal_status(exc: Exception) -> int:
+    """Print ``storybias: <exc>`` on stderr and return the exit status of the refusal: 3 for a busy run
+    (another live process holds its lock), 2 for a run folder that is not the run's (clean-run: or a bad run name)."""
+    print(f"storybias: {exc}", file=sys.stderr)
+    return 3 if isinstance(exc, RunBusy) else 2
 
 
 def lock_path(run_name: str) -> Path:

@@ -44,8 +44,8 @@ from typing import Any, TextIO
 
 from storybias.config.input_stamps import READ_ENV, settle_stamp
 from storybias.core import paths
-from storybias.core.locks import RunBusy, run_lock
-from storybias.core.run_folders import RunFolderError, claim_reports
+from storybias.core.locks import RUN_REFUSALS, refusal_status, run_lock
+from storybias.core.run_folders import claim_reports
 
 
 def papermill_command(
@@ -241,9 +241,5 @@ def run_stage(
                 log(f"   the profile changed while stage {stage} ran: its result is stale, and the next make reruns it")
             record.unlink(missing_ok=True)
             return 0
-    except RunBusy as exc:
-        print(f"storybias: {exc}", file=sys.stderr)
-        return 3
-    except RunFolderError as exc:
-        print(f"storybias: {exc}", file=sys.stderr)
-        return 2
+    except RUN_REFUSALS as exc:
+        return refusal_status(exc)
